@@ -1,0 +1,3 @@
+"""eaglekit: train, verify, export and benchmark EAGLE-3 speculative-decoding drafts."""
+
+__version__ = "0.1.0"

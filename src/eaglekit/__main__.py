@@ -1,0 +1,3 @@
+from eaglekit.cli import main
+
+raise SystemExit(main())

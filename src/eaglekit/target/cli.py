@@ -1,0 +1,44 @@
+"""`eaglekit target info|prepare`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub) -> None:
+    target = sub.add_parser("target", help="inspect or prepare a target model")
+    tsub = target.add_subparsers(dest="target_command", metavar="ACTION", required=True)
+
+    info = tsub.add_parser("info", help="architecture, sizes, chat template and default aux layer ids")
+    info.add_argument("--target", default="smollm2", help="smollm2, an HF model folder or a .gguf file")
+    info.add_argument("--json", action="store_true", help="print JSON")
+    info.set_defaults(func=run_info)
+
+    prep = tsub.add_parser("prepare", help="write the target as a plain HF folder (safetensors + tokenizer)")
+    prep.add_argument("--target", default="smollm2", help="smollm2, an HF model folder or a .gguf file")
+    prep.add_argument("--out", required=True, help="output folder")
+    prep.add_argument("--dtype", default="float32", help="dtype of the saved weights (float32, bfloat16)")
+    prep.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    prep.set_defaults(func=run_prepare)
+
+
+def run_info(args: argparse.Namespace) -> int:
+    from eaglekit.target.info import target_info
+
+    info = target_info(args.target).to_dict()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    width = max(len(k) for k in info)
+    for key, value in info.items():
+        print(f"{key:<{width}}  {value}")
+    return 0
+
+
+def run_prepare(args: argparse.Namespace) -> int:
+    from eaglekit.target.prepare import prepare_target
+
+    manifest = prepare_target(args.target, args.out, dtype=args.dtype, overwrite=args.overwrite)
+    print(f"prepared {args.target} -> {args.out} ({manifest['counts']['parameters']:,} parameters)")
+    return 0

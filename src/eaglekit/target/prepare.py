@@ -1,0 +1,63 @@
+"""`eaglekit target prepare`: write a target as a plain HF folder (safetensors, config, tokenizer).
+
+Loading a prepared folder skips GGUF dequantization, and other engines (vLLM) can serve it.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+from eaglekit.artifacts import write_manifest
+from eaglekit.errors import EaglekitError
+from eaglekit.target.load import Target, load_target, text_config
+
+log = logging.getLogger(__name__)
+
+
+def prepare_target(spec: str, out: str | Path, *, dtype: str = "float32", overwrite: bool = False) -> dict:
+    """Load `spec` and save it as a Hugging Face folder; check the folder reloads to the same target.
+
+    Args:
+        spec: `smollm2`, a .gguf file or an HF folder.
+        out: the folder to write.
+        dtype: dtype of the saved weights (float32 keeps GGUF's dequantized values exactly).
+        overwrite: replace an existing folder.
+
+    Returns:
+        The manifest written to `out/manifest.json`.
+    """
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise EaglekitError(f"{out} exists and is not empty", hint="pass --overwrite or another --out")
+    target = load_target(spec, device="cpu", dtype=dtype)
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_target(target, tmp)
+    reloaded = load_target(tmp, device="cpu", dtype=dtype)
+    before, after = target.fingerprint(), reloaded.fingerprint()
+    for key in ("config_hash", "tokenizer_hash"):
+        if before[key] != after[key]:
+            raise EaglekitError(f"the prepared folder does not reload to the same target ({key} "
+                                f"{before[key]} != {after[key]})", hint="report this model")
+    cfg = text_config(target.model.config)
+    manifest = write_manifest(tmp, stage="target", config={"source": spec, "dtype": dtype},
+                              target=before, counts={"parameters": sum(p.numel() for p in target.model.parameters()),
+                                                     "num_layers": cfg.num_hidden_layers})
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    log.info("prepared %s -> %s", spec, out)
+    return manifest
+
+
+def save_target(target: Target, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    model = target.model
+    if target.stop_token_ids:
+        model.generation_config.eos_token_id = (target.stop_token_ids[0] if len(target.stop_token_ids) == 1
+                                                else list(target.stop_token_ids))
+    model.config.architectures = [type(model).__name__]
+    model.save_pretrained(out)
+    target.tokenizer.save_pretrained(out)

@@ -1,0 +1,58 @@
+"""Aux-state capture equals HF's output_hidden_states on tiny targets of many architectures."""
+
+import pytest
+import torch
+
+from eaglekit.errors import EaglekitError
+from eaglekit.target.capture import capture_aux_states, check_fused_width, decoder_layers
+from tiny import ARCHITECTURES, LAYERS, tiny_model
+
+AUX = [1, 3, 5]
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_capture_matches_output_hidden_states(arch):
+    model = tiny_model(arch, seed=1)
+    assert len(decoder_layers(model)) == LAYERS
+    ids = torch.randint(3, 300, (2, 11), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # left padding on one row
+    got = capture_aux_states(model, ids, AUX, attention_mask=mask)
+    ref = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    H = model.config.hidden_size
+    assert got.aux_hidden.shape == (2, 11, len(AUX) * H)
+    for slot, layer in enumerate(AUX):
+        # hidden_states[i + 1] is the output of 0-based decoder layer i
+        torch.testing.assert_close(got.aux_hidden[..., slot * H:(slot + 1) * H], ref.hidden_states[layer + 1])
+    torch.testing.assert_close(got.logits, ref.logits)
+    torch.testing.assert_close(got.last_hidden, ref.hidden_states[-1])
+
+
+def test_capture_without_logits_gives_same_states():
+    model = tiny_model("qwen3", seed=2)
+    ids = torch.randint(3, 300, (1, 7))
+    a = capture_aux_states(model, ids, AUX)
+    b = capture_aux_states(model, ids, AUX, return_logits=False)
+    assert b.logits is None
+    torch.testing.assert_close(a.aux_hidden, b.aux_hidden)
+    torch.testing.assert_close(a.last_hidden, b.last_hidden)
+
+
+def test_hooks_are_removed_after_capture():
+    model = tiny_model("llama")
+    capture_aux_states(model, torch.randint(3, 300, (1, 4)), AUX)
+    assert all(not layer._forward_hooks for layer in decoder_layers(model))
+
+
+@pytest.mark.parametrize("bad", [[1, 3, LAYERS], [-1, 2, 3], [2, 2, 3]])
+def test_bad_aux_ids_name_expected_and_found(bad):
+    model = tiny_model("llama")
+    with pytest.raises(EaglekitError) as err:
+        capture_aux_states(model, torch.randint(3, 300, (1, 4)), bad)
+    msg = str(err.value)
+    assert ("outside" in msg and f"0..{LAYERS - 1}" in msg) or "repeat" in msg
+
+
+def test_wrong_fused_width_names_both_values():
+    with pytest.raises(EaglekitError, match=r"576 wide, expected 3 aux layers x 576 = 1728"):
+        check_fused_width(576, num_aux=3, target_hidden=576)
