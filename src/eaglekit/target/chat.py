@@ -1,17 +1,28 @@
 """Render conversations with the target's own chat template and mask the assistant's tokens.
 
-The mask is derived from the template itself, not from a registry per model family:
+The mask is derived from the template itself, not from a registry per model family. For each
+assistant turn i:
 
-1. render the whole conversation once (what the target sees in training);
-2. for each assistant turn i, render `messages[:i]` with the generation prompt: its length is where
-   the assistant starts writing;
-3. the turn ends with the first special token after that point (the end-of-turn token the model
-   writes itself, e.g. <|im_end|>, <|eot_id|>, </s>, <end_of_turn>, <|end|>);
-4. each piece (template text / assistant text) is tokenized on its own, as a serving engine
-   tokenizes the prompt and then appends the generated tokens.
+1. `P` = `messages[:i]` rendered with the generation prompt: what a serving engine sends the target
+   before turn i; `F` = `messages[:i + 1]` rendered without the generation prompt.
+2. In the whole conversation's rendering (the training text), the turn starts at `len(P)` when the
+   text starts with `P`. Some templates render past turns differently from the turn being written
+   (Qwen3 drops the <think> block of past turns, so with enable_thinking=False the history lacks the
+   empty think block of the prompt): then the history before the turn must still render the same,
+   the turn's header must be a prefix of the generation prompt, and the turn starts where its text
+   starts, right after that header.
+3. The turn ends with the first special token after its start: the end-of-turn token the model
+   writes itself (e.g. <|im_end|>, <|eot_id|>, </s>, <end_of_turn>, <|end|>). It must also end the
+   turn in `F` (the conversation cut right after the turn), so the next turn's header never passes
+   for it. The answer (after any </think>) must appear verbatim before it.
+4. Tokens: the text is cut where assistant turns start; each piece is tokenized on its own, as a
+   serving engine tokenizes the prompt and appends the generated tokens. A piece holds the turn and
+   the template text after it (tokenized together, as the next prompt is), so a special token that
+   swallows the whitespace after it (rstrip, as in Phi-3) tokenizes as the engine sees it.
 
 Loss mask 1 = a token the assistant wrote (its text and its end-of-turn token); 0 = everything the
-template or the user wrote. A template that breaks these rules raises instead of guessing.
+template or the user wrote. A template or conversation that breaks these rules raises instead of
+guessing.
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ from dataclasses import dataclass
 from eaglekit.errors import EaglekitError
 
 ROLES = ("system", "user", "assistant")
+NOT_EXACT = "this chat template cannot be masked exactly"
 
 
 @dataclass
@@ -34,7 +46,7 @@ class TokenizedConversation:
 
 
 def check_messages(messages: list[dict]) -> None:
-    if not messages:
+    if not isinstance(messages, (list, tuple)) or not messages:
         raise EaglekitError("empty conversation", hint="a conversation needs at least one user turn")
     for n, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
@@ -47,11 +59,16 @@ def render(tokenizer, messages: list[dict], *, add_generation_prompt: bool, **te
         raise EaglekitError("the target's tokenizer has no chat template",
                             hint="use an instruct/chat model, or set tokenizer.chat_template (a .jinja file)")
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False,
+        text = tokenizer.apply_chat_template(messages, tokenize=False,
                                              add_generation_prompt=add_generation_prompt, **template_kwargs)
     except Exception as err:  # jinja raises TemplateError / its own exceptions (raise_exception)
         raise EaglekitError(f"the chat template refused this conversation: {err}",
-                            hint="check the role order the template allows (e.g. user/assistant alternation)") from err
+                            hint="check the role order the template allows (e.g. user/assistant alternation, "
+                                 "no system role)") from err
+    if not isinstance(text, str):
+        raise EaglekitError(f"the chat template rendered {type(text).__name__}, not text",
+                            hint="pass plain messages [{'role': ..., 'content': str}]")
+    return text
 
 
 def special_tokens(tokenizer) -> list[str]:
@@ -63,17 +80,23 @@ def special_tokens(tokenizer) -> list[str]:
     return sorted((t for t in found if t), key=len, reverse=True)
 
 
-def find_end_of_turn(text: str, start: int, specials: list[str]) -> tuple[int, int]:
-    """Position and end of the first special token at or after `start`."""
+def find_special(text: str, start: int, specials: list[str]) -> tuple[int, int] | None:
+    """Position and end of the first special token at or after `start` (longest wins a tie)."""
     best = None
     for tok in specials:
         pos = text.find(tok, start)
         if pos >= 0 and (best is None or pos < best[0]):
             best = (pos, pos + len(tok))
-    if best is None:
-        raise EaglekitError("no end-of-turn special token follows an assistant turn in the rendered template",
-                            hint="this chat template cannot be masked exactly")
     return best
+
+
+def find_end_of_turn(text: str, start: int, specials: list[str]) -> tuple[int, int]:
+    """Position and end of the first special token at or after `start`; raises if there is none."""
+    found = find_special(text, start, specials)
+    if found is None:
+        raise EaglekitError("no end-of-turn special token follows an assistant turn in the rendered template",
+                            hint=NOT_EXACT)
+    return found
 
 
 def answer_text(content: str) -> str:
@@ -81,29 +104,88 @@ def answer_text(content: str) -> str:
     return content.split("</think>")[-1].strip()
 
 
+def common_prefix(a: str, b: str) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def history_start(full: str, history: str, prompt: str, expected: str, turn: int) -> int:
+    """Start of assistant turn `turn` in `full` when the template renders it differently as history.
+
+    `history` (the messages before the turn, no generation prompt) must begin `full` and `prompt`;
+    the turn's header in `full` must be a prefix of the generation prompt `prompt[len(history):]`,
+    and the turn's text must start right after it, at exactly one place.
+    """
+    if not (full.startswith(history) and prompt.startswith(history)):
+        raise EaglekitError(
+            f"the chat template renders the messages before assistant turn {turn} differently in the whole "
+            "conversation than in that turn's prompt (it moves or drops earlier messages, e.g. the system "
+            "message), so the turn's prompt is not in the training text",
+            hint=f"{NOT_EXACT} for this conversation; drop the system message or fix the template")
+    generation_prompt = prompt[len(history):]
+    rest = full[len(history):]
+    common = common_prefix(generation_prompt, rest)
+    # expected may begin with characters that coincide with the generation prompt's tail.
+    starts = [j for j in range(common + 1) if expected and rest.startswith(expected, j)]
+    if len(starts) != 1:
+        raise EaglekitError(
+            f"assistant turn {turn} is rendered differently as history than as the turn being written, "
+            "and its text does not start right after a prefix of the generation prompt "
+            f"{generation_prompt!r}",
+            hint=f"{NOT_EXACT} for this conversation (e.g. reasoning in a past turn with thinking disabled)")
+    return len(history) + starts[0]
+
+
 def assistant_spans(tokenizer, messages: list[dict], full: str, **template_kwargs) -> list[tuple[int, int]]:
     """Character spans [start, end) of each assistant turn in `full`, end-of-turn token included."""
     specials = special_tokens(tokenizer)
-    spans = []
+    spans: list[tuple[int, int]] = []
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        prefix = render(tokenizer, messages[:i], add_generation_prompt=True, **template_kwargs) if i else ""
-        if not full.startswith(prefix):
-            raise EaglekitError(
-                f"the chat template renders the history before assistant turn {i} differently once the turn "
-                "is added, so the assistant's start cannot be located exactly",
-                hint="this chat template cannot be masked exactly; fix the template or drop multi-turn data")
-        start = len(prefix)
-        eot_start, eot_end = find_end_of_turn(full, start, specials)
+        if i == 0:
+            raise EaglekitError("the conversation starts with an assistant turn, which has no prompt",
+                                hint="start with a user (or system) message")
         expected = answer_text(message["content"])
-        if expected and expected not in full[start:eot_start]:
+        prompt = render(tokenizer, messages[:i], add_generation_prompt=True, **template_kwargs)
+        if full.startswith(prompt):
+            start = len(prompt)
+        else:
+            history = render(tokenizer, messages[:i], add_generation_prompt=False, **template_kwargs)
+            start = history_start(full, history, prompt, expected, i)
+        if spans and start < spans[-1][1]:
+            raise EaglekitError(f"assistant turn {i} starts inside the previous assistant turn", hint=NOT_EXACT)
+        eot = find_special(full, start, specials)
+        if eot is not None and expected and expected not in full[start:eot[0]]:
             raise EaglekitError(
                 f"assistant turn {i}'s text is not found verbatim between the generation prompt and the "
-                f"end-of-turn token {full[eot_start:eot_end]!r}",
-                hint="the template rewrites assistant text (or the text holds a special token); it cannot be masked exactly")
-        spans.append((start, eot_end))
+                f"end-of-turn token {full[eot[0]:eot[1]]!r}",
+                hint=f"the template rewrites assistant text (or the text holds a special token); {NOT_EXACT}")
+        # The end-of-turn token must be the template's own end of this turn, not the next turn's header:
+        # it must also end the turn when the conversation stops right after it.
+        alone = render(tokenizer, messages[: i + 1], add_generation_prompt=False, **template_kwargs)
+        same = common_prefix(alone, full)
+        if same < start:
+            raise EaglekitError(
+                f"the chat template renders the messages before assistant turn {i} differently when that turn "
+                "is the last one",
+                hint=f"{NOT_EXACT} for this conversation")
+        if eot is None or same < eot[1]:
+            # The turn renders differently when it is the last one (Qwen3 adds the think block).
+            own = find_special(alone, same, specials)
+            if eot is None or own is None or alone[own[0]:own[1]] != full[eot[0]:eot[1]] \
+                    or expected not in alone[same:own[0]]:
+                raise EaglekitError(
+                    f"no end-of-turn special token follows assistant turn {i} in the rendered template",
+                    hint=f"{NOT_EXACT}: the model's end of turn must be a special token of the tokenizer")
+        spans.append((start, eot[1]))
     return spans
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False) if text else []
 
 
 def tokenize_conversation(tokenizer, messages: list[dict], *, max_length: int | None = None,
@@ -122,16 +204,20 @@ def tokenize_conversation(tokenizer, messages: list[dict], *, max_length: int | 
     check_messages(messages)
     full = render(tokenizer, messages, add_generation_prompt=False, **template_kwargs)
     spans = assistant_spans(tokenizer, messages, full, **template_kwargs)
-    ids: list[int] = []
-    mask: list[int] = []
-    cursor = 0
-    for start, end in spans + [(len(full), len(full))]:
-        for text, flag in ((full[cursor:start], 0), (full[start:end], 1)):
-            if text:
-                piece = tokenizer.encode(text, add_special_tokens=False)
-                ids += piece
-                mask += [flag] * len(piece)
-        cursor = end
+    first = spans[0][0] if spans else len(full)
+    ids = encode(tokenizer, full[:first])
+    mask = [0] * len(ids)
+    for n, (start, end) in enumerate(spans):
+        piece_end = spans[n + 1][0] if n + 1 < len(spans) else len(full)
+        piece = encode(tokenizer, full[start:piece_end])  # the turn + template text up to the next turn
+        written = encode(tokenizer, full[start:end])
+        if piece[:len(written)] != written:
+            raise EaglekitError(
+                f"the tokenizer merges the end of assistant text {full[start:end][-40:]!r} with the text "
+                "after it, so its tokens cannot be masked exactly",
+                hint=NOT_EXACT)
+        ids += piece
+        mask += [1] * len(written) + [0] * (len(piece) - len(written))
     if max_length is not None:
         ids, mask = ids[:max_length], mask[:max_length]
     return TokenizedConversation(input_ids=ids, loss_mask=mask)

@@ -1,0 +1,267 @@
+"""Assistant loss masks against real chat templates of several families (tests/assets/chat_templates).
+
+Each family gets the tiny byte-level BPE tokenizer of tests/tiny.py plus that family's special tokens
+(flags as in the real tokenizer: Qwen3's <think>/</think> are not special, Phi-3's turn tokens strip
+the whitespace after them), its bos/eos and its real template. The checks: each assistant turn's
+masked tokens decode to exactly what the model writes in that turn (its text, the end-of-turn token,
+and Qwen3's think wrapper in the last turn), nothing else is masked, all ids decode to the rendered
+text, and a single-turn conversation's ids before the answer are the generation prompt's ids.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from tiny import tiny_tokenizer
+from tokenizers import AddedToken
+
+from eaglekit.errors import EaglekitError
+from eaglekit.target.chat import prompt_ids, tokenize_conversation
+
+TEMPLATES = Path(__file__).parent / "assets" / "chat_templates"
+THINK = "<think>\n\n</think>\n\n"  # what Qwen3 writes before an answer without reasoning
+
+
+@dataclass
+class Family:
+    template: str
+    specials: list[str]  # special added tokens
+    bos: str | None
+    eos: str
+    written: Callable[[str, bool, dict], str]  # (answer, is_last_turn, template kwargs) -> model-written text
+    rstrip: list[str] = field(default_factory=list)  # special tokens that swallow whitespace after them
+    plain: list[str] = field(default_factory=list)  # non-special added tokens
+    system: str = "ok"  # "ok" | "refused" (template raises) | "unmaskable"
+
+
+def qwen3_written(answer: str, last: bool, kwargs: dict) -> str:
+    thinking = kwargs.get("enable_thinking", True) and last
+    return (THINK if thinking else "") + answer + "<|im_end|>"
+
+
+FAMILIES = {
+    "qwen2_5": Family("qwen2_5", ["<|endoftext|>"], None, "<|im_end|>", lambda a, last, kw: a + "<|im_end|>"),
+    "llama3_1": Family("llama3_1", ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+                                    "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"],
+                       "<|begin_of_text|>", "<|eot_id|>", lambda a, last, kw: a.strip() + "<|eot_id|>"),
+    "qwen3": Family("qwen3", ["<|endoftext|>"], None, "<|im_end|>", qwen3_written, plain=["<think>", "</think>"]),
+    "mistral_nemo": Family("mistral_nemo", ["<s>", "</s>", "[INST]", "[/INST]"], "<s>", "</s>",
+                           lambda a, last, kw: a + "</s>", system="unmaskable"),
+    "mistral_v3": Family("mistral_v3", ["<s>", "</s>", "[INST]", "[/INST]"], "<s>", "</s>",
+                         lambda a, last, kw: " " + a + "</s>", system="refused"),
+    "gemma2": Family("gemma2", ["<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"], "<bos>", "<eos>",
+                     lambda a, last, kw: a.strip() + "<end_of_turn>", system="refused"),
+    "gemma3": Family("gemma3", ["<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"], "<bos>", "<eos>",
+                     lambda a, last, kw: a.strip() + "<end_of_turn>"),
+    "phi3": Family("phi3", ["<|endoftext|>"], "<s>", "<|endoftext|>", lambda a, last, kw: a + "<|end|>",
+                   rstrip=["<|assistant|>", "<|system|>", "<|user|>", "<|end|>"]),
+}
+
+SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
+Q1 = {"role": "user", "content": "What is the capital of France?"}
+A1 = {"role": "assistant", "content": "The capital of France is Paris."}
+Q2 = {"role": "user", "content": "Count from one to ten, café ☕."}
+A2 = {"role": "assistant", "content": "1 2 3 4 5 6 7 8 9 10.\nDone!"}
+CONVERSATIONS = {
+    "single": [Q1, A1],
+    "multi": [Q1, A1, Q2, A2],
+    "system_single": [SYSTEM, Q1, A1],
+    "system_multi": [SYSTEM, Q1, A1, Q2, A2],
+    "ends_with_user": [Q1, A1, Q2],
+}
+
+
+@lru_cache(maxsize=1)
+def base_tokenizer():
+    return tiny_tokenizer()
+
+
+@lru_cache(maxsize=None)
+def family_tokenizer(name: str):
+    family = FAMILIES[name]
+    tok = copy.deepcopy(base_tokenizer())
+    tok.add_tokens([AddedToken(t, special=True, normalized=False, rstrip=t in family.rstrip)
+                    for t in family.specials + [t for t in family.rstrip if t not in family.specials]],
+                   special_tokens=True)
+    if family.plain:
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in family.plain])
+    if family.bos and family.bos not in tok.get_vocab():
+        tok.add_tokens([AddedToken(family.bos, special=True, normalized=False)], special_tokens=True)
+    tok.bos_token, tok.eos_token = family.bos, family.eos
+    tok.chat_template = (TEMPLATES / f"{family.template}.jinja").read_text()
+    return tok
+
+
+def runs(ids: list[int], mask: list[int]) -> list[list[int]]:
+    """Contiguous runs of masked ids."""
+    out: list[list[int]] = []
+    for n, (token, flag) in enumerate(zip(ids, mask)):
+        if flag:
+            if n == 0 or not mask[n - 1]:
+                out.append([])
+            out[-1].append(token)
+    return out
+
+
+def check_masks(tok, messages: list[dict], family: Family, **kwargs) -> None:
+    result = tokenize_conversation(tok, messages, **kwargs)
+    ids, mask = result.input_ids, result.loss_mask
+    assert len(ids) == len(mask) and set(mask) <= {0, 1}
+    full = tok.apply_chat_template(messages, tokenize=False, **kwargs)
+    answers = [m["content"] for m in messages if m["role"] == "assistant"]
+    last_query = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    expected = [family.written(m["content"].split("</think>")[-1].lstrip("\n"), i > last_query, kwargs)
+                for i, m in enumerate(messages) if m["role"] == "assistant"]
+    # Each assistant turn is one masked run: exactly what the model writes, nothing of headers/user/system.
+    assert [tok.decode(run) for run in runs(ids, mask)] == expected
+    unmasked = tok.decode([t for t, f in zip(ids, mask) if not f])
+    for m in messages:
+        if m["role"] != "assistant":
+            assert m["content"].strip() in unmasked
+    for answer in answers:
+        assert answer.split("</think>")[-1].strip() not in unmasked
+    # All ids give back the rendered text (a token that strips the whitespace after it drops that whitespace).
+    round_trip = tok.decode(tok.encode(full, add_special_tokens=False)) if family.rstrip else full
+    assert tok.decode(ids) == round_trip
+    if "bos_token" in tok.chat_template:
+        assert full.startswith(tok.bos_token)
+    if len(answers) == 1 and messages[-1]["role"] == "assistant":
+        first = mask.index(1)
+        assert ids[:first] == prompt_ids(tok, messages[:-1], **kwargs)
+
+
+@pytest.mark.parametrize("conversation", list(CONVERSATIONS))
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_family_masks(name, conversation):
+    family, messages = FAMILIES[name], CONVERSATIONS[conversation]
+    tok = family_tokenizer(name)
+    if messages[0]["role"] == "system" and family.system != "ok":
+        match = "refused" if family.system == "refused" else "differently"
+        with pytest.raises(EaglekitError, match=match):
+            tokenize_conversation(tok, messages)
+        return
+    check_masks(tok, messages, family)
+
+
+@pytest.mark.parametrize("conversation", ["single", "multi", "system_multi", "ends_with_user"])
+@pytest.mark.parametrize("thinking", [True, False])
+def test_qwen3_thinking_modes(thinking, conversation):
+    """enable_thinking=False puts the empty think block in the prompt; the default lets the model write it."""
+    tok = family_tokenizer("qwen3")
+    check_masks(tok, CONVERSATIONS[conversation], FAMILIES["qwen3"], enable_thinking=thinking)
+
+
+def test_qwen3_reasoning_turns():
+    tok, family = family_tokenizer("qwen3"), FAMILIES["qwen3"]
+    reasoned = {"role": "assistant", "content": "<think>\nParis is in France.\n</think>\n\nParis."}
+    # Last turn: the model writes its reasoning in the think wrapper.
+    result = tokenize_conversation(tok, [Q1, reasoned])
+    assert tok.decode(runs(result.input_ids, result.loss_mask)[0]) == \
+        "<think>\nParis is in France.\n</think>\n\nParis.<|im_end|>"
+    # Past turn: the template drops its reasoning, in both modes; only the answer is masked.
+    for thinking in (True, False):
+        result = tokenize_conversation(tok, [Q1, reasoned, Q2, A2], enable_thinking=thinking)
+        assert [tok.decode(r) for r in runs(result.input_ids, result.loss_mask)] == \
+            ["Paris.<|im_end|>", qwen3_written(A2["content"], True, {"enable_thinking": thinking})]
+        assert "Paris is in France" not in tok.decode(result.input_ids)
+    # Thinking disabled but the last answer holds reasoning: the prompt's empty think block is not in the text.
+    with pytest.raises(EaglekitError, match="cannot be masked exactly"):
+        tokenize_conversation(tok, [Q1, reasoned], enable_thinking=False)
+    check_masks(tok, [Q1, reasoned, Q2, A2], family)
+
+
+def test_templates_that_trim_answers():
+    """Llama 3.1 and Gemma trim the answer; the mask holds the trimmed text the model writes."""
+    padded = [Q1, {"role": "assistant", "content": "  Paris.\n\n"}]
+    for name in ("llama3_1", "gemma2", "gemma3"):
+        check_masks(family_tokenizer(name), padded, FAMILIES[name])
+
+
+def chatml_with(template: str):
+    tok = copy.deepcopy(base_tokenizer())
+    tok.chat_template = template
+    return tok
+
+
+def test_template_rewriting_answers_raises():
+    upper = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | upper if m.role == 'assistant' "
+             "else m.content }}<|im_end|>\n{% endfor %}"
+             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    with pytest.raises(EaglekitError, match="not found verbatim") as err:
+        tokenize_conversation(chatml_with(upper), [Q1, A1])
+    assert "cannot be masked exactly" in err.value.hint
+
+
+def test_template_without_end_of_turn_token_raises():
+    plain = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+             "{% if add_generation_prompt %}assistant: {% endif %}")
+    with pytest.raises(EaglekitError, match="no end-of-turn special token"):
+        tokenize_conversation(chatml_with(plain), [Q1, A1])
+    # Headers are special but the answer has no end token: the next header must not pass for one.
+    headers = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{% endfor %}"
+               "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    with pytest.raises(EaglekitError, match="no end-of-turn special token"):
+        tokenize_conversation(chatml_with(headers), [Q1, A1, Q2])
+
+
+def test_answer_holding_a_special_token_raises():
+    tok = family_tokenizer("qwen2_5")
+    with pytest.raises(EaglekitError, match="not found verbatim"):
+        tokenize_conversation(tok, [Q1, {"role": "assistant", "content": "Paris<|im_end|> and more"}])
+
+
+@pytest.mark.parametrize("messages, match", [
+    ([], "empty conversation"),
+    ([{"role": "bot", "content": "hi"}], "message 0 is malformed"),
+    ([Q1, {"role": "assistant", "content": None}], "message 1 is malformed"),
+    ([Q1, "hello"], "message 1 is malformed"),
+    ([{"role": "user"}], "message 0 is malformed"),
+    ([A1, Q1, A1], "starts with an assistant turn"),
+])
+def test_malformed_messages(messages, match):
+    tok = family_tokenizer("qwen2_5")
+    with pytest.raises(EaglekitError, match=match):
+        tokenize_conversation(tok, messages)
+    if "assistant turn" not in match:
+        with pytest.raises(EaglekitError, match=match):
+            prompt_ids(tok, messages)
+
+
+def test_template_refusing_roles():
+    tok = family_tokenizer("gemma2")
+    with pytest.raises(EaglekitError, match="refused.*alternate"):
+        tokenize_conversation(tok, [Q1, Q2, A1])
+
+
+def test_tokenizer_without_template():
+    tok = copy.deepcopy(base_tokenizer())
+    tok.chat_template = None
+    for call in (tokenize_conversation, prompt_ids):
+        with pytest.raises(EaglekitError, match="no chat template"):
+            call(tok, [Q1, A1])
+
+
+def test_max_length_truncates():
+    tok = family_tokenizer("qwen2_5")
+    whole = tokenize_conversation(tok, CONVERSATIONS["multi"])
+    cut = tokenize_conversation(tok, CONVERSATIONS["multi"], max_length=7)
+    assert cut.input_ids == whole.input_ids[:7] and cut.loss_mask == whole.loss_mask[:7]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("conversation", list(CONVERSATIONS))
+def test_smollm2_real_tokenizer(smollm2_dir, conversation):
+    """The real SmolLM2 tokenizer and its own ChatML template (default system message injected)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    family = Family("smollm2", [], None, "<|im_end|>", lambda a, last, kw: a + "<|im_end|>")
+    check_masks(tok, CONVERSATIONS[conversation], family)
+    if conversation == "single":
+        assert "You are a helpful AI assistant named SmolLM" in tok.apply_chat_template(
+            CONVERSATIONS[conversation], tokenize=False)
