@@ -1,0 +1,187 @@
+"""Draft runners: propose a chain or a tree each cycle, from a fixed-shape function.
+
+`DraftRunner` runs an EAGLE-3 draft with its own static KV cache (papers.md §3.2, §3.3):
+
+    catch_up(tokens, aux, start, last)   draft entries for newly committed positions: entry t reads
+                                         (token t+1, fc(aux_t)) and is written at cache slot t
+    propose(root, n)                     chain (k - 1 steps) or EAGLE-2 tree (depth - 1 expansions)
+                                         from the output of the last caught-up entry
+
+`OracleDrafter` replays a known continuation (the target's own greedy output) as a perfect draft,
+to measure the engine apart from draft quality. Both return a `Proposal`.
+
+Shapes: T rows, H hidden, Vd draft vocab, K top_k, D depth, N tree nodes, L cache slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from eaglekit.draft.model import Eagle3Draft
+from eaglekit.engine.kv import KVCache, attend
+from eaglekit.engine.sampling import Sampling, sample
+from eaglekit.engine.spec import SpecConfig
+from eaglekit.engine.tree import Tree, cache_mask, causal_block, chain_tree, select_tree, tree_from_parents
+
+
+@dataclass
+class Proposal:
+    """A drafted tree, and for sampled chains the draft distributions q [k, Vd] it came from."""
+
+    tree: Tree
+    q: torch.Tensor | None = None
+
+
+class DraftRunner(nn.Module):
+    """An EAGLE-3 draft behind the drafter interface (catch_up / propose)."""
+
+    needs_aux = True
+
+    def __init__(self, draft: Eagle3Draft, *, spec: SpecConfig, sampling: Sampling, max_len: int):
+        super().__init__()
+        cfg = draft.config
+        p = next(draft.parameters())
+        self.draft, self.spec, self.sampling, self.max_len = draft, spec, sampling, max_len
+        self.cache = KVCache(1, cfg.num_key_value_heads, max_len, cfg.head_dim, dtype=p.dtype, device=p.device)
+        self.register_buffer("vocab_map", draft.draft_to_target(torch.arange(cfg.draft_vocab_size, device=p.device)),
+                             persistent=False)                              # [Vd] draft id -> target id
+        self.register_buffer("last_hidden", torch.zeros(1, cfg.hidden_size, dtype=p.dtype, device=p.device),
+                             persistent=False)                              # [1, H]
+
+    def step(self, tokens, hidden, positions, slots, mask):
+        """One draft forward over T rows: tokens [T], hidden [T, H], positions/slots [T] -> [T, H]."""
+        q, k, v, residual = self.draft.attention_pieces(tokens[None], hidden[None], positions[None])
+        k_all, v_all = self.cache.write(slots, k, v)
+        return self.draft.finish(attend(q, k_all, v_all, mask), residual)[0]
+
+    def catch_up(self, tokens, aux, start, last):
+        """Draft entries for committed positions start .. start+T-1 (rows after `last` are padding).
+
+        Args:
+            tokens: [T] the token after each position (the last real one is the new root).
+            aux: [T, A] the target's aux states at those positions.
+            start: first position (int, or [1] tensor).
+            last: index of the last real row ([1] tensor or int).
+        """
+        T = tokens.shape[0]
+        rows = torch.arange(T, device=tokens.device)
+        hidden = self.draft.fuse(aux[None])[0]
+        mask = cache_mask(causal_block(T, tokens.device), start, start, self.max_len)
+        out = self.step(tokens, hidden, start + rows, start + rows, mask)
+        self.last_hidden.copy_(out.index_select(0, torch.as_tensor(last, device=out.device).view(1)))
+
+    def propose(self, root, n) -> Proposal:
+        """Draft from the last caught-up entry. root [1] sits at position n (not yet in any cache)."""
+        if self.spec.mode == "chain":
+            return self.chain(root, n)
+        return Proposal(self.tree(root, n))
+
+    def chain(self, root, n) -> Proposal:
+        k, R = self.spec.k, self.spec.draft_region
+        hidden = self.last_hidden
+        drafts, qs = [], []
+        for i in range(k):
+            logits = self.draft.logits(hidden)[0].float()                     # [Vd]
+            if self.sampling.greedy:
+                choice = torch.argmax(logits).view(1)
+            else:
+                q = (logits / self.sampling.temperature).softmax(-1)
+                choice = sample(q).view(1)
+                qs.append(q)
+            token = self.vocab_map[choice]                                    # [1] target id
+            drafts.append(token)
+            if i == k - 1:
+                break
+            # Draft entry n + i reads the token at position n + i + 1 (drafted) and the last output.
+            block = (torch.arange(R, device=root.device) <= i).view(1, R)
+            mask = cache_mask(block, n, n, self.max_len)
+            where = (n + i) * torch.ones(1, dtype=torch.long, device=root.device)
+            hidden = self.step(token, hidden, where, where, mask)
+        q = torch.stack(qs) if qs else None
+        return Proposal(chain_tree(torch.cat([root.view(1)] + drafts)), q)
+
+    def tree(self, root, n) -> Tree:
+        """EAGLE-2 dynamic tree (papers.md §3.3): expand the K best frontier nodes per level."""
+        K, D, dev = self.spec.top_k, self.spec.depth, root.device
+        R = self.spec.draft_region
+        logp = self.draft.logits(self.last_hidden)[0].float().log_softmax(-1)  # [Vd]
+        value, ids = torch.topk(logp, K)
+        front_tok, front_val = self.vocab_map[ids], value                      # [K]
+        front_id = torch.arange(K, device=dev)                                 # candidate index
+        front_hidden = self.last_hidden.expand(K, -1)                          # parent output [K, H]
+        front_anc = torch.zeros(K, R, dtype=torch.bool, device=dev)            # visible draft slots
+        toks, vals, parents, depths = [front_tok], [value], [torch.full((K,), -1, device=dev)], [torch.ones(K, device=dev)]
+        recorded = K
+        for level in range(1, D):
+            base = (level - 1) * K
+            front_anc = front_anc.clone()
+            front_anc[:, base:base + K] |= torch.eye(K, dtype=torch.bool, device=dev)
+            slots = n + base + torch.arange(K, device=dev)
+            positions = (n + level - 1) * torch.ones(K, dtype=torch.long, device=dev)
+            out = self.step(front_tok, front_hidden, positions, slots, cache_mask(front_anc, n, n, self.max_len))
+            child_logp, child_ids = torch.topk(self.draft.logits(out).float().log_softmax(-1), K)  # [K, K]
+            cand_val = (front_val.unsqueeze(1) + child_logp).flatten()         # [K*K]
+            cand_tok = self.vocab_map[child_ids].flatten()
+            toks.append(cand_tok)
+            vals.append(cand_val)
+            parents.append(front_id.repeat_interleave(K))
+            depths.append(torch.full((K * K,), level + 1, device=dev))
+            best = torch.topk(cand_val, K).indices                             # next frontier, global
+            row = best // K
+            front_tok, front_val, front_id = cand_tok[best], cand_val[best], recorded + best
+            front_hidden, front_anc = out[row], front_anc[row]
+            recorded += K * K
+        return select_tree(root.view(1), torch.cat(toks), torch.cat(parents).long(), torch.cat(vals),
+                           torch.cat(depths).long(), self.spec.num_nodes, D)
+
+
+class OracleDrafter(nn.Module):
+    """A perfect draft for greedy decoding: proposes the known continuation `reference`.
+
+    In tree mode the tree has the full shape (num_nodes) so verification costs what a real tree
+    costs: one correct path of `depth` nodes plus wrong siblings, the correct node placed last in
+    its level so that compaction moves real data.
+    """
+
+    needs_aux = False
+
+    def __init__(self, reference: list[int], *, spec: SpecConfig, vocab_size: int, max_len: int, device):
+        super().__init__()
+        self.spec, self.vocab_size = spec, vocab_size
+        ref = torch.zeros(max_len + spec.num_nodes + 1, dtype=torch.long)
+        ref[: len(reference)] = torch.tensor(reference[: ref.shape[0]], dtype=torch.long)
+        self.register_buffer("reference", ref.to(device), persistent=False)   # [L + N] by position
+        parents, depth, shift = oracle_shape(spec)
+        tree = tree_from_parents(torch.zeros(len(parents), dtype=torch.long), torch.tensor(parents), spec.max_depth)
+        self.register_buffer("parents", tree.parents.to(device), persistent=False)
+        self.register_buffer("depth", torch.tensor(depth, device=device), persistent=False)
+        self.register_buffer("shift", torch.tensor(shift, device=device), persistent=False)
+        self.register_buffer("anc", tree.anc.to(device), persistent=False)
+
+    def catch_up(self, tokens, aux, start, last):
+        pass
+
+    def propose(self, root, n) -> Proposal:
+        tokens = (self.reference[n + self.depth] + self.shift) % self.vocab_size
+        tokens = torch.cat([root.view(1), tokens[1:]])
+        return Proposal(Tree(tokens=tokens, parents=self.parents, depth=self.depth, anc=self.anc))
+
+
+def oracle_shape(spec: SpecConfig) -> tuple[list[int], list[int], list[int]]:
+    """parents, depth and token shift (0 = the reference token) of the oracle's tree, level-major."""
+    N, D = spec.num_nodes, spec.max_depth
+    path_len = min(D, N - 1)
+    extra = [0] * (path_len + 1)
+    for i in range(N - 1 - path_len):
+        extra[1 + i % path_len] += 1                                      # siblings round robin
+    parents, depth, shift = [-1], [0], [0]
+    on_path = 0                                                            # index of the path node
+    for d in range(1, path_len + 1):
+        for s in range(1, extra[d] + 1):                                   # wrong siblings first
+            parents.append(on_path), depth.append(d), shift.append(s)
+        parents.append(on_path), depth.append(d), shift.append(0)
+        on_path = len(parents) - 1
+    return parents, depth, shift

@@ -1,0 +1,304 @@
+"""The engine: plain and speculative decoding of one sequence, on one target runner.
+
+A speculation cycle is two fixed-shape steps and one host decision:
+
+    verify   one target forward over the proposed tree (chain = a path) at positions n + depth,
+             written at cache slots n .. n+N-1; greedy acceptance on the device, or the device half
+             of lossless sampling
+    (host)   read the accepted path and the bonus token (the one sync per cycle); at T > 0 walk
+             the tree with the host's random numbers; check stop tokens and max tokens
+    advance  move the accepted path's KV to slots n .. n+a (compaction), catch the draft up over
+             the a+1 committed positions, propose the next tree from the new root
+
+Plain decoding (the baseline) is the `decode` step: one token per target forward, run `chunk`
+times between host checks for a stop token. On CUDA every step is compiled and captured in a CUDA
+graph (graphs.py); on CPU the same code runs eagerly.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from eaglekit.engine.accept import (chain_sampling_tables, greedy_accept, tree_sampling_tables,
+                                    walk_chain_sampling, walk_tree_sampling)
+from eaglekit.engine.graphs import COMPILE_MODE, Step, compiled
+from eaglekit.engine.sampling import Sampling, next_token, target_probs
+from eaglekit.engine.spec import SpecConfig
+from eaglekit.engine.tree import Tree, cache_mask, causal_block
+from eaglekit.errors import EaglekitError
+
+
+@dataclass
+class Generation:
+    """One generated answer.
+
+    tokens: new tokens, the stop token included when one ended the answer.
+    finish_reason: "stop" (a stop token) or "length" (max_new_tokens).
+    accept_lengths: accepted drafts per cycle (tau = mean + 1); empty for plain decoding.
+    seconds: wall time, prefill included.
+    """
+
+    tokens: list[int]
+    finish_reason: str
+    seconds: float
+    accept_lengths: list[int] = field(default_factory=list)
+
+    @property
+    def tau(self) -> float:
+        """Tokens committed per target forward in the cycles (bonus included); 1.0 when plain."""
+        if not self.accept_lengths:
+            return 1.0
+        return 1 + sum(self.accept_lengths) / len(self.accept_lengths)
+
+
+def extend(out: list[int], new: list[int], max_new_tokens: int, stop_ids: set[int]) -> str | None:
+    """Append new tokens up to a stop token or the length limit; return the finish reason if done."""
+    for token in new:
+        out.append(token)
+        if token in stop_ids:
+            return "stop"
+        if len(out) >= max_new_tokens:
+            return "length"
+    return None
+
+
+class Engine:
+    """Plain and speculative decoding at batch 1 on a target runner (runner.py).
+
+    Args:
+        target: a FAST or GENERIC target runner.
+        drafter: a DraftRunner or OracleDrafter, or None for plain decoding only.
+        spec: the speculation shape (required with a drafter).
+        sampling: greedy (temperature 0) or sampling settings, shared by both modes.
+        stop_token_ids: generation stops after any of these (EOS, end of turn).
+        graphs: capture CUDA graphs (default: on CUDA).
+        compile: torch.compile the steps (default: on CUDA).
+        decode_chunk: plain decoding steps between host checks for a stop token.
+    """
+
+    def __init__(self, target, *, drafter=None, spec: SpecConfig | None = None, sampling: Sampling = Sampling(),
+                 stop_token_ids=(), graphs: bool | None = None, compile: bool | None = None,
+                 compile_mode: str = COMPILE_MODE, decode_chunk: int = 8):
+        self.target, self.drafter, self.spec, self.sampling = target, drafter, spec, sampling
+        self.stop_ids = set(int(t) for t in stop_token_ids)
+        self.device = next(target.parameters()).device
+        cuda = self.device.type == "cuda"
+        self.graphs = cuda if graphs is None else graphs
+        self.compile = cuda if compile is None else compile
+        if self.graphs and not cuda:
+            raise EaglekitError("CUDA graphs need a CUDA device", hint="drop --graphs on CPU")
+        if drafter is not None and spec is None:
+            raise EaglekitError("a drafter needs a speculation shape", hint="pass spec=SpecConfig(...)")
+        self.L, self.chunk = target.max_len, decode_chunk
+        long = dict(dtype=torch.long, device=self.device)
+        self.tok = torch.zeros(1, 1, **long)          # plain: the last token, fed to the next step
+        self.pos = torch.zeros(1, **long)             # plain: its position
+        self.out = torch.zeros(self.L + 1, **long)    # plain: out[p] = token chosen at position p
+        self.one = torch.ones(1, 1, dtype=torch.bool, device=self.device)
+        self.decode = Step(compiled(self._decode_step, self.compile, compile_mode), use_graph=self.graphs,
+                           name="decode")
+        if drafter is not None:
+            self._init_speculation(compile_mode)
+        self.warmup()
+
+    # ---- static buffers and steps of speculation ------------------------------------------
+
+    def _init_speculation(self, compile_mode: str) -> None:
+        N, D = self.spec.num_nodes, self.spec.max_depth
+        long = dict(dtype=torch.long, device=self.device)
+        self.n = torch.zeros(1, **long)               # committed length = position of the root
+        self.tree = Tree(tokens=torch.zeros(N, **long), parents=torch.zeros(N, **long),
+                         depth=torch.zeros(N, **long), anc=torch.zeros(N, N, dtype=torch.bool, device=self.device))
+        self.acc = torch.zeros(D + 3, **long)          # [count, bonus, path (D + 1)]
+        self.result = torch.zeros(2 * D + 4, **long)  # greedy: acc, then the tokens on the path
+        self.aux_rows = torch.zeros(N, max(self.target.aux_width, 1), device=self.device,
+                                    dtype=next(self.target.parameters()).dtype)
+        self.sampled_chain = self.spec.mode == "chain" and not self.sampling.greedy
+        if self.sampled_chain:
+            vd = self.drafter.vocab_map.shape[0]
+            self.q = torch.zeros(self.spec.k, vd, device=self.device)
+            self.tables = torch.zeros(2 * self.spec.k + 1, device=self.device, dtype=torch.float64)
+        elif not self.sampling.greedy:
+            self.tables = torch.zeros(3 * N, device=self.device, dtype=torch.float64)
+        self.propose = compiled(self._propose, self.compile, compile_mode)
+        self.verify = Step(compiled(self._verify_step, self.compile, compile_mode), use_graph=self.graphs,
+                           name="verify")
+        self.advance = Step(compiled(self._advance_step, self.compile, compile_mode), use_graph=self.graphs,
+                            name="advance")
+
+    def warmup(self) -> None:
+        """Capture the CUDA graphs on a dummy prompt (compiling on the way); no-op without graphs."""
+        if not self.graphs:
+            return
+        prompt = list(range(1, 9))
+        self._prefill_plain(prompt)
+        self.decode.capture()
+        if self.drafter is not None:
+            self._prefill_speculation(prompt)
+            self.verify.capture()
+            self.acc.zero_()
+            self.advance.capture()
+
+    # ---- plain decoding -------------------------------------------------------------------
+
+    def _prefill(self, ids: list[int]):
+        """Eager target forward over the prompt at slots 0..P-1 -> ids [P], last logits [V], aux [P, A]."""
+        P = len(ids)
+        x = torch.tensor(ids, dtype=torch.long, device=self.device)
+        pos = torch.arange(P, device=self.device)
+        logits, aux = self.target(x[None], pos[None], pos, cache_mask(causal_block(P, self.device), 0, 0, self.L),
+                                  last_only=True)
+        return x, logits[0, -1], (aux[0] if aux is not None else None)
+
+    def _prefill_plain(self, ids: list[int]) -> torch.Tensor:
+        _, logits, _ = self._prefill(ids)
+        first = next_token(logits, self.sampling)
+        self.tok.copy_(first.view(1, 1))
+        self.pos.fill_(len(ids))
+        return first
+
+    def _decode_step(self) -> None:
+        n = self.pos
+        mask = cache_mask(self.one, n, n, self.L)                            # prefix + itself
+        logits, _ = self.target(self.tok, n.view(1, 1), n, mask)
+        chosen = next_token(logits[0, -1], self.sampling).view(1)
+        self.out.index_copy_(0, n, chosen)
+        self.tok.copy_(chosen.view(1, 1))
+        self.pos.add_(1)
+
+    def _plain(self, ids: list[int], max_new_tokens: int) -> Generation:
+        out: list[int] = []
+        reason = extend(out, [int(self._prefill_plain(ids))], max_new_tokens, self.stop_ids)
+        while reason is None:
+            start = len(ids) + len(out) - 1
+            steps = min(self.chunk, max_new_tokens - len(out))
+            for _ in range(steps):
+                self.decode()
+            reason = extend(out, self.out[start:start + steps].tolist(), max_new_tokens, self.stop_ids)
+        return Generation(tokens=out, finish_reason=reason, seconds=0.0)
+
+    # ---- speculative decoding -------------------------------------------------------------
+
+    def _propose(self, root: torch.Tensor) -> None:
+        proposal = self.drafter.propose(root, self.n)
+        for name in ("tokens", "parents", "depth", "anc"):
+            getattr(self.tree, name).copy_(getattr(proposal.tree, name))
+        if self.sampled_chain:
+            self.q.copy_(proposal.q)
+
+    def _prefill_speculation(self, ids: list[int]) -> torch.Tensor:
+        x, logits, aux = self._prefill(ids)
+        root = next_token(logits, self.sampling).view(1)
+        if self.drafter.needs_aux:
+            self.drafter.catch_up(torch.cat([x[1:], root]), aux, 0, len(ids) - 1)
+        self.n.fill_(len(ids))
+        self.propose(root)
+        return root
+
+    def _verify_step(self) -> None:
+        tree, n, D = self.tree, self.n, self.spec.max_depth
+        N = tree.size
+        slots = n + torch.arange(N, device=self.device)
+        logits, aux = self.target(tree.tokens[None], (n + tree.depth)[None], slots,
+                                  cache_mask(tree.anc, n, n, self.L))
+        if aux is not None:
+            self.aux_rows.copy_(aux[0])
+        logits = logits[0]
+        if self.sampling.greedy:
+            count, path, bonus = greedy_accept(tree, torch.argmax(logits, -1), D)
+            self.acc.copy_(torch.cat([count, bonus, path]))
+            self.result.copy_(torch.cat([self.acc, tree.tokens[path]]))
+        elif self.sampled_chain:
+            q = torch.zeros(self.spec.k, logits.shape[-1], device=self.device)
+            q.index_copy_(1, self.drafter.vocab_map, self.q)                   # draft ids -> target ids
+            ratio, residual, bonus = chain_sampling_tables(tree.tokens, target_probs(logits, self.sampling), q)
+            self.tables.copy_(torch.cat([ratio.double(), residual.double(), bonus.double()]))
+        else:
+            p_node, residual = tree_sampling_tables(tree, target_probs(logits, self.sampling))
+            self.tables.copy_(torch.cat([p_node.double(), residual.double(), tree.parents.double()]))
+
+    def _accept(self, rng: random.Random) -> tuple[int, list[int]]:
+        """The host decision: accepted draft count and the emitted tokens (accepted + bonus)."""
+        D = self.spec.max_depth
+        if self.sampling.greedy:
+            res = self.result.tolist()
+            count, bonus = res[0], res[1]
+            return count, res[D + 4: D + 4 + count] + [bonus]
+        tokens = self.tree.tokens.tolist()
+        tables = self.tables.tolist()
+        if self.sampled_chain:
+            k = self.spec.k
+            count, path, bonus = walk_chain_sampling(tables[:k], [int(t) for t in tables[k:2 * k]],
+                                                     int(tables[2 * k]), rng)
+        else:
+            N = self.spec.num_nodes
+            count, path, bonus = walk_tree_sampling([int(p) for p in tables[2 * N:]], tables[:N],
+                                                    [int(t) for t in tables[N:2 * N]], rng, D)
+        self.acc.copy_(torch.tensor([count, bonus] + path, dtype=torch.long))
+        return count, [tokens[i] for i in path[1:count + 1]] + [bonus]
+
+    def _advance_step(self) -> None:
+        D = self.spec.max_depth
+        n, count, bonus, path = self.n, self.acc[0:1], self.acc[1:2], self.acc[2:]
+        rows = torch.arange(D + 1, device=self.device)
+        if self.spec.mode == "tree":                                           # a chain is in place
+            self.target.move_kv(n + path, n + rows)
+        if self.drafter.needs_aux:
+            after = torch.cat([path[1:], path[-1:]])                           # row i reads token i+1
+            tokens = torch.where(rows < count, self.tree.tokens[after], bonus)
+            self.drafter.catch_up(tokens, self.aux_rows[path], n, count)
+        self.n.add_(count + 1)
+        self._propose(bonus)
+
+    def _speculate(self, ids: list[int], max_new_tokens: int, rng: random.Random) -> Generation:
+        out: list[int] = []
+        accepts: list[int] = []
+        reason = extend(out, [int(self._prefill_speculation(ids))], max_new_tokens, self.stop_ids)
+        while reason is None:
+            self.verify()
+            count, emitted = self._accept(rng)
+            accepts.append(count)
+            reason = extend(out, emitted, max_new_tokens, self.stop_ids)
+            if reason is None:
+                self.advance()
+        return Generation(tokens=out, finish_reason=reason, seconds=0.0, accept_lengths=accepts)
+
+    # ---- entry point ----------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, *, speculative: bool = True,
+                 seed: int | None = None) -> Generation:
+        """Generate up to `max_new_tokens` after `prompt_ids`.
+
+        Args:
+            prompt_ids: the prompt's token ids (already rendered with the chat template).
+            max_new_tokens: length limit.
+            speculative: draft and verify (needs a drafter); False decodes plainly.
+            seed: seeds the device sampler and the host's acceptance draws (sampling only).
+        """
+        speculative = speculative and self.drafter is not None
+        headroom = self.spec.headroom if speculative else 0
+        if not prompt_ids or len(prompt_ids) + max_new_tokens + headroom > self.L:
+            raise EaglekitError(
+                f"prompt ({len(prompt_ids)}) + max_new_tokens ({max_new_tokens}) + draft headroom ({headroom}) "
+                f"does not fit the {self.L} cache slots", hint="build the engine with a larger max_len")
+        if seed is not None:
+            torch.manual_seed(seed)
+        rng = random.Random(seed)
+        self._sync()
+        start = time.perf_counter()
+        if speculative:
+            gen = self._speculate(prompt_ids, max_new_tokens, rng)
+        else:
+            gen = self._plain(prompt_ids, max_new_tokens)
+        self._sync()
+        gen.seconds = time.perf_counter() - start
+        return gen
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)

@@ -1,0 +1,68 @@
+"""Fixed-shape steps: compiled with torch.compile and captured into CUDA graphs on GPU.
+
+A step is a function of no arguments that reads and writes only tensors living as long as the
+engine (caches, static input/output buffers). On CUDA it is warmed up on a side stream (which also
+triggers compilation), captured once into a `torch.cuda.CUDAGraph` and then replayed: one launch
+per step, no Python or per-kernel launch cost. Elsewhere (CPU tests) it simply runs.
+
+Warmup and capture execute the step, so they change the engine's state; the engine captures its
+steps at construction on dummy inputs, and every generation starts by setting all of its state.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+import torch
+
+from eaglekit.errors import EaglekitError
+
+log = logging.getLogger(__name__)
+COMPILE_MODE = "max-autotune-no-cudagraphs"  # the graphs are ours; Inductor only fuses and tunes
+
+
+def compiled(fn: Callable, enabled: bool, mode: str = COMPILE_MODE) -> Callable:
+    """torch.compile(fn) when enabled (static shapes: every step has fixed shapes)."""
+    if not enabled:
+        return fn
+    import torch._dynamo
+
+    # Every engine compiles its own steps; raise the per-function cache so sweeps stay compiled.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    torch._dynamo.config.accumulated_recompile_limit = max(
+        torch._dynamo.config.accumulated_recompile_limit, 512)
+    return torch.compile(fn, mode=mode, dynamic=False)
+
+
+class Step:
+    """A fixed-shape engine step, replayed from a CUDA graph once captured."""
+
+    def __init__(self, fn: Callable[[], None], *, use_graph: bool, name: str):
+        self.fn, self.use_graph, self.name = fn, use_graph, name
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+    def capture(self, warmup: int = 3) -> None:
+        if not self.use_graph:
+            return
+        start = time.perf_counter()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                self.fn()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.fn()
+        torch.cuda.synchronize()
+        log.info("captured %s in %.1f s (compile included)", self.name, time.perf_counter() - start)
+
+    def __call__(self) -> None:
+        if not self.use_graph:
+            self.fn()
+        elif self.graph is None:
+            raise EaglekitError(f"step {self.name} was not captured", hint="call Engine.warmup() first")
+        else:
+            self.graph.replay()

@@ -1,0 +1,63 @@
+"""Static KV caches the engine controls: writes at explicit slots, rollback by index gather.
+
+Slot s of a cache holds the key/value of the token the engine wrote there; which slots are visible
+is decided by the attention mask alone (`tree.cache_mask`), so rejected draft tokens need no
+clearing, and compaction is one gather. Shapes: B batch, h kv heads, L slots, d head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class KVCache(nn.Module):
+    """Keys and values of one attention layer: [B, h, L, d] each, preallocated."""
+
+    def __init__(self, batch_size: int, heads: int, max_len: int, head_dim: int, *, dtype, device,
+                 value_dim: int | None = None):
+        super().__init__()
+        shape = (batch_size, heads, max_len, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        vshape = shape[:3] + (value_dim or head_dim,)
+        self.register_buffer("v", torch.zeros(vshape, dtype=dtype, device=device), persistent=False)
+
+    def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """Store k/v [B, h, T, d] at slots [T]; return the whole cache (k, v)."""
+        self.k.index_copy_(2, slots, k)
+        self.v.index_copy_(2, slots, v)
+        return self.k, self.v
+
+    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy slots src [S] to dst [S] (gathered first, so overlapping ranges are safe)."""
+        move_slots(self.k, src, dst)
+        move_slots(self.v, src, dst)
+
+
+def move_slots(cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """cache [B, h, L, d]: cache[:, :, dst] = cache[:, :, src]."""
+    cache.index_copy_(2, dst, cache.index_select(2, src))
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Grouped-query attention over a whole cache.
+
+    The query heads that share a kv head are folded into the query length, so the kernel reads
+    each cached key once and no repeated copy of the cache is made.
+
+    Args:
+        q: [B, nh, T, d] queries (head i uses kv head i // (nh // h)).
+        k, v: [B, h, L, d] the cache.
+        mask: [B or 1, 1, T, L] bool, True = attend.
+
+    Returns:
+        [B, nh, T, d].
+    """
+    B, nh, T, d = q.shape
+    h = k.shape[1]
+    g = nh // h
+    q = q.reshape(B, h, g * T, d)                       # head kv*g + j, token t -> row j*T + t
+    mask = mask.repeat(1, 1, g, 1) if g > 1 else mask   # [B|1, 1, g*T, L]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return out.reshape(B, nh, T, v.shape[-1])

@@ -1,0 +1,50 @@
+"""Choosing the target runner: FAST (lean decoder) or GENERIC (the HF model with an engine cache).
+
+Both implement the same small interface:
+
+    runner(input_ids [B, T], positions [B, T], slots [T], mask [B|1, 1, T, L] bool, last_only=False)
+        -> logits [B, T, V] ([B, 1, V] with last_only), aux [B, T, A] or None
+    runner.move_kv(src [S], dst [S])            copy cache slots (rollback / compaction)
+    runner.max_len, .batch_size, .vocab_size, .aux_layer_ids, .aux_width, .kind
+
+The choice is made up front and logged: `auto` takes FAST when the config is a plain Llama-family
+decoder, else GENERIC; asking for `fast` on an unsupported config raises. FAST checks its logits
+against the HF model at load and raises on a mismatch (never a silent fallback).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from torch import nn
+
+from eaglekit.engine.target_fast import FastTarget, fast_unsupported_reason
+from eaglekit.engine.target_hf import HFTarget
+from eaglekit.errors import EaglekitError
+
+log = logging.getLogger(__name__)
+RUNNERS = ("auto", "fast", "generic")
+
+
+def make_target_runner(model: nn.Module, *, max_len: int, batch_size: int = 1, aux_layer_ids=(),
+                       runner: str = "auto") -> FastTarget | HFTarget:
+    """Build the target runner for an HF causal LM.
+
+    Args:
+        model: the loaded HF model (eval mode).
+        max_len: cache slots per sequence (prompt + new tokens + one draft tree).
+        batch_size: sequences decoded together.
+        aux_layer_ids: layers whose outputs the draft reads (eaglekit convention); () for none.
+        runner: "auto", "fast" or "generic".
+    """
+    if runner not in RUNNERS:
+        raise EaglekitError(f"unknown runner {runner!r}", hint=f"use one of {RUNNERS}")
+    if runner == "auto":
+        reason = fast_unsupported_reason(model, max_len)
+        runner = "generic" if reason else "fast"
+        if reason:
+            log.info("target runner: generic (%s)", reason)
+    kwargs = dict(max_len=max_len, batch_size=batch_size, aux_layer_ids=aux_layer_ids)
+    built = FastTarget(model, **kwargs) if runner == "fast" else HFTarget(model, **kwargs)
+    log.info("target runner: %s, %d slots x batch %d", built.kind, max_len, batch_size)
+    return built

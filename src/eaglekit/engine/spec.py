@@ -1,0 +1,70 @@
+"""The shape of one speculation cycle: a chain of k drafts or an EAGLE-2 dynamic tree."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from eaglekit.errors import EaglekitError
+
+MODES = ("chain", "tree")
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """How much is drafted per cycle.
+
+    chain: `k` drafts, one per draft forward.
+    tree:  EAGLE-2 dynamic tree with `depth` levels (the most drafts one cycle can accept; EAGLE's
+           code calls depth - 1 its `depth`), `top_k` children per expanded node and frontier
+           width, and `total_tokens` nodes verified per cycle, root included (EAGLE's total_token).
+    """
+
+    mode: str = "tree"
+    k: int = 5
+    depth: int = 6
+    top_k: int = 10
+    total_tokens: int = 60
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise EaglekitError(f"unknown speculation mode {self.mode!r}", hint=f"use one of {MODES}")
+        if min(self.k, self.depth, self.top_k) < 1 or self.total_tokens < 2:
+            raise EaglekitError(f"bad speculation shape {self}",
+                                hint="k, depth, top_k >= 1 and total_tokens >= 2")
+
+    @property
+    def max_depth(self) -> int:
+        """The most drafts one cycle can accept."""
+        return self.k if self.mode == "chain" else self.depth
+
+    @property
+    def num_candidates(self) -> int:
+        """Tree: candidates recorded while drafting (K + (depth - 1) K^2)."""
+        return self.top_k + (self.depth - 1) * self.top_k ** 2
+
+    @property
+    def num_nodes(self) -> int:
+        """Tokens in one verify forward, root included."""
+        if self.mode == "chain":
+            return self.k + 1
+        return min(self.total_tokens, 1 + self.num_candidates)
+
+    @property
+    def draft_region(self) -> int:
+        """Draft-cache slots used past the committed prefix while drafting."""
+        return self.k - 1 if self.mode == "chain" else (self.depth - 1) * self.top_k
+
+    @property
+    def headroom(self) -> int:
+        """Cache slots a cycle may touch past the committed length (target and draft)."""
+        return max(self.num_nodes, self.draft_region) + self.max_depth + 2
+
+    def to_dict(self) -> dict:
+        if self.mode == "chain":
+            return {"mode": "chain", "k": self.k}
+        return {k: v for k, v in asdict(self).items() if k != "k"}
+
+    def label(self) -> str:
+        if self.mode == "chain":
+            return f"chain k={self.k}"
+        return f"tree d={self.depth} topk={self.top_k} n={self.num_nodes}"

@@ -1,0 +1,206 @@
+"""FAST target runner: a lean dense decoder built from an HF Llama-family model's own weights.
+
+One file, gpt-fast style: the math of Llama / Mistral / Qwen2 / Qwen3 parameterized by the HF
+config (GQA, rope tables from the model's own rotary module, optional qk-norm, attention and MLP
+biases, tied embeddings, rms eps). q/k/v and gate/up are fused into one matmul each. Whether a
+model is supported is decided up front (`fast_unsupported_reason`); once built, the runner's logits
+are checked against the HF model's and a mismatch raises instead of falling back.
+
+Shapes: B batch, T tokens, H hidden, nh/nkv query/kv heads, d head dim, L cache slots, V vocab,
+A aux width (len(aux_layer_ids) * H).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eaglekit.engine.kv import KVCache, attend
+from eaglekit.engine.tree import causal_block, cache_mask
+from eaglekit.errors import EaglekitError
+from eaglekit.target.capture import decoder_layers
+from eaglekit.target.info import check_aux_layer_ids
+from eaglekit.target.load import text_config
+
+# Families whose decoder is exactly Llama's math (pre-norm, rope, SwiGLU, RMSNorm w * x).
+FAST_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # rope tables that do not depend on length
+
+
+def sliding_window(cfg) -> int | None:
+    """The attention window if any layer uses one, else None."""
+    window = getattr(cfg, "sliding_window", None)
+    types = getattr(cfg, "layer_types", None)
+    if window and (types is None or "sliding_attention" in types):
+        return int(window)
+    return None
+
+
+def fast_unsupported_reason(model, max_len: int) -> str | None:
+    """Why the FAST runner cannot run this model, or None if it can (decided from the config)."""
+    cfg = text_config(model.config)
+    if cfg.model_type not in FAST_FAMILIES:
+        return f"model_type {cfg.model_type!r} is not a plain Llama-family decoder {FAST_FAMILIES}"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"hidden_act {cfg.hidden_act!r} (the lean decoder implements SwiGLU with silu)"
+    window = sliding_window(cfg)
+    if window is not None and window < max_len:
+        return f"sliding-window attention ({window} < {max_len} cache slots)"
+    rope = (getattr(cfg, "rope_parameters", None) or {}).get("rope_type", "default")
+    if rope not in STATIC_ROPE:
+        return f"rope_type {rope!r} depends on the sequence length"
+    layer = decoder_layers(model)[0]
+    for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm"):
+        try:
+            layer.get_submodule(name)
+        except AttributeError:
+            return f"decoder layer has no {name}"
+    return None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's RMSNorm: normalize in float32, cast back, then scale."""
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def fused(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenate the weights (and biases, zeros where missing) of linears sharing an input."""
+    weight = frozen(torch.cat([m.weight for m in linears]))
+    if all(m.bias is None for m in linears):
+        return weight, None
+    return weight, frozen(torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features)
+                                     for m in linears]))
+
+
+def frozen(t: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(t.detach(), requires_grad=False)
+
+
+class FastLayer(nn.Module):
+    def __init__(self, layer: nn.Module, cfg, cache: KVCache):
+        super().__init__()
+        attn, mlp = layer.self_attn, layer.mlp
+        self.nh, self.nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.d = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.nh
+        self.eps = cfg.rms_norm_eps
+        self.wqkv, self.bqkv = fused(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.wo, self.bo = attn.o_proj.weight, attn.o_proj.bias
+        self.w13, self.b13 = fused(mlp.gate_proj, mlp.up_proj)
+        self.w2, self.b2 = mlp.down_proj.weight, mlp.down_proj.bias
+        self.ln1, self.ln2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+        q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+        self.q_norm = q_norm.weight if q_norm is not None else None
+        self.k_norm = k_norm.weight if k_norm is not None else None
+        self.cache = cache
+
+    def forward(self, x, cos, sin, slots, mask):
+        """x [B, T, H]; cos/sin [B, 1, T, d]; slots [T]; mask [B|1, 1, T, L] -> [B, T, H]."""
+        B, T, _ = x.shape
+        qkv = F.linear(rms_norm(x, self.ln1, self.eps), self.wqkv, self.bqkv)
+        q, k, v = qkv.split([self.nh * self.d, self.nkv * self.d, self.nkv * self.d], dim=-1)
+        q, k, v = q.view(B, T, self.nh, self.d), k.view(B, T, self.nkv, self.d), v.view(B, T, self.nkv, self.d)
+        if self.q_norm is not None:                    # Qwen3: RMSNorm per head before rope
+            q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)      # [B, heads, T, d]
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        k_all, v_all = self.cache.write(slots, k, v)
+        out = attend(q, k_all, v_all, mask).transpose(1, 2).reshape(B, T, self.nh * self.d)
+        x = x + F.linear(out, self.wo, self.bo)
+        gate, up = F.linear(rms_norm(x, self.ln2, self.eps), self.w13, self.b13).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, self.w2, self.b2)
+
+
+class FastTarget(nn.Module):
+    """The lean decoder with its own static KV cache.
+
+    `forward(input_ids, positions, slots, mask)` writes the new tokens' keys/values at `slots` and
+    returns logits [B, T, V] and aux states [B, T, A] (outputs of the aux layers, concatenated).
+    """
+
+    kind = "fast"
+
+    def __init__(self, model: nn.Module, *, max_len: int, batch_size: int = 1, aux_layer_ids=(),
+                 check: bool = True):
+        super().__init__()
+        reason = fast_unsupported_reason(model, max_len)
+        if reason:
+            raise EaglekitError(f"the fast runner does not support this target: {reason}",
+                                hint="use the generic runner (--runner generic)")
+        cfg = text_config(model.config)
+        layers = decoder_layers(model)
+        self.aux_layer_ids = check_aux_layer_ids(list(aux_layer_ids), len(layers)) if aux_layer_ids else []
+        self.max_len, self.batch_size = max_len, batch_size
+        self.eps = cfg.rms_norm_eps
+        self.hidden_size, self.vocab_size = cfg.hidden_size, model.get_output_embeddings().weight.shape[0]
+        p = next(model.parameters())
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.layers = nn.ModuleList(
+            FastLayer(layer, cfg, KVCache(batch_size, cfg.num_key_value_heads, max_len, head_dim,
+                                          dtype=p.dtype, device=p.device))
+            for layer in layers)
+        decoder = model.get_decoder()
+        self.embed = model.get_input_embeddings().weight
+        self.norm = decoder.norm.weight
+        self.lm_head = model.get_output_embeddings().weight
+        self.lm_bias = model.get_output_embeddings().bias
+        cos, sin = decoder.rotary_emb(self.norm, torch.arange(max_len, device=p.device)[None])
+        self.register_buffer("cos", cos[0], persistent=False)     # [L, d], model dtype like HF
+        self.register_buffer("sin", sin[0], persistent=False)
+        if check:
+            check_against_hf(self, model)
+
+    @property
+    def aux_width(self) -> int:
+        return len(self.aux_layer_ids) * self.hidden_size
+
+    def forward(self, input_ids, positions, slots, mask, last_only: bool = False):
+        """input_ids/positions [B, T], slots [T], mask [B|1, 1, T, L] bool -> logits [B, T, V], aux [B, T, A].
+
+        With `last_only` the logits are computed for the last token only ([B, 1, V]).
+        """
+        x = F.embedding(input_ids, self.embed)
+        cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # [B, 1, T, d]
+        states = {}
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, slots, mask)
+            if i in self.aux_layer_ids:
+                states[i] = x
+        aux = torch.cat([states[i] for i in self.aux_layer_ids], -1) if states else None
+        if last_only:
+            x = x[:, -1:]
+        logits = F.linear(rms_norm(x, self.norm, self.eps), self.lm_head, self.lm_bias)
+        return logits, aux
+
+    def move_kv(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        for layer in self.layers:
+            layer.cache.move(src, dst)
+
+
+@torch.no_grad()
+def check_against_hf(runner, model, length: int = 8) -> None:
+    """Raise if the runner's logits differ from the HF model's on a fixed short sequence."""
+    device = runner.embed.device
+    T = min(length, runner.max_len)
+    ids = torch.arange(T, device=device).mul(7919).remainder(runner.vocab_size).view(1, T)
+    ids = ids.expand(runner.batch_size, T)
+    pos = torch.arange(T, device=device).expand(runner.batch_size, T)
+    mask = cache_mask(causal_block(T, device), 0, 0, runner.max_len)
+    got, _ = runner(ids, pos, torch.arange(T, device=device), mask)
+    ref = model(input_ids=ids, use_cache=False).logits
+    err = ((got.float() - ref.float()).norm() / ref.float().norm().clamp(min=1e-6)).item()
+    tol = 1e-4 if got.dtype == torch.float32 else 3e-2
+    if not err <= tol:
+        raise EaglekitError(
+            f"the fast runner's logits differ from the HF model's (relative error {err:.2e} > {tol:.0e})",
+            hint="this architecture's math is not plain Llama; use --runner generic and report it")
