@@ -81,10 +81,13 @@ class JsonlShards:
     Args:
         folder: where the shards live.
         prefix: file name prefix ("conversations").
-        shard_size: lines per shard; a full shard is never reopened for writing.
+        shard_size: lines per shard; a full shard is never reopened for writing. None: one file
+            `{prefix}.jsonl` without a size limit.
     """
 
-    def __init__(self, folder: Path, prefix: str, shard_size: int):
+    def __init__(self, folder: Path, prefix: str, shard_size: int | None):
+        self.single = shard_size is None
+        shard_size = 2**62 if shard_size is None else shard_size
         if shard_size < 1:
             raise EaglekitError(f"shard size {shard_size} < 1", hint="use e.g. --shard-size 10000")
         self.folder, self.prefix, self.shard_size = Path(folder), prefix, shard_size
@@ -93,6 +96,8 @@ class JsonlShards:
         self._file = None
 
     def shard_path(self, n: int) -> Path:
+        if self.single:
+            return self.folder / (f"{self.prefix}.jsonl" if n == 0 else f"{self.prefix}.overflow-{n}")
         return self.folder / f"{self.prefix}-{n:05d}.jsonl"
 
     def paths(self) -> list[Path]:

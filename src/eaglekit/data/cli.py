@@ -1,0 +1,206 @@
+"""`eaglekit prompts build|synthesize` and `eaglekit generate`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+
+def register(sub) -> None:
+    prompts = sub.add_parser("prompts", help="build a prompt set from datasets, or synthesize one with the target")
+    psub = prompts.add_subparsers(dest="prompts_command", metavar="ACTION", required=True)
+
+    build = psub.add_parser("build", help="read, filter, deduplicate, mix and split prompt sources",
+                            description="Sources: LOCATION[,weight=W][,format=F][,name=N][,column=C][,records=KEY]"
+                                        "[,split=S][,subset=S]; LOCATION is a .jsonl/.json/.parquet/.txt file, a "
+                                        "folder of them, or hf:<dataset>. Formats: auto (default), turns, sharegpt, "
+                                        "openai, alpaca, prompt, text.")
+    build.add_argument("--source", action="append", required=True, help="a prompt source (repeatable)")
+    build.add_argument("--out", required=True, help="output folder")
+    build.add_argument("--num-prompts", type=int, help="total prompts in the mix (default: weight x size of each)")
+    build.add_argument("--validation-fraction", type=float, default=0.02, help="held-out share (hash of the prompt)")
+    build.add_argument("--min-chars", type=int, default=1, help="drop shorter prompts")
+    build.add_argument("--max-chars", type=int, help="drop longer prompts")
+    build.add_argument("--max-tokens", type=int, help="drop prompts longer than this in target tokens (needs --target)")
+    build.add_argument("--max-turns", type=int, help="drop prompts with more user turns")
+    build.add_argument("--target", help="target whose tokenizer counts --max-tokens")
+    build.add_argument("--seed", type=int, default=0, help="seed of the split and of subsets")
+    build.add_argument("--strict", action="store_true", help="a malformed record is an error (default: skip, report)")
+    build.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    build.set_defaults(func=run_build)
+
+    synth = psub.add_parser("synthesize", help="let the target write prompts (Magpie)")
+    synth.add_argument("--target", default="smollm2", help="smollm2, an HF model folder or a .gguf file")
+    synth.add_argument("--out", required=True, help="output folder")
+    synth.add_argument("--num-prompts", type=int, required=True,
+                       help="prompts wanted in total (with --top-up: existing ones included)")
+    synth.add_argument("--top-up", help="a prompts folder to complete up to --num-prompts")
+    synth.add_argument("--system", help="system prompt to write the questions under (default: the template's)")
+    synth.add_argument("--temperature", type=float, default=1.0)
+    synth.add_argument("--top-p", type=float, default=1.0)
+    synth.add_argument("--top-k", type=int, default=0)
+    synth.add_argument("--max-new-tokens", type=int, default=256, help="longer questions are dropped")
+    synth.add_argument("--min-chars", type=int, default=10, help="shorter questions are dropped")
+    synth.add_argument("--max-attempts", type=int, help="samples drawn at most (default 4 x wanted)")
+    synth.add_argument("--validation-fraction", type=float, default=0.02)
+    add_local_args(synth)
+    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--overwrite", action="store_true")
+    synth.set_defaults(func=run_synthesize)
+
+    gen = sub.add_parser("generate", help="the target answers every prompt (local or an OpenAI-compatible server)")
+    gen.add_argument("--prompts", required=True, help="an `eaglekit prompts` folder, or one prompt file")
+    gen.add_argument("--target", default="smollm2", help="smollm2, an HF model folder or a .gguf file")
+    gen.add_argument("--out", required=True, help="output folder (rerun the same command to resume)")
+    gen.add_argument("--backend", default="local", choices=("local", "engine", "hf", "openai"),
+                     help="local: eaglekit's batch generator (HF generate until it is installed); "
+                          "openai: a vLLM/SGLang/llama.cpp server (--server-url)")
+    gen.add_argument("--max-new-tokens", type=int, default=1024, help="answer length limit per turn")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0, help="0 = off")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--splits", default="train,validation", help="splits of a prompts folder to answer")
+    gen.add_argument("--limit", type=int, help="only the first N prompts of each split")
+    gen.add_argument("--shard-size", type=int, default=10000, help="conversations per shard")
+    gen.add_argument("--context-length", type=int, help="prompt + answer limit (default: the target's / server's)")
+    add_local_args(gen)
+    srv = gen.add_argument_group("openai backend")
+    srv.add_argument("--server-url", help="e.g. http://127.0.0.1:8000")
+    srv.add_argument("--model", help="served model name (default: the only one listed)")
+    srv.add_argument("--concurrency", type=int, default=32, help="conversations in flight")
+    srv.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
+    srv.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    srv.add_argument("--max-retries", type=int, default=5)
+    srv.add_argument("--no-check-template", action="store_true",
+                     help="do not compare the server's prompt token counts with the target's template")
+    gen.add_argument("--overwrite", action="store_true", help="delete the output folder first")
+    gen.set_defaults(func=run_generate)
+
+
+def add_local_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("local generation")
+    if "--backend" not in parser._option_string_actions:
+        group.add_argument("--backend", default="local", choices=("local", "engine", "hf"))
+    group.add_argument("--batch-size", type=int, default=32, help="sequences per generation call")
+    group.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1")
+    group.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16")
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def run_build(args: argparse.Namespace) -> int:
+    from eaglekit.data.prompts import Filters, build_prompts
+    from eaglekit.data.readers import SourceSpec
+
+    tokenizer = None
+    if args.target:
+        from eaglekit.target.load import load_tokenizer
+        from eaglekit.target.source import resolve_target
+
+        tokenizer = load_tokenizer(resolve_target(args.target))
+    manifest = build_prompts(
+        [SourceSpec.parse(s) for s in args.source], args.out,
+        filters=Filters(min_chars=args.min_chars, max_chars=args.max_chars, max_tokens=args.max_tokens,
+                        max_turns=args.max_turns),
+        validation_fraction=args.validation_fraction, num_prompts=args.num_prompts, seed=args.seed,
+        tokenizer=tokenizer, strict=args.strict, overwrite=args.overwrite)
+    c = manifest["counts"]
+    print(f"{args.out}: {c['train']} train + {c['validation']} validation prompts, {c['malformed']} malformed skipped")
+    for s in c["sources"]:
+        print(f"  {s['name']}: {s['records']} records, {s['malformed']} malformed, {s['duplicates']} duplicates, "
+              f"{s['too_short'] + s['too_long'] + s['too_many_turns']} filtered, {s['taken']} taken")
+    return 0
+
+
+def run_synthesize(args: argparse.Namespace) -> int:
+    from eaglekit.data.folder import read_prompt_folder
+    from eaglekit.data.generators import Sampling, make_generator
+    from eaglekit.data.magpie import pre_query_template, synthesize, write_synthesized
+    from eaglekit.errors import EaglekitError
+    from eaglekit.target import load_target
+
+    existing, inputs = None, {}
+    if args.top_up:
+        manifest, existing = read_prompt_folder(args.top_up)
+        inputs = {"top_up": {"folder": args.top_up, "counts": manifest.get("counts", {})}}
+    have = sum(len(v) for v in (existing or {}).values())
+    need = args.num_prompts - have
+    if need < 1:
+        raise EaglekitError(f"{args.top_up} already holds {have} >= {args.num_prompts} prompts",
+                            hint="ask for more with --num-prompts")
+    target = load_target(args.target, device=resolve_device(args.device), dtype=args.dtype)
+    pre = pre_query_template(target.tokenizer, args.system)
+    sampling = Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    stops = sorted(set(target.stop_token_ids) | {pre.end_of_turn_id})
+    generator = make_generator(args.backend, target.model, stops, sampling)
+    new, stats = synthesize(target.tokenizer, generator, pre, need,
+                            existing=[p for v in (existing or {}).values() for p in v], batch_size=args.batch_size,
+                            max_new_tokens=args.max_new_tokens, min_chars=args.min_chars,
+                            max_attempts=args.max_attempts, system=args.system)
+    config = {"method": "magpie", "pre_query_template": pre.text, "end_of_turn": pre.end_of_turn,
+              "sampling": sampling.__dict__, "max_new_tokens": args.max_new_tokens, "num_prompts": args.num_prompts,
+              "min_chars": args.min_chars, "system": args.system, "backend": generator.name,
+              "validation_fraction": args.validation_fraction, "seed": args.seed}
+    manifest = write_synthesized(args.out, new, existing=existing, stats=stats, config=config,
+                                 target_fp=target.fingerprint(), inputs=inputs,
+                                 validation_fraction=args.validation_fraction, seed=args.seed, overwrite=args.overwrite)
+    c = manifest["counts"]
+    print(f"{args.out}: {len(new)} synthesized (+{have} existing) = {c['train']} train + {c['validation']} validation; "
+          f"dropped {stats['unfinished']} unfinished, {stats['too_short']} short, {stats['duplicates']} duplicates")
+    return 0 if len(new) == need else 1
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from eaglekit.data.generators import Sampling, make_generator
+    from eaglekit.data.local_backend import LocalBackend
+    from eaglekit.data.regenerate import GenerateConfig, generate_conversations
+    from eaglekit.errors import EaglekitError
+
+    sampling = Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    config = GenerateConfig(max_new_tokens=args.max_new_tokens, sampling=sampling,
+                            splits=tuple(s for s in args.splits.split(",") if s), limit=args.limit)
+    if args.backend == "openai":
+        from eaglekit.data.openai_backend import OpenAIBackend, OpenAIClient
+        from eaglekit.target.info import load_config
+        from eaglekit.target.load import generation_eos_ids, load_tokenizer, target_fingerprint
+        from eaglekit.target.source import resolve_target
+
+        if not args.server_url:
+            raise EaglekitError("--backend openai needs --server-url", hint="e.g. --server-url http://127.0.0.1:8000")
+        source = resolve_target(args.target)
+        target_config = load_config(source)
+        tokenizer = load_tokenizer(source, generation_eos_ids(source, target_config))
+        client = OpenAIClient(args.server_url, api_key=os.environ.get(args.api_key_env), timeout=args.timeout,
+                              max_retries=args.max_retries)
+        backend = OpenAIBackend(client, model=args.model, tokenizer=tokenizer, max_new_tokens=args.max_new_tokens,
+                                sampling=sampling, concurrency=args.concurrency, context_length=args.context_length,
+                                check_template=not args.no_check_template)
+        target_fp = target_fingerprint(target_config, tokenizer, name=source.name)
+    else:
+        from eaglekit.target import load_target
+
+        target = load_target(args.target, device=resolve_device(args.device), dtype=args.dtype)
+        generator = make_generator(args.backend, target.model, target.stop_token_ids, sampling)
+        context = args.context_length or getattr(target.config, "max_position_embeddings", None)
+        if not context:
+            raise EaglekitError("the target's config gives no context length", hint="pass --context-length")
+        backend = LocalBackend(target.tokenizer, generator, max_new_tokens=args.max_new_tokens,
+                               batch_size=args.batch_size, context_length=context)
+        target_fp = target.fingerprint()
+    manifest = generate_conversations(args.prompts, args.out, backend=backend, target_fp=target_fp, config=config,
+                                      shard_size=args.shard_size, overwrite=args.overwrite)
+    c = manifest["counts"]
+    t = manifest["throughput_last_run"]
+    print(f"{args.out}: {c['conversations']} conversations ({c['by_split']}), {c['skipped']} skipped, "
+          f"{c['answer_tokens']} answer tokens; this run {t['prompts_per_s']} prompts/s, {t['tokens_per_s']} tokens/s")
+    return 0

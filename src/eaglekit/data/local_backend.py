@@ -1,0 +1,99 @@
+"""Answer conversations with the target itself, in batches, on this machine.
+
+Scheduling is static batching over turns: a batch holds the next turn of up to `batch_size`
+conversations. A multi-turn conversation goes back to the front of the queue after each answer,
+so its next user turn follows the target's own answer and it finishes soon after it started.
+New prompts are taken in windows sorted by length, so a batch pads little.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Iterable, Iterator
+
+from eaglekit.data.records import Answer, Conversation
+from eaglekit.errors import EaglekitError
+from eaglekit.target.chat import prompt_ids
+
+SORT_WINDOW = 8  # batches' worth of new prompts sorted by length together
+
+
+class LocalBackend:
+    """Chat-level backend over a token-level generator (`eaglekit.data.generators`).
+
+    Args:
+        tokenizer: the target's tokenizer (renders prompts with its chat template).
+        generator: a `TokenGenerator` (HF generate or the engine's batch generator).
+        max_new_tokens: answer length limit per turn.
+        batch_size: conversations per generation call.
+        context_length: prompt + answer tokens the target can attend to.
+        template_kwargs: passed to the chat template (e.g. enable_thinking=False).
+    """
+
+    def __init__(self, tokenizer, generator, *, max_new_tokens: int, batch_size: int, context_length: int,
+                 template_kwargs: dict | None = None):
+        if batch_size < 1 or max_new_tokens < 1:
+            raise EaglekitError("batch size and max new tokens must be >= 1", hint="e.g. --batch-size 64")
+        self.tokenizer, self.generator = tokenizer, generator
+        self.max_new_tokens, self.batch_size, self.context_length = max_new_tokens, batch_size, context_length
+        self.template_kwargs = template_kwargs or {}
+        self.name = generator.name
+
+    def run(self, conversations: Iterable[Conversation]) -> Iterator[list[Conversation]]:
+        """Yield lists of finished conversations (answered, or skipped when the context is full)."""
+        source = iter(conversations)
+        queue: deque[tuple[Conversation, list[int]]] = deque()
+        exhausted = False
+        while True:
+            if len(queue) < self.batch_size and not exhausted:
+                window = []
+                for conv in source:
+                    window.append((conv, self._ids(conv)))
+                    if len(window) >= self.batch_size * SORT_WINDOW:
+                        break
+                else:
+                    exhausted = True
+                window.sort(key=lambda item: len(item[1]))
+                queue.extend(window)
+            if not queue:
+                return
+            batch = [queue.popleft() for _ in range(min(self.batch_size, len(queue)))]
+            finished = []
+            for conv, more in self._answer(batch):
+                if more:
+                    queue.appendleft((conv, self._ids(conv)))
+                else:
+                    finished.append(conv)
+            if finished:
+                yield finished
+
+    def _ids(self, conv: Conversation) -> list[int]:
+        return prompt_ids(self.tokenizer, conv.next_messages(), **self.template_kwargs)
+
+    def _answer(self, batch: list[tuple[Conversation, list[int]]]) -> list[tuple[Conversation, bool]]:
+        """Generate the next turn of each conversation; True where more turns remain."""
+        results: list[tuple[Conversation, bool]] = []
+        full: list[tuple[Conversation, list[int]]] = []
+        short: list[tuple[Conversation, list[int], int]] = []
+        for conv, ids in batch:
+            budget = min(self.max_new_tokens, self.context_length - len(ids))
+            if budget < 1:
+                conv.skipped = f"prompt of {len(ids)} tokens leaves no room in the context of {self.context_length}"
+                results.append((conv, False))
+            elif budget == self.max_new_tokens:
+                full.append((conv, ids))
+            else:
+                short.append((conv, ids, budget))
+        calls = [(full, self.max_new_tokens)] if full else []
+        if short:  # rows near the context end share one call with the smallest room left
+            calls.append(([(c, i) for c, i, _ in short], min(b for _, _, b in short)))
+        for rows, budget in calls:
+            completions = self.generator.generate([ids for _, ids in rows], budget)
+            for (conv, ids), completion in zip(rows, completions):
+                tokens = completion.token_ids
+                body = tokens[:-1] if completion.finish_reason == "stop" else tokens
+                text = self.tokenizer.decode(body, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+                conv.answers.append(Answer(text=text, finish_reason=completion.finish_reason,
+                                           num_tokens=len(tokens), prompt_tokens=len(ids)))
+                results.append((conv, not conv.done))
+        return results

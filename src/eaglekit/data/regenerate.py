@@ -1,0 +1,210 @@
+"""The generate stage: the target answers every prompt; the output is resumable.
+
+Output folder: `conversations-00000.jsonl`, ... (one conversation a line, see
+`eaglekit.data.records`), `skipped.jsonl` (prompts that did not fit the context, with the reason),
+`run.json` (what this folder is being made from) and, once every prompt is accounted for,
+`manifest.json` (stage "generate"). Without `manifest.json` the folder is unfinished: rerun the
+same command and it carries on. Lines are only appended, an id is written once, and a torn last
+line from a kill is dropped on restart, so no prompt is lost or answered twice.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from eaglekit.artifacts import MANIFEST, read_json, sha256_file, sha256_json, write_json, write_manifest
+from eaglekit.data.folder import JsonlShards, read_prompt_folder
+from eaglekit.data.generators import Sampling
+from eaglekit.data.readers import SourceSpec, read_source
+from eaglekit.data.records import Conversation, Prompt
+from eaglekit.errors import EaglekitError
+
+log = logging.getLogger(__name__)
+RUN_FILE = "run.json"
+SHARD_PREFIX = "conversations"
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """What decides the content of a generate folder (a resumed run must use the same)."""
+
+    max_new_tokens: int = 1024
+    sampling: Sampling = Sampling()
+    splits: tuple[str, ...] = ("train", "validation")
+    limit: int | None = None  # first N prompts of each split (smoke runs, benchmarks)
+
+    def to_json(self) -> dict:
+        return {"max_new_tokens": self.max_new_tokens, "sampling": asdict(self.sampling),
+                "splits": list(self.splits), "limit": self.limit}
+
+
+def load_prompts(location: str, splits: tuple[str, ...], limit: int | None) -> tuple[dict[str, list[Prompt]], dict]:
+    """Prompts by split from an `eaglekit prompts` folder, or all of one file (split "train")."""
+    path = Path(location)
+    if path.is_dir() and (path / MANIFEST).is_file():
+        manifest, by_split = read_prompt_folder(path, splits)
+        inputs = {"prompts": {"folder": str(path), "manifest_config": sha256_json(manifest.get("config")),
+                              **{s: sha256_file(path / f"{s}.jsonl") for s in splits}}}
+    else:
+        spec = SourceSpec.parse(location)
+        report = read_source(spec)
+        if report.malformed:
+            raise EaglekitError(f"{location}: {len(report.malformed)} malformed records, e.g. {report.malformed[0]}",
+                                hint="clean the prompts with `eaglekit prompts build` first")
+        ids = Counter(p.id for p in report.prompts)
+        if any(n > 1 for n in ids.values()):
+            raise EaglekitError(f"{location}: ids repeat (e.g. {next(i for i, n in ids.items() if n > 1)!r})",
+                                hint="build a prompts folder with `eaglekit prompts build` (it makes ids unique)")
+        by_split = {"train": report.prompts}
+        inputs = {"prompts": spec.fingerprint()}
+    if limit is not None:
+        by_split = {s: p[:limit] for s, p in by_split.items()}
+    return by_split, inputs
+
+
+class Progress:
+    """Prompts/s and tokens/s: a tqdm bar on a terminal, a log line every 30 s otherwise."""
+
+    def __init__(self, total: int, done: int):
+        from tqdm import tqdm
+
+        self.start, self.tokens, self.prompts, self.last_log = time.perf_counter(), 0, 0, 0.0
+        self.total, self.done = total, done
+        self.bar = tqdm(total=total, initial=done, unit="prompt", dynamic_ncols=True,
+                        disable=not sys.stderr.isatty(), desc="generate")
+
+    def update(self, prompts: int, tokens: int) -> None:
+        self.prompts += prompts
+        self.tokens += tokens
+        self.done += prompts
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        self.bar.update(prompts)
+        self.bar.set_postfix_str(f"{self.tokens / elapsed:,.0f} tok/s", refresh=False)
+        if self.bar.disable and elapsed - self.last_log > 30:
+            self.last_log = elapsed
+            log.info("%d/%d prompts, %.2f prompts/s, %.0f tokens/s", self.done, self.total,
+                     self.prompts / elapsed, self.tokens / elapsed)
+
+    def close(self) -> dict:
+        self.bar.close()
+        elapsed = time.perf_counter() - self.start
+        return {"seconds": round(elapsed, 3), "prompts": self.prompts, "tokens": self.tokens,
+                "prompts_per_s": round(self.prompts / max(elapsed, 1e-9), 3),
+                "tokens_per_s": round(self.tokens / max(elapsed, 1e-9), 1)}
+
+
+def generate_conversations(prompts: str, out: str | Path, *, backend, target_fp: dict, config: GenerateConfig,
+                           shard_size: int = 10000, overwrite: bool = False) -> dict:
+    """Answer every prompt with `backend`, appending to `out`; return the manifest when done.
+
+    Args:
+        prompts: an `eaglekit prompts` folder, or one prompt file.
+        out: the output folder (created, or resumed when it holds an unfinished run of the same config).
+        backend: a chat-level backend (`LocalBackend` or `OpenAIBackend`) with `run(conversations)`.
+        target_fp: the target's fingerprint (`Target.fingerprint()`).
+        config: the settings that decide the content.
+        shard_size: conversations per shard.
+        overwrite: delete an existing output folder first.
+    """
+    out = Path(out)
+    by_split, inputs = load_prompts(prompts, config.splits, config.limit)
+    identity = {"target": target_fp, "config": config.to_json(), "inputs": inputs}
+    if overwrite and out.exists():
+        shutil.rmtree(out)
+    if (out / MANIFEST).is_file():
+        raise EaglekitError(f"{out} already holds a finished generate run", hint="pass --overwrite or another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    lock = os.open(out, os.O_RDONLY)  # flock on the folder itself: released by the kernel even on SIGKILL
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise EaglekitError(f"another `eaglekit generate` is writing to {out}",
+                                hint="wait for it, or use another --out") from None
+        check_resume(out, identity)
+        return _run(out, by_split, backend, identity, config, shard_size)
+    finally:
+        os.close(lock)
+
+
+def check_resume(out: Path, identity: dict) -> None:
+    """Refuse to resume a folder made from another target, prompts or settings."""
+    run_file = out / RUN_FILE
+    if run_file.is_file():
+        before = read_json(run_file, what="run file")
+        for key in ("target", "config", "inputs"):
+            if before.get(key) != identity[key]:
+                raise EaglekitError(
+                    f"{out} holds an unfinished run with another {key}: {before.get(key)} != {identity[key]}",
+                    hint="rerun with the same settings to resume, or pass --overwrite to start over")
+    elif any(out.iterdir()):
+        raise EaglekitError(f"{out} is not empty and holds no eaglekit generate run",
+                            hint="use an empty or new --out")
+    else:
+        write_json(run_file, identity)
+
+
+def _run(out: Path, by_split: dict[str, list[Prompt]], backend, identity: dict, config: GenerateConfig,
+         shard_size: int) -> dict:
+    shards = JsonlShards(out, SHARD_PREFIX, shard_size)
+    skipped = JsonlShards(out, "skipped", None)  # one file, same append-and-recover rules
+    rows = shards.recover()
+    skipped_rows = skipped.recover()
+    split_of = {p.id: s for s, prompts in by_split.items() for p in prompts}
+    if len(split_of) != sum(len(p) for p in by_split.values()):
+        raise EaglekitError("a prompt id appears in more than one split", hint="rebuild the prompts folder")
+    done = shards.ids | skipped.ids
+    stray = [i for i in done if i not in split_of]
+    if stray:
+        raise EaglekitError(f"{out} holds answers to prompts that are not in the input (e.g. {stray[0]!r})",
+                            hint="pass the same prompts to resume, or --overwrite")
+    pending = [Conversation(p, s) for s, prompts in by_split.items() for p in prompts if p.id not in done]
+    if done:
+        log.info("resuming %s: %d of %d prompts done, %d to go", out, len(done), len(split_of), len(pending))
+    progress = Progress(len(split_of), len(done))
+    try:
+        for finished in backend.run(pending):
+            answered = [c for c in finished if c.answers]
+            shards.append([c.to_json() for c in answered])
+            skipped.append([{"id": c.prompt.id, "source": c.prompt.source, "split": c.split, "reason": c.skipped}
+                            for c in finished if not c.answers])
+            progress.update(len(finished), sum(a.num_tokens for c in finished for a in c.answers))
+    finally:
+        shards.close()
+        skipped.close()
+        speed = progress.close()
+    missing = set(split_of) - shards.ids - skipped.ids
+    if missing:
+        raise EaglekitError(f"{len(missing)} prompts were not answered (e.g. {sorted(missing)[0]!r})",
+                            hint="rerun the same command to finish them")
+    return _finish(out, shards, identity, config, speed, backend, rows, skipped_rows)
+
+
+def _finish(out: Path, shards: JsonlShards, identity: dict, config: GenerateConfig, speed: dict, backend,
+            earlier: list[dict], earlier_skipped: list[dict]) -> dict:
+    """Count what is on disk (this run and earlier ones) and write the manifest."""
+    rows = JsonlShards(out, SHARD_PREFIX, shards.shard_size).recover()
+    skipped = JsonlShards(out, "skipped", None).recover()
+    by_split = Counter(r["split"] for r in rows)
+    finish = Counter(r["meta"]["finish_reason"] for r in rows)
+    counts = {"conversations": len(rows), "by_split": dict(by_split), "skipped": len(skipped),
+              "assistant_turns": sum(len(r["meta"]["turns"]) for r in rows),
+              "answer_tokens": sum(r["meta"]["num_tokens"] for r in rows), "finish_reason": dict(finish),
+              "shards": [p.name for p in shards.paths()]}
+    resolved = identity["config"] | {"backend": backend.name, "model": getattr(backend, "model", None)
+                                     if isinstance(getattr(backend, "model", None), str) else None,
+                                     "resumed_from": len(earlier) + len(earlier_skipped)}
+    manifest = write_manifest(out, stage="generate", config=resolved, target=identity["target"],
+                              inputs=identity["inputs"], counts=counts, extra={"throughput_last_run": speed})
+    log.info("wrote %s: %d conversations (%s), %d skipped, %d answer tokens; last run %.1f prompts/s, %.0f tokens/s",
+             out, len(rows), dict(by_split), len(skipped), counts["answer_tokens"], speed["prompts_per_s"],
+             speed["tokens_per_s"])
+    return manifest

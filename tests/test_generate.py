@@ -1,0 +1,227 @@
+"""The generate stage with the local backend on a tiny target: batching, multi-turn, shards and
+manifest, the context limit, and resuming after SIGKILL with no prompt lost or answered twice."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from eaglekit.cli import main
+from eaglekit.data.folder import JsonlShards
+from eaglekit.data.generators import HFGenerator, Sampling
+from eaglekit.data.local_backend import LocalBackend
+from eaglekit.data.prompts import build_prompts
+from eaglekit.data.readers import SourceSpec
+from eaglekit.data.records import Conversation, Prompt
+from eaglekit.errors import EaglekitError
+from eaglekit.target import load_target
+from eaglekit.target.chat import prompt_ids
+
+QUESTIONS = ["What is the capital of France?", "Count from one to ten.", "Hello!", "Solve 12 * 7.",
+             "Write a Python function that adds two numbers.", "The quick brown fox?", "How can I help you today?"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One torch thread: tiny models gain nothing from more, and the CPU may be shared."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_target_dir):
+    return load_target(tiny_target_dir)
+
+
+def backend(target, batch_size=4, max_new_tokens=12, context_length=512, sampling=Sampling()):
+    gen = HFGenerator(target.model, target.stop_token_ids, sampling)
+    return LocalBackend(target.tokenizer, gen, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                        context_length=context_length)
+
+
+def answer_all(b, prompts):
+    done = [c for batch in b.run([Conversation(p, "train") for p in prompts]) for c in batch]
+    return {c.prompt.id: c for c in done}
+
+
+def greedy_reference(target, ids: list[int], max_new_tokens: int) -> list[int]:
+    """Plain greedy decoding, one full forward per token: the independent reference."""
+    ids = list(ids)
+    out = []
+    for _ in range(max_new_tokens):
+        with torch.no_grad():
+            logits = target.model(torch.tensor([ids])).logits[0, -1]
+        tok = int(logits.argmax())
+        out.append(tok)
+        ids.append(tok)
+        if tok in target.stop_token_ids:
+            break
+    return out
+
+
+def test_batched_answers_match_plain_greedy_decoding(tiny):
+    prompts = [Prompt(id=str(i), source="t", turns=[q]) for i, q in enumerate(QUESTIONS)]
+    batched = answer_all(backend(tiny, batch_size=4, max_new_tokens=10), prompts)
+    single = answer_all(backend(tiny, batch_size=1, max_new_tokens=10), prompts)
+    for p in prompts:
+        ids = prompt_ids(tiny.tokenizer, p.messages())
+        ref = greedy_reference(tiny, ids, 10)
+        a, b = batched[p.id].answers[0], single[p.id].answers[0]
+        assert (a.text, a.num_tokens, a.finish_reason) == (b.text, b.num_tokens, b.finish_reason)
+        stopped = ref[-1] in tiny.stop_token_ids
+        assert a.text == tiny.tokenizer.decode(ref[:-1] if stopped else ref, skip_special_tokens=True)
+        assert (a.num_tokens, a.finish_reason, a.prompt_tokens) == (len(ref), "stop" if stopped else "length", len(ids))
+
+
+def test_later_turns_follow_the_targets_own_answers(tiny):
+    p = Prompt(id="m", source="t", turns=["Hello!", "Count from one to ten.", "Solve 12 * 7."], system="Be brief.")
+    conv = answer_all(backend(tiny, max_new_tokens=8), [p])["m"]
+    assert len(conv.answers) == 3
+    msgs = conv.to_json()["messages"]
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "user", "assistant"]
+    for turn in (1, 2):  # each answer is what the target writes after its own earlier answers
+        history = msgs[: 2 + 2 * turn]
+        ref = greedy_reference(tiny, prompt_ids(tiny.tokenizer, history), 8)
+        ref = ref[:-1] if ref[-1] in tiny.stop_token_ids else ref
+        assert msgs[2 + 2 * turn]["content"] == tiny.tokenizer.decode(ref, skip_special_tokens=True)
+
+
+def make_prompts(tmp_path: Path, n: int, multi_every: int = 5) -> Path:
+    rows = [{"id": f"p{i}", "turns": [f"{QUESTIONS[i % len(QUESTIONS)]} ({i})"]
+             + ([f"And then {i}?"] if i % multi_every == 0 else [])} for i in range(n)]
+    src = tmp_path / "src.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "prompts"
+    build_prompts([SourceSpec.parse(str(src))], out, validation_fraction=0.2)
+    return out
+
+
+def read_rows(folder: Path) -> list[dict]:
+    return [json.loads(line) for p in sorted(folder.glob("conversations-*.jsonl")) for line in p.read_text().splitlines()]
+
+
+def test_cli_writes_shards_and_manifest(tmp_path, tiny_target_dir, tiny):
+    prompts = make_prompts(tmp_path, 12)
+    out = tmp_path / "gen"
+    argv = ["generate", "--prompts", str(prompts), "--target", str(tiny_target_dir), "--out", str(out),
+            "--backend", "hf", "--max-new-tokens", "6", "--batch-size", "3", "--shard-size", "5"]
+    assert main(argv) == 0
+    assert sorted(p.name for p in out.glob("conversations-*")) == [f"conversations-0000{i}.jsonl" for i in range(3)]
+    rows = read_rows(out)
+    assert sorted(r["id"] for r in rows) == sorted(f"p{i}" for i in range(12))
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["stage"] == "generate" and manifest["target"] == tiny.fingerprint()
+    cfg = manifest["config"]
+    assert cfg["max_new_tokens"] == 6 and cfg["sampling"] == {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0}
+    assert cfg["backend"] == "hf"
+    counts = manifest["counts"]
+    assert counts["conversations"] == 12 and sum(counts["by_split"].values()) == 12 and counts["skipped"] == 0
+    assert counts["answer_tokens"] == sum(r["meta"]["num_tokens"] for r in rows)
+    assert counts["assistant_turns"] == 12 + 3  # p0, p5, p10 have two turns
+    for r in rows:
+        assert set(r) == {"id", "source", "split", "messages", "meta"}
+        assert [m["role"] for m in r["messages"]] == ["user", "assistant"] * (len(r["messages"]) // 2)
+        assert r["meta"]["finish_reason"] in ("stop", "length") and r["meta"]["num_tokens"] >= 1
+    # A finished folder is not redone; a different target is refused on resume.
+    assert main(argv) == 2
+    (out / "manifest.json").unlink()
+    assert main(argv) == 0  # nothing left to do: the manifest is written again
+    assert len(read_rows(out)) == 12
+    (out / "manifest.json").unlink()
+    assert main(argv[:-6] + ["--max-new-tokens", "7", "--batch-size", "3", "--shard-size", "5"]) == 2
+
+
+def test_context_limit_skips_or_stops_conversations(tmp_path, tiny_target_dir):
+    src = tmp_path / "p.jsonl"
+    long = "The quick brown fox jumps over the lazy dog. " * 6
+    src.write_text(json.dumps({"id": "short", "turns": ["Hello!", long]}) + "\n"
+                   + json.dumps({"id": "long", "turns": [long * 2]}) + "\n")
+    out = tmp_path / "gen"
+    assert main(["generate", "--prompts", str(src), "--target", str(tiny_target_dir), "--out", str(out),
+                 "--backend", "hf", "--max-new-tokens", "8", "--context-length", "60"]) == 0
+    (row,) = read_rows(out)
+    assert row["id"] == "short" and row["meta"]["finish_reason"] == "context_length"
+    assert row["meta"]["unanswered_turns"] == 1 and len(row["messages"]) == 2
+    (skip,) = [json.loads(x) for x in (out / "skipped.jsonl").read_text().splitlines()]
+    assert skip["id"] == "long" and "context" in skip["reason"]
+    assert json.loads((out / "manifest.json").read_text())["counts"]["skipped"] == 1
+
+
+def test_shards_drop_a_torn_line_and_refuse_duplicates(tmp_path):
+    shards = JsonlShards(tmp_path, "c", 2)
+    shards.append([{"id": "a"}, {"id": "b"}, {"id": "c"}])
+    shards.close()
+    with open(tmp_path / "c-00001.jsonl", "ab") as f:
+        f.write(b'{"id": "d", "mess')  # killed mid-write
+    again = JsonlShards(tmp_path, "c", 2)
+    assert [r["id"] for r in again.recover()] == ["a", "b", "c"]
+    assert (tmp_path / "c-00001.jsonl").read_bytes() == b'{"id": "c"}\n'
+    again.append([{"id": "d"}, {"id": "e"}])
+    again.close()
+    assert [p.name for p in sorted(tmp_path.iterdir())] == ["c-00000.jsonl", "c-00001.jsonl", "c-00002.jsonl"]
+    with pytest.raises(EaglekitError, match="written twice"):
+        again.append([{"id": "a"}])
+    with open(tmp_path / "c-00000.jsonl", "ab") as f:
+        f.write(b'{"id": "e"}\n')
+    with pytest.raises(EaglekitError, match="appears twice"):
+        JsonlShards(tmp_path, "c", 2).recover()
+
+
+def test_a_second_writer_is_refused(tmp_path, tiny_target_dir):
+    prompts = make_prompts(tmp_path, 3)
+    out = tmp_path / "gen"
+    out.mkdir()
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert main(["generate", "--prompts", str(prompts), "--target", str(tiny_target_dir), "--out", str(out),
+                     "--backend", "hf", "--max-new-tokens", "4"]) == 2
+    finally:
+        os.close(fd)
+    assert not any(out.iterdir())
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_loses_nothing_and_repeats_nothing(tmp_path, tiny_target_dir):
+    n = 40
+    prompts = make_prompts(tmp_path, n, multi_every=4)
+    out = tmp_path / "gen"
+    argv = ["generate", "--prompts", str(prompts), "--target", str(tiny_target_dir), "--out", str(out),
+            "--backend", "hf", "--max-new-tokens", "16", "--batch-size", "1", "--shard-size", "7"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "eaglekit", *argv]
+    for kill_after in (4, 20):  # kill twice, at different points, with SIGKILL (no cleanup runs)
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.time() + 120
+        while len(read_lines(out)) < kill_after and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.01)
+        assert proc.poll() is None, f"finished before the kill: {proc.stderr.read().decode()[-2000:]}"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert not (out / "manifest.json").exists()
+        assert kill_after <= len(read_lines(out)) < n
+    assert main(argv) == 0
+    rows = read_rows(out)
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids)) == n and set(ids) == {f"p{i}" for i in range(n)}
+    # Greedy at batch 1 is deterministic: the resumed folder equals one uninterrupted run.
+    clean = tmp_path / "clean"
+    assert main(argv[:6] + [str(clean)] + argv[7:]) == 0
+    assert sorted(rows, key=lambda r: r["id"]) == sorted(read_rows(clean), key=lambda r: r["id"])
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["counts"]["conversations"] == n and manifest["config"]["resumed_from"] >= 20
+
+
+def read_lines(folder: Path) -> list[bytes]:
+    return [line for p in sorted(folder.glob("conversations-*.jsonl")) for line in p.read_bytes().splitlines()]
