@@ -16,6 +16,9 @@ from eaglekit.errors import EaglekitError
 
 STAGE_CLIS = (
     "eaglekit.target.cli",
+    "eaglekit.draft.cli",
+    "eaglekit.features.cli",
+    "eaglekit.train.cli",
     "eaglekit.data.cli",
 )
 

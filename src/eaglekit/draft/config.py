@@ -55,9 +55,7 @@ class DraftConfig:
         """
         cfg = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
         heads = cfg.num_attention_heads
-        rope = dict(getattr(cfg, "rope_parameters", None) or {})
-        rope.setdefault("rope_type", "default")
-        rope.setdefault("rope_theta", float(getattr(cfg, "rope_theta", 10000.0) or 10000.0))
+        rope = draft_rope_parameters(cfg)
         width = intermediate_size or getattr(cfg, "intermediate_size", None) or 4 * cfg.hidden_size
         if draft_vocab_size > cfg.vocab_size:
             raise EaglekitError(f"draft_vocab_size {draft_vocab_size} exceeds the target vocab {cfg.vocab_size}",
@@ -150,3 +148,22 @@ class DraftConfig:
 
 
 CONFIG_FIELDS = tuple(f.name for f in fields(DraftConfig))
+
+
+def draft_rope_parameters(cfg) -> dict:
+    """The target's rope parameters as the draft's one Llama layer must use them.
+
+    The rope type, theta and scaling are copied. Two fields are pinned so the draft's rotation never
+    depends on where it is loaded: `partial_rotary_factor` is dropped (the draft layer rotates its
+    whole head, as the engines' Llama draft does), and scaled rope types get an explicit
+    `original_max_position_embeddings` (otherwise yarn/dynamic would read the draft's own, larger,
+    `max_position_embeddings` and rotate differently from the target).
+    """
+    rope = dict(getattr(cfg, "rope_parameters", None) or {})
+    rope.pop("partial_rotary_factor", None)
+    rope.setdefault("rope_type", "default")
+    rope.setdefault("rope_theta", float(getattr(cfg, "rope_theta", 10000.0) or 10000.0))
+    target_max = getattr(cfg, "max_position_embeddings", None)
+    if rope["rope_type"] != "default" and target_max and "original_max_position_embeddings" not in rope:
+        rope["original_max_position_embeddings"] = int(target_max)
+    return rope

@@ -1,0 +1,55 @@
+"""`eaglekit vocab`: build the draft vocabulary (d2t/t2d) from the assistant tokens of the data."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub) -> None:
+    p = sub.add_parser("vocab", help="build the draft vocabulary from assistant-token frequencies",
+                       description="Count the tokens the assistant writes, keep the most frequent "
+                                   "--draft-vocab-size (end of turn and EOS always), write vocab.safetensors "
+                                   "(d2t offsets, t2d mask) and report coverage.")
+    p.add_argument("--target", default="smollm2", help="smollm2, an HF model folder or a .gguf file")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--data", help="conversations folder or .jsonl")
+    src.add_argument("--features", help="feature folder from `eaglekit features`")
+    p.add_argument("--draft-vocab-size", type=int, default=32000)
+    p.add_argument("--allow-smaller-vocab", action="store_true",
+                   help="keep all distinct tokens when there are fewer than --draft-vocab-size")
+    p.add_argument("--max-length", type=int, default=2048, help="truncate conversations (with --data)")
+    p.add_argument("--out", required=True, help="output folder")
+    p.set_defaults(func=run_vocab)
+
+
+def run_vocab(args: argparse.Namespace) -> int:
+    from eaglekit.artifacts import write_manifest
+    from eaglekit.draft.vocab import build_draft_vocab, count_assistant_tokens
+    from eaglekit.train.target_parts import load_target_parts
+
+    parts = load_target_parts(args.target)
+    vocab_size = parts.text_config.vocab_size
+    if args.data:
+        from eaglekit.features.conversations import read_conversations, tokenize_conversations
+
+        rows, data_fp = read_conversations(args.data, target_fingerprint=parts.fingerprint)
+        samples, _ = tokenize_conversations(parts.tokenizer, rows, max_length=args.max_length)
+        pairs = ((s.input_ids, s.loss_mask) for s in samples)
+        inputs = {"data": data_fp}
+    else:
+        from eaglekit.features.store import FeatureStore
+
+        store = FeatureStore(args.features, target_fingerprint=parts.fingerprint,
+                             hidden_size=parts.text_config.hidden_size)
+        pairs = store.token_masks()
+        inputs = {"features": str(store.folder.resolve())}
+    counts = count_assistant_tokens(pairs, vocab_size)
+    vocab = build_draft_vocab(counts, args.draft_vocab_size, always_include=parts.stop_token_ids,
+                              allow_smaller=args.allow_smaller_vocab)
+    vocab.save(args.out)
+    write_manifest(args.out, stage="vocab", config={"draft_vocab_size": args.draft_vocab_size,
+                                                    "allow_smaller_vocab": args.allow_smaller_vocab},
+                   target=parts.fingerprint, inputs=inputs, counts=vocab.summary())
+    print(json.dumps(vocab.summary()))
+    return 0

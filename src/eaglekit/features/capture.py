@@ -1,0 +1,188 @@
+"""Offline capture: run the target once over the conversations and write the feature store.
+
+Shards are planned up front from the tokenized lengths (consecutive samples up to `shard_tokens`),
+so a rerun with the same inputs plans the same shards: a killed capture resumes by skipping the
+shards its index lists, and refuses to resume into a folder made with other settings.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from eaglekit.artifacts import MANIFEST, atomic_path, read_manifest, write_json, write_manifest
+from eaglekit.errors import EaglekitError
+from eaglekit.features.batch import pad_stack
+from eaglekit.features.conversations import Sample
+from eaglekit.features.store import FORMAT, INDEX, TENSORS, read_index, shard_name
+from eaglekit.features.teacher import topk_from_logits
+from eaglekit.target.capture import capture_aux_states
+from eaglekit.target.source import validate_safetensors
+
+log = logging.getLogger(__name__)
+
+
+def plan_shards(lengths: list[int], shard_tokens: int) -> list[list[int]]:
+    """Consecutive sample indices per shard, each shard up to `shard_tokens` tokens (at least one sample)."""
+    shards: list[list[int]] = []
+    current: list[int] = []
+    tokens = 0
+    for i, n in enumerate(lengths):
+        if current and tokens + n > shard_tokens:
+            shards.append(current)
+            current, tokens = [], 0
+        current.append(i)
+        tokens += n
+    if current:
+        shards.append(current)
+    return shards
+
+
+def plan_batches_by_tokens(lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """Group indices, longest first, so that rows x longest length <= batch_tokens (padding bounded)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        longest = lengths[current[0]] if current else lengths[i]
+        if current and (len(current) + 1) * longest > batch_tokens:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+@torch.no_grad()
+def capture_shard(model, samples: list[Sample], *, aux_layer_ids: list[int], topk: int, batch_tokens: int,
+                  device: torch.device) -> dict[str, torch.Tensor]:
+    """Aux states and top-k teacher of consecutive samples, as one shard's tensors (CPU)."""
+    lengths = [s.length for s in samples]
+    per_sample: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+    for group in plan_batches_by_tokens(lengths, batch_tokens):
+        T = max(lengths[i] for i in group)
+        ids = pad_stack([samples[i].input_ids for i in group], T).to(device)                  # [B, T]
+        mask = pad_stack([torch.ones(lengths[i], dtype=torch.long) for i in group], T).to(device)
+        cap = capture_aux_states(model, ids, aux_layer_ids, attention_mask=mask, return_logits=True)
+        for row, i in enumerate(group):
+            n = lengths[i]
+            top_ids, top_logp = topk_from_logits(cap.logits[row, :n], topk)
+            per_sample[i] = (cap.aux_hidden[row, :n].to(torch.bfloat16).cpu(), top_ids.cpu(), top_logp.cpu())
+    offsets = torch.zeros(len(samples) + 1, dtype=torch.long)
+    offsets[1:] = torch.tensor(lengths).cumsum(0)
+    return {
+        "input_ids": torch.cat([s.input_ids for s in samples]).to(torch.int32),
+        "loss_mask": torch.cat([s.loss_mask for s in samples]).to(torch.uint8),
+        "offsets": offsets,
+        "aux": torch.cat([per_sample[i][0] for i in range(len(samples))]),
+        "topk_ids": torch.cat([per_sample[i][1] for i in range(len(samples))]),
+        "topk_logp": torch.cat([per_sample[i][2] for i in range(len(samples))]),
+    }
+
+
+def done_shards(out: Path, plan: list[list[int]], samples: list[Sample]) -> dict[str, dict]:
+    """Index entries of shards already captured that still match the plan (checked on disk)."""
+    done = {}
+    for entry in read_index(out)["shards"]:
+        n = int(entry["file"].split("-")[1].split(".")[0])
+        planned = [samples[i].id for i in plan[n]] if n < len(plan) else None
+        if entry["ids"] != planned:
+            raise EaglekitError(f"{out} holds shard {entry['file']} of other conversations",
+                                hint="use a new output folder, or --overwrite to recapture")
+        validate_safetensors(out / entry["file"])
+        done[entry["file"]] = entry
+    return done
+
+
+def capture_features(target, samples: list[Sample], out: str | Path, *, aux_layer_ids: list[int], topk: int = 32,
+                     shard_tokens: int = 262144, batch_tokens: int = 8192, config: dict | None = None,
+                     inputs: dict | None = None, overwrite: bool = False, progress: bool = True) -> dict:
+    """Capture (or finish capturing) the offline features of `samples` into `out`.
+
+    Args:
+        target: a loaded `Target` (model on its device).
+        samples: tokenized conversations, in a fixed order.
+        out: the output folder.
+        aux_layer_ids: eaglekit convention ids.
+        topk: teacher entries per token (over the full target vocabulary).
+        shard_tokens: tokens per shard (about bytes_per_token x this many bytes a file).
+        batch_tokens: rows x padded length per target forward.
+        config: extra resolved settings to record (max_length, data path ...).
+        inputs: input fingerprints for the manifest.
+        overwrite: clear a folder made with other settings instead of refusing it.
+
+    Returns:
+        The final manifest.
+    """
+    out = Path(out)
+    cfg = target.config
+    resolved = {"aux_layer_ids": list(aux_layer_ids), "teacher_topk": int(topk), "hidden_size": cfg.hidden_size,
+                "vocab_size": cfg.vocab_size, "shard_tokens": int(shard_tokens), "aux_dtype": "bfloat16",
+                "teacher": "topk over the full target vocab: int32 ids + float16 log-probs",
+                "stop_token_ids": list(target.stop_token_ids), **(config or {})}
+    if topk < 1 or topk > cfg.vocab_size:
+        raise EaglekitError(f"teacher top-k {topk} must be in 1..{cfg.vocab_size}", hint="e.g. --teacher-topk 32")
+    fingerprint = target.fingerprint()
+    if (out / MANIFEST).is_file():
+        old = read_manifest(out, stage="features")
+        same = old.get("config") == resolved and old.get("target") == fingerprint and old.get("inputs") == (inputs or {})
+        if not same and not overwrite:
+            raise EaglekitError(f"{out} holds features made with other settings, target or data",
+                                hint="use a new --out folder, or pass --overwrite to replace them")
+        if not same:
+            clear_store(out)
+    elif out.exists() and any(out.iterdir()) and not overwrite:
+        raise EaglekitError(f"{out} exists and is not a features folder", hint="use a new --out folder")
+    out.mkdir(parents=True, exist_ok=True)
+    plan = plan_shards([s.length for s in samples], shard_tokens)
+    done = done_shards(out, plan, samples)
+    counts = {"samples": len(samples), "shards": len(plan), "tokens": sum(s.length for s in samples),
+              "assistant_tokens": int(sum(int(s.loss_mask.sum()) for s in samples))}
+    write_manifest(out, stage="features", config=resolved, target=fingerprint, inputs=inputs, counts=counts,
+                   extra={"complete": False})
+    model = target.model
+    device = target.device
+    started, new_tokens = time.perf_counter(), 0
+    bar = progress_bar(len(plan), len(done), "capture") if progress else None
+    entries = dict(done)
+    for n, members in enumerate(plan):
+        name = shard_name(n)
+        if name in entries:
+            continue
+        shard_samples = [samples[i] for i in members]
+        tensors = capture_shard(model, shard_samples, aux_layer_ids=list(aux_layer_ids), topk=topk,
+                                batch_tokens=batch_tokens, device=device)
+        with atomic_path(out / name) as tmp:
+            save_file({k: tensors[k].contiguous() for k in TENSORS}, str(tmp), metadata={"format": FORMAT})
+        entries[name] = {"file": name, "ids": [s.id for s in shard_samples],
+                         "lengths": [s.length for s in shard_samples], "bytes": (out / name).stat().st_size}
+        # The index is what readers trust: replaced atomically, only after the shard is whole.
+        write_json(out / INDEX, {"format": FORMAT, "shards": [entries[k] for k in sorted(entries)]})
+        new_tokens += sum(s.length for s in shard_samples)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - started):.0f}")
+    if bar is not None:
+        bar.close()
+    total_bytes = sum(e["bytes"] for e in entries.values())
+    counts["bytes"] = total_bytes
+    counts["bytes_per_token"] = round(total_bytes / max(counts["tokens"], 1), 1)
+    counts["baseline_bytes_per_token"] = 8 * cfg.hidden_size  # 3 aux + final hidden state, bf16
+    return write_manifest(out, stage="features", config=resolved, target=fingerprint, inputs=inputs,
+                          counts=counts, extra={"complete": True})
+
+
+def clear_store(out: Path) -> None:
+    for path in list(out.glob("shard-*.safetensors")) + [out / INDEX, out / MANIFEST]:
+        path.unlink(missing_ok=True)
+
+
+def progress_bar(total: int, initial: int, desc: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit="shard", dynamic_ncols=True)

@@ -1,0 +1,87 @@
+"""Feature sources for training: the same `Batch`es from the offline store or from a live target.
+
+- `OfflineSource` reads stored shards (aux states + top-k teacher) lazily.
+- `OnlineSource` keeps the target co-resident and runs it per batch (nothing on disk); its teacher
+  is the exact target softmax over the draft vocab.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from eaglekit.draft.vocab import DraftVocab
+from eaglekit.features.batch import Batch, pad_stack
+from eaglekit.features.conversations import Sample
+from eaglekit.features.store import FeatureStore
+from eaglekit.features.teacher import dense_teacher, sparse_teacher
+from eaglekit.target.capture import capture_aux_states
+
+
+class OfflineSource:
+    """Batches from a `FeatureStore`, restricted to a subset of its samples.
+
+    Args:
+        store: the opened store.
+        members: indices into the store (e.g. the training or the validation split).
+        vocab: the draft vocab (maps the stored target-id teacher to draft ids).
+    """
+
+    def __init__(self, store: FeatureStore, members: list[int], vocab: DraftVocab):
+        self.store = store
+        self.members = list(members)
+        all_lengths = store.lengths
+        all_ids = store.ids
+        self.lengths = [all_lengths[i] for i in self.members]
+        self.ids = [all_ids[i] for i in self.members]
+        self.target_to_draft = vocab.target_to_draft
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def batch(self, indices: list[int], device: torch.device) -> Batch:
+        rows = [self.store.sample(self.members[i]) for i in indices]
+        T = max(r["input_ids"].numel() for r in rows)
+        teacher = sparse_teacher(pad_stack([r["topk_ids"] for r in rows], T),
+                                 pad_stack([r["topk_logp"] for r in rows], T),
+                                 self.target_to_draft)
+        batch = Batch(input_ids=pad_stack([r["input_ids"] for r in rows], T),
+                      loss_mask=pad_stack([r["loss_mask"] for r in rows], T, False),
+                      aux=pad_stack([r["aux"] for r in rows], T), teacher=teacher,
+                      lengths=torch.tensor([r["input_ids"].numel() for r in rows]))
+        return batch.to(device)
+
+
+class OnlineSource:
+    """Batches computed by the co-resident target, one forward per batch.
+
+    Args:
+        model: the target model (eval, no grad), on the training device.
+        samples: tokenized conversations.
+        aux_layer_ids: eaglekit convention ids.
+        vocab: the draft vocab.
+    """
+
+    def __init__(self, model, samples: list[Sample], aux_layer_ids: list[int], vocab: DraftVocab):
+        self.model = model
+        self.samples = samples
+        self.aux_layer_ids = list(aux_layer_ids)
+        self.lengths = [s.length for s in samples]
+        self.ids = [s.id for s in samples]
+        device = next(model.parameters()).device
+        self.draft_ids = vocab.draft_ids.to(device)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    @torch.no_grad()
+    def batch(self, indices: list[int], device: torch.device) -> Batch:
+        rows = [self.samples[i] for i in indices]
+        T = max(r.length for r in rows)
+        lengths = torch.tensor([r.length for r in rows])
+        ids = pad_stack([r.input_ids for r in rows], T).to(device)                        # [B, T]
+        attention = (torch.arange(T) < lengths[:, None]).long().to(device)
+        cap = capture_aux_states(self.model, ids, self.aux_layer_ids, attention_mask=attention, return_logits=True)
+        teacher = dense_teacher(cap.logits, self.draft_ids)
+        del cap.logits
+        return Batch(input_ids=ids, loss_mask=pad_stack([r.loss_mask for r in rows], T, False).to(device),
+                     aux=cap.aux_hidden, teacher=teacher, lengths=lengths.to(device))

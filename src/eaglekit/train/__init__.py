@@ -1,0 +1,1 @@
+"""`eaglekit train`: training-time-test (TTT) training of an EAGLE-3 draft, online or offline, DDP, resumable."""

@@ -1,0 +1,289 @@
+"""`train(config)`: the TTT training loop (single process or DDP), validation, checkpoints, resume.
+
+Output folder (OUT):
+    config.json, model.safetensors   the best draft so far (eaglekit's native checkpoint)
+    manifest.json                    stage "train": settings, target fingerprint, inputs, metrics
+    log.jsonl (+ tb/)                one line per logged step and per validation
+    trainer_state/                   what `--resume` needs (see train/state.py)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from eaglekit.artifacts import AUX_CONVENTION, MANIFEST, read_manifest, write_manifest
+from eaglekit.draft.checkpoint import save_draft
+from eaglekit.errors import EaglekitError
+from eaglekit.train import distributed
+from eaglekit.train.config import TrainConfig
+from eaglekit.train.data import BatchPlan, eval_batches
+from eaglekit.train.optim import load_optimizer_tensors, lr_at, make_optimizer, optimizer_tensors
+from eaglekit.train.setup import Run, prepare
+from eaglekit.train.state import latest_state, load_state, restore_rng, save_state
+from eaglekit.train.tracker import Tracker
+from eaglekit.train.ttt import STATS, metrics_from_stats, step_counts, ttt_loss, ttt_unroll
+
+log = logging.getLogger(__name__)
+
+
+class TTTModel(nn.Module):
+    """The unroll as one module, so DDP sees a forward and syncs the draft's gradients."""
+
+    def __init__(self, draft, ttt_steps: int):
+        super().__init__()
+        self.draft = draft
+        self.ttt_steps = ttt_steps
+
+    def forward(self, aux: torch.Tensor, input_ids: torch.Tensor) -> list[torch.Tensor]:
+        return ttt_unroll(self.draft, aux, input_ids, self.ttt_steps)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        self.out = Path(cfg.out)
+        self.dist = distributed.setup(cfg.device)
+        self.device = self.dist.device
+        self.autocast = (cfg.precision == "bf16" or (cfg.precision == "auto" and self.device.type == "cuda"))
+        self.check_out_folder()
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.run: Run = prepare(cfg, self.dist)
+        self.draft = self.run.draft.to(self.device)
+        self.model = TTTModel(self.draft, cfg.ttt_steps)
+        if self.dist.enabled:
+            self.model = nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                broadcast_buffers=False)
+        self.names = [n for n, p in self.draft.named_parameters() if p.requires_grad]
+        params = dict(self.draft.named_parameters())
+        self.optimizer = make_optimizer([(n, params[n]) for n in self.names], lr=cfg.lr,
+                                        weight_decay=cfg.weight_decay, betas=tuple(cfg.betas))
+        self.plan = BatchPlan(self.run.train.lengths, batch_tokens=cfg.batch_tokens, max_batch_size=cfg.max_batch_size,
+                              seed=cfg.seed, world_size=self.dist.world_size, grad_accum=cfg.grad_accum)
+        self.total_steps = cfg.max_steps or self.plan.total_steps(cfg.epochs)
+        self.step = 0
+        self.best: dict | None = None
+        self.history: list[dict] = []
+        self.weights = cfg.step_weights()
+        if cfg.resume:
+            self.restore()
+
+    # ---- setup -------------------------------------------------------------------------------
+
+    def check_out_folder(self) -> None:
+        if self.cfg.resume:
+            if latest_state(self.out) is None:
+                raise EaglekitError(f"--resume: {self.out} holds no trainer state",
+                                    hint="start without --resume, or pass the folder of the run to continue")
+            return
+        if self.out.exists() and any(self.out.iterdir()):
+            raise EaglekitError(f"{self.out} is not empty", hint="pass --resume to continue that run, or a new --out")
+
+    def warmup_steps(self) -> int:
+        if self.cfg.warmup_steps is not None:
+            return self.cfg.warmup_steps
+        return max(1, int(0.02 * self.total_steps))
+
+    def restore(self) -> None:
+        folder = latest_state(self.out)
+        state, draft_t, opt_t, rng_t = load_state(folder)
+        if state["config"] != self.cfg.resume_key():
+            diff = sorted(k for k in set(state["config"]) | set(self.cfg.resume_key())
+                          if state["config"].get(k) != self.cfg.resume_key().get(k))
+            raise EaglekitError(f"--resume with other settings than the run in {self.out}: {diff}",
+                                hint="resume with exactly the original arguments")
+        missing = set(self.draft.draft_state_dict()) - set(draft_t)
+        if missing:
+            raise EaglekitError(f"trainer state lacks {sorted(missing)[:4]}", hint="the state is damaged")
+        self.draft.load_state_dict(draft_t, strict=False)
+        load_optimizer_tensors(self.optimizer, opt_t, state["optimizer"], self.names)
+        restore_rng(rng_t)
+        self.step = int(state["step"])
+        self.total_steps = int(state["total_steps"])
+        self.best = state.get("best")
+        self.history = state.get("history", [])
+        log.info("resumed %s at step %d of %d", self.out, self.step, self.total_steps)
+
+    # ---- one optimizer step ------------------------------------------------------------------
+
+    def amp(self):
+        if self.autocast:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def train_step(self) -> tuple[torch.Tensor, float, int]:
+        """Forward/backward over this rank's micro-batches; returns (stats, grad norm, tokens)."""
+        cfg = self.cfg
+        _, micro = self.plan.micro_batches(self.step, self.dist.rank)
+        batches = [self.run.train.batch(indices, self.device) for indices in micro]
+        denominators = sum(step_counts(b.loss_mask, cfg.ttt_steps) for b in batches)
+        self.dist.all_reduce(denominators)
+        stats = torch.zeros(cfg.ttt_steps, len(STATS), dtype=torch.float64, device=self.device)
+        tokens = sum(b.num_tokens for b in batches)
+        for n, batch in enumerate(batches):
+            sync = n == len(batches) - 1 or not self.dist.enabled
+            ctx = self.model.no_sync() if not sync else contextlib.nullcontext()
+            with ctx:
+                with self.amp():
+                    logits = self.model(batch.aux, batch.input_ids)
+                    out = ttt_loss(logits, batch, self.draft.d2t, self.draft.t2d, weights=self.weights,
+                                   denominators=denominators)
+                # DDP averages gradients over ranks; the loss is already normalized globally.
+                (out.loss * self.dist.world_size).backward()
+            stats += out.stats
+            del logits, out
+        grad_norm = torch.nn.utils.clip_grad_norm_([p for p in self.draft.parameters() if p.requires_grad],
+                                                   cfg.max_grad_norm)
+        lr = lr_at(self.step, lr=cfg.lr, warmup_steps=self.warmup_steps(), total_steps=self.total_steps,
+                   schedule=cfg.schedule, min_lr_ratio=cfg.min_lr_ratio)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return stats, float(grad_norm), tokens
+
+    @torch.no_grad()
+    def validate(self) -> dict | None:
+        if self.run.val is None:
+            return None
+        self.model.eval()
+        val = self.run.val
+        batches = eval_batches(val.lengths, batch_tokens=self.cfg.batch_tokens, max_batch_size=self.cfg.max_batch_size)
+        stats = torch.zeros(self.cfg.ttt_steps, len(STATS), dtype=torch.float64, device=self.device)
+        ones = torch.ones(self.cfg.ttt_steps, dtype=torch.float64, device=self.device)
+        for indices in batches[self.dist.rank::self.dist.world_size]:
+            batch = val.batch(indices, self.device)
+            with self.amp():
+                logits = ttt_unroll(self.draft, batch.aux, batch.input_ids, self.cfg.ttt_steps)
+                stats += ttt_loss(logits, batch, self.draft.d2t, self.draft.t2d, weights=self.weights,
+                                  denominators=ones).stats
+        self.model.train()
+        return metrics_from_stats(self.dist.all_reduce(stats))
+
+    # ---- outputs -----------------------------------------------------------------------------
+
+    def state_dict_for_save(self) -> dict:
+        return {k: v.detach().float() if v.is_floating_point() else v for k, v in self.draft.draft_state_dict().items()}
+
+    def save_trainer_state(self) -> None:
+        if not self.dist.main:
+            return
+        tensors, meta = optimizer_tensors(self.optimizer, self.names)
+        state = {"step": self.step, "total_steps": self.total_steps, "config": self.cfg.resume_key(),
+                 "optimizer": meta, "best": self.best, "history": self.history}
+        save_state(self.out, step=self.step, draft_tensors=self.state_dict_for_save(), optimizer_tensors=tensors,
+                   state=state)
+
+    def write_manifest(self, *, final: bool, train_metrics: dict | None = None) -> dict:
+        extra = {"complete": final, "aux_layer_ids": self.run.aux_layer_ids, "aux_layer_convention": AUX_CONVENTION,
+                 "draft_vocab": self.run.vocab.summary(), "best": self.best, "history": self.history,
+                 "train_metrics": train_metrics, "steps": {"done": self.step, "total": self.total_steps},
+                 "world_size": self.dist.world_size}
+        counts = dict(self.run.counts)
+        return write_manifest(self.out, stage="train", config=self.cfg.to_dict(), target=self.run.fingerprint,
+                              inputs=self.run.inputs, counts=counts, extra=extra)
+
+    def save_best(self, metrics: dict) -> None:
+        self.best = {"step": self.step, **metrics}
+        if self.dist.main:
+            save_draft(self.draft, self.out)
+            self.write_manifest(final=False)
+
+    # ---- the loop ----------------------------------------------------------------------------
+
+    def fit(self) -> dict:
+        cfg = self.cfg
+        main = self.dist.main
+        tracker = Tracker(self.out, total_steps=self.total_steps, start_step=self.step,
+                          progress=cfg.progress and main, enabled=main)
+        self.model.train()
+        started = time.perf_counter()
+        window = torch.zeros(cfg.ttt_steps, len(STATS), dtype=torch.float64, device=self.device)
+        window_tokens, window_start = 0, time.perf_counter()
+        train_metrics = None
+        calibrated = cfg.time_budget_s is None
+        first_step = self.step
+        try:
+            while self.step < self.total_steps:
+                stats, grad_norm, tokens = self.train_step()
+                self.step += 1
+                window += stats
+                window_tokens += tokens
+                if not calibrated and self.step - first_step >= 10:
+                    calibrated = True
+                    self.fit_budget(started, first_step, tracker)
+                if self.step % cfg.log_every == 0 or self.step == self.total_steps:
+                    counts = torch.cat([window.flatten(), torch.tensor([float(window_tokens)], dtype=torch.float64,
+                                                                        device=self.device)])
+                    self.dist.all_reduce(counts)
+                    elapsed = time.perf_counter() - window_start
+                    train_metrics = metrics_from_stats(counts[:-1].view_as(window))
+                    tok_s = float(counts[-1]) / max(elapsed, 1e-9)
+                    tracker.event("train", self.step, lr=self.optimizer.param_groups[0]["lr"], grad_norm=grad_norm,
+                                  tokens_per_s=round(tok_s, 1), elapsed_s=round(time.perf_counter() - started, 2),
+                                  **train_metrics)
+                    tracker.progress(0, tok_s=f"{tok_s:.0f}", acc0=f"{train_metrics['acc'][0]:.3f}",
+                                     tau=f"{train_metrics['sim_accept_length']:.2f}")
+                    window.zero_()
+                    window_tokens, window_start = 0, time.perf_counter()
+                tracker.progress(1)
+                last = self.step == self.total_steps
+                if self.run.val is not None and (self.step % cfg.val_every == 0 or last):
+                    metrics = self.validate()
+                    self.history.append({"step": self.step, **metrics})
+                    tracker.event("val", self.step, **metrics)
+                    if self.best is None or metrics["sim_accept_length"] > self.best["sim_accept_length"]:
+                        self.save_best(metrics)
+                if self.step % cfg.save_every == 0 or last:
+                    self.save_trainer_state()
+                if cfg.time_budget_s is not None and time.perf_counter() - started > cfg.time_budget_s and not last:
+                    log.warning("time budget of %.0f s reached at step %d; stopping", cfg.time_budget_s, self.step)
+                    self.total_steps = self.step
+                    metrics = self.validate()
+                    if metrics is not None:
+                        self.history.append({"step": self.step, **metrics})
+                        tracker.event("val", self.step, **metrics)
+                        if self.best is None or metrics["sim_accept_length"] > self.best["sim_accept_length"]:
+                            self.save_best(metrics)
+                    self.save_trainer_state()
+                    break
+            if self.run.val is None and main:
+                # No held-out data: the last weights are the output, judged by training metrics.
+                self.best = {"step": self.step, **(train_metrics or {}), "source": "train"}
+                save_draft(self.draft, self.out)
+            manifest = self.write_manifest(final=True, train_metrics=train_metrics) if main else {}
+        finally:
+            tracker.close()
+        self.dist.barrier()
+        self.dist.close()
+        return manifest
+
+    def fit_budget(self, started: float, first_step: int, tracker: Tracker) -> None:
+        """Size the schedule to the time budget from the speed of the first steps (same on all ranks)."""
+        per_step = (time.perf_counter() - started) / (self.step - first_step)
+        remaining = self.cfg.time_budget_s - (time.perf_counter() - started)
+        # Keep ~10% of the budget for validations and checkpoints.
+        fit = self.step + int(0.9 * remaining / per_step)
+        fit = int(self.dist.broadcast_float(float(fit)))
+        if fit < self.total_steps:
+            log.info("time budget: %.3f s/step -> %d steps instead of %d", per_step, fit, self.total_steps)
+            self.total_steps = max(fit, self.step + 1)
+            tracker.set_total(self.total_steps)
+
+
+def train(cfg: TrainConfig) -> dict:
+    """Train a draft; returns the final manifest (empty on ranks other than 0)."""
+    return Trainer(cfg).fit()
+
+
+def read_train_manifest(folder: str | Path) -> dict:
+    folder = Path(folder)
+    if not (folder / MANIFEST).is_file():
+        raise EaglekitError(f"{folder} holds no training manifest", hint="pass the --out folder of `eaglekit train`")
+    return read_manifest(folder, stage="train")

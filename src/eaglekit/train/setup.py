@@ -1,0 +1,152 @@
+"""Everything a run needs before its first step: target parts, feature sources, vocab, the draft."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from eaglekit.draft.config import DraftConfig
+from eaglekit.draft.model import Eagle3Draft
+from eaglekit.draft.vocab import DraftVocab, build_draft_vocab, count_assistant_tokens
+from eaglekit.errors import EaglekitError
+from eaglekit.features.conversations import is_validation, read_conversations, tokenize_conversations
+from eaglekit.features.sources import OfflineSource, OnlineSource
+from eaglekit.features.store import FeatureStore
+from eaglekit.target.info import check_aux_layer_ids, default_aux_layer_ids
+from eaglekit.train.config import TrainConfig
+from eaglekit.train.distributed import Dist
+from eaglekit.train.target_parts import TargetParts, load_target_parts
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Run:
+    fingerprint: dict
+    aux_layer_ids: list[int]
+    vocab: DraftVocab
+    draft: Eagle3Draft
+    train: OfflineSource | OnlineSource
+    val: OfflineSource | OnlineSource | None
+    inputs: dict = field(default_factory=dict)
+    counts: dict = field(default_factory=dict)
+
+
+def split_members(ids: list[str], fraction: float) -> tuple[list[int], list[int]]:
+    train, val = [], []
+    for i, sid in enumerate(ids):
+        (val if is_validation(sid, fraction) else train).append(i)
+    return train, val
+
+
+def choose_vocab(cfg: TrainConfig, token_masks, vocab_size: int, stop_ids: list[int]) -> DraftVocab:
+    if cfg.vocab:
+        vocab = DraftVocab.load(cfg.vocab)
+        if vocab.vocab_size != vocab_size:
+            raise EaglekitError(f"vocab {cfg.vocab} is for a {vocab.vocab_size}-token vocabulary, the target has "
+                                f"{vocab_size}", hint="build the vocab with this target")
+        counts = count_assistant_tokens(token_masks, vocab_size)
+        vocab.coverage = vocab.coverage_of(counts)
+        return vocab
+    counts = count_assistant_tokens(token_masks, vocab_size)
+    return build_draft_vocab(counts, cfg.draft_vocab_size, always_include=stop_ids,
+                             allow_smaller=cfg.allow_smaller_vocab)
+
+
+def build_draft(cfg: TrainConfig, target_config, aux_layer_ids: list[int], vocab: DraftVocab,
+                embedding: torch.Tensor, lm_head: torch.Tensor | None) -> Eagle3Draft:
+    """A freshly initialized draft (seeded) with the target's frozen embedding and the vocab's maps."""
+    dcfg = DraftConfig.for_target(target_config, aux_layer_ids=aux_layer_ids, draft_vocab_size=vocab.size)
+    torch.manual_seed(cfg.seed)
+    draft = Eagle3Draft(dcfg)
+    draft.set_target_embedding(embedding)
+    vocab.apply_to(draft)
+    if cfg.lm_head_init == "target":
+        if lm_head is None:
+            raise EaglekitError("the target has no output embedding to initialize the draft's lm_head from",
+                                hint="pass --lm-head-init random")
+        with torch.no_grad():
+            draft.lm_head.weight.copy_(lm_head[vocab.draft_ids].to(draft.lm_head.weight.dtype))
+    return draft
+
+
+def prepare_online(cfg: TrainConfig, dist: Dist) -> Run:
+    from eaglekit.target.load import load_target
+
+    target = load_target(cfg.target, device=str(dist.device), dtype="auto")
+    tcfg = target.config
+    aux = check_aux_layer_ids(list(cfg.aux_layer_ids or default_aux_layer_ids(tcfg.num_hidden_layers)),
+                              tcfg.num_hidden_layers)
+    fp = target.fingerprint()
+    rows, data_fp = read_conversations(cfg.data, target_fingerprint=fp)
+    samples, counts = tokenize_conversations(target.tokenizer, rows, max_length=cfg.max_length)
+    if cfg.val_data:
+        val_rows, val_fp = read_conversations(cfg.val_data, target_fingerprint=fp)
+        val_samples, _ = tokenize_conversations(target.tokenizer, val_rows, max_length=cfg.max_length)
+        train_samples = samples
+    else:
+        val_fp = None
+        t_idx, v_idx = split_members([s.id for s in samples], cfg.val_fraction)
+        train_samples, val_samples = [samples[i] for i in t_idx], [samples[i] for i in v_idx]
+    if not train_samples:
+        raise EaglekitError("no training conversations left after the validation split", hint="add data")
+    vocab = choose_vocab(cfg, ((s.input_ids, s.loss_mask) for s in train_samples), tcfg.vocab_size,
+                         target.stop_token_ids)
+    emb = target.model.get_input_embeddings().weight.detach().float().cpu()
+    head = target.model.get_output_embeddings()
+    draft = build_draft(cfg, target.model.config, aux, vocab, emb,
+                        head.weight.detach().float().cpu() if head is not None else None)
+    train = OnlineSource(target.model, train_samples, aux, vocab)
+    val = OnlineSource(target.model, val_samples, aux, vocab) if val_samples else None
+    counts.update(train_samples=len(train_samples), val_samples=len(val_samples))
+    return Run(fp, aux, vocab, draft, train, val, inputs={"data": data_fp, "val_data": val_fp}, counts=counts)
+
+
+def prepare_offline(cfg: TrainConfig, dist: Dist) -> Run:
+    parts: TargetParts = load_target_parts(cfg.target)
+    tcfg = parts.text_config
+    store = FeatureStore(cfg.features, target_fingerprint=parts.fingerprint, hidden_size=tcfg.hidden_size,
+                         allow_partial=cfg.allow_partial_features)
+    aux = check_aux_layer_ids(store.aux_layer_ids, tcfg.num_hidden_layers)
+    if cfg.aux_layer_ids is not None and list(cfg.aux_layer_ids) != aux:
+        raise EaglekitError(f"--aux-layer-ids {list(cfg.aux_layer_ids)} but the features hold layers {aux}",
+                            hint="drop --aux-layer-ids, or capture features with those layers")
+    if cfg.val_data:
+        val_store = FeatureStore(cfg.val_data, target_fingerprint=parts.fingerprint, hidden_size=tcfg.hidden_size,
+                                 allow_partial=cfg.allow_partial_features)
+        if val_store.aux_layer_ids != aux:
+            raise EaglekitError("validation features hold other aux layers than the training features",
+                                hint="capture both with the same --aux-layer-ids")
+        t_idx, v_idx = list(range(len(store))), list(range(len(val_store)))
+    else:
+        val_store = store
+        t_idx, v_idx = split_members(store.ids, cfg.val_fraction)
+    if not t_idx:
+        raise EaglekitError("no training samples left after the validation split", hint="add data")
+    train_set = set(t_idx)
+    masks = (tm for i, tm in enumerate(store.token_masks()) if i in train_set)
+    vocab = choose_vocab(cfg, masks, tcfg.vocab_size, parts.stop_token_ids)
+    draft = build_draft(cfg, parts.config, aux, vocab, parts.embedding, parts.lm_head)
+    train = OfflineSource(store, t_idx, vocab)
+    val = OfflineSource(val_store, v_idx, vocab) if v_idx else None
+    lengths = store.lengths
+    counts = {"train_samples": len(t_idx), "val_samples": len(v_idx),
+              "tokens": sum(lengths[i] for i in t_idx)}
+    inputs = {"features": {"path": str(store.folder.resolve()), "counts": store.manifest.get("counts"),
+                           "created": store.manifest.get("created"), "complete": store.complete}}
+    return Run(parts.fingerprint, aux, vocab, draft, train, val, inputs=inputs, counts=counts)
+
+
+def prepare(cfg: TrainConfig, dist: Dist) -> Run:
+    run = prepare_online(cfg, dist) if cfg.online else prepare_offline(cfg, dist)
+    if run.val is not None and cfg.val_max_samples is not None and len(run.val) > cfg.val_max_samples:
+        keep = list(range(cfg.val_max_samples))
+        if isinstance(run.val, OfflineSource):
+            run.val = OfflineSource(run.val.store, [run.val.members[i] for i in keep], run.vocab)
+        else:
+            run.val = OnlineSource(run.val.model, [run.val.samples[i] for i in keep], run.aux_layer_ids, run.vocab)
+    run.counts["draft_vocab_coverage"] = run.vocab.coverage
+    log.info("draft vocab: %d ids, coverage %.4f of assistant tokens", run.vocab.size, run.vocab.coverage or 0)
+    return run

@@ -1,0 +1,184 @@
+"""Training-time test (TTT): the draft unrolled on its own outputs, as it runs when serving.
+
+Alignment (EAGLE-3). Raw tokens x_0..x_{T-1}, target aux states g_t, target distributions p_t
+(p_t predicts x_{t+1}). The draft works on L = T-1 positions t = 0..L-1:
+
+    step 0, position t: token x_{t+1}, hidden fc(g_t),            rope position t,   predicts p_{t+1}
+    step j, position t: token x_{t+1+j}, hidden = own step j-1 output at t, position t+j, predicts p_{t+1+j}
+
+Ground-truth tokens are the inputs at every step (EAGLE-3): on data the target wrote greedily they
+are exactly what the draft proposes whenever its earlier steps were right, which is the only case
+that matters for acceptance. Attention at step j for position t sees the true prefix (step-0 keys
+at positions 0..t) plus its own draft chain (keys of steps 1..j at position t), never another
+position's chain: `ttt_attention` computes that from the step-0 scores with a causal mask plus j
+diagonal terms, without a [T, jT] mask.
+
+Loss at step j: soft cross-entropy against p restricted to the draft vocab, weight decay**j,
+averaged over the counted positions. A position counts when both its input token and the token it
+predicts were written by the assistant (the draft is only ever asked to continue an answer, and
+never to predict past the end of turn). Positions whose target argmax is outside the draft vocab
+get no loss (no draft can propose that token, and the renormalized teacher would teach a token the
+target does not pick) but stay in the denominators of the metrics as misses, so acc_j and the
+simulated accept length are what serving can reach.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from eaglekit.features.batch import Batch
+
+STATS = ("valid", "correct", "chain", "chain_prev", "loss_sum", "counted")
+
+
+def ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor,
+                  diag_k: list[torch.Tensor], diag_v: list[torch.Tensor]) -> torch.Tensor:
+    """Attention of TTT step j = len(diag_k): causal over the step-0 keys plus each position's own chain.
+
+    Args:
+        q: [B, nh, L, hd] queries of step j (rope applied at positions t+j).
+        k0, v0: [B, nkv, L, hd] step-0 keys/values (the true prefix).
+        diag_k, diag_v: j tensors [B, nkv, L, hd]: keys/values of steps 1..j at the same position.
+
+    Returns:
+        [B, nh, L, hd]; position t mixes v0[:t+1] and diag_v[i][t] only.
+    """
+    B, nh, L, hd = q.shape
+    nkv = k0.shape[1]
+    qg = q.view(B, nkv, nh // nkv, L, hd)                                     # GQA: query groups per kv head
+    scale = hd ** -0.5
+    prefix = torch.matmul(qg, k0.unsqueeze(2).transpose(-1, -2)) * scale     # [B, nkv, g, L, L]
+    causal = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
+    prefix = prefix.masked_fill(~causal, float("-inf"))
+    if diag_k:
+        kd = torch.stack(diag_k, dim=-2)                                       # [B, nkv, L, j, hd]
+        vd = torch.stack(diag_v, dim=-2)
+        own = torch.einsum("bkgld,bkljd->bkglj", qg, kd) * scale               # [B, nkv, g, L, j]
+        scores = torch.cat([prefix, own], dim=-1)                              # [B, nkv, g, L, L+j]
+    else:
+        scores = prefix
+    weights = scores.float().softmax(-1).to(v0.dtype)
+    out = torch.matmul(weights[..., :L], v0.unsqueeze(2))                     # [B, nkv, g, L, hd]
+    if diag_k:
+        out = out + torch.einsum("bkglj,bkljd->bkgld", weights[..., L:], vd)
+    return out.reshape(B, nh, L, hd)
+
+
+def ttt_unroll(draft, aux: torch.Tensor, input_ids: torch.Tensor, ttt_steps: int) -> list[torch.Tensor]:
+    """Run the draft for `ttt_steps` steps; returns the logits of each step.
+
+    Args:
+        draft: an `Eagle3Draft`.
+        aux: [B, T, k*Ht] raw target aux states.
+        input_ids: [B, T] raw token ids.
+        ttt_steps: unroll length.
+
+    Returns:
+        ttt_steps tensors [B, L, Vd] (L = T-1): step j, position t predicts p_{t+1+j}; positions
+        t >= L-j read padding and are never counted.
+    """
+    hidden = draft.fuse(aux[:, :-1])                                          # [B, L, H]: g_t
+    tokens = input_ids[:, 1:]                                                 # [B, L]: x_{t+1}
+    B, L = tokens.shape
+    positions = torch.arange(L, device=tokens.device).expand(B, L)
+    k0 = v0 = None
+    diag_k: list[torch.Tensor] = []
+    diag_v: list[torch.Tensor] = []
+    logits = []
+    for j in range(ttt_steps):
+        step_tokens = F.pad(tokens[:, j:], (0, j)) if j else tokens            # x_{t+1+j}, 0 past the end
+        q, k, v, residual = draft.attention_pieces(step_tokens, hidden, positions + j)
+        if j == 0:
+            k0, v0 = k, v
+        else:
+            diag_k.append(k)
+            diag_v.append(v)
+        hidden = draft.finish(ttt_attention(q, k0, v0, diag_k, diag_v), residual)   # [B, L, H], pre-norm
+        logits.append(draft.logits(hidden))
+    return logits
+
+
+def counted_positions(loss_mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] raw mask -> [B, T] mask of raw positions s whose prediction counts (x_s and x_{s+1} assistant)."""
+    nxt = F.pad(loss_mask[:, 1:], (0, 1), value=False)
+    return loss_mask & nxt
+
+
+def step_masks(loss_mask: torch.Tensor, ttt_steps: int) -> list[torch.Tensor]:
+    """Mask of counted positions for each step, aligned with `ttt_unroll` (step j: [B, L-j])."""
+    counted = counted_positions(loss_mask)
+    return [counted[:, 1 + j:] for j in range(ttt_steps)]
+
+
+def step_counts(loss_mask: torch.Tensor, ttt_steps: int) -> torch.Tensor:
+    """[ttt_steps] float64: how many positions each step counts (the loss denominators)."""
+    return torch.stack([m.sum() for m in step_masks(loss_mask, ttt_steps)]).double()
+
+
+@dataclass
+class StepOutput:
+    loss: torch.Tensor          # scalar: sum_j w_j * sum(ce_j) / denominators_j
+    stats: torch.Tensor         # [ttt_steps, len(STATS)] float64 sums (all-reducible)
+
+
+def ttt_loss(logits: list[torch.Tensor], batch: Batch, d2t: torch.Tensor, t2d: torch.Tensor, *,
+             weights: list[float], denominators: torch.Tensor) -> StepOutput:
+    """Loss and metric sums of one unrolled batch.
+
+    Args:
+        logits: `ttt_unroll` output.
+        batch: the raw batch.
+        d2t: [Vd] offsets, t2d: [V] bool (the draft's vocab buffers).
+        weights: per-step loss weights (decay**j).
+        denominators: [ttt_steps] counted positions of the whole optimizer step (all micro-batches
+            and ranks), so accumulation and DDP give the loss of one big batch.
+    """
+    masks = step_masks(batch.loss_mask, len(logits))
+    stats = torch.zeros(len(logits), len(STATS), dtype=torch.float64, device=batch.input_ids.device)
+    loss = batch.aux.new_zeros((), dtype=torch.float32)
+    chain = None
+    for j, step_logits in enumerate(logits):
+        L = step_logits.shape[1] - j
+        mask = masks[j]                                                        # [B, L-j]
+        teacher = batch.teacher.shifted(1 + j, 1 + j + L)
+        in_vocab = t2d[teacher.argmax]
+        log_q = step_logits[:, :L].float().log_softmax(-1)                     # [B, L-j, Vd]
+        ce = teacher.cross_entropy(log_q)
+        trained = mask & in_vocab
+        ce_sum = (ce * trained).sum()
+        loss = loss + weights[j] * ce_sum / denominators[j].clamp(min=1).float()
+        with torch.no_grad():
+            guess = log_q.argmax(-1)
+            correct = (guess + d2t[guess]) == teacher.argmax                   # compared in target ids
+            prev = mask if chain is None else chain[:, :L] & mask
+            chain = prev & correct
+            stats[j] = torch.stack([mask.sum(), (correct & mask).sum(), chain.sum(), prev.sum(),
+                                    ce_sum.detach(), trained.sum()]).double()
+    return StepOutput(loss=loss, stats=stats)
+
+
+def metrics_from_stats(stats: torch.Tensor) -> dict:
+    """Per-step acc_j, conditional acceptance, cumulative acceptance and the simulated accept length.
+
+    acc_j   = correct_j / valid_j (unconditional)
+    cond_j  = P(step j correct | steps 0..j-1 correct)
+    tau     = 1 + sum_j prod_{i<=j} cond_i (tokens per target forward with a chain of ttt_steps drafts)
+    """
+    s = stats.double().cpu()
+    col = {name: s[:, i] for i, name in enumerate(STATS)}
+    acc = (col["correct"] / col["valid"].clamp(min=1)).tolist()
+    cond = (col["chain"] / col["chain_prev"].clamp(min=1)).tolist()
+    tau, running = 1.0, 1.0
+    cumulative = []
+    for c in cond:
+        running *= c
+        cumulative.append(running)
+        tau += running
+    return {"acc": [round(a, 5) for a in acc], "cond_acc": [round(c, 5) for c in cond],
+            "cum_acc": [round(c, 5) for c in cumulative], "sim_accept_length": round(tau, 5),
+            "ce": [round(x, 5) for x in (col["loss_sum"] / col["counted"].clamp(min=1)).tolist()],
+            "positions": int(col["valid"][0]),
+            "oov_share": round(1 - float(col["counted"][0]) / max(float(col["valid"][0]), 1.0), 5)}
