@@ -17,7 +17,7 @@ import torch
 
 from eaglekit.cli import main
 from eaglekit.data.folder import JsonlShards
-from eaglekit.data.generators import HFGenerator, Sampling
+from eaglekit.data.generators import Sampling, make_generator
 from eaglekit.data.local_backend import LocalBackend
 from eaglekit.data.prompts import build_prompts
 from eaglekit.data.readers import SourceSpec
@@ -44,8 +44,8 @@ def tiny(tiny_target_dir):
     return load_target(tiny_target_dir)
 
 
-def backend(target, batch_size=4, max_new_tokens=12, context_length=512, sampling=Sampling()):
-    gen = HFGenerator(target.model, target.stop_token_ids, sampling)
+def backend(target, batch_size=4, max_new_tokens=12, context_length=512, sampling=Sampling(), kind="hf"):
+    gen = make_generator(kind, target.model, target.stop_token_ids, sampling, batch_size=batch_size)
     return LocalBackend(target.tokenizer, gen, max_new_tokens=max_new_tokens, batch_size=batch_size,
                         context_length=context_length)
 
@@ -70,10 +70,11 @@ def greedy_reference(target, ids: list[int], max_new_tokens: int) -> list[int]:
     return out
 
 
-def test_batched_answers_match_plain_greedy_decoding(tiny):
+@pytest.mark.parametrize("kind", ["hf", "engine"])
+def test_batched_answers_match_plain_greedy_decoding(tiny, kind):
     prompts = [Prompt(id=str(i), source="t", turns=[q]) for i, q in enumerate(QUESTIONS)]
-    batched = answer_all(backend(tiny, batch_size=4, max_new_tokens=10), prompts)
-    single = answer_all(backend(tiny, batch_size=1, max_new_tokens=10), prompts)
+    batched = answer_all(backend(tiny, batch_size=4, max_new_tokens=10, kind=kind), prompts)
+    single = answer_all(backend(tiny, batch_size=1, max_new_tokens=10, kind=kind), prompts)
     for p in prompts:
         ids = prompt_ids(tiny.tokenizer, p.messages())
         ref = greedy_reference(tiny, ids, 10)
@@ -86,7 +87,7 @@ def test_batched_answers_match_plain_greedy_decoding(tiny):
 
 def test_later_turns_follow_the_targets_own_answers(tiny):
     p = Prompt(id="m", source="t", turns=["Hello!", "Count from one to ten.", "Solve 12 * 7."], system="Be brief.")
-    conv = answer_all(backend(tiny, max_new_tokens=8), [p])["m"]
+    conv = answer_all(backend(tiny, max_new_tokens=8, kind="engine"), [p])["m"]
     assert len(conv.answers) == 3
     msgs = conv.to_json()["messages"]
     assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "user", "assistant"]
@@ -149,7 +150,7 @@ def test_context_limit_skips_or_stops_conversations(tmp_path, tiny_target_dir):
                    + json.dumps({"id": "long", "turns": [long * 2]}) + "\n")
     out = tmp_path / "gen"
     assert main(["generate", "--prompts", str(src), "--target", str(tiny_target_dir), "--out", str(out),
-                 "--backend", "hf", "--max-new-tokens", "8", "--context-length", "60"]) == 0
+                 "--max-new-tokens", "8", "--context-length", "60"]) == 0
     (row,) = read_rows(out)
     assert row["id"] == "short" and row["meta"]["finish_reason"] == "context_length"
     assert row["meta"]["unanswered_turns"] == 1 and len(row["messages"]) == 2
@@ -198,7 +199,7 @@ def test_resume_after_sigkill_loses_nothing_and_repeats_nothing(tmp_path, tiny_t
     prompts = make_prompts(tmp_path, n, multi_every=4)
     out = tmp_path / "gen"
     argv = ["generate", "--prompts", str(prompts), "--target", str(tiny_target_dir), "--out", str(out),
-            "--backend", "hf", "--max-new-tokens", "16", "--batch-size", "1", "--shard-size", "7"]
+            "--max-new-tokens", "16", "--batch-size", "1", "--shard-size", "7"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "eaglekit", *argv]
     for kill_after in (4, 20):  # kill twice, at different points, with SIGKILL (no cleanup runs)
@@ -221,6 +222,7 @@ def test_resume_after_sigkill_loses_nothing_and_repeats_nothing(tmp_path, tiny_t
     assert sorted(rows, key=lambda r: r["id"]) == sorted(read_rows(clean), key=lambda r: r["id"])
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["counts"]["conversations"] == n and manifest["config"]["resumed_from"] >= 20
+    assert manifest["config"]["backend"] == "engine"  # the default local backend
 
 
 def read_lines(folder: Path) -> list[bytes]:

@@ -56,7 +56,7 @@ def register(sub) -> None:
     gen.add_argument("--target", default="smollm2", help="smollm2, an HF model folder or a .gguf file")
     gen.add_argument("--out", required=True, help="output folder (rerun the same command to resume)")
     gen.add_argument("--backend", default="local", choices=("local", "engine", "hf", "openai"),
-                     help="local: eaglekit's batch generator (HF generate until it is installed); "
+                     help="local (= engine): eaglekit's batch decoder (static KV cache, CUDA graphs); hf: HF generate; "
                           "openai: a vLLM/SGLang/llama.cpp server (--server-url)")
     gen.add_argument("--max-new-tokens", type=int, default=1024, help="answer length limit per turn")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -142,7 +142,7 @@ def run_synthesize(args: argparse.Namespace) -> int:
     pre = pre_query_template(target.tokenizer, args.system)
     sampling = Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     stops = sorted(set(target.stop_token_ids) | {pre.end_of_turn_id})
-    generator = make_generator(args.backend, target.model, stops, sampling)
+    generator = make_generator(args.backend, target.model, stops, sampling, batch_size=args.batch_size)
     new, stats = synthesize(target.tokenizer, generator, pre, need,
                             existing=[p for v in (existing or {}).values() for p in v], batch_size=args.batch_size,
                             max_new_tokens=args.max_new_tokens, min_chars=args.min_chars,
@@ -190,7 +190,8 @@ def run_generate(args: argparse.Namespace) -> int:
         from eaglekit.target import load_target
 
         target = load_target(args.target, device=resolve_device(args.device), dtype=args.dtype)
-        generator = make_generator(args.backend, target.model, target.stop_token_ids, sampling)
+        generator = make_generator(args.backend, target.model, target.stop_token_ids, sampling,
+                                   batch_size=args.batch_size)
         context = args.context_length or getattr(target.config, "max_position_embeddings", None)
         if not context:
             raise EaglekitError("the target's config gives no context length", hint="pass --context-length")

@@ -6,19 +6,21 @@ ended. Two implementations:
 
 - `HFGenerator`: Hugging Face `generate`, batched with left padding: what a user would otherwise
   run, kept as `--backend hf` so the benchmark can compare against it.
-- `EngineGenerator`: eaglekit's own static-KV-cache batch generator (`eaglekit.engine.batch`),
-  the fast path on GPU.
+- `EngineGenerator`: eaglekit's own static-KV-cache batch decoder (`eaglekit.engine.batch`), CUDA
+  graphs and torch.compile on GPU: the fast path, and the default (`--backend local`).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import logging
+import time
 from dataclasses import asdict, dataclass
 
 import torch
 
 from eaglekit.errors import EaglekitError
+from eaglekit.target.load import text_config
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +99,7 @@ class HFGenerator:
 
 
 def engine_available() -> bool:
-    """Whether eaglekit's own batch generator exists in this installation."""
+    """Whether eaglekit's own batch decoder exists in this installation."""
     try:
         return importlib.util.find_spec("eaglekit.engine.batch") is not None
     except ModuleNotFoundError:
@@ -105,37 +107,79 @@ def engine_available() -> bool:
 
 
 class EngineGenerator:
-    """eaglekit's static-KV-cache batch generator (`eaglekit.engine.batch.generate_batch`)."""
+    """eaglekit's static-KV-cache batch decoder (`eaglekit.engine.batch.BatchDecoder`).
+
+    One decoder (runner, KV cache, captured CUDA graph) is kept for the whole run and rebuilt only
+    when a batch needs more cache slots than it has: `generate_batch` builds a new one per call,
+    which would recompile and recapture for every batch of a resumable, streamed run.
+
+    Args:
+        model: the target.
+        stop_ids: token ids that end a turn.
+        sampling: sampling settings.
+        batch_size: rows per decoder step (a smaller batch is filled up with repeats).
+        runner: "auto", "fast" or "generic" (see `eaglekit.engine.runner`).
+        graphs, compile: CUDA graphs / torch.compile (default: on when the model is on CUDA).
+    """
 
     name = "engine"
+    SLOTS = 512  # cache slots are rounded up to a multiple of this, so few rebuilds happen
 
-    def __init__(self, model, stop_ids: list[int], sampling: Sampling):
+    def __init__(self, model, stop_ids: list[int], sampling: Sampling, *, batch_size: int = 32,
+                 runner: str = "auto", graphs: bool | None = None, compile: bool | None = None):
         if not engine_available():
-            raise EaglekitError("eaglekit's batch generator (eaglekit.engine.batch) is not installed",
+            raise EaglekitError("eaglekit's batch decoder (eaglekit.engine.batch) is not installed",
                                 hint="use --backend hf")
-        from eaglekit.engine import batch
+        if not stop_ids:
+            raise EaglekitError("the target has no stop token", hint="set eos_token_id in generation_config.json")
+        from eaglekit.engine.sampling import Sampling as EngineSampling
 
-        self._generate_batch = batch.generate_batch
-        self.model, self.stop_ids, self.sampling = model, list(stop_ids), sampling
+        cuda = next(model.parameters()).device.type == "cuda"
+        self.model, self.stop_ids, self.sampling, self.batch_size = model, list(stop_ids), sampling, batch_size
+        self.runner = runner
+        self.graphs = cuda if graphs is None else graphs
+        self.compile = cuda if compile is None else compile
+        self._engine_sampling = EngineSampling(temperature=sampling.temperature, top_p=sampling.top_p,
+                                               top_k=sampling.top_k)
+        self._decoder, self.max_len, self.builds = None, 0, 0
         torch.manual_seed(sampling.seed)
 
+    def _decoder_for(self, needed: int):
+        if self._decoder is None or needed > self.max_len:
+            from eaglekit.engine.batch import BatchDecoder
+            from eaglekit.engine.runner import make_target_runner
+
+            max_len = max(-(-needed // self.SLOTS) * self.SLOTS, int(self.max_len * 1.5) // self.SLOTS * self.SLOTS)
+            limit = getattr(text_config(self.model.config), "max_position_embeddings", None)
+            max_len = max(needed, min(max_len, limit or max_len))  # no slots past the target's context
+            self._decoder = None  # free the old cache before the new one is allocated
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            start = time.perf_counter()
+            runner = make_target_runner(self.model, max_len=max_len, batch_size=self.batch_size, runner=self.runner)
+            self._decoder = BatchDecoder(runner, sampling=self._engine_sampling, graphs=self.graphs,
+                                         compile=self.compile)
+            self.max_len, self.builds = max_len, self.builds + 1
+            log.info("engine batch decoder: %d rows x %d slots, %s runner, graphs=%s, compile=%s (built in %.1f s)",
+                     self.batch_size, max_len, runner.kind, self.graphs, self.compile, time.perf_counter() - start)
+        return self._decoder
+
     def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[Completion]:
-        s = self.sampling
-        rows = self._generate_batch(self.model, prompts, max_new_tokens=max_new_tokens,
-                                    stop_token_ids=self.stop_ids, temperature=s.temperature,
-                                    top_p=s.top_p, top_k=s.top_k)
+        out: list[Completion] = []
         stops = set(self.stop_ids)
-        return [cut_at_stop(list(row), stops, max_new_tokens) for row in rows]
+        for i in range(0, len(prompts), self.batch_size):
+            chunk = prompts[i:i + self.batch_size]
+            decoder = self._decoder_for(max(len(p) for p in chunk) + max_new_tokens)
+            filled = chunk + [chunk[0]] * (self.batch_size - len(chunk))  # static shape: repeat a prompt
+            done = decoder.run(filled, max_new_tokens, stops)[: len(chunk)]
+            out += [cut_at_stop(list(c.tokens), stops, max_new_tokens) for c in done]
+        return out
 
 
-def make_generator(backend: str, model, stop_ids: list[int], sampling: Sampling):
-    """`local` is the engine's generator when installed, else HF generate (said in the log)."""
-    if backend == "local":
-        backend = "engine" if engine_available() else "hf"
-        if backend == "hf":
-            log.info("eaglekit.engine.batch is not available: the local backend uses HF generate")
-    if backend == "engine":
-        return EngineGenerator(model, stop_ids, sampling)
+def make_generator(backend: str, model, stop_ids: list[int], sampling: Sampling, *, batch_size: int = 32):
+    """A token-level generator: `local` and `engine` are eaglekit's batch decoder, `hf` is HF generate."""
+    if backend in ("local", "engine"):
+        return EngineGenerator(model, stop_ids, sampling, batch_size=batch_size)
     if backend == "hf":
         return HFGenerator(model, stop_ids, sampling)
     raise EaglekitError(f"unknown local backend {backend!r}", hint="use local, engine or hf")
