@@ -19,6 +19,7 @@ STAGE_CLIS = (
     "eaglekit.draft.cli",
     "eaglekit.features.cli",
     "eaglekit.train.cli",
+    "eaglekit.formats.cli",
     "eaglekit.data.cli",
 )
 

@@ -1,0 +1,178 @@
+"""Recognise a draft folder's format and read it as its producer meant it.
+
+Formats: `native` (eaglekit), `sglang` (flat config with `eagle_config`: SGLang, SpecForge, ModelOpt),
+`eagle` (EAGLE's traineagle3: flat `LlamaForCausalLM` config, no layer ids) and `vllm` (the
+`speculators` layout). Aux layer ids come back in eaglekit's convention, converted from the
+convention of the field they were found in (serving-formats.md §1):
+
+- an `eaglekit` block: eaglekit's own convention, authoritative;
+- nested `eagle_config.eagle_aux_hidden_state_layer_ids`: SpecForge / ModelOpt / SGLang, output of layer k;
+- top-level `eagle_aux_hidden_state_layer_ids`: vLLM / speculators, input of layer k (= output of k-1);
+- none: the engines' common default, outputs of layers 1, N//2-1, N-4.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from eaglekit.draft.config import DraftConfig
+from eaglekit.errors import EaglekitError
+from eaglekit.formats.folder import DraftFolder
+from eaglekit.formats.names import EMBED, NATIVE_TENSORS, layer_style, native_name
+from eaglekit.target.info import default_aux_layer_ids, from_engine_convention
+
+FORMAT_LABELS = {
+    "native": "eaglekit native checkpoint",
+    "sglang": "SGLang / SpecForge / ModelOpt (flat config, nested eagle_config)",
+    "eagle": "EAGLE traineagle3 (flat LlamaForCausalLM config, no layer ids)",
+    "vllm": "speculators (vLLM's native format)",
+}
+SPECULATORS_FIELDS = ("draft_vocab_size", "target_hidden_size", "norm_before_residual", "norm_before_fc",
+                      "fc_norm", "norm_output", "eagle_aux_hidden_state_layer_ids")
+
+
+def detect_format(config: dict) -> str:
+    """Which format a config.json is written in."""
+    if "speculators_model_type" in config:
+        if config["speculators_model_type"] != "eagle3":
+            raise EaglekitError(f"speculators model type {config['speculators_model_type']!r} is not EAGLE-3",
+                                hint="eaglekit reads eagle3 speculators only")
+        return "vllm"
+    block = config.get("eaglekit")
+    if isinstance(block, dict):
+        return block.get("format", "native")
+    archs = config.get("architectures") or []
+    if "eagle_config" in config or any("Eagle3" in a for a in archs):
+        return "sglang"
+    return "eagle"
+
+
+def flat_config(config: dict, fmt: str) -> dict:
+    """The flat Llama-style config of the draft (for speculators: its layer config + EAGLE-3 fields)."""
+    if fmt != "vllm":
+        return dict(config)
+    layer = config.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise EaglekitError("speculators config has no transformer_layer_config object",
+                            hint="the config is incomplete; vLLM refuses it too")
+    flat = dict(layer)
+    flat.update({k: config[k] for k in SPECULATORS_FIELDS if k in config})
+    return flat
+
+
+def rope_parameters(flat: dict) -> dict:
+    """Rope settings as a transformers-5 `rope_parameters` dict, from either spelling."""
+    if isinstance(flat.get("rope_parameters"), dict) and flat["rope_parameters"]:
+        rope = dict(flat["rope_parameters"])
+    else:
+        rope = dict(flat.get("rope_scaling") or {})
+        if "type" in rope and "rope_type" not in rope:
+            rope["rope_type"] = rope.pop("type")
+        rope["rope_theta"] = float(flat.get("rope_theta") or 10000.0)
+    rope.setdefault("rope_type", "default")
+    return rope
+
+
+def declared_aux_ids(flat: dict, fmt: str, num_layers: int | None) -> tuple[list[int], str, list[str]]:
+    """Aux ids (eaglekit convention) the config's own fields declare, where from, and conflicts."""
+    top = flat.get("eagle_aux_hidden_state_layer_ids")
+    nested = (flat.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    conflicts = []
+    if top and nested and list(top) != [i + 1 for i in nested]:
+        conflicts.append(f"top-level ids {list(top)} (vLLM convention) and nested ids {list(nested)} "
+                         "(SGLang convention) name different layers")
+    if nested and (fmt != "vllm" or not top):
+        return from_engine_convention(list(nested), "sglang"), "nested eagle_config ids (output of layer k)", conflicts
+    if top:
+        return from_engine_convention(list(top), "vllm"), "top-level ids (vLLM convention: input of layer k)", conflicts
+    if num_layers is None:
+        raise EaglekitError("the draft's config names no aux layers and the target's layer count is unknown",
+                            hint="pass --target so the engines' default layers can be worked out")
+    return default_aux_layer_ids(num_layers), "engine defaults (no ids in the config)", conflicts
+
+
+@dataclass
+class Interpretation:
+    """A draft folder read as its producer meant it."""
+
+    folder: DraftFolder
+    format: str
+    flat: dict
+    config: DraftConfig
+    aux_source: str
+    native: dict[str, torch.Tensor]       # tensors under native names
+    embed: torch.Tensor | None            # a shipped copy of the embedding, if any
+    unknown: list[str]                    # names with no native equivalent
+    layer_style: str | None               # "midlayer.", "layers.0.", "mixed" or None
+    notes: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return FORMAT_LABELS.get(self.format, self.format)
+
+
+def _int(flat: dict, key: str, fallback=None) -> int:
+    value = flat.get(key, fallback)
+    if value is None:
+        raise EaglekitError(f"draft config lacks {key}", hint="the config is incomplete")
+    return int(value)
+
+
+def interpret(folder: DraftFolder, *, target_num_layers: int | None = None) -> Interpretation:
+    """Read a folder's config and tensors into native names and a `DraftConfig`.
+
+    Args:
+        folder: the raw folder.
+        target_num_layers: the target's layer count, needed only when the config names no aux layers.
+    """
+    fmt = detect_format(folder.config)
+    flat = flat_config(folder.config, fmt)
+    block = folder.eaglekit or {}
+    num_layers = block.get("target_num_layers") or target_num_layers
+    notes: list[str] = []
+
+    native: dict[str, torch.Tensor] = {}
+    unknown, embed = [], None
+    for name, tensor in folder.tensors.items():
+        nat, _ = native_name(name)
+        if nat == EMBED:
+            embed = tensor
+        elif nat in NATIVE_TENSORS and nat not in native:
+            native[nat] = tensor
+        else:
+            unknown.append(name)
+
+    ids, source, conflicts = declared_aux_ids(flat, fmt, num_layers)
+    if "aux_layer_ids" in block:
+        if list(block["aux_layer_ids"]) != ids and source != "engine defaults (no ids in the config)":
+            conflicts.append(f"the eaglekit block says aux layers {block['aux_layer_ids']}, the {source} say {ids}")
+        ids, source = list(block["aux_layer_ids"]), "eaglekit block (output of layer k)"
+
+    hidden = _int(flat, "hidden_size")
+    heads = _int(flat, "num_attention_heads")
+    draft_vocab = flat.get("draft_vocab_size")
+    if draft_vocab is None:
+        if "lm_head.weight" not in native:
+            raise EaglekitError("draft config lacks draft_vocab_size and the folder has no lm_head",
+                                hint="the draft is incomplete")
+        draft_vocab = native["lm_head.weight"].shape[0]
+        notes.append(f"draft_vocab_size absent; {draft_vocab} taken from lm_head")
+    vocab = flat.get("vocab_size") or (native["t2d"].shape[0] if "t2d" in native else None)
+    if vocab is None:
+        raise EaglekitError("draft config lacks vocab_size", hint="the config is incomplete")
+    config = DraftConfig(
+        hidden_size=hidden, intermediate_size=_int(flat, "intermediate_size"), num_attention_heads=heads,
+        num_key_value_heads=_int(flat, "num_key_value_heads", heads),
+        head_dim=_int(flat, "head_dim", hidden // heads), vocab_size=int(vocab), draft_vocab_size=int(draft_vocab),
+        target_hidden_size=_int(flat, "target_hidden_size", hidden), aux_layer_ids=tuple(ids),
+        rms_norm_eps=float(flat.get("rms_norm_eps") or 1e-6),
+        max_position_embeddings=_int(flat, "max_position_embeddings", 4096),
+        rope_parameters=rope_parameters(flat), hidden_act=flat.get("hidden_act") or "silu",
+        norm_before_residual=bool(flat.get("norm_before_residual", False)), target_num_layers=num_layers,
+    )
+    return Interpretation(folder=folder, format=fmt, flat=flat, config=config, aux_source=source, native=native,
+                          embed=embed, unknown=sorted(unknown), layer_style=layer_style(folder.tensors),
+                          notes=notes, conflicts=conflicts)

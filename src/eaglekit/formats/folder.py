@@ -1,0 +1,77 @@
+"""Read any draft folder as it is on disk: config.json, safetensors weights, optional manifest."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from eaglekit.artifacts import MANIFEST, read_json
+from eaglekit.errors import EaglekitError
+from eaglekit.target.source import validate_safetensors
+
+INDEX = "model.safetensors.index.json"
+
+
+@dataclass
+class DraftFolder:
+    """A draft folder's raw contents: nothing renamed, nothing converted."""
+
+    path: Path
+    config: dict
+    tensors: dict[str, torch.Tensor]
+    manifest: dict | None
+
+    @property
+    def eaglekit(self) -> dict | None:
+        """The `eaglekit` block eaglekit writes into every config it produces, if any."""
+        block = self.config.get("eaglekit")
+        return block if isinstance(block, dict) else None
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files of a folder (following a shard index when there is one)."""
+    if (path / INDEX).is_file():
+        index = read_json(path / INDEX, what="safetensors index")
+        return [path / name for name in sorted(set(index.get("weight_map", {}).values()))]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        pickles = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
+        if pickles:
+            raise EaglekitError(f"{path} holds only pickle weights ({', '.join(pickles)})",
+                                hint="eaglekit reads safetensors only; convert them with the trainer that wrote them")
+        raise EaglekitError(f"{path} has no *.safetensors weights", hint="pass a draft folder")
+    return files
+
+
+def read_folder(path: str | Path) -> DraftFolder:
+    """Read config.json, every safetensors file and manifest.json (if present) of a draft folder.
+
+    Raises:
+        EaglekitError: not a folder, no config, pickle-only or truncated weights, duplicate names.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise EaglekitError(f"no such draft folder: {path}", hint="pass the folder holding config.json")
+    config = read_json(path / "config.json", what="draft config")
+    if not isinstance(config, dict):
+        raise EaglekitError(f"{path / 'config.json'} is not a JSON object", hint="the file is corrupt")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in weight_files(path):
+        if not file.is_file():
+            raise EaglekitError(f"{file} is listed in {INDEX} but missing", hint="is the download complete?")
+        validate_safetensors(file)
+        for name, tensor in load_file(str(file)).items():
+            if name in tensors:
+                raise EaglekitError(f"tensor {name} appears in two weight files", hint="the shards overlap")
+            tensors[name] = tensor
+    manifest = None
+    if (path / MANIFEST).is_file():
+        try:
+            manifest = json.loads((path / MANIFEST).read_text())
+        except json.JSONDecodeError as err:
+            raise EaglekitError(f"{path / MANIFEST} is not valid JSON", hint="the file is corrupt") from err
+    return DraftFolder(path=path, config=config, tensors=tensors, manifest=manifest)

@@ -1,0 +1,139 @@
+"""`eaglekit import`: read a draft folder of any known format into eaglekit's native checkpoint.
+
+Tensors keep their dtype and bits (only names change); the config becomes a `DraftConfig` with aux
+layer ids converted from the convention of the field they were read from (`detect.py`). The result
+is reloaded with `load_draft` and compared bit for bit before the command reports success.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from eaglekit.artifacts import atomic_path, check_same_target, sha256_file, write_json, write_manifest
+from eaglekit.draft.checkpoint import CONFIG, WEIGHTS, load_draft
+from eaglekit.errors import EaglekitError
+from eaglekit.formats.detect import Interpretation, interpret
+from eaglekit.formats.facts import TargetFacts, target_facts
+from eaglekit.formats.folder import read_folder
+from eaglekit.formats.names import NATIVE_TENSORS, VOCAB_MAPS
+from eaglekit.target.info import check_aux_layer_ids
+
+log = logging.getLogger(__name__)
+
+
+def read_strict(path: str | Path, facts: TargetFacts | None) -> Interpretation:
+    """Read a draft folder and refuse anything that would not convert faithfully.
+
+    Raises:
+        EaglekitError: unknown tensor names, missing tensors, or config fields that contradict
+            each other (the doctor explains each of these in detail).
+    """
+    reading = interpret(read_folder(path), target_num_layers=facts.num_layers if facts else None)
+    problems = list(reading.conflicts)
+    if reading.unknown:
+        problems.append(f"tensors with no EAGLE-3 meaning {reading.unknown[:6]}")
+    missing = [n for n in NATIVE_TENSORS if n not in reading.native and n not in VOCAB_MAPS]
+    if missing:
+        problems.append(f"missing tensors {missing[:6]}")
+    if problems:
+        raise EaglekitError(f"{path} cannot be read faithfully: " + "; ".join(problems),
+                            hint=f"run `eaglekit doctor {path} --target T` to see what is wrong")
+    return reading
+
+
+def native_tensors(reading: Interpretation) -> dict[str, torch.Tensor]:
+    """The native tensors, with the identity vocab maps filled in where a format leaves them out."""
+    cfg, native = reading.config, dict(reading.native)
+    if "d2t" not in native:
+        if cfg.draft_vocab_size != cfg.vocab_size:
+            raise EaglekitError(f"the draft vocab ({cfg.draft_vocab_size}) is smaller than the target's "
+                                f"({cfg.vocab_size}) but the folder has no d2t",
+                                hint="without d2t the engines map draft ids to the wrong tokens")
+        # Equal vocabularies: the engines use the identity map (offsets 0), so this is exact.
+        native["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.long)
+    if "t2d" not in native:  # ModelOpt and EAGLE (equal vocabularies) write none: it follows from d2t
+        targets = torch.arange(cfg.draft_vocab_size) + native["d2t"].long()
+        if not bool(((targets >= 0) & (targets < cfg.vocab_size)).all()):
+            raise EaglekitError("d2t maps draft ids outside the target vocab, so t2d cannot be derived",
+                                hint="run `eaglekit doctor` on the folder: d2t may hold absolute ids")
+        native["t2d"] = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+        native["t2d"][targets] = True
+    return native
+
+
+def import_draft(path: str | Path, out: str | Path, *, target: str | None = None,
+                 aux_layer_ids: list[int] | None = None, overwrite: bool = False) -> dict:
+    """Convert a SGLang / EAGLE / ModelOpt / speculators draft folder into a native checkpoint.
+
+    Args:
+        path: the draft folder.
+        out: the native checkpoint folder to write.
+        target: the target it was made for: refuses a draft recorded for another target, and gives
+            the layer count when the config names no aux layers.
+        aux_layer_ids: override the aux layer ids (eaglekit convention: output of 0-based layer i)
+            when the folder's own are known to be wrong.
+
+    Returns:
+        The manifest written to `out/manifest.json`.
+    """
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise EaglekitError(f"{out} already exists", hint="pass --overwrite or choose another --out")
+    facts = target_facts(target) if target else None
+    reading = read_strict(path, facts)
+    cfg = reading.config
+    if aux_layer_ids is not None:
+        cfg = replace(cfg, aux_layer_ids=tuple(aux_layer_ids))
+    if cfg.target_num_layers is None and facts is not None:
+        cfg = replace(cfg, target_num_layers=facts.num_layers)
+    if cfg.target_num_layers is not None:
+        check_aux_layer_ids(list(cfg.aux_layer_ids), cfg.target_num_layers)
+    fingerprint = (reading.folder.manifest or {}).get("target") or (reading.folder.eaglekit or {}).get("target")
+    if facts is not None:
+        if fingerprint:
+            check_same_target(facts.fingerprint, fingerprint, what=f"draft {path}")
+        fingerprint = facts.fingerprint
+    tensors = {k: v.contiguous() for k, v in native_tensors(reading).items()}
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        with atomic_path(tmp / WEIGHTS) as file:
+            save_file(tensors, str(file), metadata={"format": "pt"})
+        write_json(tmp / CONFIG, cfg.to_hf_dict())
+        check_native(tmp, tensors)
+        manifest = write_manifest(
+            tmp, stage="import",
+            config={"source": str(path), "format": reading.format, "aux_source": reading.aux_source,
+                    "aux_layer_ids": list(cfg.aux_layer_ids)},
+            target=fingerprint,
+            inputs={"draft": {"path": str(path), "sha256": {f.name: sha256_file(f)
+                                                            for f in sorted(Path(path).glob("*.safetensors"))}}},
+            counts={"tensors": len(tensors)},
+            extra={"notes": reading.notes, "source_manifest": reading.folder.manifest},
+        )
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    log.info("imported %s (%s) -> %s", path, reading.label, out)
+    return manifest
+
+
+def check_native(folder: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Load the written checkpoint the way every stage will, and compare it bit for bit."""
+    draft = load_draft(folder, dtype=torch.float32)  # validates names and shapes against the config
+    state = draft.draft_state_dict()
+    for name, tensor in tensors.items():
+        if not torch.equal(state[name].to(tensor.dtype), tensor):
+            raise EaglekitError(f"{name} does not read back bit-identical from {folder}",
+                                hint="this is a bug in eaglekit; please report it")
