@@ -50,15 +50,17 @@ class OpenAIClient:
         api_key: sent as a bearer token when given.
         timeout: seconds per request.
         max_retries: retries of a request that failed for a transient reason.
+        backoff: seconds before the first retry; doubled for each next one (at most 10 s).
     """
 
-    def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = 600.0, max_retries: int = 5):
+    def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = 600.0, max_retries: int = 5,
+                 backoff: float = 0.5):
         url = urllib.parse.urlsplit(base_url.rstrip("/"))
         if url.scheme not in ("http", "https") or not url.hostname:
             raise EaglekitError(f"bad server URL {base_url!r}", hint="e.g. http://127.0.0.1:8000")
         self.scheme, self.host, self.port = url.scheme, url.hostname, url.port
         self.prefix = url.path[:-3] if url.path.endswith("/v1") else url.path
-        self.api_key, self.timeout, self.max_retries = api_key, timeout, max_retries
+        self.api_key, self.timeout, self.max_retries, self.backoff = api_key, timeout, max_retries, backoff
         self.base_url = base_url
         self._local = threading.local()
 
@@ -96,7 +98,7 @@ class OpenAIClient:
                 self._drop_connection()
                 problem = f"{type(err).__name__}: {err}"
             if attempt < self.max_retries:
-                delay = min(0.5 * 2**attempt, 10.0)
+                delay = min(self.backoff * 2**attempt, 10.0)
                 log.warning("%s %s failed (%s); retry %d/%d in %.1f s", method, path, problem,
                             attempt + 1, self.max_retries, delay)
                 time.sleep(delay)
