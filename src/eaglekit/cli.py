@@ -20,6 +20,7 @@ STAGE_CLIS = (
     "eaglekit.features.cli",
     "eaglekit.train.cli",
     "eaglekit.formats.cli",
+    "eaglekit.doctor.cli",
     "eaglekit.data.cli",
 )
 

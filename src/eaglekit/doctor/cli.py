@@ -1,0 +1,37 @@
+"""`eaglekit doctor DRAFT --target T [--engine E] [--probe [PROMPTS]] [--json]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub) -> None:
+    doc = sub.add_parser("doctor", help="check a draft folder against a target as an engine would serve it")
+    doc.add_argument("draft", help="any draft folder: eaglekit, SGLang, EAGLE, ModelOpt or speculators (vLLM)")
+    doc.add_argument("--target", required=True, help="smollm2, an HF model folder or a .gguf file")
+    doc.add_argument("--engine", choices=("sglang", "vllm", "eagle"),
+                     help="the engine to check for (default: the one the folder's format is made for)")
+    doc.add_argument("--probe", nargs="?", const="builtin", metavar="PROMPTS",
+                     help="run the live probe on a prompts file (no value: built-in prompts)")
+    doc.add_argument("-k", type=int, default=3, help="draft tokens per step in the probe (default 3)")
+    doc.add_argument("--max-new-tokens", type=int, default=64, help="continuation length per prompt (default 64)")
+    doc.add_argument("--num-prompts", type=int, default=6, help="prompts used by the probe (default 6)")
+    doc.add_argument("--diagnose", action="store_true", help="run the diagnosis even when acceptance is fine")
+    doc.add_argument("--json", action="store_true", help="print the report as JSON")
+    doc.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from eaglekit.doctor.run import run_doctor
+
+    report = run_doctor(args.draft, args.target, engine=args.engine, prompts=args.probe,
+                        run_probe=args.probe is not None, k=args.k, max_new_tokens=args.max_new_tokens,
+                        num_prompts=args.num_prompts, diagnose_always=args.diagnose)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        from eaglekit.doctor.report import print_report
+
+        print_report(report)
+    return 0 if report.ok else 1

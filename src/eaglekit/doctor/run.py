@@ -1,0 +1,161 @@
+"""`eaglekit doctor`: static checks, then the live probe, then the diagnosis, as one report."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from eaglekit.doctor.checks import FAIL, PASS, WARN, Check, Context, run_checks
+from eaglekit.doctor.engines import ENGINES, read_as
+from eaglekit.errors import EaglekitError
+from eaglekit.formats.detect import interpret
+from eaglekit.formats.facts import target_facts
+from eaglekit.formats.folder import read_folder
+
+log = logging.getLogger(__name__)
+
+NATURAL_ENGINE = {"vllm": "vllm", "eagle": "eagle", "sglang": "sglang", "native": "sglang"}
+BUILTIN_PROMPTS = (
+    "What is the capital of France? Answer in one sentence.",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Give three tips for staying healthy.",
+    "Count from 1 to 20, separated by commas.",
+    "Explain in two sentences what a hash table is.",
+    "Write a short poem about the sea.",
+)
+
+
+@dataclass
+class Report:
+    draft: str
+    target: str
+    engine: str
+    format: str
+    checks: list[Check]
+    probe: dict | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.status != FAIL for c in self.checks)
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "draft": self.draft, "target": self.target, "engine": self.engine,
+                "format": self.format, "checks": [c.to_dict() for c in self.checks], "probe": self.probe,
+                "notes": self.notes}
+
+
+def load_prompts(spec: str | None, limit: int) -> list[list[dict]]:
+    """Chat messages of the probe prompts: a prompts file (any format `eaglekit data` reads) or built-in."""
+    if spec in (None, "builtin"):
+        return [[{"role": "user", "content": p}] for p in BUILTIN_PROMPTS[:limit]]
+    from eaglekit.data.readers import SourceSpec, read_source
+
+    report = read_source(SourceSpec.parse(spec))
+    if not report.prompts:
+        raise EaglekitError(f"no prompts read from {spec}", hint="pass a JSONL/JSON/text file of prompts")
+    messages = []
+    for prompt in report.prompts[:limit]:
+        first = type(prompt)(id=prompt.id, source=prompt.source, turns=prompt.turns[:1], system=prompt.system)
+        messages.append(first.messages())
+    return messages
+
+
+def training_tau(manifest: dict | None, k: int) -> tuple[float | None, str]:
+    """The accept length training predicts for chain drafting of k tokens, from a checkpoint manifest.
+
+    Uses the per-step conditional acceptance when recorded (1 + sum_j prod_{i<=j} cond_i over the
+    first k steps), else the recorded simulated accept length.
+    """
+    for block in (manifest or {}, (manifest or {}).get("source_manifest") or {}):
+        metrics = block.get("metrics") or block.get("best") or {}
+        cond = metrics.get("conditional_acceptance") or metrics.get("cond_acc")
+        if isinstance(cond, list) and cond:
+            tau, run = 1.0, 1.0
+            for c in cond[:k]:
+                run *= float(c)
+                tau += run
+            return round(tau, 3), f"training's conditional acceptance over {min(k, len(cond))} steps"
+        sim = metrics.get("simulated_accept_length") or metrics.get("sim_accept_length")
+        if sim is not None:
+            return float(sim), "training's simulated accept length"
+    return None, "no training metrics recorded"
+
+
+def run_doctor(draft: str | Path, target: str, *, engine: str | None = None, prompts: str | None = None,
+               run_probe: bool = False, k: int = 3, max_new_tokens: int = 64, num_prompts: int = 6,
+               diagnose_always: bool = False) -> Report:
+    """Check a draft folder against a target as `engine` would serve it.
+
+    Args:
+        draft: any draft folder (native checkpoint, SGLang, EAGLE, ModelOpt or speculators layout).
+        target: the target (`smollm2`, an HF folder or a .gguf file).
+        engine: "sglang", "vllm" or "eagle"; default: the engine the folder's format is made for.
+        prompts: prompts file for the live probe (None: built-in prompts).
+        run_probe: run the live probe (and the diagnosis when acceptance is low).
+        k: draft tokens per verify step in the probe.
+        max_new_tokens: length of each greedy continuation the probe replays.
+        num_prompts: how many prompts the probe uses.
+        diagnose_always: run the diagnosis even when acceptance is fine.
+    """
+    facts = target_facts(target)
+    interp = interpret(read_folder(draft), target_num_layers=facts.num_layers)
+    engine = engine or NATURAL_ENGINE.get(interp.format, "sglang")
+    if engine not in ENGINES:
+        raise EaglekitError(f"unknown engine {engine!r}", hint=f"use one of {', '.join(ENGINES)}")
+    reading = read_as(engine, interp, target_vocab=facts.vocab_size, target_layers=facts.num_layers)
+
+    @lru_cache(maxsize=1)
+    def loaded():
+        from eaglekit.target.load import load_target
+
+        return load_target(facts.source, device="cpu", dtype="float32")
+
+    ctx = Context(interp=interp, reading=reading, facts=facts,
+                  target_embedding=lambda: loaded().model.get_input_embeddings().weight.detach())
+    report = Report(draft=str(draft), target=str(target), engine=engine, format=interp.label,
+                    checks=run_checks(ctx), notes=list(interp.notes))
+    if run_probe:
+        report.probe = live_probe(ctx, loaded(), prompts, k, max_new_tokens, num_prompts, diagnose_always)
+        report.checks.append(Check("probe", report.probe["status"], report.probe["message"],
+                                   report.probe.get("fix") or ""))
+    return report
+
+
+def live_probe(ctx: Context, target, prompts: str | None, k: int, max_new_tokens: int, num_prompts: int,
+               diagnose_always: bool) -> dict:
+    from eaglekit.doctor.diagnose import diagnose, engine_setup
+    from eaglekit.doctor.probe import probe, run_target
+
+    messages = load_prompts(prompts, num_prompts)
+    runs = [run_target(target.model, target.tokenizer, m, max_new_tokens=max_new_tokens,
+                       stop_ids=target.stop_token_ids) for m in messages]
+    embedding = target.model.get_input_embeddings().weight.detach().float()
+    read = engine_setup(ctx)
+    result = probe(read, runs, embedding, k)
+    expected, expected_from = training_tau(ctx.interp.folder.manifest, k)
+    out = {"k": k, "prompts": len(runs), "max_new_tokens": max_new_tokens, "method": "greedy chain replay",
+           **result.to_dict(), "expected_tau": expected, "expected_from": expected_from}
+    tau = result.tau
+    if tau is None:
+        out.update(status=FAIL, message=f"the draft cannot run as {ctx.engine} reads it: {result.error}")
+    elif tau < 1.10:
+        out.update(status=FAIL, message=f"accept length {tau:.2f}: the target accepts almost no draft token "
+                   f"(per position {result.per_position})")
+    elif expected is not None and tau - 1 < 0.25 * (expected - 1):
+        out.update(status=FAIL, message=f"accept length {tau:.2f}, a small part of what training predicts "
+                   f"({expected:.2f})")
+    elif expected is not None and tau - 1 < 0.5 * (expected - 1):
+        out.update(status=WARN, message=f"accept length {tau:.2f}, far below what training predicts ({expected:.2f})")
+    else:
+        out.update(status=PASS, message=f"accept length {tau:.2f}, per position {result.per_position}"
+                   + (f" (training predicts {expected:.2f})" if expected is not None else ""))
+    if out["status"] != PASS or diagnose_always:
+        out["diagnosis"] = diagnose(ctx, read, result, runs, embedding, k, expected)
+        if out["status"] != PASS:
+            cause = out["diagnosis"].get("cause")
+            out["message"] += (f". Cause: " if cause else ". ") + out["diagnosis"]["message"]
+            out["fix"] = out["diagnosis"]["fix"]
+    return out

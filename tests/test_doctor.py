@@ -1,0 +1,187 @@
+"""Doctor static checks: clean exports pass; each planted defect fails exactly its own check."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from eaglekit.cli import main
+from eaglekit.doctor import CHECKS, run_doctor
+from eaglekit.draft import Eagle3Draft
+from eaglekit.draft.checkpoint import save_draft
+from eaglekit.formats import export_draft
+from oracle_draft import oracle_checkpoint, save_repeat_target
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory) -> Path:
+    return save_repeat_target(tmp_path_factory.mktemp("repeat-target"))
+
+
+@pytest.fixture(scope="module")
+def exports(target_dir, tmp_path_factory) -> dict[str, Path]:
+    """The repeat oracle as a native checkpoint and as each engine's export."""
+    root = tmp_path_factory.mktemp("exports")
+    out = {"native": oracle_checkpoint(target_dir, root / "native")}
+    for fmt in ("sglang", "vllm"):
+        export_draft(out["native"], fmt, root / fmt, target=str(target_dir))
+        out[fmt] = root / fmt
+    return out
+
+
+def planted(src: Path, dst: Path, *, config=None, tensors=None, manifest=None) -> Path:
+    """A copy of an export with a defect planted by editing its config, tensors or manifest."""
+    shutil.copytree(src, dst)
+    if config:
+        cfg = json.loads((dst / "config.json").read_text())
+        config(cfg)
+        (dst / "config.json").write_text(json.dumps(cfg))
+    if tensors:
+        state = load_file(str(dst / "model.safetensors"))
+        state = tensors(state) or state
+        save_file(state, str(dst / "model.safetensors"))
+    if manifest:
+        data = json.loads((dst / "manifest.json").read_text())
+        manifest(data)
+        (dst / "manifest.json").write_text(json.dumps(data))
+    return dst
+
+
+def failed(report) -> list[str]:
+    return [c.id for c in report.checks if c.status == "fail"]
+
+
+@pytest.mark.parametrize("name,engine", [("native", "sglang"), ("sglang", "sglang"), ("vllm", "vllm"),
+                                         ("sglang", "eagle")])
+def test_clean_exports_pass(name, engine, exports, target_dir):
+    report = run_doctor(exports[name], str(target_dir), engine=engine)
+    if engine == "eagle":
+        # EAGLE captures its hard-coded layers (the oracle uses the last one), and a config with
+        # target_hidden_size makes it skip loading the target's embedding: both are real.
+        assert failed(report) == ["embedding", "aux_layer_ids"]
+    else:
+        assert report.ok, [c for c in report.checks if c.status == "fail"]
+    assert [c.id for c in report.checks] == [check.__name__.removeprefix("check_") for check in CHECKS]
+
+
+def _rename_layers(state):
+    return {k.replace("midlayer.", "layers.0."): v for k, v in state.items()}
+
+
+def _d2t_absolute(state):
+    state["d2t"] = state["d2t"] + torch.arange(state["d2t"].shape[0])
+
+
+def _narrow_fc(state):
+    state["fc.weight"] = state["fc.weight"][:, :128].contiguous()
+
+
+def _ship_embedding(state):
+    state["embed_tokens.weight"] = torch.randn(384, 64).to(torch.bfloat16)
+
+
+def _nan(state):
+    state["norm.weight"] = state["norm.weight"].clone()
+    state["norm.weight"][0] = float("nan")
+
+
+def _rope(cfg):
+    layer = cfg["transformer_layer_config"]
+    layer["rope_theta"] = 500000.0
+    layer["rope_parameters"]["rope_theta"] = 500000.0
+
+
+def _aux_off_by_one(cfg):
+    cfg["eagle_aux_hidden_state_layer_ids"] = [1, 3, 7]  # the SGLang-convention ids written top-level
+
+
+def _aux_off(cfg):
+    cfg["transformer_layer_config"]["eagle_config"] = {"use_aux_hidden_state": False}
+
+
+PLANTED = {
+    # check id: (export, engine, config edit, tensor edit, manifest edit)
+    "config": ("vllm", "vllm", lambda c: c.pop("norm_before_residual"), None, None),
+    "names": ("sglang", "sglang", None, _rename_layers, None),
+    "shapes": ("sglang", "sglang", None, _narrow_fc, None),
+    "draft_vocab_size": ("sglang", "sglang", lambda c: c.pop("draft_vocab_size"), None, None),
+    "d2t": ("vllm", "vllm", None, _d2t_absolute, None),
+    "embedding": ("vllm", "vllm", None, _ship_embedding, None),
+    "rope": ("vllm", "vllm", _rope, None, None),
+    "aux_layer_ids": ("vllm", "vllm", _aux_off_by_one, None, None),
+    "aux_states": ("vllm", "vllm", _aux_off, None, None),
+    "vocab": ("vllm", "vllm", None, None, lambda m: m["target"].update(tokenizer_hash="0" * 16)),
+    "target": ("vllm", "vllm", None, None, lambda m: m["target"].update(config_hash="0" * 16)),
+    "weights": ("sglang", "sglang", None, _nan, None),
+}
+
+
+@pytest.mark.parametrize("check_id", sorted(PLANTED))
+def test_each_planted_defect_fails_exactly_its_check(check_id, exports, target_dir, tmp_path):
+    name, engine, config, tensors, manifest = PLANTED[check_id]
+    folder = planted(exports[name], tmp_path / "bad", config=config, tensors=tensors, manifest=manifest)
+    report = run_doctor(folder, str(target_dir), engine=engine)
+    assert failed(report) == [check_id], [(c.id, c.message) for c in report.checks if c.status == "fail"]
+    check = next(c for c in report.checks if c.id == check_id)
+    assert check.hint, check
+
+
+def test_hidden_size_of_another_target_fails(exports, target_dir, tmp_path):
+    from eaglekit.draft.checkpoint import load_draft_config
+
+    cfg = load_draft_config(exports["native"])
+    small = replace(cfg, hidden_size=32, target_hidden_size=32, intermediate_size=64, head_dim=8)
+    draft = Eagle3Draft(small)
+    state = load_file(str(exports["native"] / "model.safetensors"))
+    draft.d2t.copy_(state["d2t"])
+    draft.t2d.copy_(state["t2d"])
+    save_draft(draft, tmp_path / "small")
+    report = run_doctor(tmp_path / "small", str(target_dir), engine="sglang")
+    assert failed(report) == ["hidden_size"]
+
+
+def test_messages_name_the_causes(exports, target_dir, tmp_path):
+    """The story's three bugs, as the report words them."""
+    names = run_doctor(planted(exports["sglang"], tmp_path / "n", tensors=_rename_layers), str(target_dir),
+                       engine="sglang")
+    check = next(c for c in names.checks if c.id == "names")
+    assert "silently drops 10" in check.message and "midlayer" in check.hint
+    d2t = run_doctor(planted(exports["vllm"], tmp_path / "d", tensors=_d2t_absolute), str(target_dir))
+    assert "absolute target ids" in next(c for c in d2t.checks if c.id == "d2t").message
+    aux = run_doctor(planted(exports["vllm"], tmp_path / "a", config=_aux_off), str(target_dir))
+    message = next(c for c in aux.checks if c.id == "aux_states").message
+    assert "64 wide" in message and "192 wide" in message
+    ids = run_doctor(planted(exports["vllm"], tmp_path / "i", config=_aux_off_by_one), str(target_dir))
+    check = next(c for c in ids.checks if c.id == "aux_layer_ids")
+    assert "[0, 2, 6]" in check.message and "[2, 4, 8]" in check.hint
+
+
+def test_nested_only_ids_are_misread_by_vllm(exports, target_dir):
+    """vllm PR #43671's case: a SGLang-style config served by vLLM reads the nested ids one layer early."""
+    report = run_doctor(exports["sglang"], str(target_dir), engine="vllm")
+    assert failed(report) == ["aux_layer_ids"]
+
+
+def test_sglang_cannot_read_the_speculators_layout(exports, target_dir):
+    report = run_doctor(exports["vllm"], str(target_dir), engine="sglang")
+    assert "config" in failed(report)
+
+
+def test_cli_json_and_exit_status(exports, target_dir, tmp_path, capsys):
+    assert main(["doctor", str(exports["vllm"]), "--target", str(target_dir), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] is True and out["probe"] is None
+    assert {"id", "status", "message", "hint"} <= set(out["checks"][0])
+    bad = planted(exports["vllm"], tmp_path / "bad", tensors=_d2t_absolute)
+    assert main(["doctor", str(bad), "--target", str(target_dir), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] is False and [c["id"] for c in out["checks"] if c["status"] == "fail"] == ["d2t"]
+    assert main(["doctor", str(bad), "--target", str(target_dir)]) == 1
+    text = capsys.readouterr().out
+    assert "FAIL" in text and "d2t" in text and "FAILED" in text

@@ -1,0 +1,120 @@
+"""Doctor live probe and diagnosis: acceptance as the engine reads the draft, and the cause found."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from eaglekit.cli import main
+from eaglekit.doctor import run_doctor
+from eaglekit.doctor.probe import ProbeSetup, TargetRun, probe, replay
+from eaglekit.draft import Eagle3Draft
+from eaglekit.draft.checkpoint import save_draft
+from eaglekit.formats import export_draft
+from oracle_draft import oracle_checkpoint, save_repeat_target
+from test_doctor import _aux_off, _aux_off_by_one, _d2t_absolute, _rename_layers, planted
+
+PROBE = dict(run_probe=True, max_new_tokens=32, num_prompts=4)
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory) -> Path:
+    return save_repeat_target(tmp_path_factory.mktemp("repeat-target"))
+
+
+@pytest.fixture(scope="module")
+def exports(target_dir, tmp_path_factory) -> dict[str, Path]:
+    from eaglekit.draft.checkpoint import load_draft
+
+    root = tmp_path_factory.mktemp("exports")
+    out = {"native": oracle_checkpoint(target_dir, root / "native")}
+    oracle = load_draft(out["native"])
+    for fmt in ("sglang", "vllm"):
+        export_draft(out["native"], fmt, root / fmt, target=str(target_dir))
+        out[fmt] = root / fmt
+    torch.manual_seed(1)
+    random = Eagle3Draft(oracle.config)
+    random.d2t.copy_(oracle.d2t)
+    random.t2d.copy_(oracle.t2d)
+    out["random"] = save_draft(random, root / "random")
+    return out
+
+
+def test_replay_counts_acceptance_by_hand():
+    """A draft that proposes the committed token (repeat oracle) on a hand-made continuation."""
+    from transformers import LlamaConfig
+
+    from eaglekit.draft import DraftConfig
+
+    H, V = 8, 16
+    cfg = DraftConfig.for_target(LlamaConfig(hidden_size=H, num_attention_heads=2, num_hidden_layers=3,
+                                             vocab_size=V, intermediate_size=16), aux_layer_ids=[0, 1, 2],
+                                 draft_vocab_size=V)
+    draft = Eagle3Draft(cfg)
+    with torch.no_grad():
+        draft.fc.weight.zero_()
+        draft.fc.weight[:, 2 * H:] = torch.eye(H)
+        draft.midlayer.self_attn.o_proj.weight.zero_()
+        draft.midlayer.mlp.down_proj.weight.zero_()
+        draft.lm_head.weight.copy_(torch.eye(V, H) * 10)  # token t <- hidden direction t (t < H)
+    tokens = torch.tensor([1, 2, 3, 3, 3, 3, 3, 4, 5, 5, 6, 6])
+    states = torch.zeros(3, len(tokens), H)
+    for i, t in enumerate(tokens[1:].tolist() + [0]):
+        states[2, i, t % H] = 1.0  # the last layer's state at i "predicts" token i+1
+    run = TargetRun(tokens=tokens, prompt_len=2, layer_states=states, final_state=states[2])
+    setup = ProbeSetup("oracle", cfg, draft.draft_state_dict())
+    # verify at c=2 (token 3): drafts 3,3,3 -> all accepted; c=6: drafts 3.. vs 4 -> 0; c=7: 4 vs 5 -> 0;
+    # c=8: 5 vs 5 -> 1, then 5 vs 6 -> stop
+    assert replay(draft.float(), run, setup, k=3) == [3, 0, 0, 1]
+    result = probe(setup, [run], torch.randn(V, H), k=3)
+    assert result.tau == 2.0 and result.per_position == [0.5, 0.25, 0.25]
+
+
+def test_trained_draft_passes_the_probe(exports, target_dir):
+    report = run_doctor(exports["vllm"], str(target_dir), **PROBE)
+    assert report.ok, report.probe["message"]
+    assert report.probe["tau"] > 2.0 and len(report.probe["per_position"]) == 3
+    assert report.probe["tau"] == pytest.approx(report.probe["expected_tau"], abs=0.1)  # bf16 export vs fp32
+    assert report.probe["per_position"] == sorted(report.probe["per_position"], reverse=True)
+    assert "diagnosis" not in report.probe
+
+
+@pytest.mark.parametrize("story,export,engine,edit,cause", [
+    ("weight names", "sglang", "sglang", dict(tensors=_rename_layers), "names"),
+    ("d2t absolute", "vllm", "vllm", dict(tensors=_d2t_absolute), "d2t"),
+    ("aux states off", "vllm", "vllm", dict(config=_aux_off), "aux_states"),
+    ("aux ids off by one", "vllm", "vllm", dict(config=_aux_off_by_one), "aux_ids_trained"),
+])
+def test_diagnosis_finds_the_cause(story, export, engine, edit, cause, exports, target_dir, tmp_path):
+    good = run_doctor(exports[export], str(target_dir), engine=engine, **PROBE).probe["tau"]
+    report = run_doctor(planted(exports[export], tmp_path / "bad", **edit), str(target_dir), engine=engine, **PROBE)
+    probe_check = next(c for c in report.checks if c.id == "probe")
+    assert probe_check.status == "fail" and report.probe["tau"] - 1 < 0.25 * (good - 1), story
+    diagnosis = report.probe["diagnosis"]
+    assert diagnosis["cause"] == cause, diagnosis
+    restored = next(t for t in diagnosis["tried"] if t["id"] == cause)
+    assert restored["restores"] and restored["tau"] == pytest.approx(good, abs=0.05)
+    assert report.probe["fix"] == diagnosis["fix"] and "Cause:" in probe_check.message
+
+
+def test_random_weights_have_no_misreading_to_blame(exports, target_dir):
+    report = run_doctor(exports["random"], str(target_dir), engine="sglang", **PROBE)
+    assert report.probe["status"] == "fail" and report.probe["tau"] < 1.1
+    assert report.probe["diagnosis"]["cause"] is None
+    assert "random weights" in report.probe["message"]
+
+
+def test_cli_probe_json(exports, target_dir, tmp_path, capsys):
+    bad = planted(exports["vllm"], tmp_path / "bad", tensors=_d2t_absolute)
+    assert main(["doctor", str(bad), "--target", str(target_dir), "--probe", "--max-new-tokens", "32",
+                 "--num-prompts", "4", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["probe"]["diagnosis"]["cause"] == "d2t" and out["probe"]["k"] == 3
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "1", "source": "t", "turns": ["Count from 1 to 20."]}) + "\n")
+    assert main(["doctor", str(exports["vllm"]), "--target", str(target_dir), "--probe", str(prompts),
+                 "--max-new-tokens", "48"]) in (0, 1)
+    assert "probe" in capsys.readouterr().out
