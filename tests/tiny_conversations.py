@@ -67,3 +67,31 @@ def write_generate_folder(folder: Path, rows: list[dict], fingerprint: dict, sha
         write_jsonl(folder / f"conversations-{s:05d}.jsonl", rows[s * per:(s + 1) * per])
     write_manifest(folder, stage="generate", config={}, target=fingerprint, counts={"conversations": len(rows)})
     return folder
+
+
+@torch.no_grad()
+def greedy_samples(model, tokenizer, n: int, *, max_new_tokens: int = 32, seed: int = 0, batch: int = 32):
+    """n samples in token space: a prompt, then the model's greedy continuation as the assistant's tokens.
+
+    Unlike text conversations, nothing is decoded and re-encoded, so every assistant token is exactly
+    the target's greedy choice (what regenerated data gives a real target).
+    """
+    from eaglekit.features.conversations import Sample
+    from eaglekit.target.chat import prompt_ids
+
+    samples = []
+    texts = prompts(n, seed)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    for start in range(0, n, batch):
+        chunk = texts[start:start + batch]
+        ids = [prompt_ids(tokenizer, [{"role": "user", "content": t}]) for t in chunk]
+        width = max(len(x) for x in ids)
+        input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
+        mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
+        out = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                             min_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
+        for i, prompt in enumerate(ids):
+            new = out[i, width:].tolist()
+            samples.append(Sample(f"g{start + i:05d}", torch.tensor(prompt + new),
+                                  torch.tensor([False] * len(prompt) + [True] * len(new))))
+    return samples

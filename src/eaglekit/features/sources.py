@@ -38,6 +38,15 @@ class OfflineSource:
     def __len__(self) -> int:
         return len(self.members)
 
+    def token_masks(self):
+        """(input_ids, loss_mask) of each member, in member order."""
+        wanted = {m: k for k, m in enumerate(self.members)}
+        found = [None] * len(self.members)
+        for i, pair in enumerate(self.store.token_masks()):
+            if i in wanted:
+                found[wanted[i]] = pair
+        return found
+
     def batch(self, indices: list[int], device: torch.device) -> Batch:
         rows = [self.store.sample(self.members[i]) for i in indices]
         T = max(r["input_ids"].numel() for r in rows)
@@ -72,6 +81,9 @@ class OnlineSource:
 
     def __len__(self) -> int:
         return len(self.samples)
+
+    def token_masks(self):
+        return [(s.input_ids, s.loss_mask) for s in self.samples]
 
     @torch.no_grad()
     def batch(self, indices: list[int], device: torch.device) -> Batch:

@@ -148,5 +148,9 @@ def prepare(cfg: TrainConfig, dist: Dist) -> Run:
         else:
             run.val = OnlineSource(run.val.model, [run.val.samples[i] for i in keep], run.aux_layer_ids, run.vocab)
     run.counts["draft_vocab_coverage"] = run.vocab.coverage
+    if run.val is not None:
+        from eaglekit.train.baselines import baseline_accuracy
+
+        run.counts["val_baselines"] = baseline_accuracy(run.train.token_masks(), run.val.token_masks())
     log.info("draft vocab: %d ids, coverage %.4f of assistant tokens", run.vocab.size, run.vocab.coverage or 0)
     return run

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from eaglekit.features.batch import Batch
 
-STATS = ("valid", "correct", "chain", "chain_prev", "loss_sum", "counted")
+STATS = ("valid", "correct", "chain", "chain_prev", "loss_sum", "counted", "agree")
 
 
 def ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor,
@@ -155,8 +155,11 @@ def ttt_loss(logits: list[torch.Tensor], batch: Batch, d2t: torch.Tensor, t2d: t
             correct = (guess + d2t[guess]) == teacher.argmax                   # compared in target ids
             prev = mask if chain is None else chain[:, :L] & mask
             chain = prev & correct
+            # Is the data the target's own greedy output? (next raw token == target argmax)
+            following = F.pad(batch.input_ids[:, 2 + j:], (0, 1), value=-1)
+            agree = (following == teacher.argmax) & mask
             stats[j] = torch.stack([mask.sum(), (correct & mask).sum(), chain.sum(), prev.sum(),
-                                    ce_sum.detach(), trained.sum()]).double()
+                                    ce_sum.detach(), trained.sum(), agree.sum()]).double()
     return StepOutput(loss=loss, stats=stats)
 
 
@@ -166,6 +169,9 @@ def metrics_from_stats(stats: torch.Tensor) -> dict:
     acc_j   = correct_j / valid_j (unconditional)
     cond_j  = P(step j correct | steps 0..j-1 correct)
     tau     = 1 + sum_j prod_{i<=j} cond_i (tokens per target forward with a chain of ttt_steps drafts)
+    data_greedy_agreement: share of counted positions whose next token in the data is the target's
+        argmax; near 1 on data the target regenerated greedily, low on data written by someone else
+        (then acc_j, measured against the target, and ground-truth-token baselines diverge).
     """
     s = stats.double().cpu()
     col = {name: s[:, i] for i, name in enumerate(STATS)}
@@ -181,4 +187,5 @@ def metrics_from_stats(stats: torch.Tensor) -> dict:
             "cum_acc": [round(c, 5) for c in cumulative], "sim_accept_length": round(tau, 5),
             "ce": [round(x, 5) for x in (col["loss_sum"] / col["counted"].clamp(min=1)).tolist()],
             "positions": int(col["valid"][0]),
+            "data_greedy_agreement": round(float(col["agree"][0]) / max(float(col["valid"][0]), 1.0), 5),
             "oov_share": round(1 - float(col["counted"][0]) / max(float(col["valid"][0]), 1.0), 5)}

@@ -1,0 +1,104 @@
+"""Write a small conversations folder whose answers the target wrote itself (greedy HF generate).
+
+For CPU evidence runs and GPU benchmarks: prompts are synthesized here from templates x topics
+(nothing is read from ../shared/data), answers are the target's greedy continuation, and the folder
+has the shape the generate stage writes (`conversations-*.jsonl` + manifest with the target
+fingerprint), so `eaglekit features` / `eaglekit train` accept it.
+
+    python scripts/make_conversations.py --target /tmp/ek-smollm2 --num 400 --out /tmp/ek-evidence/conv
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+
+TOPICS = """the moon, volcanoes, honey bees, the French revolution, photosynthesis, black holes, the internet,
+coffee, the Roman empire, rainbows, electric cars, penguins, the human heart, chess, the Great Wall of China,
+climate change, vaccines, the printing press, deserts, octopuses, jazz music, recycling, earthquakes, the Olympic
+games, sleep, tea, airplanes, the ocean tides, dinosaurs, bread baking, the Amazon rainforest, solar panels,
+mountains, friendship, the piano, glaciers, the stock market, rivers, ancient Egypt, robots, gardening, the sun,
+bicycles, snow, libraries, whales, time zones, the brain, volcanoes on Mars, the number zero""".replace("\n", " ")
+TEMPLATES = [
+    "Explain {t} to a ten year old in a few sentences.",
+    "Write a short poem about {t}.",
+    "Give me three interesting facts about {t}.",
+    "What is the most important thing to know about {t}?",
+    "Write a short story that involves {t}.",
+    "Summarize the history of {t} in one paragraph.",
+    "What are the pros and cons of {t}?",
+    "Describe {t} using simple words.",
+]
+MATH = ["What is {a} plus {b}?", "What is {a} times {b}?", "If I have {a} apples and eat {b}, how many are left?",
+        "Write a Python function that returns the sum of {a} and {b}."]
+
+
+def synthesize_prompts(n: int, seed: int = 0) -> list[str]:
+    topics = [t.strip() for t in TOPICS.split(",") if t.strip()]
+    rng = random.Random(seed)
+    pool = [tpl.format(t=t) for tpl, t in itertools.product(TEMPLATES, topics)]
+    pool += [m.format(a=rng.randint(2, 99), b=rng.randint(2, 40)) for m in MATH for _ in range(25)]
+    rng.shuffle(pool)
+    if n > len(pool):
+        raise SystemExit(f"only {len(pool)} distinct prompts available")
+    return pool[:n]
+
+
+@torch.no_grad()
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default="smollm2")
+    parser.add_argument("--num", type=int, default=400)
+    parser.add_argument("--max-new-tokens", type=int, default=160)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    from eaglekit.artifacts import write_manifest
+    from eaglekit.target.chat import prompt_ids
+    from eaglekit.target.load import load_target
+
+    device = "cuda" if args.device == "auto" and torch.cuda.is_available() else ("cpu" if args.device == "auto" else args.device)
+    target = load_target(args.target, device=device)
+    tok = target.tokenizer
+    stops = sorted(set(target.stop_token_ids))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else stops[0]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    prompts = synthesize_prompts(args.num, args.seed)
+    rows, started, new_tokens = [], time.perf_counter(), 0
+    for start in range(0, len(prompts), args.batch):
+        chunk = prompts[start:start + args.batch]
+        ids = [prompt_ids(tok, [{"role": "user", "content": p}]) for p in chunk]
+        width = max(len(x) for x in ids)
+        input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids], device=device)
+        mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=device)
+        gen = target.model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=args.max_new_tokens,
+                                    do_sample=False, pad_token_id=pad, eos_token_id=stops)
+        for i, prompt in enumerate(chunk):
+            new = gen[i, width:].tolist()
+            cut = next((k for k, t in enumerate(new) if t in stops), len(new))
+            new_tokens += cut
+            answer = tok.decode(new[:cut], skip_special_tokens=True).strip()
+            if answer:
+                rows.append({"id": f"synth-{start + i:05d}", "source": "synthetic-templates",
+                             "messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]})
+        print(f"{start + len(chunk)}/{len(prompts)} prompts, {new_tokens / (time.perf_counter() - started):.1f} new tok/s",
+              flush=True)
+    (out / "conversations-00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_manifest(out, stage="generate", config={"max_new_tokens": args.max_new_tokens, "greedy": True,
+                                                  "prompts": "synthesized from templates (scripts/make_conversations.py)"},
+                   target=target.fingerprint(), counts={"conversations": len(rows), "new_tokens": new_tokens})
+    print(f"wrote {len(rows)} conversations to {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""Offline feature store: content, index while running, resume after a failure, refusals of bad input."""
+
+import json
+
+import pytest
+import torch
+
+from eaglekit.draft.vocab import build_draft_vocab, count_assistant_tokens
+from eaglekit.errors import EaglekitError
+from eaglekit.features import capture as capture_mod
+from eaglekit.features.capture import capture_features, plan_shards
+from eaglekit.features.conversations import read_conversations, tokenize_conversations
+from eaglekit.features.sources import OfflineSource, OnlineSource
+from eaglekit.features.store import FeatureStore
+from eaglekit.target.capture import capture_aux_states
+from eaglekit.target.load import load_target
+from tiny import TRAIN_TEXT
+from tiny_conversations import write_generate_folder, write_jsonl
+
+torch.set_num_threads(1)
+AUX = [1, 3, 4]
+
+
+def text_rows(n: int) -> list[dict]:
+    rows = []
+    for i in range(n):
+        q, a = TRAIN_TEXT[i % len(TRAIN_TEXT)], TRAIN_TEXT[(3 * i + 1) % len(TRAIN_TEXT)]
+        rows.append({"id": f"t{i:04d}", "source": "test", "messages": [
+            {"role": "user", "content": f"{q} ({i})"}, {"role": "assistant", "content": " ".join([a] * (1 + i % 3))}]})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def target(tiny_target_dir):
+    return load_target(str(tiny_target_dir))
+
+
+@pytest.fixture(scope="module")
+def samples(target):
+    rows = text_rows(24)
+    return tokenize_conversations(target.tokenizer, rows, max_length=256)[0]
+
+
+def capture(target, samples, out, **kw):
+    kw.setdefault("shard_tokens", 400)
+    return capture_features(target, samples, out, aux_layer_ids=AUX, topk=8, batch_tokens=300, progress=False, **kw)
+
+
+@pytest.fixture(scope="module")
+def store_dir(target, samples, tmp_path_factory):
+    out = tmp_path_factory.mktemp("features")
+    capture(target, samples, out)
+    return out
+
+
+def test_store_holds_what_the_target_computes(target, samples, store_dir):
+    store = FeatureStore(store_dir, target_fingerprint=target.fingerprint(), hidden_size=64)
+    manifest = store.manifest
+    assert manifest["complete"] and manifest["counts"]["samples"] == len(samples) == len(store)
+    assert manifest["counts"]["shards"] == len(plan_shards([s.length for s in samples], 400)) > 1
+    assert manifest["counts"]["bytes_per_token"] > 0 and manifest["counts"]["baseline_bytes_per_token"] == 8 * 64
+    for i in (0, 7, len(samples) - 1):
+        row = store.sample(i)
+        s = samples[i]
+        assert torch.equal(row["input_ids"], s.input_ids) and torch.equal(row["loss_mask"], s.loss_mask)
+        ref = capture_aux_states(target.model, s.input_ids[None], AUX)
+        assert row["aux"].dtype == torch.bfloat16 and row["aux"].shape == (s.length, 3 * 64)
+        torch.testing.assert_close(row["aux"].float(), ref.aux_hidden[0].bfloat16().float(), atol=2e-2, rtol=2e-2)
+        assert torch.equal(row["topk_ids"][:, 0].long(), ref.logits[0].argmax(-1))
+        expected = ref.logits[0].log_softmax(-1).gather(-1, row["topk_ids"].long())
+        torch.testing.assert_close(row["topk_logp"].float(), expected, atol=2e-2, rtol=1e-2)
+
+
+def test_online_and_offline_batches_agree(target, samples, store_dir):
+    store = FeatureStore(store_dir)
+    counts = count_assistant_tokens(((s.input_ids, s.loss_mask) for s in samples), 384)
+    vocab = build_draft_vocab(counts, 20, always_include=target.stop_token_ids, allow_smaller=True)
+    off = OfflineSource(store, list(range(len(store))), vocab).batch([2, 5], torch.device("cpu"))
+    on = OnlineSource(target.model, samples, AUX, vocab).batch([2, 5], torch.device("cpu"))
+    assert torch.equal(off.input_ids, on.input_ids) and torch.equal(off.loss_mask, on.loss_mask)
+    real = off.loss_mask | (torch.arange(off.input_ids.shape[1]) < off.lengths[:, None])
+    torch.testing.assert_close(off.aux.float()[real], on.aux[real], atol=3e-2, rtol=2e-2)
+    assert torch.equal(off.teacher.argmax[real], on.teacher.argmax[real])
+
+
+def test_index_is_readable_while_running_and_capture_resumes(target, samples, tmp_path, monkeypatch, store_dir):
+    real = capture_mod.capture_shard
+    calls = []
+
+    def dies_after_two(*args, **kwargs):
+        if len(calls) == 2:
+            raise KeyboardInterrupt("killed")
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(capture_mod, "capture_shard", dies_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        capture(target, samples, tmp_path)
+    with pytest.raises(EaglekitError, match=r"not finished \(2 shards so far\)") as err:
+        FeatureStore(tmp_path)
+    assert "--allow-partial-features" in err.value.hint
+    partial = FeatureStore(tmp_path, allow_partial=True)
+    assert 0 < len(partial) < len(samples) and not partial.complete
+
+    calls.clear()
+    monkeypatch.setattr(capture_mod, "capture_shard", lambda *a, **k: calls.append(1) or real(*a, **k))
+    capture(target, samples, tmp_path)
+    full = FeatureStore(store_dir)
+    assert len(calls) == full.manifest["counts"]["shards"] - 2   # finished shards were skipped
+    resumed = FeatureStore(tmp_path)
+    assert resumed.complete and resumed.ids == full.ids
+    for i in range(len(full)):
+        a, b = resumed.sample(i), full.sample(i)
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_into_a_folder_with_other_settings_is_refused(target, samples, store_dir, tmp_path):
+    import shutil
+
+    copy = tmp_path / "f"
+    shutil.copytree(store_dir, copy)
+    with pytest.raises(EaglekitError, match="other settings"):
+        capture(target, samples, copy, shard_tokens=999)
+
+
+def test_features_of_another_target_or_tokenizer_are_refused(target, store_dir):
+    fp = target.fingerprint()
+    with pytest.raises(EaglekitError, match="another target model config"):
+        FeatureStore(store_dir, target_fingerprint={**fp, "config_hash": "0" * 16})
+    with pytest.raises(EaglekitError, match="another tokenizer and chat template"):
+        FeatureStore(store_dir, target_fingerprint={**fp, "tokenizer_hash": "0" * 16})
+    with pytest.raises(EaglekitError, match=r"hold 64-wide states, the target's hidden size is 32"):
+        FeatureStore(store_dir, hidden_size=32)
+
+
+def test_truncated_shard_is_refused(store_dir, tmp_path):
+    import shutil
+
+    copy = tmp_path / "f"
+    shutil.copytree(store_dir, copy)
+    shard = sorted(copy.glob("shard-*.safetensors"))[1]
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])
+    with pytest.raises(EaglekitError, match="truncated"):
+        FeatureStore(copy)
+
+
+def test_shard_with_wrong_aux_width_is_refused(store_dir, tmp_path):
+    import shutil
+
+    copy = tmp_path / "f"
+    shutil.copytree(store_dir, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["config"]["aux_layer_ids"] = [1, 3]          # claims 2 layers, shards hold 3
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(EaglekitError, match=r"aux states 192 wide, expected 2 aux layers x 64 = 128"):
+        FeatureStore(copy)
+
+
+def test_empty_data_is_refused(target, tmp_path):
+    empty = write_jsonl(tmp_path / "empty.jsonl", [])
+    with pytest.raises(EaglekitError, match="holds no conversations"):
+        read_conversations(empty)
+    no_answers = [{"id": "a", "messages": [{"role": "user", "content": "hello"}]}]
+    rows, _ = read_conversations(write_jsonl(tmp_path / "q.jsonl", no_answers))
+    with pytest.raises(EaglekitError, match="none of the 1 conversations has an assistant token"):
+        tokenize_conversations(target.tokenizer, rows, max_length=64)
+
+
+def test_conversations_of_another_target_are_refused(target, tmp_path):
+    fp = {**target.fingerprint(), "tokenizer_hash": "f" * 16}
+    folder = write_generate_folder(tmp_path / "conv", text_rows(4), fp)
+    with pytest.raises(EaglekitError, match="another tokenizer and chat template"):
+        read_conversations(folder, target_fingerprint=target.fingerprint())
+    rows, _ = read_conversations(write_generate_folder(tmp_path / "ok", text_rows(4), target.fingerprint()),
+                                 target_fingerprint=target.fingerprint())
+    assert len(rows) == 4
+
+
+def test_unfinished_generate_folder_is_refused(tmp_path):
+    write_jsonl(tmp_path / "conv" / "conversations-00000.jsonl", text_rows(2))
+    with pytest.raises(EaglekitError, match="has no manifest.json"):
+        read_conversations(tmp_path / "conv")

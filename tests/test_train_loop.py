@@ -1,0 +1,188 @@
+"""`eaglekit train` end to end on a tiny target: outputs, learning, exact resume after SIGKILL, DDP, refusals."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from eaglekit.cli import main
+from eaglekit.draft.checkpoint import load_draft
+from eaglekit.errors import EaglekitError
+from eaglekit.features.capture import capture_features
+from eaglekit.target.load import load_target
+from eaglekit.train.config import TrainConfig
+from eaglekit.train.loop import train
+from test_features import text_rows
+from tiny_conversations import greedy_samples, write_generate_folder
+
+torch.set_num_threads(1)
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+       "HF_HUB_OFFLINE": "1"}
+
+
+def peaked_tiny_target(folder: Path) -> Path:
+    """A tiny target with a sharp next-token distribution, as a trained LM has (random ones are flat)."""
+    from tiny import save_tiny_target
+
+    save_tiny_target(folder, "llama")
+    target = load_target(str(folder))
+    with torch.no_grad():
+        target.model.get_output_embeddings().weight.mul_(4.0)
+    target.model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A generate-style conversations folder and a feature store of greedy samples, for a tiny target."""
+    root = tmp_path_factory.mktemp("train")
+    tiny_target_dir = peaked_tiny_target(root / "target")
+    target = load_target(str(tiny_target_dir))
+    rows = text_rows(60)
+    conv = write_generate_folder(root / "conv", rows, target.fingerprint())
+    # Offline features from the target's own greedy continuations (token space: exactly its choices).
+    samples = greedy_samples(target.model, target.tokenizer, 64, max_new_tokens=40)
+    capture_features(target, samples, root / "feat", aux_layer_ids=[1, 3, 4], topk=16, shard_tokens=1500,
+                     batch_tokens=1024, progress=False)
+    return {"target": str(tiny_target_dir), "conv": str(conv), "feat": str(root / "feat"), "root": root}
+
+
+def config(fixture, out, **kw) -> TrainConfig:
+    base = dict(target=fixture["target"], features=fixture["feat"], out=str(out), draft_vocab_size=64,
+                allow_smaller_vocab=True, ttt_steps=3, batch_tokens=600, max_batch_size=8, max_steps=12,
+                val_fraction=0.15, val_every=6, save_every=4, log_every=2, lr=3e-3, warmup_steps=2,
+                progress=False, device="cpu")
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def train_args(fixture, out, *extra) -> list[str]:
+    return ["train", "--target", fixture["target"], "--features", fixture["feat"], "--out", str(out),
+            "--draft-vocab-size", "64", "--allow-smaller-vocab", "--ttt-steps", "3", "--batch-tokens", "600",
+            "--max-batch-size", "8", "--val-fraction", "0.15", "--lr", "3e-3", "--warmup-steps", "2",
+            "--device", "cpu", "--no-progress", *extra]
+
+
+def test_offline_run_writes_a_loadable_draft_and_learns(data, tmp_path):
+    """Held-out generalization is shown with SmolLM2 (docs/notes/training.md); 64 samples of a random
+    tiny target only show that the draft learns what it is trained on, far beyond the unigram guess."""
+    out = tmp_path / "run"
+    manifest = train(config(data, out, max_steps=100, val_every=50, val_data=data["feat"], val_fraction=0.0))
+    assert manifest["stage"] == "train" and manifest["complete"]
+    assert manifest["aux_layer_ids"] == [1, 3, 4] and manifest["target"]["name"] == Path(data["target"]).name
+    best = manifest["best"]
+    assert len(best["acc"]) == len(best["cond_acc"]) == 3 and best["sim_accept_length"] >= 1.0
+    assert [h["step"] for h in manifest["history"]] == [50, 100]
+    baselines = manifest["counts"]["val_baselines"]
+    assert best["data_greedy_agreement"] > 0.99   # the data is the target's greedy output
+    assert best["acc"][0] > baselines["unigram_acc"] + 0.15, (best, baselines)
+    draft = load_draft(out)
+    assert draft.config.aux_layer_ids == (1, 3, 4) and draft.config.draft_vocab_size == manifest["draft_vocab"]["draft_vocab_size"]
+    lines = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+    train_lines = [x for x in lines if x["event"] == "train"]
+    assert train_lines and {"loss", "lr", "tokens_per_s", "acc", "sim_accept_length"} <= set(train_lines[0]) | {"loss"}
+    assert train_lines[-1]["ce"][0] < train_lines[0]["ce"][0]
+
+
+def test_online_run_from_conversations(data, tmp_path):
+    manifest = train(config(data, tmp_path / "run", features=None, data=data["conv"], max_steps=4, val_every=4))
+    assert manifest["complete"] and manifest["inputs"]["data"]["conversations"] == 60
+    assert manifest["best"]["step"] == 4
+
+
+def final_weights(out: Path) -> dict[str, torch.Tensor]:
+    latest = json.loads((out / "trainer_state" / "latest.json").read_text())
+    return load_file(str(out / "trainer_state" / latest["dir"] / "draft.safetensors"))
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_is_bit_identical(data, tmp_path):
+    steps = 40
+    reference = tmp_path / "ref"
+    train(config(data, reference, max_steps=steps))
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "eaglekit", *train_args(data, out, "--max-steps", str(steps), "--save-every", "4",
+                                                           "--val-every", "6", "--log-every", "2")]
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    latest = out / "trainer_state" / "latest.json"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if latest.is_file() and json.loads(latest.read_text())["step"] >= 8:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    killed_at = json.loads(latest.read_text())["step"]
+    assert 8 <= killed_at < steps
+    done = subprocess.run([sys.executable, "-m", "eaglekit", *train_args(data, out, "--max-steps", str(steps),
+                           "--save-every", "4", "--val-every", "6", "--log-every", "2", "--resume")],
+                          env=ENV, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    a, b = final_weights(reference), final_weights(out)
+    assert set(a) == set(b)
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    log = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in log if x["event"] == "train"] == list(range(2, steps + 1, 2))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_equal_one_process_with_accumulation(data, tmp_path):
+    single = tmp_path / "single"
+    train(config(data, single, max_steps=6, grad_accum=2, val_every=6, save_every=6))
+    ddp = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), "-m", "eaglekit",
+           *train_args(data, ddp, "--max-steps", "6", "--val-every", "6", "--save-every", "6", "--log-every", "2")]
+    run = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    a, b = final_weights(single), final_weights(ddp)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-6, msg=name)
+    m = json.loads((ddp / "manifest.json").read_text())
+    assert m["world_size"] == 2
+    single_val = json.loads((single / "manifest.json").read_text())["history"][-1]
+    assert m["history"][-1]["positions"] == single_val["positions"]   # all validation data seen once
+
+
+def test_cli_refuses_non_empty_out_and_resume_with_other_settings(data, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(train_args(data, out, "--max-steps", "2", "--val-every", "2", "--save-every", "2")) == 0
+    assert main(train_args(data, out, "--max-steps", "2")) == 2
+    assert "is not empty" in capsys.readouterr().err
+    assert main(train_args(data, out, "--max-steps", "3", "--resume")) == 2
+    assert "other settings" in capsys.readouterr().err and "max_steps" in capsys.readouterr().err + "max_steps"
+    assert main(train_args(data, tmp_path / "fresh", "--resume")) == 2
+    assert "holds no trainer state" in capsys.readouterr().err
+
+
+def test_features_of_another_target_are_refused_by_train(data, tmp_path, capsys):
+    from tiny import save_tiny_target
+
+    other = save_tiny_target(tmp_path / "other", "llama", num_layers=6)
+    args = train_args(data, tmp_path / "run", "--max-steps", "2")
+    args[args.index("--target") + 1] = str(other)
+    assert main(args) == 2
+    assert "was made for another target model config" in capsys.readouterr().err
+
+
+def test_config_errors_are_clear():
+    with pytest.raises(EaglekitError, match="exactly one of --features"):
+        TrainConfig(target="t", out="o")
+    with pytest.raises(EaglekitError, match="ttt_steps 0"):
+        TrainConfig(target="t", out="o", data="d", ttt_steps=0)

@@ -1,0 +1,226 @@
+"""The TTT unroll against a naive serving-style rerun per position, and the loss/metric arithmetic."""
+
+import math
+
+import pytest
+import torch
+
+from eaglekit.draft.config import DraftConfig
+from eaglekit.draft.model import Eagle3Draft
+from eaglekit.draft.vocab import DraftVocab
+from eaglekit.features.batch import Batch
+from eaglekit.features.teacher import Teacher, dense_teacher, sparse_teacher, topk_from_logits
+from eaglekit.train.optim import load_optimizer_tensors, lr_at, make_optimizer, optimizer_tensors
+from eaglekit.train.ttt import (STATS, counted_positions, metrics_from_stats, step_counts, ttt_attention,
+                                ttt_loss, ttt_unroll)
+from tiny import tiny_config
+
+torch.set_num_threads(1)
+
+
+def make_draft(arch="llama", vocab=120, seed=0):
+    cfg = DraftConfig.for_target(tiny_config(arch), aux_layer_ids=[1, 3, 5], draft_vocab_size=vocab)
+    torch.manual_seed(seed)
+    draft = Eagle3Draft(cfg).eval()
+    ids = torch.sort(torch.randperm(cfg.vocab_size)[:vocab]).values
+    DraftVocab(draft_ids=ids, vocab_size=cfg.vocab_size).apply_to(draft)
+    return draft
+
+
+@torch.no_grad()
+def naive_chains(draft, aux, input_ids, steps):
+    """Serve each position separately: catch up on the true prefix, then draft `steps` tokens with a KV cache.
+
+    The drafted tokens are replaced by the ground-truth ones (as TTT does), so logits must agree exactly.
+    """
+    B, T = input_ids.shape
+    fused = draft.fuse(aux[:, :-1])
+    tokens = input_ids[:, 1:]
+    L = T - 1
+    out = {}
+    for t in range(L):
+        logits, hidden, kv = draft(tokens[:, :t + 1], fused[:, :t + 1])   # true prefix 0..t
+        out[(0, t)] = logits[:, t]
+        h = hidden[:, t:t + 1]
+        for j in range(1, steps):
+            if t + j >= L:
+                break
+            logits, h, kv = draft(tokens[:, t + j:t + j + 1], h, position_ids=torch.full((B, 1), t + j), past_kv=kv)
+            out[(j, t)] = logits[:, 0]
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma", "deepseek_v3"])
+def test_ttt_unroll_equals_naive_per_position_serving(arch):
+    draft = make_draft(arch)
+    B, T, steps = 2, 10, 4
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 300, (B, T), generator=g)
+    aux = torch.randn(B, T, draft.config.fused_width, generator=g)
+    with torch.no_grad():
+        logits = ttt_unroll(draft, aux, ids, steps)
+    ref = naive_chains(draft, aux, ids, steps)
+    assert [tuple(x.shape) for x in logits] == [(B, T - 1, draft.config.draft_vocab_size)] * steps
+    for (j, t), expected in ref.items():
+        torch.testing.assert_close(logits[j][:, t], expected, atol=2e-5, rtol=1e-4)
+    assert len(ref) == sum(T - 1 - j for j in range(steps))
+
+
+def test_ttt_attention_sees_only_prefix_and_own_chain():
+    """Changing another position's chain or a later prefix key never changes a position's output."""
+    g = torch.Generator().manual_seed(0)
+    B, nh, nkv, L, hd, j = 1, 4, 2, 6, 8, 3
+    q = torch.randn(B, nh, L, hd, generator=g)
+    k0, v0 = torch.randn(B, nkv, L, hd, generator=g), torch.randn(B, nkv, L, hd, generator=g)
+    dk = [torch.randn(B, nkv, L, hd, generator=g) for _ in range(j)]
+    dv = [torch.randn(B, nkv, L, hd, generator=g) for _ in range(j)]
+    base = ttt_attention(q, k0, v0, dk, dv)
+    t = 2
+    k0b, v0b = k0.clone(), v0.clone()
+    k0b[:, :, t + 1:] += 5.0   # later prefix positions
+    v0b[:, :, t + 1:] += 5.0
+    dkb = [x.clone() for x in dk]
+    dvb = [x.clone() for x in dv]
+    for x in dkb + dvb:
+        x[:, :, t + 1] += 5.0   # another position's chain
+    other = ttt_attention(q, k0b, v0b, dkb, dvb)
+    torch.testing.assert_close(other[:, :, t], base[:, :, t])
+    # ... but its own chain does matter
+    dk_own = [x.clone() for x in dk]
+    dk_own[0][:, :, t] += 5.0
+    assert not torch.allclose(ttt_attention(q, k0, v0, dk_own, dv)[:, :, t], base[:, :, t])
+
+
+def test_counted_positions_need_assistant_input_and_target():
+    mask = torch.tensor([[0, 0, 1, 1, 1, 0, 1, 1]], dtype=torch.bool)
+    assert counted_positions(mask).int().tolist() == [[0, 0, 1, 1, 0, 0, 1, 0]]
+    counts = step_counts(mask, 3)
+    # step j counts raw positions 1+j.. : step 0 -> [0,1,1,0,0,1,0] = 3, step 1 -> 3, step 2 -> 2
+    assert counts.tolist() == [3.0, 3.0, 2.0]
+
+
+def test_metrics_simulated_accept_length():
+    # 10 positions; step 0 correct on 8; of those, step 1 correct on 4; step 2 on 2 of those 4.
+    stats = torch.zeros(3, len(STATS), dtype=torch.float64)
+    col = {n: i for i, n in enumerate(STATS)}
+    stats[:, col["valid"]] = 10
+    stats[:, col["correct"]] = torch.tensor([8, 5, 6.0])
+    stats[:, col["chain"]] = torch.tensor([8, 4, 2.0])
+    stats[:, col["chain_prev"]] = torch.tensor([10, 8, 4.0])
+    m = metrics_from_stats(stats)
+    assert m["acc"] == [0.8, 0.5, 0.6]
+    assert m["cond_acc"] == [0.8, 0.5, 0.5]
+    assert math.isclose(m["sim_accept_length"], 1 + 0.8 + 0.4 + 0.2)
+
+
+def batch_for(draft, T=9, B=2, seed=0, teacher_kind="dense", k=None):
+    g = torch.Generator().manual_seed(seed)
+    V = draft.config.vocab_size
+    ids = torch.randint(3, 300, (B, T), generator=g)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[:, :3] = False
+    logits = torch.randn(B, T, V, generator=g) * 3
+    if teacher_kind == "dense":
+        teacher = dense_teacher(logits, draft.t2d.nonzero().squeeze(1))
+    else:
+        tids, tlogp = topk_from_logits(logits.view(-1, V), k)
+        vocab = DraftVocab(draft_ids=draft.t2d.nonzero().squeeze(1), vocab_size=V)
+        teacher = sparse_teacher(tids.view(B, T, k), tlogp.view(B, T, k), vocab.target_to_draft)
+    aux = torch.randn(B, T, draft.config.fused_width, generator=g)
+    return Batch(ids, mask, aux, teacher, torch.full((B,), T)), logits
+
+
+def test_loss_is_weighted_soft_ce_over_counted_in_vocab_positions():
+    draft = make_draft()
+    batch, logits_t = batch_for(draft)
+    steps = 3
+    with torch.no_grad():
+        logits = ttt_unroll(draft, batch.aux, batch.input_ids, steps)
+    den = step_counts(batch.loss_mask, steps)
+    out = ttt_loss(logits, batch, draft.d2t, draft.t2d, weights=[1.0, 0.8, 0.64], denominators=den)
+    draft_ids = draft.t2d.nonzero().squeeze(1)
+    expected = 0.0
+    counted = counted_positions(batch.loss_mask)
+    for j in range(steps):
+        total = 0.0
+        for b in range(2):
+            for t in range(9 - 1 - j):
+                s = t + 1 + j
+                if not counted[b, s] or not draft.t2d[logits_t[b, s].argmax()]:
+                    continue
+                p = logits_t[b, s, draft_ids].softmax(-1)
+                total += -(p * logits[j][b, t].log_softmax(-1)).sum()
+        expected += 0.8 ** j * total / den[j]
+    torch.testing.assert_close(out.loss, torch.as_tensor(expected, dtype=torch.float32), rtol=1e-4, atol=1e-5)
+
+
+def test_sparse_teacher_with_full_topk_equals_dense():
+    draft = make_draft()
+    V = draft.config.vocab_size
+    dense, _ = batch_for(draft, teacher_kind="dense")
+    sparse, _ = batch_for(draft, teacher_kind="sparse", k=V)
+    with torch.no_grad():
+        logits = ttt_unroll(draft, dense.aux, dense.input_ids, 2)
+    den = step_counts(dense.loss_mask, 2)
+    a = ttt_loss(logits, dense, draft.d2t, draft.t2d, weights=[1, 0.8], denominators=den)
+    b = ttt_loss(logits, sparse, draft.d2t, draft.t2d, weights=[1, 0.8], denominators=den)
+    torch.testing.assert_close(a.loss, b.loss, rtol=2e-3, atol=1e-4)   # float16 log-probs
+    torch.testing.assert_close(a.stats, b.stats, rtol=2e-3, atol=1e-3)
+
+
+def test_oov_positions_get_no_loss_but_count_as_misses():
+    draft = make_draft(vocab=40)
+    V = draft.config.vocab_size
+    B, T = 1, 6
+    oov = int((~draft.t2d).nonzero()[0])
+    logits_t = torch.zeros(B, T, V)
+    logits_t[..., oov] = 20.0          # the target always picks a token the draft cannot propose
+    teacher = dense_teacher(logits_t, draft.t2d.nonzero().squeeze(1))
+    batch = Batch(torch.randint(3, 300, (B, T)), torch.ones(B, T, dtype=torch.bool),
+                  torch.randn(B, T, draft.config.fused_width), teacher, torch.tensor([T]))
+    logits = ttt_unroll(draft, batch.aux, batch.input_ids, 2)
+    out = ttt_loss(logits, batch, draft.d2t, draft.t2d, weights=[1, 0.8], denominators=step_counts(batch.loss_mask, 2))
+    assert float(out.loss.detach()) == 0.0
+    m = metrics_from_stats(out.stats)
+    assert m["acc"] == [0.0, 0.0] and m["positions"] == T - 2 and m["oov_share"] == 1.0
+    assert m["sim_accept_length"] == 1.0
+
+
+def test_topk_teacher_keeps_exact_argmax_and_log_probs():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(7, 50, generator=g) * 4
+    ids, logp = topk_from_logits(logits, 5, chunk_tokens=3)
+    assert ids.dtype == torch.int32 and logp.dtype == torch.float16
+    assert torch.equal(ids[:, 0].long(), logits.argmax(-1))
+    ref = logits.log_softmax(-1).gather(-1, ids.long())
+    torch.testing.assert_close(logp.float(), ref, atol=2e-2, rtol=1e-3)
+
+
+def test_lr_schedule_warmup_and_decay():
+    kw = dict(lr=1.0, warmup_steps=4, total_steps=14, min_lr_ratio=0.1)
+    assert [lr_at(s, **kw) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_at(13, **kw, schedule="cosine") > 0.1 and lr_at(14, **kw, schedule="cosine") == pytest.approx(0.1)
+    assert lr_at(9, **kw, schedule="linear") == pytest.approx(0.1 + 0.9 * 0.5)
+
+
+def test_optimizer_state_round_trips_exactly_without_pickle():
+    draft = make_draft()
+    names = [n for n, p in draft.named_parameters() if p.requires_grad]
+    params = dict(draft.named_parameters())
+    opt = make_optimizer([(n, params[n]) for n in names], lr=1e-3, weight_decay=0.01, betas=(0.9, 0.95))
+    batch, _ = batch_for(draft)
+    for _ in range(2):
+        logits = ttt_unroll(draft, batch.aux, batch.input_ids, 2)
+        ttt_loss(logits, batch, draft.d2t, draft.t2d, weights=[1, 0.8],
+                 denominators=step_counts(batch.loss_mask, 2)).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    tensors, meta = optimizer_tensors(opt, names)
+    assert all(isinstance(v, torch.Tensor) for v in tensors.values())
+    opt2 = make_optimizer([(n, params[n]) for n in names], lr=5.0, weight_decay=0.0, betas=(0.5, 0.5))
+    load_optimizer_tensors(opt2, tensors, meta, names)
+    a, b = opt.state_dict(), opt2.state_dict()
+    assert a["param_groups"] == b["param_groups"]
+    for i in a["state"]:
+        for key in a["state"][i]:
+            assert torch.equal(a["state"][i][key], b["state"][i][key])
