@@ -1,0 +1,117 @@
+"""Magpie synthesis: the pre-query template derived from several chat templates, and SmolLM2 writing
+its own prompts (sampled, deduplicated, topping up a small prompt set)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from eaglekit.cli import main
+from eaglekit.data.magpie import SENTINEL, pre_query_template
+from eaglekit.data.prompts import build_prompts
+from eaglekit.data.readers import SourceSpec
+from eaglekit.errors import EaglekitError
+
+LLAMA3 = ("{{ '<|begin_of_text|>' }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\n\n'"
+          " + m['content'] | trim + '<|eot_id|>' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
+GEMMA = ("{{ '<bos>' }}{% for m in messages %}{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role'])"
+         " + '\n' + m['content'] + '<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}"
+         "{{ '<start_of_turn>model\n' }}{% endif %}")
+MISTRAL = ("{{ '<s>' }}{% for m in messages %}{% if m['role'] == 'user' %}{{ '[INST] ' + m['content'] + ' [/INST]' }}"
+           "{% else %}{{ m['content'] + '</s>' }}{% endif %}{% endfor %}")
+# SmolLM2-style: a default system prompt when none is given.
+CHATML_DEFAULT_SYSTEM = ("{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are helpful.<|im_end|>\n' }}"
+                         "{% endif %}{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + "
+                         "'<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+NO_END = "{% for m in messages %}{{ 'User: ' + m['content'] + '\n' }}{% endfor %}"
+
+
+@pytest.fixture
+def tok(tiny_tok):
+    import copy
+
+    tok = copy.deepcopy(tiny_tok)
+    tok.add_special_tokens({"additional_special_tokens": [
+        "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<bos>", "<start_of_turn>",
+        "<end_of_turn>", "<s>", "</s>", "[INST]", "[/INST]"]})
+    return tok
+
+
+@pytest.mark.parametrize("template, system, prefix, end", [
+    (None, None, "<|im_start|>user\n", "<|im_end|>"),
+    (None, "Be brief.", "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n", "<|im_end|>"),
+    (CHATML_DEFAULT_SYSTEM, None, "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\n", "<|im_end|>"),
+    (LLAMA3, None, "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n", "<|eot_id|>"),
+    (GEMMA, None, "<bos><start_of_turn>user\n", "<end_of_turn>"),
+    (MISTRAL, None, "<s>[INST] ", "[/INST]"),
+])
+def test_pre_query_template_is_cut_from_the_chat_template(tok, template, system, prefix, end):
+    if template:
+        tok.chat_template = template
+    pre = pre_query_template(tok, system)
+    assert (pre.text, pre.end_of_turn) == (prefix, end)
+    assert pre.end_of_turn_id == tok.convert_tokens_to_ids(end) and SENTINEL not in pre.text
+
+
+def test_a_template_without_an_end_of_turn_token_is_refused(tok):
+    tok.chat_template = NO_END
+    with pytest.raises(EaglekitError, match="no special token ends the user's turn"):
+        pre_query_template(tok)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One torch thread: on a shared 2-core machine two threads spin against each other."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def synth(smollm2_dir, out, *extra: str) -> int:
+    return main(["prompts", "synthesize", "--target", str(smollm2_dir), "--out", str(out), "--batch-size", "8",
+                 "--max-new-tokens", "48", "--validation-fraction", "0.25", *extra])
+
+
+def rows(folder) -> dict[str, list[dict]]:
+    return {s: [json.loads(x) for x in (folder / f"{s}.jsonl").read_text().splitlines()] for s in ("train", "validation")}
+
+
+@pytest.mark.slow
+def test_smollm2_writes_its_own_prompts(tmp_path, smollm2_dir):
+    out = tmp_path / "synth"
+    assert synth(smollm2_dir, out, "--num-prompts", "5", "--temperature", "1.0", "--seed", "1") == 0
+    found = rows(out)
+    prompts = found["train"] + found["validation"]
+    assert len(prompts) == 5 and len({p["turns"][0].lower() for p in prompts}) == 5
+    assert all(p["source"] == "magpie" and len(p["turns"][0]) >= 10 and "<|im_" not in p["turns"][0] for p in prompts)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["stage"] == "prompts" and manifest["synthesized_by"]["architecture"] == "LlamaForCausalLM"
+    assert manifest["config"]["pre_query_template"].endswith("<|im_start|>user\n")
+    assert manifest["config"]["end_of_turn"] == "<|im_end|>"
+    assert manifest["counts"]["synthesis"]["synthesized"] == 5
+
+    # Greedy sampling writes the same question every time: deduplication keeps one, and the
+    # shortfall is reported (exit status 1), not hidden.
+    greedy = tmp_path / "greedy"
+    assert synth(smollm2_dir, greedy, "--num-prompts", "3", "--temperature", "0", "--max-attempts", "8") == 1
+    counts = json.loads((greedy / "manifest.json").read_text())["counts"]["synthesis"]
+    assert counts["synthesized"] == 1 and counts["duplicates"] + counts["unfinished"] + counts["too_short"] == 7
+
+    # Topping up: the existing prompts stay (in their splits) and new ones fill up to the count.
+    src = tmp_path / "few.jsonl"
+    src.write_text("".join(json.dumps({"id": f"s{i}", "turns": [f"Seed question number {i}?"]}) + "\n" for i in range(3)))
+    build_prompts([SourceSpec.parse(str(src))], tmp_path / "few", validation_fraction=0.25)
+    before = rows(tmp_path / "few")
+    topped = tmp_path / "topped"
+    assert synth(smollm2_dir, topped, "--num-prompts", "6", "--top-up", str(tmp_path / "few"), "--seed", "2") == 0
+    after = rows(topped)
+    for split in ("train", "validation"):
+        assert after[split][: len(before[split])] == before[split]
+    new = [p for s in after.values() for p in s if p["source"] == "magpie"]
+    assert len(new) == 3 and len(after["train"]) + len(after["validation"]) == 6
+    assert main(["prompts", "synthesize", "--target", str(smollm2_dir), "--out", str(tmp_path / "x"),
+                 "--num-prompts", "2", "--top-up", str(tmp_path / "few")]) == 2
