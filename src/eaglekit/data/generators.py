@@ -144,6 +144,12 @@ class EngineGenerator:
         self._decoder, self.max_len, self.builds = None, 0, 0
         torch.manual_seed(sampling.seed)
 
+    def prepare(self, max_prompt_tokens: int, max_new_tokens: int) -> float:
+        """Build (compile, capture) the decoder for prompts up to this length now; returns seconds."""
+        start = time.perf_counter()
+        self._decoder_for(max_prompt_tokens + max_new_tokens)
+        return time.perf_counter() - start
+
     def _decoder_for(self, needed: int):
         if self._decoder is None or needed > self.max_len:
             from eaglekit.engine.batch import BatchDecoder
