@@ -1,0 +1,27 @@
+"""`eaglekit run`: the whole pipeline from one recipe."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="the whole pipeline: prompts -> answers -> draft -> export -> doctor -> bench",
+                       description="Run every stage of a recipe into one folder. Rerun the same command to resume.")
+    p.add_argument("--recipe", default="quick", help="a built-in recipe name or a YAML file (default: quick)")
+    p.add_argument("--out", help="run folder (default: runs/<recipe name>)")
+    p.add_argument("overrides", nargs="*", metavar="SECTION.KEY=VALUE",
+                   help="override recipe values, e.g. train.epochs=3 generate.batch-size=64")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from eaglekit.pipeline.recipe import load_recipe
+    from eaglekit.pipeline.run import run_pipeline
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    state = run_pipeline(recipe, args.out)
+    for name, stage in state["stages"].items():
+        print(f"{name:<14} {stage['status']:<8} {stage['seconds']:>8.1f} s  exit {stage['exit_code']}")
+    return 0

@@ -1,0 +1,81 @@
+"""Recipes: a YAML file of stage sections, plus dotted `section.key=value` overrides.
+
+A section's keys are the flags of that stage's subcommand (`eaglekit <stage> --help`), spelled
+as in the CLI without the dashes, so a recipe never invents a second vocabulary:
+
+    target: smollm2
+    generate: {max-new-tokens: 256, batch-size: 64}
+    train: {ttt-steps: 7, epochs: 2}
+
+Built-in recipes live beside this file (`eaglekit run --recipe quick`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from eaglekit.errors import EaglekitError
+
+BUILTIN = Path(__file__).parent / "recipes"
+SECTIONS = ("prompts", "generate", "train", "export", "doctor", "bench")
+
+
+def builtin_recipes() -> list[str]:
+    return sorted(p.stem for p in BUILTIN.glob("*.yaml"))
+
+
+def load_recipe(name_or_path: str, overrides: list[str] = ()) -> dict:
+    """Read a recipe (a built-in name or a YAML path) and apply `a.b=value` overrides."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = BUILTIN / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise EaglekitError(f"no recipe {name_or_path!r}",
+                            hint=f"pass a YAML file or one of the built-in recipes: {', '.join(builtin_recipes())}")
+    try:
+        recipe = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise EaglekitError(f"recipe {path} is not valid YAML: {err}", hint="fix the file") from err
+    if not isinstance(recipe, dict):
+        raise EaglekitError(f"recipe {path} must be a mapping of sections", hint="see the built-in recipes")
+    for override in overrides:
+        apply_override(recipe, override)
+    unknown = set(recipe) - set(SECTIONS) - {"name", "target", "out", "device"}
+    if unknown:
+        raise EaglekitError(f"recipe has unknown sections {sorted(unknown)}",
+                            hint=f"sections are {', '.join(SECTIONS)} (plus name, target, out, device)")
+    recipe["_path"] = str(path)
+    return recipe
+
+
+def apply_override(recipe: dict, override: str) -> None:
+    """`train.epochs=3` sets recipe["train"]["epochs"] = 3 (value parsed as YAML)."""
+    key, sep, raw = override.partition("=")
+    if not sep or not key:
+        raise EaglekitError(f"override {override!r} is not key=value", hint="e.g. train.epochs=3")
+    node = recipe
+    *parents, leaf = key.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise EaglekitError(f"override {override!r}: {part} is not a section", hint="check the recipe")
+    node[leaf] = yaml.safe_load(raw)
+
+
+def to_flags(section: dict | None, *, skip: tuple[str, ...] = ()) -> list[str]:
+    """{"max-new-tokens": 64, "overwrite": true, "source": [a, b]} -> CLI flags."""
+    flags: list[str] = []
+    for key, value in (section or {}).items():
+        if key in skip or value is None or value is False:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif isinstance(value, list):
+            for item in value:
+                flags += [flag, str(item)]
+        else:
+            flags += [flag, str(value)]
+    return flags

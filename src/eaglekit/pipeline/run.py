@@ -1,0 +1,110 @@
+"""Chain the stages of a recipe into one run folder, resuming where an earlier run stopped.
+
+    runs/<name>/
+      target/        the target as a plain HF folder (loads in seconds; vLLM can serve it)
+      prompts/       `eaglekit prompts build|synthesize`
+      conversations/ `eaglekit generate`
+      draft/         `eaglekit train` (the best checkpoint + trainer state)
+      export/<fmt>/  `eaglekit export`
+      doctor/        `eaglekit doctor --json` on the vLLM export, with the live probe
+      bench/         `eaglekit bench`
+      pipeline.json  which stages finished, with the exact command of each
+
+Each stage runs through its own subcommand (the same code path as running it alone). A stage
+recorded as finished with the same command is skipped; a stage that was interrupted is run again
+with its own resume (generate resumes by itself, train gets --resume).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+import time
+from pathlib import Path
+
+from eaglekit.artifacts import read_json, write_json
+from eaglekit.errors import EaglekitError
+from eaglekit.pipeline.recipe import to_flags
+
+log = logging.getLogger(__name__)
+STATE = "pipeline.json"
+
+
+class Pipeline:
+    def __init__(self, recipe: dict, out: Path):
+        self.recipe = recipe
+        self.out = out
+        self.state_path = out / STATE
+        self.state = read_json(self.state_path, "pipeline state") if self.state_path.is_file() else {"stages": {}}
+
+    def stage(self, name: str, argv: list[str], *, resume_flag: str | None = None, ok_codes=(0,)) -> int:
+        """Run `eaglekit <argv>` unless it already finished with this exact command."""
+        from eaglekit.cli import main
+
+        done = self.state["stages"].get(name)
+        if done and done["argv"] == argv and done["status"] == "done":
+            log.info("[%s] done earlier, skipped (%s)", name, shlex.join(["eaglekit", *argv]))
+            return done["exit_code"]
+        if done and done["argv"] == argv and resume_flag:
+            argv = argv + [resume_flag]
+        log.info("[%s] %s", name, shlex.join(["eaglekit", *argv]))
+        self.record(name, argv, "running", None, 0.0)
+        start = time.time()
+        code = main(argv)
+        seconds = round(time.time() - start, 1)
+        if code not in ok_codes:
+            self.record(name, argv, "failed", code, seconds)
+            raise EaglekitError(f"stage {name} failed (exit {code}): {shlex.join(['eaglekit', *argv])}",
+                                hint=f"fix the cause and rerun `eaglekit run`; finished stages are skipped")
+        self.record(name, argv[:-1] if argv[-1:] == [resume_flag] else argv, "done", code, seconds)
+        return code
+
+    def record(self, name: str, argv: list[str], status: str, code: int | None, seconds: float) -> None:
+        self.state["stages"][name] = {"argv": argv, "status": status, "exit_code": code, "seconds": seconds}
+        write_json(self.state_path, self.state)
+
+
+def run_pipeline(recipe: dict, out: str | Path | None = None) -> dict:
+    """Run every stage of `recipe` into `out` (default runs/<recipe name>). Returns pipeline.json."""
+    out = Path(out or recipe.get("out") or Path("runs") / recipe.get("name", "run"))
+    out.mkdir(parents=True, exist_ok=True)
+    pipe = Pipeline(recipe, out)
+    device = recipe.get("device")
+    dev = ["--device", str(device)] if device else []
+
+    target = out / "target"
+    pipe.stage("target", ["target", "prepare", "--target", str(recipe.get("target", "smollm2")),
+                          "--out", str(target), "--overwrite"])
+    t = ["--target", str(target)]
+
+    prompts = dict(recipe.get("prompts") or {})
+    if prompts.get("source"):
+        pipe.stage("prompts", ["prompts", "build", *to_flags(prompts), "--out", str(out / "prompts"), "--overwrite"])
+    else:
+        pipe.stage("prompts", ["prompts", "synthesize", *t, *to_flags(prompts), *dev,
+                               "--out", str(out / "prompts"), "--overwrite"])
+
+    pipe.stage("generate", ["generate", "--prompts", str(out / "prompts"), *t,
+                            *to_flags(recipe.get("generate")), *dev, "--out", str(out / "conversations")])
+
+    draft = out / "draft"
+    pipe.stage("train", ["train", *t, "--data", str(out / "conversations"), *to_flags(recipe.get("train")), *dev,
+                         "--out", str(draft)], resume_flag="--resume")
+
+    export = dict(recipe.get("export") or {})
+    formats = export.pop("formats", ["sglang", "vllm", "eagle"])
+    for fmt in formats:
+        pipe.stage(f"export-{fmt}", ["export", str(draft), "--format", fmt, *t, *to_flags(export),
+                                     "--out", str(out / "export" / fmt), "--overwrite"])
+
+    doctor = dict(recipe.get("doctor") or {})
+    engine = doctor.pop("engine", "vllm")
+    pipe.stage("doctor", ["doctor", str(out / "export" / engine), *t, "--engine", engine, *to_flags(doctor),
+                          "--out", str(out / "doctor")], ok_codes=(0, 1))
+
+    bench = recipe.get("bench")
+    if bench:
+        pipe.stage("bench", ["bench", *t, "--draft", str(draft), *to_flags(bench), *dev,
+                             "--out", str(out / "bench")])
+    return pipe.state
