@@ -16,6 +16,7 @@ from eaglekit.errors import EaglekitError
 
 STAGE_CLIS = (
     "eaglekit.target.cli",
+    "eaglekit.pipeline.cli",
     "eaglekit.draft.cli",
     "eaglekit.features.cli",
     "eaglekit.train.cli",
