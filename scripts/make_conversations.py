@@ -50,7 +50,6 @@ def synthesize_prompts(n: int, seed: int = 0) -> list[str]:
     return pool[:n]
 
 
-@torch.no_grad()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="smollm2")
@@ -61,27 +60,34 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    generate(args.target, Path(args.out), num=args.num, max_new_tokens=args.max_new_tokens, batch=args.batch,
+             device=args.device, seed=args.seed)
 
+
+@torch.no_grad()
+def generate(target_spec: str, out: Path, *, num: int, max_new_tokens: int, batch: int, device: str = "auto",
+             seed: int = 0) -> Path:
+    """Answer `num` synthesized prompts greedily with the target; write a generate-style folder."""
     from eaglekit.artifacts import write_manifest
     from eaglekit.target.chat import prompt_ids
     from eaglekit.target.load import load_target
 
-    device = "cuda" if args.device == "auto" and torch.cuda.is_available() else ("cpu" if args.device == "auto" else args.device)
-    target = load_target(args.target, device=device)
+    device = "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
+    target = load_target(target_spec, device=device)
     tok = target.tokenizer
     stops = sorted(set(target.stop_token_ids))
     pad = tok.pad_token_id if tok.pad_token_id is not None else stops[0]
-    out = Path(args.out)
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    prompts = synthesize_prompts(args.num, args.seed)
+    prompts = synthesize_prompts(num, seed)
     rows, started, new_tokens = [], time.perf_counter(), 0
-    for start in range(0, len(prompts), args.batch):
-        chunk = prompts[start:start + args.batch]
+    for start in range(0, len(prompts), batch):
+        chunk = prompts[start:start + batch]
         ids = [prompt_ids(tok, [{"role": "user", "content": p}]) for p in chunk]
         width = max(len(x) for x in ids)
         input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids], device=device)
         mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=device)
-        gen = target.model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=args.max_new_tokens,
+        gen = target.model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new_tokens,
                                     do_sample=False, pad_token_id=pad, eos_token_id=stops)
         for i, prompt in enumerate(chunk):
             new = gen[i, width:].tolist()
@@ -94,10 +100,11 @@ def main() -> None:
         print(f"{start + len(chunk)}/{len(prompts)} prompts, {new_tokens / (time.perf_counter() - started):.1f} new tok/s",
               flush=True)
     (out / "conversations-00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    write_manifest(out, stage="generate", config={"max_new_tokens": args.max_new_tokens, "greedy": True,
+    write_manifest(out, stage="generate", config={"max_new_tokens": max_new_tokens, "greedy": True,
                                                   "prompts": "synthesized from templates (scripts/make_conversations.py)"},
                    target=target.fingerprint(), counts={"conversations": len(rows), "new_tokens": new_tokens})
     print(f"wrote {len(rows)} conversations to {out}")
+    return out
 
 
 if __name__ == "__main__":

@@ -57,7 +57,17 @@ class OfflineSource:
                       loss_mask=pad_stack([r["loss_mask"] for r in rows], T, False),
                       aux=pad_stack([r["aux"] for r in rows], T), teacher=teacher,
                       lengths=torch.tensor([r["input_ids"].numel() for r in rows]))
+        if device.type == "cuda":
+            batch = pin(batch)
         return batch.to(device)
+
+
+def pin(batch: Batch) -> Batch:
+    """Page-locked copies, so the host-to-GPU copy runs asynchronously."""
+    t = batch.teacher
+    return Batch(batch.input_ids.pin_memory(), batch.loss_mask.pin_memory(), batch.aux.pin_memory(),
+                 type(t)(t.argmax.pin_memory(), t.probs.pin_memory(), None if t.index is None else t.index.pin_memory()),
+                 batch.lengths.pin_memory())
 
 
 class OnlineSource:

@@ -44,6 +44,19 @@ class TTTModel(nn.Module):
         return ttt_unroll(self.draft, aux, input_ids, self.ttt_steps)
 
 
+def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
+    """DDP without per-forward buffer syncing (d2t/t2d/rotary are identical on every rank)."""
+    import inspect
+
+    ddp = nn.parallel.DistributedDataParallel
+    kwargs = {"device_ids": [device.index] if device.type == "cuda" else None}
+    if "forward_sync_buffers" in inspect.signature(ddp.__init__).parameters:
+        kwargs["forward_sync_buffers"] = False
+    else:
+        kwargs["broadcast_buffers"] = False
+    return ddp(model, **kwargs)
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
@@ -57,9 +70,7 @@ class Trainer:
         self.draft = self.run.draft.to(self.device)
         self.model = TTTModel(self.draft, cfg.ttt_steps)
         if self.dist.enabled:
-            self.model = nn.parallel.DistributedDataParallel(
-                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                broadcast_buffers=False)
+            self.model = wrap_ddp(self.model, self.device)
         self.names = [n for n, p in self.draft.named_parameters() if p.requires_grad]
         params = dict(self.draft.named_parameters())
         self.optimizer = make_optimizer([(n, params[n]) for n in self.names], lr=cfg.lr,
@@ -71,6 +82,13 @@ class Trainer:
         self.best: dict | None = None
         self.history: list[dict] = []
         self.weights = cfg.step_weights()
+        # Offline batches are CPU work (reading shards, mapping the teacher): overlap it with the GPU.
+        self.prefetch = not cfg.online and self.device.type == "cuda"
+        self.pending: dict = {}
+        if self.prefetch:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self.pool = ThreadPoolExecutor(max_workers=1)
         if cfg.resume:
             self.restore()
 
@@ -117,11 +135,24 @@ class Trainer:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    def load_batches(self, step: int):
+        _, micro = self.plan.micro_batches(step, self.dist.rank)
+        return [self.run.train.batch(indices, self.device) for indices in micro]
+
+    def batches_of(self, step: int):
+        """This rank's batches of `step`; offline ones are read one step ahead in a thread (pure, so resume is exact)."""
+        if not self.prefetch:
+            return self.load_batches(step)
+        pending = self.pending.pop(step, None)
+        batches = pending.result() if pending is not None else self.load_batches(step)
+        if step + 1 < self.total_steps:
+            self.pending = {step + 1: self.pool.submit(self.load_batches, step + 1)}
+        return batches
+
     def train_step(self) -> tuple[torch.Tensor, float, int]:
         """Forward/backward over this rank's micro-batches; returns (stats, grad norm, tokens)."""
         cfg = self.cfg
-        _, micro = self.plan.micro_batches(self.step, self.dist.rank)
-        batches = [self.run.train.batch(indices, self.device) for indices in micro]
+        batches = self.batches_of(self.step)
         denominators = sum(step_counts(b.loss_mask, cfg.ttt_steps) for b in batches)
         self.dist.all_reduce(denominators)
         stats = torch.zeros(cfg.ttt_steps, len(STATS), dtype=torch.float64, device=self.device)
@@ -225,9 +256,11 @@ class Trainer:
                     elapsed = time.perf_counter() - window_start
                     train_metrics = metrics_from_stats(counts[:-1].view_as(window))
                     tok_s = float(counts[-1]) / max(elapsed, 1e-9)
+                    memory = ({"max_mem_gib": round(torch.cuda.max_memory_allocated(self.device) / 2**30, 2)}
+                              if self.device.type == "cuda" else {})
                     tracker.event("train", self.step, lr=self.optimizer.param_groups[0]["lr"], grad_norm=grad_norm,
                                   tokens_per_s=round(tok_s, 1), elapsed_s=round(time.perf_counter() - started, 2),
-                                  **train_metrics)
+                                  **memory, **train_metrics)
                     tracker.progress(0, tok_s=f"{tok_s:.0f}", acc0=f"{train_metrics['acc'][0]:.3f}",
                                      tau=f"{train_metrics['sim_accept_length']:.2f}")
                     window.zero_()
@@ -260,6 +293,8 @@ class Trainer:
             manifest = self.write_manifest(final=True, train_metrics=train_metrics) if main else {}
         finally:
             tracker.close()
+            if self.prefetch:
+                self.pool.shutdown(wait=True, cancel_futures=True)
         self.dist.barrier()
         self.dist.close()
         return manifest
