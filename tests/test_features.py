@@ -59,6 +59,7 @@ def test_store_holds_what_the_target_computes(target, samples, store_dir):
     assert manifest["complete"] and manifest["counts"]["samples"] == len(samples) == len(store)
     assert manifest["counts"]["shards"] == len(plan_shards([s.length for s in samples], 400)) > 1
     assert manifest["counts"]["bytes_per_token"] > 0 and manifest["counts"]["baseline_bytes_per_token"] == 8 * 64
+    assert 0 < manifest["counts"]["teacher_topk_mass"] <= 1.0 + 1e-3
     for i in (0, 7, len(samples) - 1):
         row = store.sample(i)
         s = samples[i]
@@ -181,3 +182,24 @@ def test_unfinished_generate_folder_is_refused(tmp_path):
     write_jsonl(tmp_path / "conv" / "conversations-00000.jsonl", text_rows(2))
     with pytest.raises(EaglekitError, match="has no manifest.json"):
         read_conversations(tmp_path / "conv")
+
+
+def test_features_and_vocab_cli(tiny_target_dir, tmp_path, capsys):
+    from eaglekit.cli import main
+
+    data = write_jsonl(tmp_path / "conv.jsonl", text_rows(10))
+    args = ["features", "--target", str(tiny_target_dir), "--data", str(data), "--out", str(tmp_path / "f"),
+            "--aux-layer-ids", "1,3,4", "--teacher-topk", "4", "--shard-tokens", "300", "--device-map", "auto",
+            "--no-progress"]
+    assert main(args) == 0
+    assert "bytes/token" in capsys.readouterr().out
+    assert main(args) == 0                      # a finished store is reused as it is
+    vocab_args = ["vocab", "--target", str(tiny_target_dir), "--features", str(tmp_path / "f"),
+                  "--draft-vocab-size", "300", "--out", str(tmp_path / "v")]
+    assert main(vocab_args) == 2
+    assert "distinct assistant tokens" in capsys.readouterr().err
+    assert main(vocab_args + ["--allow-smaller-vocab"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["coverage"] == 1.0 and summary["draft_vocab_size"] < 300
+    assert (tmp_path / "v" / "vocab.safetensors").is_file()
+    assert json.loads((tmp_path / "v" / "manifest.json").read_text())["stage"] == "vocab"

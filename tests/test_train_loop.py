@@ -92,10 +92,17 @@ def test_offline_run_writes_a_loadable_draft_and_learns(data, tmp_path):
     assert train_lines[-1]["ce"][0] < train_lines[0]["ce"][0]
 
 
-def test_online_run_from_conversations(data, tmp_path):
-    manifest = train(config(data, tmp_path / "run", features=None, data=data["conv"], max_steps=4, val_every=4))
+def test_online_run_from_conversations_with_a_given_vocab(data, tmp_path):
+    from eaglekit.draft.vocab import DraftVocab
+
+    ids = torch.tensor(sorted({2, *range(40, 140)}))
+    DraftVocab(draft_ids=ids, vocab_size=384).save(tmp_path / "vocab")
+    manifest = train(config(data, tmp_path / "run", features=None, data=data["conv"], max_steps=4, val_every=4,
+                            vocab=str(tmp_path / "vocab")))
     assert manifest["complete"] and manifest["inputs"]["data"]["conversations"] == 60
     assert manifest["best"]["step"] == 4
+    assert manifest["draft_vocab"]["draft_vocab_size"] == len(ids)
+    assert torch.equal(load_draft(tmp_path / "run").draft_to_target(torch.arange(len(ids))), ids)
 
 
 def final_weights(out: Path) -> dict[str, torch.Tensor]:

@@ -146,7 +146,7 @@ def capture_features(target, samples: list[Sample], out: str | Path, *, aux_laye
     write_manifest(out, stage="features", config=resolved, target=fingerprint, inputs=inputs, counts=counts,
                    extra={"complete": False})
     model = target.model
-    device = target.device
+    device = model.get_input_embeddings().weight.device   # sharded targets (device_map): the first device
     started, new_tokens = time.perf_counter(), 0
     bar = progress_bar(len(plan), len(done), "capture") if progress else None
     entries = dict(done)
@@ -169,12 +169,27 @@ def capture_features(target, samples: list[Sample], out: str | Path, *, aux_laye
             bar.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - started):.0f}")
     if bar is not None:
         bar.close()
+    counts["teacher_topk_mass"] = round(topk_mass(out, sorted(entries)), 5)
     total_bytes = sum(e["bytes"] for e in entries.values())
     counts["bytes"] = total_bytes
     counts["bytes_per_token"] = round(total_bytes / max(counts["tokens"], 1), 1)
     counts["baseline_bytes_per_token"] = 8 * cfg.hidden_size  # 3 aux + final hidden state, bf16
     return write_manifest(out, stage="features", config=resolved, target=fingerprint, inputs=inputs,
                           counts=counts, extra={"complete": True})
+
+
+def topk_mass(out: Path, files: list[str]) -> float:
+    """Mean target probability the stored top-k holds on assistant tokens (1.0 = nothing lost)."""
+    from safetensors import safe_open
+
+    total, n = 0.0, 0
+    for name in files:
+        with safe_open(str(out / name), framework="pt") as f:
+            mask = f.get_tensor("loss_mask").bool()
+            mass = f.get_tensor("topk_logp").float().exp().sum(-1)
+        total += float(mass[mask].sum())
+        n += int(mask.sum())
+    return total / max(n, 1)
 
 
 def clear_store(out: Path) -> None:

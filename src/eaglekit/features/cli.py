@@ -25,6 +25,8 @@ def register(sub) -> None:
     p.add_argument("--batch-tokens", type=int, default=8192, help="rows x padded length per target forward")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1")
     p.add_argument("--dtype", default="auto", help="target dtype: auto (bf16 on GPU), float32, bfloat16")
+    p.add_argument("--device-map", default=None,
+                   help="shard a target too large for one GPU over all GPUs (e.g. auto; transformers/accelerate)")
     p.add_argument("--overwrite", action="store_true", help="replace features made with other settings")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_features)
@@ -38,7 +40,7 @@ def run_features(args: argparse.Namespace) -> int:
     from eaglekit.train.distributed import resolve_device
 
     device = resolve_device(args.device)
-    target = load_target(args.target, device=str(device), dtype=args.dtype)
+    target = load_target(args.target, device=str(device), dtype=args.dtype, device_map=args.device_map)
     layers = target.config.num_hidden_layers
     aux = check_aux_layer_ids(args.aux_layer_ids or default_aux_layer_ids(layers), layers)
     rows, data_fp = read_conversations(args.data, target_fingerprint=target.fingerprint())

@@ -86,8 +86,8 @@ class OnlineSource:
         self.aux_layer_ids = list(aux_layer_ids)
         self.lengths = [s.length for s in samples]
         self.ids = [s.id for s in samples]
-        device = next(model.parameters()).device
-        self.draft_ids = vocab.draft_ids.to(device)
+        self.target_device = model.get_input_embeddings().weight.device   # sharded targets: the first device
+        self.draft_ids = vocab.draft_ids.to(self.target_device)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -100,10 +100,10 @@ class OnlineSource:
         rows = [self.samples[i] for i in indices]
         T = max(r.length for r in rows)
         lengths = torch.tensor([r.length for r in rows])
-        ids = pad_stack([r.input_ids for r in rows], T).to(device)                        # [B, T]
-        attention = (torch.arange(T) < lengths[:, None]).long().to(device)
+        ids = pad_stack([r.input_ids for r in rows], T).to(self.target_device)            # [B, T]
+        attention = (torch.arange(T) < lengths[:, None]).long().to(self.target_device)
         cap = capture_aux_states(self.model, ids, self.aux_layer_ids, attention_mask=attention, return_logits=True)
-        teacher = dense_teacher(cap.logits, self.draft_ids)
+        teacher = dense_teacher(cap.logits, self.draft_ids.to(cap.logits.device))
         del cap.logits
-        return Batch(input_ids=ids, loss_mask=pad_stack([r.loss_mask for r in rows], T, False).to(device),
-                     aux=cap.aux_hidden, teacher=teacher, lengths=lengths.to(device))
+        return Batch(input_ids=ids.to(device), loss_mask=pad_stack([r.loss_mask for r in rows], T, False).to(device),
+                     aux=cap.aux_hidden.to(device), teacher=teacher.to(device), lengths=lengths.to(device))

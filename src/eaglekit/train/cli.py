@@ -32,6 +32,8 @@ def register(sub) -> None:
     d.add_argument("--allow-smaller-vocab", action="store_true",
                    help="if the data has fewer distinct tokens than --draft-vocab-size, keep them all")
     d.add_argument("--aux-layer-ids", type=int_list, default=None, help="online: comma-separated target layers")
+    d.add_argument("--target-device-map", default=None,
+                   help="online, one process: shard a target too large for one GPU over all GPUs (e.g. auto)")
     d.add_argument("--lm-head-init", choices=("target", "random"), default="target",
                    help="start lm_head from the target's rows of the draft vocab (default) or randomly")
     t = p.add_argument_group("training")
@@ -70,7 +72,8 @@ def config_from_args(args: argparse.Namespace):
         target=args.target, out=args.out, features=args.features, data=args.data, val_data=args.val_data,
         val_fraction=args.val_fraction, allow_partial_features=args.allow_partial_features, vocab=args.vocab,
         draft_vocab_size=args.draft_vocab_size, allow_smaller_vocab=args.allow_smaller_vocab,
-        aux_layer_ids=tuple(args.aux_layer_ids) if args.aux_layer_ids else None, ttt_steps=args.ttt_steps,
+        aux_layer_ids=tuple(args.aux_layer_ids) if args.aux_layer_ids else None,
+        target_device_map=args.target_device_map, ttt_steps=args.ttt_steps,
         step_decay=args.step_decay, lm_head_init=args.lm_head_init, max_length=args.max_length,
         batch_tokens=args.batch_tokens, max_batch_size=args.max_batch_size, grad_accum=args.grad_accum,
         epochs=args.epochs, max_steps=args.max_steps, time_budget_s=args.time_budget_s, lr=args.lr,

@@ -24,6 +24,7 @@ class TrainConfig:
     draft_vocab_size: int = 32000
     allow_smaller_vocab: bool = False
     aux_layer_ids: tuple[int, ...] | None = None   # online only (offline: the features' ids)
+    target_device_map: str | None = None  # online, one process: shard a large target over the GPUs ("auto")
     ttt_steps: int = 7
     step_decay: float = 0.8
     lm_head_init: str = "target"          # "target": the target's rows of the draft vocab; "random"

@@ -275,7 +275,7 @@ class Trainer:
                         self.save_best(metrics)
                 if self.step % cfg.save_every == 0 or last:
                     self.save_trainer_state()
-                if cfg.time_budget_s is not None and time.perf_counter() - started > cfg.time_budget_s and not last:
+                if cfg.time_budget_s is not None and not last and self.out_of_time(started):
                     log.warning("time budget of %.0f s reached at step %d; stopping", cfg.time_budget_s, self.step)
                     self.total_steps = self.step
                     metrics = self.validate()
@@ -298,6 +298,11 @@ class Trainer:
         self.dist.barrier()
         self.dist.close()
         return manifest
+
+    def out_of_time(self, started: float) -> bool:
+        """Rank 0's clock decides, so every rank stops at the same step."""
+        over = time.perf_counter() - started > self.cfg.time_budget_s
+        return self.dist.broadcast_float(1.0 if over else 0.0) > 0.5
 
     def fit_budget(self, started: float, first_step: int, tracker: Tracker) -> None:
         """Size the schedule to the time budget from the speed of the first steps (same on all ranks)."""

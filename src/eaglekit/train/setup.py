@@ -75,7 +75,10 @@ def build_draft(cfg: TrainConfig, target_config, aux_layer_ids: list[int], vocab
 def prepare_online(cfg: TrainConfig, dist: Dist) -> Run:
     from eaglekit.target.load import load_target
 
-    target = load_target(cfg.target, device=str(dist.device), dtype="auto")
+    if cfg.target_device_map and dist.enabled:
+        raise EaglekitError("--target-device-map shards the target over all GPUs and cannot run under torchrun",
+                            hint="capture features offline (`eaglekit features --device-map auto`) and train DDP from them")
+    target = load_target(cfg.target, device=str(dist.device), dtype="auto", device_map=cfg.target_device_map)
     tcfg = target.config
     aux = check_aux_layer_ids(list(cfg.aux_layer_ids or default_aux_layer_ids(tcfg.num_hidden_layers)),
                               tcfg.num_hidden_layers)
