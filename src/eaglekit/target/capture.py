@@ -86,7 +86,8 @@ def concat_aux(states: dict[int, torch.Tensor], aux_layer_ids: list[int], hidden
         if states[i].shape[-1] != hidden_size:
             raise EaglekitError(f"aux state of layer {i} is {states[i].shape[-1]} wide, expected "
                                 f"the target hidden size {hidden_size}", hint="report this architecture")
-        parts.append(states[i])
+        # A target sharded over devices (device_map) leaves each layer's state on its own device.
+        parts.append(states[i].to(parts[0].device) if parts else states[i])
     return torch.cat(parts, dim=-1)  # [B, T, k*H]
 
 
