@@ -39,13 +39,14 @@ def greedy_accept(tree: Tree, target_argmax: torch.Tensor, max_depth: int):
     match = tree.tokens == target_argmax[tree.parents.clamp(min=0)]       # [N]
     match[0] = True                                                        # the root is committed
     ok = ~(tree.anc & ~match.unsqueeze(0)).any(1)                          # [N] whole path matches
-    best = torch.argmax(torch.where(ok, tree.depth, -1))                   # first of the deepest
-    count = tree.depth[best]
+    # 1-element index tensors, never 0-d ones: those index like Python ints (a host sync).
+    best = torch.argmax(torch.where(ok, tree.depth, -1)).view(1)           # first of the deepest
     # path[d] = the ancestor of `best` at depth d; deeper slots repeat `best`.
-    depth_of = torch.where(tree.anc[best], tree.depth, max_depth + 1)      # [N], off-path -> dump
+    on_path = tree.anc.index_select(0, best)[0]                            # [N]
+    depth_of = torch.where(on_path, tree.depth, max_depth + 1)             # off-path -> dump slot
     path = best.repeat(max_depth + 2)
     path = path.scatter(0, depth_of, torch.arange(N, device=path.device))[: max_depth + 1]
-    return count.view(1), path, target_argmax[best].view(1)
+    return tree.depth[best], path, target_argmax[best]
 
 
 # ---- sampling on a tree with deterministic children (q one-hot) -------------------------------

@@ -45,6 +45,7 @@ class DraftRunner(nn.Module):
         cfg = draft.config
         p = next(draft.parameters())
         self.draft, self.spec, self.sampling, self.max_len = draft, spec, sampling, max_len
+        self.samples_chain = spec.mode == "chain" and not sampling.greedy   # drafts ~ q, q returned
         self.cache = KVCache(1, cfg.num_key_value_heads, max_len, cfg.head_dim, dtype=p.dtype, device=p.device)
         self.register_buffer("vocab_map", draft.draft_to_target(torch.arange(cfg.draft_vocab_size, device=p.device)),
                              persistent=False)                              # [Vd] draft id -> target id

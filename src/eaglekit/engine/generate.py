@@ -117,7 +117,10 @@ class Engine:
         self.result = torch.zeros(2 * D + 4, **long)  # greedy: acc, then the tokens on the path
         self.aux_rows = torch.zeros(N, max(self.target.aux_width, 1), device=self.device,
                                     dtype=next(self.target.parameters()).dtype)
-        self.sampled_chain = self.spec.mode == "chain" and not self.sampling.greedy
+        # A sampled chain verifies with the full draft distribution q; deterministic drafts (trees,
+        # the oracle) verify with q one-hot.
+        self.sampled_chain = (self.spec.mode == "chain" and not self.sampling.greedy
+                              and getattr(self.drafter, "samples_chain", False))
         if self.sampled_chain:
             vd = self.drafter.vocab_map.shape[0]
             self.q = torch.zeros(self.spec.k, vd, device=self.device)

@@ -12,6 +12,8 @@ Shapes: B batch, T tokens, L cache slots, V vocab, A aux width.
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+
 import torch
 from torch import nn
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -95,6 +97,14 @@ class HFTarget(nn.Module):
         self.hidden_size, self.vocab_size = cfg.hidden_size, model.get_output_embeddings().weight.shape[0]
         self.cache = EngineCache(num_layers, max_len)
         self.dtype = next(model.parameters()).dtype
+        # Hooks stay for the runner's life (hook registration cannot sit inside a compiled step);
+        # `close()` removes them.
+        self._hooks = ExitStack()
+        self._states = self._hooks.enter_context(aux_hooks(model, self.aux_layer_ids)) if self.aux_layer_ids else {}
+
+    def close(self) -> None:
+        """Remove the aux hooks from the HF model."""
+        self._hooks.close()
 
     @property
     def aux_width(self) -> int:
@@ -112,12 +122,10 @@ class HFTarget(nn.Module):
         kwargs = dict(input_ids=input_ids, position_ids=positions, use_cache=True, past_key_values=self.cache,
                       attention_mask=bias.expand(input_ids.shape[0], 1, *mask.shape[2:]),
                       logits_to_keep=1 if last_only else 0)
+        logits = self.model(**kwargs).logits
         if not self.aux_layer_ids:
-            return self.model(**kwargs).logits, None
-        with aux_hooks(self.model, self.aux_layer_ids) as states:
-            out = self.model(**kwargs)
-            aux = concat_aux(states, self.aux_layer_ids, self.hidden_size)
-        return out.logits, aux
+            return logits, None
+        return logits, concat_aux(self._states, self.aux_layer_ids, self.hidden_size)
 
     def move_kv(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         for layer in self.cache.layers:

@@ -1,0 +1,61 @@
+"""Helpers for the engine tests: tiny targets with peaked logits, random drafts, noisy oracles."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import pytest
+import torch
+
+from eaglekit.draft import DraftConfig, Eagle3Draft
+from tiny import tiny_model
+
+AUX = [1, 3, 5]
+PROMPTS = [[5, 17, 99, 3, 45, 200, 7], [300, 12, 13, 14], [42]]
+
+
+@lru_cache(maxsize=None)
+def peaked_model(arch: str = "llama", *, seed: int = 1, std: float = 0.5, **config_kwargs):
+    """A tiny target whose logits are peaked (std 0.5 weights), so greedy text varies and has no near-ties.
+
+    Cached: callers must not modify the model (use another seed for a model to modify).
+    """
+    model = tiny_model(arch, seed=seed, **config_kwargs)
+    gen = torch.Generator().manual_seed(seed + 100)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=gen) * std)
+    return model
+
+
+def random_draft(model, *, draft_vocab: int | None = None, seed: int = 0, aux=AUX) -> Eagle3Draft:
+    """A randomly initialized EAGLE-3 draft for `model` (draft vocab = a random subset of ids)."""
+    vocab = model.config.vocab_size
+    draft_vocab = draft_vocab or vocab
+    config = DraftConfig.for_target(model.config, aux_layer_ids=aux, draft_vocab_size=draft_vocab)
+    torch.manual_seed(seed)
+    draft = Eagle3Draft(config)
+    ids = torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))[:draft_vocab].sort().values
+    draft.d2t.copy_(ids - torch.arange(draft_vocab))
+    draft.t2d.zero_()
+    draft.t2d[ids] = True
+    draft.set_target_embedding(model.get_input_embeddings().weight)
+    return draft.eval()
+
+
+def noisy(reference: list[int], start: int, every: int, vocab: int) -> list[int]:
+    """The reference with every `every`-th token after `start` replaced: partial acceptance."""
+    out = list(reference)
+    for i in range(start + 1, len(out), every):
+        out[i] = (out[i] + 1) % vocab
+    return out
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run faster on one thread (and do not fight other processes for cores)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -1,0 +1,158 @@
+"""The engine end to end on CPU: greedy speculation is token-identical to plain greedy decoding
+(chain and tree, FAST and GENERIC runners, random / oracle / partly wrong drafts), stop tokens,
+KV compaction, and sampling (reproducible, and the target's distribution on a tiny vocabulary)."""
+
+import random
+
+import pytest
+import torch
+
+from eaglekit.engine import DraftRunner, Engine, OracleDrafter, Sampling, SpecConfig, make_target_runner
+from eaglekit.engine.tree import cache_mask, causal_block
+from engine_tiny import AUX, PROMPTS, noisy, one_thread, peaked_model, random_draft  # noqa: F401 (fixture)
+
+CHAIN = SpecConfig(mode="chain", k=3)
+TREE = SpecConfig(mode="tree", depth=3, top_k=3, total_tokens=10)
+NEW = 24
+L = 96
+
+
+def plain_outputs(engine, prompts=PROMPTS, new=NEW):
+    return [engine.generate(p, new, speculative=False).tokens for p in prompts]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma", "qwen3_moe"])
+def test_greedy_speculation_equals_plain_decoding(arch):
+    model = peaked_model(arch)
+    target = make_target_runner(model, max_len=L, aux_layer_ids=AUX)
+    reference = plain_outputs(Engine(target))
+    hf = model.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=NEW, do_sample=False, pad_token_id=0)
+    assert reference[0] == hf[0, len(PROMPTS[0]):].tolist()
+    V = target.vocab_size
+    for spec in (CHAIN, TREE):
+        draft = DraftRunner(random_draft(model, draft_vocab=V // 2), spec=spec, sampling=Sampling(), max_len=L)
+        engine = Engine(target, drafter=draft, spec=spec)
+        for prompt, ref in zip(PROMPTS, reference):
+            assert engine.generate(prompt, NEW).tokens == ref
+        for prompt, ref in zip(PROMPTS, reference):
+            perfect = OracleDrafter(prompt + ref, spec=spec, vocab_size=V, max_len=L, device="cpu")
+            gen = Engine(target, drafter=perfect, spec=spec).generate(prompt, NEW)
+            assert gen.tokens == ref
+            assert gen.accept_lengths[:-1] == [spec.max_depth] * (len(gen.accept_lengths) - 1)
+            partly = OracleDrafter(noisy(prompt + ref, len(prompt), 3, V), spec=spec, vocab_size=V, max_len=L,
+                                   device="cpu")
+            gen = Engine(target, drafter=partly, spec=spec).generate(prompt, NEW)
+            assert gen.tokens == ref
+            assert any(0 < a < spec.max_depth for a in gen.accept_lengths)
+
+
+def test_stop_token_ends_both_modes_identically():
+    model = peaked_model("llama")
+    target = make_target_runner(model, max_len=L, aux_layer_ids=AUX)
+    ref = Engine(target).generate(PROMPTS[0], NEW, speculative=False).tokens
+    stop = ref[6]
+    cut = ref[:ref.index(stop) + 1]
+    plain = Engine(target, stop_token_ids=[stop]).generate(PROMPTS[0], NEW, speculative=False)
+    assert plain.tokens == cut and plain.finish_reason == "stop"
+    oracle = OracleDrafter(PROMPTS[0] + ref, spec=TREE, vocab_size=target.vocab_size, max_len=L, device="cpu")
+    spec = Engine(target, drafter=oracle, spec=TREE, stop_token_ids=[stop]).generate(PROMPTS[0], NEW)
+    assert spec.tokens == cut and spec.finish_reason == "stop"
+    short = Engine(target, drafter=oracle, spec=TREE).generate(PROMPTS[0], 5)
+    assert short.tokens == ref[:5] and short.finish_reason == "length"
+
+
+def test_cache_after_compaction_equals_a_fresh_forward():
+    model = peaked_model("qwen3")
+    target = make_target_runner(model, max_len=L, aux_layer_ids=AUX)
+    prompt = PROMPTS[0]
+    ref = Engine(target).generate(prompt, NEW, speculative=False).tokens
+    oracle = OracleDrafter(noisy(prompt + ref, len(prompt), 4, target.vocab_size), spec=TREE,
+                           vocab_size=target.vocab_size, max_len=L, device="cpu")
+    engine = Engine(target, drafter=oracle, spec=TREE)
+    out = [int(engine._prefill_speculation(prompt))]
+    moved = 0
+    for _ in range(4):                                   # drive the cycles by hand
+        engine.verify()
+        count, emitted = engine._accept(random.Random(0))
+        path = engine.acc[2:2 + count + 1].tolist()
+        moved += path != list(range(count + 1))          # the accepted path was not in place
+        out += emitted
+        engine.advance()
+    assert moved                                         # compaction really moved KV
+    n = int(engine.n)
+    committed = prompt + out[:-1]                         # the newest token is not cached yet
+    assert len(committed) == n and out == ref[:len(out)]
+    got, _ = target(torch.tensor([[out[-1]]]), torch.tensor([[n]]), torch.tensor([n]),
+                    cache_mask(causal_block(1), n, n, L))
+    with torch.no_grad():
+        fresh = model(input_ids=torch.tensor([committed + [out[-1]]])).logits[0, -1]
+    torch.testing.assert_close(got[0, 0], fresh, rtol=1e-4, atol=5e-5 * float(fresh.abs().max()))
+
+
+@pytest.mark.parametrize("spec", [CHAIN, TREE], ids=["chain", "tree"])
+def test_sampling_runs_and_is_reproducible(spec):
+    model = peaked_model("llama")
+    target = make_target_runner(model, max_len=L, aux_layer_ids=AUX)
+    sampling = Sampling(temperature=0.8, top_p=0.95, top_k=50)
+    draft = DraftRunner(random_draft(model), spec=spec, sampling=sampling, max_len=L)
+    engine = Engine(target, drafter=draft, spec=spec, sampling=sampling)
+    a = engine.generate(PROMPTS[0], NEW, seed=3)
+    b = engine.generate(PROMPTS[0], NEW, seed=3)
+    assert a.tokens == b.tokens and len(a.tokens) == NEW
+    assert all(0 <= t < target.vocab_size for t in a.tokens)
+    plain = engine.generate(PROMPTS[0], NEW, speculative=False, seed=3)
+    assert len(plain.tokens) == NEW
+
+
+def test_engine_sampling_follows_the_target_distribution():
+    """Tiny vocabulary (8): the first two tokens of speculative sampling through the whole engine
+    (prefill token, then one tree cycle) follow p(x1) p(x2 | x1) computed by the HF model."""
+    from test_engine_parts import chi_square_pvalue
+
+    V = 8
+    model = peaked_model("llama", vocab_size=V, std=0.15)
+    target = make_target_runner(model, max_len=32, aux_layer_ids=AUX)
+    spec = SpecConfig(mode="tree", depth=2, top_k=3, total_tokens=8)
+    sampling = Sampling(temperature=1.0)
+    draft = DraftRunner(random_draft(model, seed=1), spec=spec, sampling=sampling, max_len=32)
+    engine = Engine(target, drafter=draft, spec=spec, sampling=sampling)
+    prompt = [3, 1, 4]
+    counts = torch.zeros(V * V, dtype=torch.float64)
+    accepted = 0
+    for seed in range(800):
+        gen = engine.generate(prompt, 2, seed=seed)
+        counts[gen.tokens[0] * V + gen.tokens[1]] += 1
+        accepted += gen.accept_lengths[0] > 0
+    with torch.no_grad():
+        p1 = model(input_ids=torch.tensor([prompt])).logits[0, -1].double().softmax(-1)
+        rows = torch.tensor([prompt + [x] for x in range(V)])
+        p2 = model(input_ids=rows).logits[:, -1].double().softmax(-1)      # [V, V]
+    exact = (p1[:, None] * p2).flatten()
+    assert accepted > 50                                                   # drafts were accepted
+    assert chi_square_pvalue(counts, exact) > 1e-3
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_speculation_equals_plain(smollm2_dir):
+    from eaglekit.target import load_target
+
+    target = load_target(smollm2_dir)
+    from eaglekit.target.chat import prompt_ids
+
+    prompt = prompt_ids(target.tokenizer, [{"role": "user", "content": "Name three colors."}])
+    L2 = len(prompt) + 64
+    runner = make_target_runner(target.model, max_len=L2, aux_layer_ids=[1, 14, 26])
+    assert runner.kind == "fast"
+    ref = Engine(runner, stop_token_ids=target.stop_token_ids).generate(prompt, 16, speculative=False).tokens
+    hf = target.model.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False)
+    assert ref == hf[0, len(prompt):len(prompt) + len(ref)].tolist()
+    for spec in (SpecConfig(mode="chain", k=4), SpecConfig(mode="tree", depth=4, top_k=4, total_tokens=16)):
+        oracle = OracleDrafter(noisy(prompt + ref, len(prompt), 5, runner.vocab_size), spec=spec,
+                               vocab_size=runner.vocab_size, max_len=L2, device="cpu")
+        gen = Engine(runner, drafter=oracle, spec=spec, stop_token_ids=target.stop_token_ids).generate(prompt, 16)
+        assert gen.tokens == ref and gen.tau > 1.5
+    spec = SpecConfig(mode="tree", depth=3, top_k=3, total_tokens=10)
+    draft = DraftRunner(random_draft(target.model, draft_vocab=4096, aux=[1, 14, 26]), spec=spec,
+                        sampling=Sampling(), max_len=L2)
+    gen = Engine(runner, drafter=draft, spec=spec, stop_token_ids=target.stop_token_ids).generate(prompt, 16)
+    assert gen.tokens == ref

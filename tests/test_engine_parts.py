@@ -1,0 +1,229 @@
+"""Pure engine parts on hand-built inputs: tree masks and positions, EAGLE-2 rerank, greedy
+acceptance, cache masks, and statistical tests that sampling verification is lossless."""
+
+import random
+
+import pytest
+import torch
+
+from eaglekit.engine.accept import (chain_sampling_tables, greedy_accept, tree_sampling_tables,
+                                    walk_chain_sampling, walk_tree_sampling)
+from eaglekit.engine.sampling import Sampling, target_probs
+from eaglekit.engine.spec import SpecConfig
+from eaglekit.engine.tree import cache_mask, chain_tree, select_tree, tree_from_parents
+from eaglekit.errors import EaglekitError
+from engine_tiny import one_thread  # noqa: F401 (fixture)
+
+#        0 (root)
+#      /  |   \
+#     1   2    3
+#    / \   \
+#   4   5   6
+#   |
+#   7
+PARENTS = [-1, 0, 0, 0, 1, 1, 2, 4]
+
+
+def test_tree_mask_and_depth_on_a_hand_built_tree():
+    tree = tree_from_parents(torch.arange(10, 18), torch.tensor(PARENTS), max_depth=3)
+    assert tree.depth.tolist() == [0, 1, 1, 1, 2, 2, 2, 3]
+    expected = {0: [0], 1: [0, 1], 2: [0, 2], 3: [0, 3], 4: [0, 1, 4], 5: [0, 1, 5], 6: [0, 2, 6], 7: [0, 1, 4, 7]}
+    for i, seen in expected.items():
+        assert torch.nonzero(tree.anc[i]).flatten().tolist() == seen
+    # positions = prefix_len + depth; the mask sees the prefix, then the tree block
+    mask = cache_mask(tree.anc, 5, 5, 16)[0, 0]
+    assert mask.shape == (8, 16)
+    assert mask[:, :5].all() and not mask[:, 13:].any()
+    assert torch.equal(mask[:, 5:13], tree.anc)
+
+
+def test_chain_is_a_path_tree():
+    chain = chain_tree(torch.tensor([7, 8, 9, 10]))
+    same = tree_from_parents(chain.tokens, chain.parents, 3)
+    assert torch.equal(chain.anc, same.anc) and torch.equal(chain.depth, same.depth)
+
+
+def test_cache_mask_tensor_offsets_match_int_offsets():
+    block = torch.ones(3, 3, dtype=torch.bool).tril()
+    a = cache_mask(block, 4, 4, 12)
+    b = cache_mask(block, torch.tensor([4]), torch.tensor([4]), 12)
+    assert torch.equal(a, b)
+    assert a[0, 0, 2].tolist() == [True] * 7 + [False] * 5
+
+
+def test_select_tree_keeps_best_values_connected_and_in_generation_order():
+    # Candidates, level-major: 3 children of the root, then 2 children each of candidates 0 and 1.
+    tokens = torch.tensor([50, 51, 52, 60, 61, 62, 63])
+    parents = torch.tensor([-1, -1, -1, 0, 0, 1, 1])
+    values = torch.tensor([-0.1, -1.0, -3.0, -0.2, -2.5, -1.1, -1.2])
+    depth = torch.tensor([1, 1, 1, 2, 2, 2, 2])
+    tree = select_tree(torch.tensor([9]), tokens, parents, values, depth, num_nodes=5, max_depth=2)
+    # best 4: cand 0 (-0.1), 3 (-0.2), 1 (-1.0), 5 (-1.1); order by candidate index: 0, 1, 3, 5
+    assert tree.tokens.tolist() == [9, 50, 51, 60, 62]
+    assert tree.parents.tolist() == [-1, 0, 0, 1, 2]
+    assert tree.depth.tolist() == [0, 1, 1, 2, 2]
+
+
+def test_select_tree_tie_keeps_the_parent():
+    # A child whose log-prob rounds to 0 ties its parent: the parent must win the tie.
+    tokens = torch.tensor([50, 51, 60])
+    parents = torch.tensor([-1, -1, 0])
+    values = torch.tensor([-0.5, -0.7, -0.5])
+    tree = select_tree(torch.tensor([9]), tokens, parents, values, torch.tensor([1, 1, 2]), num_nodes=3, max_depth=2)
+    assert tree.tokens.tolist() == [9, 50, 60] and tree.parents.tolist() == [-1, 0, 1]
+
+
+def test_greedy_accept_picks_the_deepest_matching_path():
+    tree = tree_from_parents(torch.tensor([0, 11, 12, 13, 14, 15, 16, 17]), torch.tensor(PARENTS), 3)
+    # target argmax at each node (predicts that node's child)
+    argmax = torch.tensor([11, 14, 16, 0, 99, 0, 0, 0])          # root->1 ok, 1->4 ok, 4->(99) != 7
+    count, path, bonus = greedy_accept(tree, argmax, max_depth=3)
+    assert count.tolist() == [2] and path.tolist() == [0, 1, 4, 4] and bonus.tolist() == [99]
+    argmax = torch.tensor([12, 0, 16, 0, 0, 0, 5, 0])            # root->2, 2->6, bonus from node 6
+    count, path, bonus = greedy_accept(tree, argmax, max_depth=3)
+    assert count.tolist() == [2] and path.tolist() == [0, 2, 6, 6] and bonus.tolist() == [5]
+    argmax = torch.tensor([40, 0, 0, 0, 0, 0, 0, 0])             # nothing matches
+    count, path, bonus = greedy_accept(tree, argmax, max_depth=3)
+    assert count.tolist() == [0] and path.tolist() == [0, 0, 0, 0] and bonus.tolist() == [40]
+    argmax = torch.tensor([11, 14, 0, 0, 17, 0, 0, 3])           # the whole deepest path
+    count, path, bonus = greedy_accept(tree, argmax, max_depth=3)
+    assert count.tolist() == [3] and path.tolist() == [0, 1, 4, 7] and bonus.tolist() == [3]
+
+
+def test_target_probs_top_k_and_top_p():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    p = target_probs(logits, Sampling(temperature=1.0, top_k=2))
+    assert (p[0, 2:] == 0).all() and torch.allclose(p.sum(), torch.tensor(1.0))
+    full = logits.softmax(-1)[0]
+    p = target_probs(logits, Sampling(temperature=1.0, top_p=float(full[0] + 0.01)))
+    assert (p[0, :2] > 0).all() and (p[0, 2:] == 0).all()      # smallest set reaching top_p
+    with pytest.raises(EaglekitError):
+        Sampling(temperature=-1)
+
+
+def test_spec_config_shapes():
+    tree = SpecConfig(mode="tree", depth=6, top_k=10, total_tokens=60)
+    assert tree.num_nodes == 60 and tree.max_depth == 6 and tree.num_candidates == 10 + 5 * 100
+    assert SpecConfig(mode="tree", depth=2, top_k=2, total_tokens=60).num_nodes == 1 + 2 + 4
+    assert SpecConfig(mode="chain", k=4).num_nodes == 5
+    with pytest.raises(EaglekitError):
+        SpecConfig(mode="beam")
+
+
+# ---- lossless sampling: chi-square on a toy target and toy draft ------------------------------
+
+V = 4       # toy vocabulary
+LENGTH = 3  # tokens compared jointly (V**LENGTH cells)
+
+
+def toy(context: tuple, salt: int, scale: float) -> torch.Tensor:
+    """A fixed distribution over V tokens for every context (seeded by the context)."""
+    g = torch.Generator().manual_seed(hash((salt,) + context) % (2 ** 31))
+    return (torch.randn(V, generator=g, dtype=torch.float64) * scale).softmax(-1)
+
+
+def p_target(context):
+    return toy(context, 1, 1.2)
+
+
+def q_draft(context):
+    return toy(context, 2, 1.5)
+
+
+def exact_joint() -> torch.Tensor:
+    """P(first LENGTH tokens) under the target, [V ** LENGTH]."""
+    probs = torch.zeros(V ** LENGTH, dtype=torch.float64)
+    for cell in range(V ** LENGTH):
+        seq = [(cell // V ** (LENGTH - 1 - i)) % V for i in range(LENGTH)]
+        prob = 1.0
+        for i, tok in enumerate(seq):
+            prob *= float(p_target(tuple(seq[:i]))[tok])
+        probs[cell] = prob
+    return probs
+
+
+def chi_square_pvalue(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:
+    n = counts.sum()
+    expected = expected_probs * n
+    keep = expected >= 5                                       # pool the rare cells
+    obs = torch.cat([counts[keep], counts[~keep].sum().view(1)])
+    exp = torch.cat([expected[keep], expected[~keep].sum().view(1)])
+    stat = ((obs - exp) ** 2 / exp.clamp(min=1e-12)).sum()
+    df = int(keep.sum()) - (0 if (~keep).any() else 1)
+    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat / 2))
+
+
+# Tree with siblings at several levels and a path of depth 3 (parents precede children):
+# root -> 3 children (q's top-3); child 1 -> 2 children; its first -> 2 children; child 2 -> 1.
+SHAPE = [(-1, 0), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (4, 0), (4, 1)]  # (parent, rank in q)
+
+
+def toy_tree(context: tuple):
+    """Tokens by the draft's ranking at each node's context; returns the tree and per-node contexts."""
+    tokens, contexts = [], []
+    for i, (parent, rank) in enumerate(SHAPE):
+        if parent < 0:
+            tokens.append(context[-1] if context else 0)
+            contexts.append(context)
+            continue
+        ctx = contexts[parent]
+        tok = int(torch.argsort(q_draft(ctx), descending=True)[rank])
+        tokens.append(tok)
+        contexts.append(ctx + (tok,))
+    tree = tree_from_parents(torch.tensor(tokens), torch.tensor([p for p, _ in SHAPE]), 3)
+    return tree, contexts
+
+
+def run_tree_trials(trials: int, seed: int) -> torch.Tensor:
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    counts = torch.zeros(V ** LENGTH, dtype=torch.float64)
+    for _ in range(trials):
+        context: tuple = ()
+        while len(context) < LENGTH:
+            tree, contexts = toy_tree(context)
+            probs = torch.stack([p_target(c) for c in contexts]).float()
+            p_node, residual = tree_sampling_tables(tree, probs)
+            count, path, bonus = walk_tree_sampling(tree.parents.tolist(), p_node.tolist(), residual.tolist(), rng, 3)
+            assert all(tree.parents[path[i + 1]] == path[i] for i in range(count))
+            context = context + tuple(tree.tokens[path[1:count + 1]].tolist()) + (bonus,)
+        counts[sum(t * V ** (LENGTH - 1 - i) for i, t in enumerate(context[:LENGTH]))] += 1
+    return counts
+
+
+def run_chain_trials(trials: int, seed: int, k: int = 3) -> torch.Tensor:
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    counts = torch.zeros(V ** LENGTH, dtype=torch.float64)
+    for _ in range(trials):
+        context: tuple = ()
+        while len(context) < LENGTH:
+            drafts, qs, ctx = [], [], context
+            for _ in range(k):
+                q = q_draft(ctx)
+                tok = int(torch.multinomial(q, 1, generator=gen))
+                drafts.append(tok)
+                qs.append(q)
+                ctx = ctx + (tok,)
+            tokens = torch.tensor([0] + drafts)
+            probs = torch.stack([p_target(context + tuple(drafts[:i])) for i in range(k + 1)]).float()
+            ratio, residual, bonus = chain_sampling_tables(tokens, probs, torch.stack(qs).float())
+            count, path, out = walk_chain_sampling(ratio.tolist(), residual.tolist(), int(bonus), rng)
+            assert path[:count + 1] == list(range(count + 1))
+            context = context + tuple(drafts[:count]) + (out,)
+        counts[sum(t * V ** (LENGTH - 1 - i) for i, t in enumerate(context[:LENGTH]))] += 1
+    return counts
+
+
+@pytest.mark.parametrize("kind", ["tree", "chain"])
+def test_sampling_verification_keeps_the_target_distribution(kind):
+    counts = run_tree_trials(3000, seed=0) if kind == "tree" else run_chain_trials(3000, seed=0)
+    exact = exact_joint()
+    assert chi_square_pvalue(counts, exact) > 1e-3
+    # The test has power: the draft's own distribution is rejected by the same statistic.
+    draft_joint = torch.zeros_like(exact)
+    for cell in range(V ** LENGTH):
+        seq = [(cell // V ** (LENGTH - 1 - i)) % V for i in range(LENGTH)]
+        draft_joint[cell] = torch.tensor([float(q_draft(tuple(seq[:i]))[t]) for i, t in enumerate(seq)]).prod()
+    assert chi_square_pvalue(counts, draft_joint) < 1e-6
