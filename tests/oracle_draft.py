@@ -54,19 +54,29 @@ def repeat_draft(model, *, draft_vocab: int, must: list[int] = (), seed: int = 0
     return draft
 
 
-def save_repeat_target(folder, *, seed: int = 1, last_layer_scale: float = 3.0):
+def save_repeat_target(folder, *, seed: int = 1, last_layer_scale: float = 3.0, heads: int = 4):
     """A tiny Llama target whose greedy answers repeat tokens often and whose last layer dominates.
 
     The larger last layer makes its output unlike the layer before, so a draft fed the wrong aux
-    layer proposes other tokens (the doctor's aux-id diagnosis needs that contrast).
+    layer proposes other tokens (the doctor's aux-id diagnosis needs that contrast). `heads=1`
+    gives head_dim 64, which vLLM's CPU attention supports (16 is refused).
     """
     from pathlib import Path
 
-    from tiny import tiny_model, tiny_tokenizer
+    from transformers import AutoModelForCausalLM
+
+    from tiny import tiny_config, tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
-    model = tiny_model("llama", seed=seed, vocab_size=len(tokenizer))
+    config = tiny_config("llama", vocab_size=len(tokenizer))
+    config.num_attention_heads, config.num_key_value_heads = heads, min(heads, config.num_key_value_heads)
+    config.head_dim = config.hidden_size // heads
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():
+        for p in model.parameters():  # as tests/tiny.py: peaked, varied logits
+            if p.dim() >= 2:
+                p.normal_(0, 0.1)
         last = model.model.layers[-1]
         last.self_attn.o_proj.weight.mul_(last_layer_scale)
         last.mlp.down_proj.weight.mul_(last_layer_scale)
@@ -76,11 +86,12 @@ def save_repeat_target(folder, *, seed: int = 1, last_layer_scale: float = 3.0):
     return Path(folder)
 
 
-def oracle_checkpoint(target_dir, out, *, k: int = 3, num_prompts: int = 4, max_new_tokens: int = 32):
+def oracle_checkpoint(target_dir, out, *, k: int = 3, num_prompts: int = 4, max_new_tokens: int = 32,
+                      prompts: list[list[dict]] | None = None, draft_vocab: int = 256):
     """The repeat oracle for a target, saved as a native checkpoint with the metrics training records.
 
-    Its draft vocab holds every token of the target's greedy answers to the doctor's built-in
-    prompts, and its manifest records the acceptance it really reaches there (per-step conditional
+    Its draft vocab holds every token of the target's greedy answers to the prompts (default: the
+    doctor's built-in ones), and its manifest records the acceptance it really reaches there (per-step conditional
     acceptance, as `eaglekit train` writes it under "best"), so the probe has a prediction to meet.
     """
     from eaglekit.artifacts import write_manifest
@@ -91,9 +102,9 @@ def oracle_checkpoint(target_dir, out, *, k: int = 3, num_prompts: int = 4, max_
 
     target = load_target(str(target_dir))
     runs = [run_target(target.model, target.tokenizer, m, max_new_tokens=max_new_tokens,
-                       stop_ids=target.stop_token_ids) for m in load_prompts(None, num_prompts)]
+                       stop_ids=target.stop_token_ids) for m in (prompts or load_prompts(None, num_prompts))]
     used = sorted({t for run in runs for t in run.tokens.tolist()})
-    draft = repeat_draft(target.model, draft_vocab=256, must=used)
+    draft = repeat_draft(target.model, draft_vocab=draft_vocab, must=used)
     result = probe(ProbeSetup("oracle", draft.config, draft.draft_state_dict()), runs,
                    target.model.get_input_embeddings().weight.detach(), k)
     p = [1.0] + result.per_position

@@ -185,3 +185,13 @@ def test_cli_json_and_exit_status(exports, target_dir, tmp_path, capsys):
     assert main(["doctor", str(bad), "--target", str(target_dir)]) == 1
     text = capsys.readouterr().out
     assert "FAIL" in text and "d2t" in text and "FAILED" in text
+
+
+def test_aux_order_other_than_layer_order_fails(exports, target_dir, tmp_path):
+    """Engines concatenate aux states in layer order; a draft trained on another order reads them permuted."""
+    def permute(cfg):
+        cfg["eaglekit"]["aux_layer_ids"] = [7, 1, 3]
+        cfg["eagle_aux_hidden_state_layer_ids"] = [8, 2, 4]
+    report = run_doctor(planted(exports["vllm"], tmp_path / "p", config=permute), str(target_dir))
+    assert failed(report) == ["aux_layer_ids"]
+    assert "layer order [1, 3, 7]" in next(c for c in report.checks if c.id == "aux_layer_ids").message

@@ -67,10 +67,10 @@ def test_replay_counts_acceptance_by_hand():
     run = TargetRun(tokens=tokens, prompt_len=2, layer_states=states, final_state=states[2])
     setup = ProbeSetup("oracle", cfg, draft.draft_state_dict())
     # verify at c=2 (token 3): drafts 3,3,3 -> all accepted; c=6: drafts 3.. vs 4 -> 0; c=7: 4 vs 5 -> 0;
-    # c=8: 5 vs 5 -> 1, then 5 vs 6 -> stop
-    assert replay(draft.float(), run, setup, k=3) == [3, 0, 0, 1]
+    # c=8: 5 vs 5 -> 1, then 5 vs 6 -> stop; c=10: one token left, 6 vs 6 -> 1
+    assert replay(draft.float(), run, setup, k=3) == [3, 0, 0, 1, 1]
     result = probe(setup, [run], torch.randn(V, H), k=3)
-    assert result.tau == 2.0 and result.per_position == [0.5, 0.25, 0.25]
+    assert result.tau == 2.0 and result.per_position == [0.6, 0.2, 0.2]
 
 
 def test_trained_draft_passes_the_probe(exports, target_dir):

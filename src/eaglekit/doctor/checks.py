@@ -240,6 +240,10 @@ def check_aux_layer_ids(ctx: Context) -> Check:
     write = {"vllm": f"top-level eagle_aux_hidden_state_layer_ids = {to_engine_convention(meant, 'vllm')}",
              "sglang": f"eagle_config.eagle_aux_hidden_state_layer_ids = {to_engine_convention(meant, 'sglang')}",
              "eagle": "nothing: EAGLE's layers are hard-coded; retrain on them or serve in SGLang/vLLM"}[ctx.engine]
+    if sorted(meant) == list(r.aux_layer_ids) and meant != list(r.aux_layer_ids):
+        return Check("aux_layer_ids", FAIL, f"the draft was trained on aux layers in the order {meant}, but "
+                     f"{ctx.engine} concatenates them in layer order {r.aux_layer_ids}: fc reads them permuted",
+                     "permute fc's input blocks into layer order, or retrain with sorted aux_layer_ids")
     if list(r.aux_layer_ids) != meant:
         return Check("aux_layer_ids", FAIL, f"{ctx.engine} captures the outputs of layers {r.aux_layer_ids} "
                      f"({r.aux_source}), the draft was trained on {meant} ({ctx.interp.aux_source})"

@@ -47,7 +47,12 @@ def defaults(num_layers: int | None) -> list[int] | None:
 def read_as(engine: str, interp: Interpretation, *, target_vocab: int | None,
             target_layers: int | None) -> EngineReading:
     """Model how `engine` reads the folder behind `interp`."""
-    return {"sglang": _sglang, "vllm": _vllm, "eagle": _eagle}[engine](interp, target_vocab, target_layers)
+    reading = {"sglang": _sglang, "vllm": _vllm, "eagle": _eagle}[engine](interp, target_vocab, target_layers)
+    if reading.aux_layer_ids is not None:
+        # Engines capture while walking the layers, so the states are concatenated in layer order
+        # (vLLM's set_aux_hidden_state_layers even stores sorted(set(ids))), whatever the config's order.
+        reading.aux_layer_ids = sorted(set(reading.aux_layer_ids))
+    return reading
 
 
 def _layer_param(bare: str, prefix: str) -> bool:

@@ -108,13 +108,15 @@ def replay(draft: Eagle3Draft, run: TargetRun, setup: ProbeSetup, k: int) -> lis
     # Position i reads (token i+1, target state i) and proposes token i+2: the whole prefix at once.
     logits, h_out, (K, V) = draft(tokens[1:][None], hidden[None])
     accepted, c = [], run.prompt_len  # tokens[c] is the token the target just committed
-    while c + k <= T - 1:
+    while c < T - 1:
+        # Near the end only the tokens the target still emits can be accepted (as engines count it).
+        window = min(k, T - 1 - c)
         token = int(draft.draft_to_target(logits[0, c - 1].argmax()))
         a = 0
         if token == int(tokens[c + 1]):
             a = 1
             h, kv = h_out[:, c - 1: c], (K[:, :, :c], V[:, :, :c])
-            for j in range(1, k):
+            for j in range(1, window):
                 if not 0 <= token < vocab:
                     break
                 step_logits, h, kv = draft(torch.tensor([[token]]), h, torch.tensor([[c - 1 + j]]), past_kv=kv)
