@@ -134,8 +134,11 @@ def test_cli_writes_shards_and_manifest(tmp_path, tiny_target_dir, tiny):
         assert set(r) == {"id", "source", "split", "messages", "meta"}
         assert [m["role"] for m in r["messages"]] == ["user", "assistant"] * (len(r["messages"]) // 2)
         assert r["meta"]["finish_reason"] in ("stop", "length") and r["meta"]["num_tokens"] >= 1
-    # A finished folder is not redone; a different target is refused on resume.
-    assert main(argv) == 2
+    # Rerunning a finished command does nothing; other settings are refused, finished or not.
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert main(argv) == 0
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert main(argv[:-6] + ["--max-new-tokens", "7", "--batch-size", "3", "--shard-size", "5"]) == 2
     (out / "manifest.json").unlink()
     assert main(argv) == 0  # nothing left to do: the manifest is written again
     assert len(read_rows(out)) == 12

@@ -20,7 +20,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from eaglekit.artifacts import MANIFEST, read_json, sha256_file, sha256_json, write_json, write_manifest
+from eaglekit.artifacts import (MANIFEST, read_json, read_manifest, sha256_file, sha256_json, write_json,
+                                write_manifest)
 from eaglekit.data.folder import JsonlShards, read_prompt_folder
 from eaglekit.data.generators import Sampling
 from eaglekit.data.readers import SourceSpec, read_source
@@ -120,7 +121,10 @@ def generate_conversations(prompts: str, out: str | Path, *, backend, target_fp:
     if overwrite and out.exists():
         shutil.rmtree(out)
     if (out / MANIFEST).is_file():
-        raise EaglekitError(f"{out} already holds a finished generate run", hint="pass --overwrite or another --out")
+        # Rerunning a finished command is a no-op (a pipeline killed right after this stage reruns it).
+        check_resume(out, identity, finished=True)
+        log.info("%s is already complete: nothing to do", out)
+        return read_manifest(out, stage="generate")
     out.mkdir(parents=True, exist_ok=True)
     lock = os.open(out, os.O_RDONLY)  # flock on the folder itself: released by the kernel even on SIGKILL
     try:
@@ -135,16 +139,18 @@ def generate_conversations(prompts: str, out: str | Path, *, backend, target_fp:
         os.close(lock)
 
 
-def check_resume(out: Path, identity: dict) -> None:
-    """Refuse to resume a folder made from another target, prompts or settings."""
+def check_resume(out: Path, identity: dict, finished: bool = False) -> None:
+    """Refuse to resume (or call finished) a folder made from another target, prompts or settings."""
     run_file = out / RUN_FILE
     if run_file.is_file():
         before = read_json(run_file, what="run file")
         for key in ("target", "config", "inputs"):
             if before.get(key) != identity[key]:
                 raise EaglekitError(
-                    f"{out} holds an unfinished run with another {key}: {before.get(key)} != {identity[key]}",
-                    hint="rerun with the same settings to resume, or pass --overwrite to start over")
+                    f"{out} holds a{' finished' if finished else 'n unfinished'} run with another {key}: "
+                    f"{before.get(key)} != {identity[key]}",
+                    hint="pass --overwrite to start over, or another --out" if finished
+                    else "rerun with the same settings to resume, or pass --overwrite to start over")
     elif any(out.iterdir()):
         raise EaglekitError(f"{out} is not empty and holds no eaglekit generate run",
                             hint="use an empty or new --out")
