@@ -5,7 +5,8 @@ target, batch size, greedy decoding and max new tokens, in the same process, thr
 stage code (`eaglekit.data.regenerate`, shards written). Each backend is warmed up first; the
 decoder's build (torch.compile + CUDA-graph capture) is reported separately.
 
-GPU (from the repo root, after `. scripts/gpu/setup.sh`):
+GPU (from the repo root, after `. scripts/gpu/setup.sh`; the prompts carried as .device/prompts,
+made here with `mkdir -p .device/prompts && cp ../shared/data/train/*.jsonl .device/prompts/`):
     python scripts/gpu/bench_generate.py --out $OUT
 CPU smoke run (tiny target, a few prompts):
     python scripts/gpu/bench_generate.py --smoke --target TINY_DIR --prompts FILE --out /tmp/bench
@@ -37,7 +38,8 @@ from eaglekit.target import load_target
 from eaglekit.target.chat import prompt_ids
 
 REPO = Path(__file__).resolve().parents[2]
-PROMPT_DIRS = (REPO.parent / "shared/data/train", REPO / "shared/data/train")
+# ../shared/data/train here; on the GPU machine a copy carried under .device/prompts (git-ignored).
+PROMPT_DIRS = (REPO.parent / "shared/data/train", REPO / "shared/data/train", REPO / ".device/prompts")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -64,7 +66,8 @@ def choose_prompts(location: str | None, n: int):
     if location is None:
         location = next((str(d) for d in PROMPT_DIRS if d.is_dir()), None)
         if location is None:
-            raise EaglekitError("no prompts found at ../shared/data/train", hint="pass --prompts FILE_OR_FOLDER")
+            raise EaglekitError(f"no prompts found in {', '.join(map(str, PROMPT_DIRS))}",
+                                hint="pass --prompts FILE_OR_FOLDER")
     report = read_source(SourceSpec.parse(location))
     if report.malformed:
         raise EaglekitError(f"{location}: malformed records, e.g. {report.malformed[0]}", hint="check the prompts")
