@@ -98,6 +98,21 @@ def test_later_turns_follow_the_targets_own_answers(tiny):
         assert msgs[2 + 2 * turn]["content"] == tiny.tokenizer.decode(ref, skip_special_tokens=True)
 
 
+@pytest.mark.parametrize("kind", ["hf", "engine"])
+def test_sampling_follows_the_seed(tiny, kind):
+    prompts = [Prompt(id=str(i), source="t", turns=[q]) for i, q in enumerate(QUESTIONS)]
+
+    def texts(seed):
+        sampling = Sampling(temperature=1.0, top_p=0.95, top_k=50, seed=seed)
+        done = answer_all(backend(tiny, max_new_tokens=8, sampling=sampling, kind=kind), prompts)
+        return [done[p.id].answers[0].text for p in prompts]
+
+    first = texts(1)
+    assert texts(1) == first and texts(2) != first
+    greedy = answer_all(backend(tiny, max_new_tokens=8, kind=kind), prompts)
+    assert first != [greedy[p.id].answers[0].text for p in prompts]
+
+
 def make_prompts(tmp_path: Path, n: int, multi_every: int = 5) -> Path:
     rows = [{"id": f"p{i}", "turns": [f"{QUESTIONS[i % len(QUESTIONS)]} ({i})"]
              + ([f"And then {i}?"] if i % multi_every == 0 else [])} for i in range(n)]

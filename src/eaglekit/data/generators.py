@@ -88,7 +88,7 @@ class HFGenerator:
             attention_mask[row, width - len(ids):] = 1
         s = self.sampling
         kwargs = dict(do_sample=False) if s.greedy else dict(
-            do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k or None)
+            do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)  # top_k 0: off
         out = self.model.generate(
             input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
             max_new_tokens=max_new_tokens, eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
