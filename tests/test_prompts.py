@@ -90,6 +90,8 @@ def test_json_object_with_records_key_and_custom_column(tmp_path):
     path = tmp_path / "wrapped.json"
     path.write_text(json.dumps({"version": 1, "data": [{"question": "Q1?"}, {"question": "Q2?"}]}))
     assert [p.turns[0] for p in read(f"{path},column=question").prompts] == ["Q1?", "Q2?"]
+    path.write_text(json.dumps(["First prompt", "Second prompt"]))
+    assert [p.turns for p in read(str(path)).prompts] == [["First prompt"], ["Second prompt"]]
     path.write_text(json.dumps({"a": [], "b": []}))
     with pytest.raises(EaglekitError, match="records=KEY"):
         read(str(path))

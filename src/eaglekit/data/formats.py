@@ -10,7 +10,7 @@ write its own (EAGLE-3 drafts learn the target's distribution, not another model
 | openai   | `{"id"?, "messages": [{"role": user|assistant|system, "content"}, ...]}` |
 | alpaca   | `{"instruction", "input"?, "output"?}` (instruction + blank line + input) |
 | prompt   | `{"prompt": str}` or any string column named with `column=`              |
-| text     | one prompt per line of a plain-text file                                |
+| text     | one prompt per line of a plain-text file (or a JSON list of strings)    |
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def to_prompt(record: Any, *, fmt: str, source: str, index: int, column: str | N
     Raises:
         MalformedRecord: the record does not fit the format.
     """
-    if fmt == "text":
+    if fmt == "text" or (fmt == "auto" and isinstance(record, str)):  # a JSON list of strings too
         if not isinstance(record, str) or not record.strip():
             raise MalformedRecord("empty line")
         return Prompt(id=f"{source}-{index}", source=source, turns=[record.strip()])

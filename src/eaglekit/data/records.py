@@ -2,8 +2,12 @@
 
 A prompt (output of `eaglekit prompts`) is `{"id", "source", "turns": [user message, ...],
 "system"?}`: only what the user says. A conversation (output of `eaglekit generate`) adds the
-target's own answers: `{"id", "source", "split", "messages": [{"role", "content"}, ...],
-"meta": {"finish_reason", "num_tokens", "turns": [...]}}`.
+target's own answers: `{"id", "source", "split", "messages": [{"role", "content"}, ...], "meta"}`
+where `split` is the prompt's split ("train" / "validation") and `meta` holds
+`finish_reason` ("stop": every answer ended with the end-of-turn token; "length": one hit max new
+tokens; "context_length": later turns did not fit the context and were dropped, see
+`unanswered_turns`), `num_tokens` (generated tokens of all answers, end-of-turn tokens included)
+and `turns` (`{"finish_reason", "num_tokens"}` per answer).
 """
 
 from __future__ import annotations

@@ -52,7 +52,8 @@ def load_prompts(location: str, splits: tuple[str, ...], limit: int | None) -> t
     path = Path(location)
     if path.is_dir() and (path / MANIFEST).is_file():
         manifest, by_split = read_prompt_folder(path, splits)
-        inputs = {"prompts": {"folder": str(path), "manifest_config": sha256_json(manifest.get("config")),
+        # Content hashes only: the folder may be moved between a kill and the resume.
+        inputs = {"prompts": {"manifest_config": sha256_json(manifest.get("config")),
                               **{s: sha256_file(path / f"{s}.jsonl") for s in splits}}}
     else:
         spec = SourceSpec.parse(location)
