@@ -23,6 +23,8 @@ STAGE_CLIS = (
     "eaglekit.formats.cli",
     "eaglekit.doctor.cli",
     "eaglekit.data.cli",
+    "eaglekit.engine.cli",
+    "eaglekit.bench.cli",
 )
 
 

@@ -152,15 +152,22 @@ class OracleDrafter(nn.Module):
     def __init__(self, reference: list[int], *, spec: SpecConfig, vocab_size: int, max_len: int, device):
         super().__init__()
         self.spec, self.vocab_size = spec, vocab_size
-        ref = torch.zeros(max_len + spec.num_nodes + 1, dtype=torch.long)
-        ref[: len(reference)] = torch.tensor(reference[: ref.shape[0]], dtype=torch.long)
-        self.register_buffer("reference", ref.to(device), persistent=False)   # [L + N] by position
+        size = max_len + spec.num_nodes + 1
+        self.register_buffer("reference", torch.zeros(size, dtype=torch.long, device=device),
+                             persistent=False)                             # [L + N] token by position
+        self.set_reference(reference)
         parents, depth, shift = oracle_shape(spec)
         tree = tree_from_parents(torch.zeros(len(parents), dtype=torch.long), torch.tensor(parents), spec.max_depth)
         self.register_buffer("parents", tree.parents.to(device), persistent=False)
         self.register_buffer("depth", torch.tensor(depth, device=device), persistent=False)
         self.register_buffer("shift", torch.tensor(shift, device=device), persistent=False)
         self.register_buffer("anc", tree.anc.to(device), persistent=False)
+
+    def set_reference(self, reference: list[int]) -> None:
+        """The sequence to replay (prompt + continuation), by position; copied in place (graphs keep it)."""
+        ref = torch.zeros(self.reference.shape[0], dtype=torch.long)
+        ref[: len(reference)] = torch.tensor(reference[: ref.shape[0]], dtype=torch.long)
+        self.reference.copy_(ref)
 
     def catch_up(self, tokens, aux, start, last):
         pass

@@ -1,0 +1,201 @@
+"""`eaglekit bench` from start to finish: load, measure, summarize, write the output folder.
+
+    out/manifest.json   stage "bench": config, target fingerprint, inputs, counts
+    out/results.json    summary + per prompt + per turn (+ sweep)
+    out/report.md       the markdown table
+    out/acceptance.png  acceptance per position and tau per prompt (needs matplotlib)
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from eaglekit.artifacts import check_same_target, read_manifest, sha256_file, write_json, write_manifest
+from eaglekit.bench.prompts import load_bench_prompts
+from eaglekit.bench.report import markdown, plot, summarize, turn_records
+from eaglekit.bench.run import conversation_ids, run_baselines, run_speculation
+from eaglekit.engine import DraftRunner, Engine, OracleDrafter, Sampling, SpecConfig, make_target_runner
+from eaglekit.errors import EaglekitError
+
+log = logging.getLogger(__name__)
+
+# Shapes tried by --sweep (EAGLE-2/3 use trees of depth 6-8, top-k 10, 60 tokens on 7-8B targets).
+SWEEP = (SpecConfig(mode="chain", k=3), SpecConfig(mode="chain", k=5), SpecConfig(mode="chain", k=7),
+         SpecConfig(mode="tree", depth=4, top_k=4, total_tokens=16),
+         SpecConfig(mode="tree", depth=5, top_k=8, total_tokens=32),
+         SpecConfig(mode="tree", depth=6, top_k=10, total_tokens=60))
+
+
+@dataclass
+class BenchConfig:
+    target: str
+    draft: str                                   # a draft checkpoint folder, "oracle" or "random"
+    prompts: str | None = None
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    sampling: Sampling = field(default_factory=Sampling)
+    max_new_tokens: int = 256
+    limit: int | None = None
+    sweep: bool = False
+    hf: bool = True
+    device: str = "auto"
+    dtype: str = "auto"
+    runner: str = "auto"
+    graphs: bool | None = None
+    compile: bool | None = None
+    max_len: int | None = None
+    warmup: int = 1
+    seed: int = 0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["spec"], d["sampling"] = self.spec.to_dict(), self.sampling.to_dict()
+        return d
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def load_draft_for(folder: str | Path, target, device: str):
+    """A draft checkpoint, refused if its manifest names another target; in the target's dtype."""
+    from eaglekit.draft.checkpoint import load_draft
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise EaglekitError(f"no draft folder {folder}", hint="pass a draft checkpoint folder, `oracle` or `random`")
+    if (folder / "manifest.json").is_file():
+        manifest = read_manifest(folder)
+        if manifest.get("target") is not None:
+            check_same_target(target.fingerprint(), manifest["target"], what=f"draft {folder}")
+    dtype = next(target.model.parameters()).dtype
+    return load_draft(folder, device=device, dtype=dtype, target_embedding=target.model.get_input_embeddings().weight)
+
+
+def random_draft_for(target, device: str):
+    """A randomly initialized draft with the target's shape: real draft cost, no acceptance."""
+    from eaglekit.draft import DraftConfig, Eagle3Draft
+    from eaglekit.target.info import default_aux_layer_ids
+
+    cfg = target.config
+    config = DraftConfig.for_target(cfg, aux_layer_ids=default_aux_layer_ids(cfg.num_hidden_layers),
+                                    draft_vocab_size=min(cfg.vocab_size, 32000))
+    torch.manual_seed(0)
+    draft = Eagle3Draft(config)
+    draft.set_target_embedding(target.model.get_input_embeddings().weight)
+    return draft.to(device=device, dtype=next(target.model.parameters()).dtype).eval()
+
+
+def cache_slots(cfg: BenchConfig, tokenizer, prompts, specs) -> int:
+    """Enough slots for the longest conversation: every turn's request + answers + draft headroom."""
+    if cfg.max_len:
+        return cfg.max_len
+    longest = 0
+    for prompt in prompts:
+        placeholder = ["x"] * len(prompt.turns)
+        ids = conversation_ids(tokenizer, prompt, placeholder)[-1]
+        longest = max(longest, len(ids) + len(prompt.turns) * (cfg.max_new_tokens + 32))
+    headroom = max(spec.headroom for spec in specs)
+    return -(-(longest + headroom) // 128) * 128
+
+
+def benchmark(cfg: BenchConfig, command: str = "") -> dict:
+    """Run the benchmark and return the results (see module docstring for the files)."""
+    from eaglekit.target.load import load_target
+
+    device = resolve_device(cfg.device)
+    target = load_target(cfg.target, device=device, dtype=cfg.dtype)
+    prompts = load_bench_prompts(cfg.prompts, cfg.limit)
+    specs = list(SWEEP) if cfg.sweep else [cfg.spec]
+    draft = None
+    if cfg.draft == "random":
+        draft = random_draft_for(target, device)
+    elif cfg.draft != "oracle":
+        draft = load_draft_for(cfg.draft, target, device)
+    max_len = cache_slots(cfg, target.tokenizer, prompts, specs)
+    aux = list(draft.config.aux_layer_ids) if draft is not None else []
+    runner = make_target_runner(target.model, max_len=max_len, aux_layer_ids=aux, runner=cfg.runner)
+    log.info("bench: %d prompts, %s runner, %d cache slots, %s", len(prompts), runner.kind, max_len, device)
+
+    def engine_for(spec: SpecConfig):
+        if draft is None:
+            drafter = OracleDrafter([], spec=spec, vocab_size=runner.vocab_size, max_len=max_len, device=device)
+        else:
+            drafter = DraftRunner(draft, spec=spec, sampling=cfg.sampling, max_len=max_len)
+        engine = Engine(runner, drafter=drafter, spec=spec, sampling=cfg.sampling,
+                        stop_token_ids=target.stop_token_ids, graphs=cfg.graphs, compile=cfg.compile)
+        return engine, (drafter if draft is None else None)
+
+    start = time.time()
+    engine, oracle = engine_for(specs[0])
+    turns = run_baselines(engine, target, prompts, max_new_tokens=cfg.max_new_tokens, hf=cfg.hf, seed=cfg.seed,
+                          warmup=cfg.warmup)
+    sweep = []
+    for i, spec in enumerate(specs):
+        if i:
+            engine, oracle = engine_for(spec)
+        run_speculation(engine, turns, spec.label(), max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
+                        oracle=oracle, warmup=cfg.warmup)
+        result = summarize(turns, spec.label(), spec.max_depth, cfg.sampling.greedy)
+        sweep.append({**result["summary"], "config": spec.to_dict()})
+    best = max(range(len(specs)), key=lambda i: sweep[i]["spec_tok_s"])
+    result = summarize(turns, specs[best].label(), specs[best].max_depth, cfg.sampling.greedy)
+    result["summary"].update(
+        device=device_name(device), date=time.strftime("%Y-%m-%d %H:%M:%S"), command=command,
+        config={**cfg.to_dict(), "spec": specs[best].to_dict(), "runner": runner.kind, "max_len": max_len,
+                "graphs": engine.graphs, "compile": engine.compile, "dtype": str(runner_dtype(runner))},
+        torch=torch.__version__, seconds=round(time.time() - start, 1))
+    result["config"] = {"target": cfg.target, "draft": cfg.draft, "sampling": "greedy" if cfg.sampling.greedy
+                        else f"T={cfg.sampling.temperature} top_p={cfg.sampling.top_p} top_k={cfg.sampling.top_k}",
+                        "max_new_tokens": cfg.max_new_tokens}
+    if cfg.sweep:
+        result["sweep"] = sweep
+    result["turns"] = turn_records(turns)
+    result["target_fingerprint"] = target.fingerprint()
+    return result
+
+
+def runner_dtype(runner) -> torch.dtype:
+    return next(runner.parameters()).dtype
+
+
+def write_outputs(result: dict, cfg: BenchConfig, out: str | Path, json_path: str | None = None) -> dict:
+    """Write results.json, report.md, acceptance.png and manifest.json into `out`."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    why_no_plot = plot(result, out / "acceptance.png")
+    if why_no_plot:
+        log.warning(why_no_plot)
+    result["plot"] = None if why_no_plot else "acceptance.png"
+    result["plot_note"] = why_no_plot
+    write_json(out / "results.json", result)
+    if json_path:
+        write_json(json_path, result)
+    text = markdown(result)
+    from eaglekit.artifacts import atomic_path
+
+    with atomic_path(out / "report.md") as tmp:
+        tmp.write_text(text + "\n")
+    inputs = {}
+    if cfg.prompts and Path(cfg.prompts).is_file():
+        inputs["prompts"] = {"path": str(cfg.prompts), "sha256": sha256_file(cfg.prompts)}
+    if cfg.draft not in ("oracle", "random"):
+        inputs["draft"] = {"path": str(cfg.draft), "sha256": sha256_file(Path(cfg.draft) / "model.safetensors")}
+    s = result["summary"]
+    return write_manifest(out, stage="bench", config=s["config"], target=result["target_fingerprint"], inputs=inputs,
+                          counts={"prompts": s["prompts"], "turns": s["turns"], "cycles": s["cycles"]},
+                          extra={"summary": {k: s[k] for k in ("tau", "speedup", "baseline_tok_s", "spec_tok_s",
+                                                               "hf_tok_s", "greedy_match", "device", "date")}})

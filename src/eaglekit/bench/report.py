@@ -1,0 +1,148 @@
+"""Benchmark figures: per prompt and overall, as JSON, a markdown table and a PNG plot.
+
+tok/s of a method = mean over prompts of (tokens / seconds of all the prompt's turns), and
+speedup = spec tok/s / plain tok/s: the ratio of means of the EAGLE / Spec-Bench protocol
+(papers.md §5). tau = tokens committed per target forward in the speculation cycles, bonus
+included; per-position acceptance[i] = P(the first i+1 drafts of a cycle were all accepted)
+(chain: per draft position; tree: per depth of the accepted path).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from eaglekit.artifacts import atomic_path
+from eaglekit.bench.run import Turn
+
+log = logging.getLogger(__name__)
+
+
+def rate(tokens: int, seconds: float) -> float:
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+def acceptance(accepts: list[int], max_depth: int) -> list[float]:
+    if not accepts:
+        return [0.0] * max_depth
+    return [sum(a >= i + 1 for a in accepts) / len(accepts) for i in range(max_depth)]
+
+
+def method_stats(gens) -> dict:
+    tokens = sum(len(g.tokens) for g in gens)
+    seconds = sum(g.seconds for g in gens)
+    return {"tokens": tokens, "seconds": round(seconds, 4), "tok_s": round(rate(tokens, seconds), 2)}
+
+
+def summarize(turns: list[Turn], label: str, max_depth: int, greedy: bool) -> dict:
+    """Per-prompt rows and the overall `summary` for one speculation setting."""
+    by_prompt: dict[str, list[Turn]] = {}
+    for turn in turns:
+        by_prompt.setdefault(turn.prompt_id, []).append(turn)
+    rows = []
+    for pid, group in by_prompt.items():
+        specs = [t.spec[label] for t in group]
+        accepts = [a for g in specs for a in g.accept_lengths]
+        row = {"id": pid, "turns": len(group), "plain": method_stats([t.plain for t in group]),
+               "spec": method_stats(specs), "tau": round(1 + sum(accepts) / max(len(accepts), 1), 3),
+               "cycles": len(accepts)}
+        if group[0].hf is not None:
+            row["hf"] = method_stats([t.hf for t in group])
+        row["speedup"] = round(rate(row["spec"]["tok_s"], row["plain"]["tok_s"]), 3)
+        row["greedy_match"] = all(t.spec[label].tokens == t.plain.tokens for t in group) if greedy else None
+        rows.append(row)
+    accepts = [a for t in turns for a in t.spec[label].accept_lengths]
+    mean = lambda key: sum(r[key]["tok_s"] for r in rows) / len(rows)  # noqa: E731 (ratio of means)
+    summary = {
+        "spec": label,
+        "tau": round(1 + sum(accepts) / max(len(accepts), 1), 3),
+        "baseline_tok_s": round(mean("plain"), 2),
+        "spec_tok_s": round(mean("spec"), 2),
+        "hf_tok_s": round(mean("hf"), 2) if "hf" in rows[0] else None,
+        "per_position_acceptance": [round(x, 4) for x in acceptance(accepts, max_depth)],
+        "cycles": len(accepts),
+        "turns": len(turns),
+        "prompts": len(rows),
+        "new_tokens": {"plain": sum(r["plain"]["tokens"] for r in rows), "spec": sum(r["spec"]["tokens"] for r in rows)},
+    }
+    summary["speedup"] = round(rate(summary["spec_tok_s"], summary["baseline_tok_s"]), 3)
+    summary["speedup_vs_hf"] = round(rate(summary["spec_tok_s"], summary["hf_tok_s"]), 3) if summary["hf_tok_s"] else None
+    summary["baseline_vs_hf"] = (round(rate(summary["baseline_tok_s"], summary["hf_tok_s"]), 3)
+                                 if summary["hf_tok_s"] else None)
+    summary["efficiency"] = round(summary["speedup"] / summary["tau"], 3)   # 1.0 = speedup equals tau
+    if greedy:
+        summary["greedy_match"] = round(sum(t.spec[label].tokens == t.plain.tokens for t in turns) / len(turns), 4)
+        if turns[0].hf is not None:
+            summary["hf_match"] = round(sum(t.hf.tokens == t.plain.tokens for t in turns) / len(turns), 4)
+    else:
+        summary["greedy_match"] = None
+    return {"summary": summary, "prompts": rows}
+
+
+def turn_records(turns: list[Turn]) -> list[dict]:
+    out = []
+    for t in turns:
+        rec = {"id": t.prompt_id, "turn": t.turn, "prompt_tokens": len(t.ids),
+               "plain": {"tokens": len(t.plain.tokens), "seconds": round(t.plain.seconds, 4),
+                         "finish": t.plain.finish_reason}}
+        if t.hf is not None:
+            rec["hf"] = {"tokens": len(t.hf.tokens), "seconds": round(t.hf.seconds, 4), "match": t.hf.tokens == t.plain.tokens}
+        rec["spec"] = {label: {"tokens": len(g.tokens), "seconds": round(g.seconds, 4), "tau": round(g.tau, 3),
+                               "accept_lengths": g.accept_lengths, "match": g.tokens == t.plain.tokens}
+                       for label, g in t.spec.items()}
+        out.append(rec)
+    return out
+
+
+def markdown(result: dict) -> str:
+    s = result["summary"]
+    lines = [f"# eaglekit bench: {result['config']['target']} + {result['config']['draft']}", "",
+             f"{s['spec']}, {result['config']['sampling']}, max {result['config']['max_new_tokens']} new tokens, "
+             f"{s['device']}, {s['date']}", "",
+             "| prompt | turns | tokens | HF tok/s | plain tok/s | spec tok/s | speedup | tau | greedy match |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: |"]
+    fmt = lambda x: "–" if x is None else (f"{x:.2f}" if isinstance(x, float) else str(x))  # noqa: E731
+    for r in result["prompts"]:
+        hf = r.get("hf", {}).get("tok_s")
+        lines.append(f"| {r['id']} | {r['turns']} | {r['spec']['tokens']} | {fmt(hf)} | {r['plain']['tok_s']:.1f} | "
+                     f"{r['spec']['tok_s']:.1f} | {r['speedup']:.2f}x | {r['tau']:.2f} | {fmt(r['greedy_match'])} |")
+    lines.append(f"| **all** | {s['turns']} | {s['new_tokens']['spec']} | {fmt(s['hf_tok_s'])} | "
+                 f"{s['baseline_tok_s']:.1f} | {s['spec_tok_s']:.1f} | **{s['speedup']:.2f}x** | **{s['tau']:.2f}** | "
+                 f"{fmt(s['greedy_match'])} |")
+    lines += ["", "Per-position acceptance P(first i+1 drafts accepted): " +
+              ", ".join(f"{p:.3f}" for p in s["per_position_acceptance"]), ""]
+    if result.get("sweep"):
+        lines += ["## Sweep", "", "| setting | tau | spec tok/s | speedup |", "| --- | ---: | ---: | ---: |"]
+        for row in result["sweep"]:
+            lines.append(f"| {row['spec']} | {row['tau']:.2f} | {row['spec_tok_s']:.1f} | {row['speedup']:.2f}x |")
+        lines += ["", f"Fastest: **{s['spec']}**", ""]
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> str | None:
+    """Write the PNG (acceptance per position, tau per prompt); return why not if matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install 'eaglekit[plots]'): no plot written"
+    s = result["summary"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    acc = s["per_position_acceptance"]
+    left.bar(range(1, len(acc) + 1), acc, color="#3b7dd8")
+    left.set(xlabel="draft position / depth i", ylabel="P(first i drafts accepted)", ylim=(0, 1),
+             title=f"acceptance ({s['spec']})", xticks=range(1, len(acc) + 1))
+    taus = [r["tau"] for r in result["prompts"]]
+    right.bar(range(len(taus)), taus, color="#d8843b")
+    if len(taus) <= 24:
+        right.set_xticks(range(len(taus)), [r["id"] for r in result["prompts"]], rotation=60, fontsize=7)
+    right.axhline(s["tau"], color="black", linestyle="--", linewidth=1, label=f"mean {s['tau']:.2f}")
+    right.set(xlabel="prompt", ylabel="tau (tokens per target forward)", title="tau per prompt")
+    right.legend()
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+    return None

@@ -1,0 +1,113 @@
+"""Measurement: every prompt (every turn) with HF `generate`, plain decoding and speculation.
+
+All three see the same token ids; turn 2 follows the target's own turn-1 answer (the engine's
+plain output). Plain decoding and speculation run in the same engine (same runner, same cache,
+same graphs); HF `generate` (greedy, same max tokens, same stop ids) is what a user would otherwise
+run. Timing wraps each generation with device syncs; warm-up runs are not recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from eaglekit.data.records import Prompt
+from eaglekit.engine.generate import Engine, Generation
+from eaglekit.target.chat import prompt_ids
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Turn:
+    """One generation request of the benchmark and what each method produced for it."""
+
+    prompt_id: str
+    turn: int
+    ids: list[int]
+    plain: Generation
+    hf: Generation | None = None
+    spec: dict[str, Generation] = field(default_factory=dict)   # by speculation label
+
+
+def conversation_ids(tokenizer, prompt: Prompt, answers: list[str]) -> list[list[int]]:
+    """Token ids of each turn's request: history (with the given answers) + the new user turn."""
+    messages = [{"role": "system", "content": prompt.system}] if prompt.system else []
+    out = []
+    for i, text in enumerate(prompt.turns):
+        messages.append({"role": "user", "content": text})
+        out.append(prompt_ids(tokenizer, messages))
+        if i < len(answers):
+            messages.append({"role": "assistant", "content": answers[i]})
+    return out
+
+
+def answer_text(tokenizer, tokens: list[int], stop_ids: set[int]) -> str:
+    return tokenizer.decode([t for t in tokens if t not in stop_ids], skip_special_tokens=True).strip()
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def hf_generate(model, ids: list[int], max_new_tokens: int, stop_ids: list[int]) -> Generation:
+    """HF `generate`, greedy, as a user would call it; tokens cut after the first stop token."""
+    device = next(model.parameters()).device
+    x = torch.tensor([ids], device=device)
+    sync(device)
+    start = time.perf_counter()
+    out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, do_sample=False,
+                         eos_token_id=list(stop_ids) or None, pad_token_id=(list(stop_ids) or [0])[0])
+    sync(device)
+    seconds = time.perf_counter() - start
+    tokens = out[0, len(ids):].tolist()
+    stops = set(stop_ids)
+    for i, t in enumerate(tokens):
+        if t in stops:
+            return Generation(tokens=tokens[:i + 1], finish_reason="stop", seconds=seconds)
+    return Generation(tokens=tokens, finish_reason="length", seconds=seconds)
+
+
+def run_baselines(engine: Engine, target, prompts: list[Prompt], *, max_new_tokens: int, hf: bool,
+                  seed: int | None, warmup: int = 1) -> list[Turn]:
+    """Plain decoding (and HF generate) of every turn; turn k+1 follows the plain turn-k answer."""
+    tokenizer, stops = target.tokenizer, target.stop_token_ids
+    first = conversation_ids(tokenizer, prompts[0], [])[0]
+    for _ in range(warmup):
+        engine.generate(first, max_new_tokens, speculative=False, seed=seed)
+        if hf:
+            hf_generate(target.model, first, max_new_tokens, stops)
+    turns: list[Turn] = []
+    for prompt in prompts:
+        answers: list[str] = []
+        for k in range(len(prompt.turns)):
+            ids = conversation_ids(tokenizer, prompt, answers)[k]
+            turn = Turn(prompt_id=prompt.id, turn=k, ids=ids,
+                        hf=hf_generate(target.model, ids, max_new_tokens, stops) if hf else None,
+                        plain=engine.generate(ids, max_new_tokens, speculative=False, seed=seed))
+            turns.append(turn)
+            answers.append(answer_text(tokenizer, turn.plain.tokens, set(stops)))
+            log.info("%s turn %d: %d tokens plain %.1f tok/s", prompt.id, k, len(turn.plain.tokens),
+                     len(turn.plain.tokens) / turn.plain.seconds)
+    return turns
+
+
+def run_speculation(engine: Engine, turns: list[Turn], label: str, *, max_new_tokens: int, seed: int | None,
+                    oracle=None, warmup: int = 1) -> None:
+    """Speculative decoding of every recorded turn (the oracle replays the plain answer)."""
+    for i in range(warmup):
+        if oracle is not None:
+            oracle.set_reference(turns[0].ids + turns[0].plain.tokens)
+        engine.generate(turns[0].ids, max_new_tokens, seed=seed)
+    for turn in turns:
+        if oracle is not None:
+            oracle.set_reference(turn.ids + turn.plain.tokens)
+        gen = engine.generate(turn.ids, max_new_tokens, seed=seed)
+        turn.spec[label] = gen
+        log.info("%s turn %d [%s]: tau %.2f, %.1f tok/s", turn.prompt_id, turn.turn, label, gen.tau,
+                 len(gen.tokens) / gen.seconds)

@@ -1,0 +1,79 @@
+"""`eaglekit speculate`: answer one prompt with speculative decoding and print the text and tau.
+
+Also holds the engine options shared with `eaglekit bench`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Speculation shape, sampling and runtime options (shared by `speculate` and `bench`)."""
+    g = p.add_argument_group("speculation")
+    g.add_argument("--mode", choices=("chain", "tree"), default="tree", help="chain of k drafts or EAGLE-2 tree")
+    g.add_argument("--k", type=int, default=5, help="chain: drafts per cycle")
+    g.add_argument("--depth", type=int, default=6, help="tree: levels (most drafts accepted per cycle)")
+    g.add_argument("--top-k", type=int, default=10, help="tree: children per expanded node and frontier width")
+    g.add_argument("--total-tokens", type=int, default=60, help="tree: nodes verified per cycle, root included")
+    g = p.add_argument_group("generation")
+    g.add_argument("--max-new-tokens", type=int, default=256)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-p", type=float, default=1.0, help="sampling: nucleus")
+    g.add_argument("--sample-top-k", type=int, default=0, help="sampling: keep the k most likely tokens (0 = off)")
+    g = p.add_argument_group("runtime")
+    g.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1")
+    g.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16")
+    g.add_argument("--runner", choices=("auto", "fast", "generic"), default="auto",
+                   help="target runner: fast (lean Llama-family decoder) or generic (the HF model)")
+    g.add_argument("--no-graphs", dest="graphs", action="store_false", default=None, help="no CUDA graphs")
+    g.add_argument("--no-compile", dest="compile", action="store_false", default=None, help="no torch.compile")
+    g.add_argument("--max-len", type=int, help="KV cache slots (default: from the prompts and max tokens)")
+
+
+def spec_from(args):
+    from eaglekit.engine.spec import SpecConfig
+
+    return SpecConfig(mode=args.mode, k=args.k, depth=args.depth, top_k=args.top_k, total_tokens=args.total_tokens)
+
+
+def sampling_from(args):
+    from eaglekit.engine.sampling import Sampling
+
+    return Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.sample_top_k)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("speculate", help="answer one prompt with speculative decoding (prints text, tau, tok/s)")
+    p.add_argument("prompt", help="the user message")
+    p.add_argument("--target", default="smollm2", help="smollm2, an HF model folder or a .gguf file")
+    p.add_argument("--draft", required=True, help="a draft checkpoint folder, or `random`")
+    p.add_argument("--seed", type=int, default=0)
+    add_engine_args(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from eaglekit.bench.benchmark import load_draft_for, random_draft_for, resolve_device
+    from eaglekit.engine import DraftRunner, Engine, make_target_runner
+    from eaglekit.target.chat import prompt_ids
+    from eaglekit.target.load import load_target
+
+    device = resolve_device(args.device)
+    target = load_target(args.target, device=device, dtype=args.dtype)
+    spec, sampling = spec_from(args), sampling_from(args)
+    if args.draft == "random":
+        draft = random_draft_for(target, device)
+    else:
+        draft = load_draft_for(args.draft, target, device)
+    ids = prompt_ids(target.tokenizer, [{"role": "user", "content": args.prompt}])
+    max_len = args.max_len or -(-(len(ids) + args.max_new_tokens + spec.headroom) // 128) * 128
+    runner = make_target_runner(target.model, max_len=max_len, aux_layer_ids=list(draft.config.aux_layer_ids),
+                                runner=args.runner)
+    engine = Engine(runner, drafter=DraftRunner(draft, spec=spec, sampling=sampling, max_len=max_len), spec=spec,
+                    sampling=sampling, stop_token_ids=target.stop_token_ids, graphs=args.graphs, compile=args.compile)
+    gen = engine.generate(ids, args.max_new_tokens, seed=args.seed)
+    print(target.tokenizer.decode(gen.tokens, skip_special_tokens=True))
+    print(f"\n[{len(gen.tokens)} tokens, {len(gen.tokens) / gen.seconds:.1f} tok/s, tau {gen.tau:.2f}, "
+          f"{spec.label()}, {runner.kind} runner, {gen.finish_reason}]")
+    return 0

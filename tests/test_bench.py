@@ -1,0 +1,84 @@
+"""`eaglekit bench` end to end on CPU with a tiny target: oracle, random and checkpoint drafts,
+prompt formats, multi-turn, sweep, outputs (results.json, report.md, manifest, plot)."""
+
+import importlib.util
+import json
+
+import pytest
+
+from eaglekit.cli import main
+from engine_tiny import one_thread  # noqa: F401 (fixture)
+
+
+@pytest.fixture()
+def prompts_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    rows = [{"id": "a", "turns": ["Hello! How can I help you today?", "Count from one to ten."]},
+            {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 12 * 7?"}]},
+            {"prompt": "Write a Python function that adds two numbers."}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def run_bench(tmp_path, target, prompts, draft, *extra):
+    out = tmp_path / f"bench-{draft.replace('/', '_')[-12:]}"
+    code = main(["bench", "--target", str(target), "--draft", draft, "--prompts", str(prompts), "--max-new-tokens", "8",
+                 "--out", str(out), "--json", str(out / "copy.json"), *extra])
+    assert code == 0
+    return out, json.loads((out / "results.json").read_text())
+
+
+def test_bench_oracle_tree_multi_turn(tmp_path, tiny_target_dir, prompts_file):
+    out, result = run_bench(tmp_path, tiny_target_dir, prompts_file, "oracle",
+                            "--mode", "tree", "--depth", "3", "--top-k", "2", "--total-tokens", "6")
+    s = result["summary"]
+    for key in ("tau", "speedup", "baseline_tok_s", "spec_tok_s", "hf_tok_s", "per_position_acceptance",
+                "greedy_match", "device", "date", "command", "config"):
+        assert key in s
+    assert s["greedy_match"] == 1.0 and s["hf_match"] == 1.0
+    assert s["turns"] == 4 and s["prompts"] == 3                      # prompt "a" has two turns
+    assert len(s["per_position_acceptance"]) == 3 and s["tau"] > 1.5  # the oracle is accepted
+    assert [r["turn"] for r in result["turns"] if r["id"] == "a"] == [0, 1]
+    assert result["turns"][1]["prompt_tokens"] > result["turns"][0]["prompt_tokens"]  # turn 2 holds answer 1
+    assert json.loads((out / "copy.json").read_text())["summary"]["tau"] == s["tau"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["stage"] == "bench" and manifest["target"]["config_hash"]
+    assert "| **all** |" in (out / "report.md").read_text()
+    if importlib.util.find_spec("matplotlib"):
+        assert (out / "acceptance.png").stat().st_size > 1000
+    else:
+        assert "matplotlib is not installed" in result["plot_note"]
+
+
+def test_bench_checkpoint_draft_chain_and_sweep(tmp_path, tiny_target_dir, prompts_file):
+    from engine_tiny import random_draft
+
+    from eaglekit.draft.checkpoint import save_draft
+    from eaglekit.target import load_target
+
+    target = load_target(tiny_target_dir)
+    folder = save_draft(random_draft(target.model, aux=[1, 3, 4]), tmp_path / "draft")
+    _, result = run_bench(tmp_path, tiny_target_dir, prompts_file, str(folder), "--mode", "chain", "--k", "3",
+                          "--no-hf", "--limit", "2")
+    s = result["summary"]
+    assert s["greedy_match"] == 1.0 and s["hf_tok_s"] is None and len(s["per_position_acceptance"]) == 3
+    _, result = run_bench(tmp_path, tiny_target_dir, prompts_file, "random", "--sweep", "--no-hf", "--limit", "1",
+                          "--max-len", "256")
+    assert len(result["sweep"]) >= 4
+    assert result["summary"]["spec"] == max(result["sweep"], key=lambda r: r["spec_tok_s"])["spec"]
+
+
+def test_bench_refuses_a_draft_of_another_target(tmp_path, tiny_target_dir, prompts_file, capsys):
+    from engine_tiny import random_draft
+
+    from eaglekit.artifacts import write_manifest
+    from eaglekit.draft.checkpoint import save_draft
+    from eaglekit.target import load_target
+
+    target = load_target(tiny_target_dir)
+    folder = save_draft(random_draft(target.model), tmp_path / "draft")
+    other = dict(target.fingerprint(), config_hash="0" * 16)
+    write_manifest(folder, stage="train", config={}, target=other)
+    code = main(["bench", "--target", str(tiny_target_dir), "--draft", str(folder), "--prompts", str(prompts_file),
+                 "--out", str(tmp_path / "x")])
+    assert code == 2 and "made for another target model config" in capsys.readouterr().err
