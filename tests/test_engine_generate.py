@@ -156,3 +156,66 @@ def test_smollm2_greedy_speculation_equals_plain(smollm2_dir):
                         sampling=Sampling(), max_len=L2)
     gen = Engine(runner, drafter=draft, spec=spec, stop_token_ids=target.stop_token_ids).generate(prompt, 16)
     assert gen.tokens == ref
+
+
+class FakeGraph:
+    """Stands in for torch.cuda.CUDAGraph on CPU: replay runs the captured step again."""
+
+    def __init__(self):
+        self.fn = None
+
+    def replay(self):
+        self.fn()
+
+
+def test_graph_mode_paths_with_a_fake_cuda_graph(monkeypatch):
+    """The graph code paths (lazy capture, state reset before capture, replay) on CPU."""
+    import contextlib
+    import types
+
+    from eaglekit.engine import graphs
+
+    class FakeCuda:
+        CUDAGraph = FakeGraph
+        pending = None
+
+        @staticmethod
+        def Stream():
+            return types.SimpleNamespace(wait_stream=lambda other: None)
+
+        current_stream = Stream
+
+        @staticmethod
+        def stream(s):
+            return contextlib.nullcontext()
+
+        @staticmethod
+        @contextlib.contextmanager
+        def graph(g):
+            yield
+            g.fn = FakeCuda.pending
+
+        @staticmethod
+        def synchronize(*args):
+            pass
+
+    original = graphs.Step.capture
+
+    def capture(self, warmup=3):
+        FakeCuda.pending = self.fn
+        original(self, warmup)
+
+    monkeypatch.setattr(graphs.Step, "capture", capture)
+    monkeypatch.setattr(graphs, "torch", types.SimpleNamespace(cuda=FakeCuda))
+    model = peaked_model("llama")
+    target = make_target_runner(model, max_len=L, aux_layer_ids=AUX)
+    reference = plain_outputs(Engine(target), PROMPTS[:2])
+    draft = DraftRunner(random_draft(model), spec=TREE, sampling=Sampling(), max_len=L)
+    engine = Engine(target, drafter=draft, spec=TREE)
+    engine.graphs = True
+    for step in (engine.decode, engine.verify, engine.advance):
+        step.use_graph = True
+    for prompt, ref in zip(PROMPTS[:2], reference):
+        assert engine.generate(prompt, NEW, speculative=False).tokens == ref
+        assert engine.generate(prompt, NEW).tokens == ref
+    assert all(step.graph is not None for step in (engine.decode, engine.verify, engine.advance))

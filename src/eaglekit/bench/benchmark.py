@@ -85,18 +85,19 @@ def load_draft_for(folder: str | Path, target, device: str):
     return load_draft(folder, device=device, dtype=dtype, target_embedding=target.model.get_input_embeddings().weight)
 
 
-def random_draft_for(target, device: str):
-    """A randomly initialized draft with the target's shape: real draft cost, no acceptance."""
+def random_draft_for(model, device: str):
+    """A randomly initialized draft for an HF target model: real draft cost, no acceptance."""
     from eaglekit.draft import DraftConfig, Eagle3Draft
     from eaglekit.target.info import default_aux_layer_ids
+    from eaglekit.target.load import text_config
 
-    cfg = target.config
+    cfg = text_config(model.config)
     config = DraftConfig.for_target(cfg, aux_layer_ids=default_aux_layer_ids(cfg.num_hidden_layers),
                                     draft_vocab_size=min(cfg.vocab_size, 32000))
     torch.manual_seed(0)
     draft = Eagle3Draft(config)
-    draft.set_target_embedding(target.model.get_input_embeddings().weight)
-    return draft.to(device=device, dtype=next(target.model.parameters()).dtype).eval()
+    draft.set_target_embedding(model.get_input_embeddings().weight)
+    return draft.to(device=device, dtype=next(model.parameters()).dtype).eval()
 
 
 def cache_slots(cfg: BenchConfig, tokenizer, prompts, specs) -> int:
@@ -122,7 +123,7 @@ def benchmark(cfg: BenchConfig, command: str = "") -> dict:
     specs = list(SWEEP) if cfg.sweep else [cfg.spec]
     draft = None
     if cfg.draft == "random":
-        draft = random_draft_for(target, device)
+        draft = random_draft_for(target.model, device)
     elif cfg.draft != "oracle":
         draft = load_draft_for(cfg.draft, target, device)
     max_len = cache_slots(cfg, target.tokenizer, prompts, specs)

@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     target = load_target(args.target, device=device, dtype=args.dtype)
     spec, sampling = spec_from(args), sampling_from(args)
     if args.draft == "random":
-        draft = random_draft_for(target, device)
+        draft = random_draft_for(target.model, device)
     else:
         draft = load_draft_for(args.draft, target, device)
     ids = prompt_ids(target.tokenizer, [{"role": "user", "content": args.prompt}])

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from eaglekit.draft.model import Eagle3Draft
-from eaglekit.engine.kv import KVCache, attend
+from eaglekit.engine.kv import KVCache, attend, group_mask
 from eaglekit.engine.sampling import Sampling, sample
 from eaglekit.engine.spec import SpecConfig
 from eaglekit.engine.tree import Tree, cache_mask, causal_block, chain_tree, select_tree, tree_from_parents
@@ -56,6 +56,7 @@ class DraftRunner(nn.Module):
         """One draft forward over T rows: tokens [T], hidden [T, H], positions/slots [T] -> [T, H]."""
         q, k, v, residual = self.draft.attention_pieces(tokens[None], hidden[None], positions[None])
         k_all, v_all = self.cache.write(slots, k, v)
+        mask = group_mask(mask, q.shape[1] // k.shape[1])
         return self.draft.finish(attend(q, k_all, v_all, mask), residual)[0]
 
     def catch_up(self, tokens, aux, start, last):

@@ -103,7 +103,6 @@ class Engine:
                            name="decode")
         if drafter is not None:
             self._init_speculation(compile_mode)
-        self.warmup()
 
     # ---- static buffers and steps of speculation ------------------------------------------
 
@@ -133,18 +132,24 @@ class Engine:
         self.advance = Step(compiled(self._advance_step, self.compile, compile_mode), use_graph=self.graphs,
                             name="advance")
 
-    def warmup(self) -> None:
-        """Capture the CUDA graphs on a dummy prompt (compiling on the way); no-op without graphs."""
+    def warmup(self, speculative: bool = True) -> None:
+        """Compile and capture the steps a mode needs (once; `generate` calls it). No-op without graphs.
+
+        Capturing runs each step a few times on the current buffers, so they are first reset to a
+        harmless state (slot 0, empty tree); every generation then starts from its own prefill.
+        """
         if not self.graphs:
             return
-        prompt = list(range(1, 9))
-        self._prefill_plain(prompt)
-        self.decode.capture()
-        if self.drafter is not None:
-            self._prefill_speculation(prompt)
-            self.verify.capture()
-            self.acc.zero_()
-            self.advance.capture()
+        steps = [self.verify, self.advance] if speculative and self.drafter is not None else [self.decode]
+        for step in steps:
+            if step.graph is None:
+                self.pos.zero_()
+                self.tok.zero_()
+                if self.drafter is not None:
+                    for t in (self.n, self.acc, self.tree.tokens, self.tree.parents, self.tree.depth):
+                        t.zero_()
+                    self.tree.anc.copy_(torch.eye(self.tree.size, dtype=torch.bool))   # no empty mask row
+                step.capture()
 
     # ---- plain decoding -------------------------------------------------------------------
 
@@ -289,6 +294,7 @@ class Engine:
             raise EaglekitError(
                 f"prompt ({len(prompt_ids)}) + max_new_tokens ({max_new_tokens}) + draft headroom ({headroom}) "
                 f"does not fit the {self.L} cache slots", hint="build the engine with a larger max_len")
+        self.warmup(speculative)
         if seed is not None:
             torch.manual_seed(seed)
         rng = random.Random(seed)

@@ -40,6 +40,11 @@ def move_slots(cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> Non
     cache.index_copy_(2, dst, cache.index_select(2, src))
 
 
+def group_mask(mask: torch.Tensor, groups: int) -> torch.Tensor:
+    """[B|1, 1, T, L] -> [B|1, 1, groups*T, L]: the mask for `attend`'s folded query rows."""
+    return mask.repeat(1, 1, groups, 1) if groups > 1 else mask
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Grouped-query attention over a whole cache.
 
@@ -49,15 +54,13 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     Args:
         q: [B, nh, T, d] queries (head i uses kv head i // (nh // h)).
         k, v: [B, h, L, d] the cache.
-        mask: [B or 1, 1, T, L] bool, True = attend.
+        mask: [B|1, 1, g*T, L] bool, True = attend: `group_mask(mask, nh // h)`.
 
     Returns:
         [B, nh, T, d].
     """
     B, nh, T, d = q.shape
     h = k.shape[1]
-    g = nh // h
-    q = q.reshape(B, h, g * T, d)                       # head kv*g + j, token t -> row j*T + t
-    mask = mask.repeat(1, 1, g, 1) if g > 1 else mask   # [B|1, 1, g*T, L]
+    q = q.reshape(B, h, (nh // h) * T, d)               # head kv*g + j, token t -> row j*T + t
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     return out.reshape(B, nh, T, v.shape[-1])

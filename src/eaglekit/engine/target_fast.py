@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eaglekit.engine.kv import KVCache, attend
+from eaglekit.engine.kv import KVCache, attend, group_mask
 from eaglekit.engine.tree import causal_block, cache_mask
 from eaglekit.errors import EaglekitError
 from eaglekit.target.capture import decoder_layers
@@ -104,7 +104,7 @@ class FastLayer(nn.Module):
         self.cache = cache
 
     def forward(self, x, cos, sin, slots, mask):
-        """x [B, T, H]; cos/sin [B, 1, T, d]; slots [T]; mask [B|1, 1, T, L] -> [B, T, H]."""
+        """x [B, T, H]; cos/sin [B, 1, T, d]; slots [T]; mask [B|1, 1, g*T, L] (grouped) -> [B, T, H]."""
         B, T, _ = x.shape
         qkv = F.linear(rms_norm(x, self.ln1, self.eps), self.wqkv, self.bqkv)
         q, k, v = qkv.split([self.nh * self.d, self.nkv * self.d, self.nkv * self.d], dim=-1)
@@ -171,6 +171,7 @@ class FastTarget(nn.Module):
         """
         x = F.embedding(input_ids, self.embed)
         cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # [B, 1, T, d]
+        mask = group_mask(mask, self.layers[0].nh // self.layers[0].nkv)
         states = {}
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, slots, mask)

@@ -1,0 +1,387 @@
+"""GPU evidence for eaglekit's engine (issue 5): plain decoding, speculation overhead, batching.
+
+Parts (run any subset with --parts; each writes its results into $OUT/bench_engine.json as soon as
+it is done, so a run cut short still returns what it measured):
+
+    a  SmolLM2 plain decoding at batch 1: engine tok/s vs HF generate vs the memory floor
+       (weight bytes / bandwidth measured by a device-to-device copy in the same run)
+    b  a Llama-shaped 8B model with random weights (bf16): engine tok/s and share of the floor
+    c  SmolLM2 with the oracle draft (chain and tree): speedup vs the ideal (tau at equal cost),
+       and a random draft (real draft cost, no acceptance): cost of one cycle
+    d  a trained draft (--draft DIR): tau and speedup on --prompts (as `eaglekit bench`)
+    e  SmolLM2 batched generation (`generate_batch`) vs HF generate at the same batch size
+
+    python scripts/gpu/bench_engine.py --target /root/stage/SmolLM2-135M-Instruct.Q4_1.gguf --parts a,b
+    python scripts/gpu/bench_engine.py --smoke      # CPU, tiny random models, a few tokens
+
+It prints a compact table last and writes $OUT/bench_engine.json and $OUT/bench_engine.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+
+from eaglekit.engine import (DraftRunner, Engine, OracleDrafter, Sampling, SpecConfig,  # noqa: E402
+                             generate_batch, make_target_runner)
+
+log = logging.getLogger("bench_engine")
+CHAIN = SpecConfig(mode="chain", k=5)
+TREE = SpecConfig(mode="tree", depth=6, top_k=10, total_tokens=60)
+SMOKE_SPECS = (SpecConfig(mode="chain", k=3), SpecConfig(mode="tree", depth=3, top_k=3, total_tokens=10))
+PROMPT = "Write a long, detailed story about a dragon who learns to paint. Describe every scene."
+
+
+# ---- measuring --------------------------------------------------------------------------------
+
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def bandwidth(device, gib: float = 1.0, repeats: int = 20) -> float | None:
+    """Bytes/s of a device-to-device copy (read + write counted), or None on CPU."""
+    if torch.device(device).type != "cuda":
+        return None
+    src = torch.empty(int(gib * 2 ** 30) // 2, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        dst.copy_(src)
+    sync(device)
+    seconds = (time.perf_counter() - start) / repeats
+    return 2 * src.numel() * src.element_size() / seconds
+
+
+def streamed_bytes(model) -> int:
+    """Weight bytes read per decoded token: every parameter once (an untied input embedding is
+    only indexed, so it is left out; a tied one is read by the LM head)."""
+    seen, total = set(), 0
+    embed = model.get_input_embeddings().weight
+    tied = embed.data_ptr() == model.get_output_embeddings().weight.data_ptr()
+    for p in model.parameters():
+        if p.data_ptr() in seen or (p is embed and not tied):
+            continue
+        seen.add(p.data_ptr())
+        total += p.numel() * p.element_size()
+    return total
+
+
+def median_run(fn, repeats: int):
+    """Run fn() `repeats` times; return the result of the median-time run."""
+    runs = sorted((fn() for _ in range(repeats)), key=lambda r: r["seconds"])
+    return runs[len(runs) // 2]
+
+
+def engine_plain(engine: Engine, ids: list[int], new: int, repeats: int) -> dict:
+    engine.generate(ids, new, speculative=False)                                  # compile + capture
+    def once():
+        gen = engine.generate(ids, new, speculative=False)
+        return {"tokens": len(gen.tokens), "seconds": gen.seconds, "ids": gen.tokens}
+    return with_rate(median_run(once, repeats))
+
+
+def engine_spec(engine: Engine, ids: list[int], new: int, repeats: int) -> dict:
+    engine.generate(ids, new)
+    def once():
+        gen = engine.generate(ids, new)
+        return {"tokens": len(gen.tokens), "seconds": gen.seconds, "tau": gen.tau, "cycles": len(gen.accept_lengths),
+                "ids": gen.tokens}
+    return with_rate(median_run(once, repeats))
+
+
+@torch.no_grad()
+def hf_generate(model, ids: list[list[int]], new: int, repeats: int) -> dict:
+    """HF generate, greedy, no stop token (exactly `new` tokens), dynamic cache as a user calls it."""
+    device = next(model.parameters()).device
+    x = torch.tensor(ids, device=device)
+    config = copy.deepcopy(model.generation_config)
+    config.eos_token_id = None
+    def once():
+        sync(device)
+        start = time.perf_counter()
+        out = model.generate(x, attention_mask=torch.ones_like(x), generation_config=config, max_new_tokens=new,
+                             do_sample=False, pad_token_id=0)
+        sync(device)
+        return {"tokens": (out.shape[1] - x.shape[1]) * x.shape[0], "seconds": time.perf_counter() - start,
+                "ids": out[0, x.shape[1]:].tolist()}
+    once()
+    return with_rate(median_run(once, repeats))
+
+
+def with_rate(r: dict) -> dict:
+    r["tok_s"] = r["tokens"] / r["seconds"]
+    r["ms_per_token"] = 1000 * r["seconds"] / r["tokens"]
+    return r
+
+
+def same_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def strip(r: dict) -> dict:
+    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items() if k != "ids"}
+
+
+# ---- models -----------------------------------------------------------------------------------
+
+def tiny_llama(device, *, hidden=64, layers=8, vocab=512, heads=4, kv=2, inter=128, seed=0):
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                         num_key_value_heads=kv, intermediate_size=inter, vocab_size=vocab,
+                         max_position_embeddings=4096, tie_word_embeddings=False)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(device).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0, 0.3)
+    return model.requires_grad_(False)
+
+
+def llama_8b(device):
+    """Llama-3-8B shapes, random weights, bf16 (no download)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                         intermediate_size=14336, vocab_size=128256, max_position_embeddings=8192,
+                         rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    return model.eval().requires_grad_(False)
+
+
+def load_smollm2(args):
+    """(model, prompt ids, stop ids): SmolLM2 (or --target), or a tiny random Llama with --smoke."""
+    if args.smoke and not args.target:
+        model = tiny_llama(args.device)
+        return model, [(7 * i + 3) % 500 for i in range(24)], []
+    from eaglekit.target.chat import prompt_ids
+    from eaglekit.target.load import load_target
+
+    target = load_target(args.target or "smollm2", device=args.device, dtype=args.dtype)
+    ids = prompt_ids(target.tokenizer, [{"role": "user", "content": PROMPT}])
+    return target.model, ids, target.stop_token_ids
+
+
+# ---- parts ------------------------------------------------------------------------------------
+
+def part_a(args, smol, ids, bw) -> dict:
+    new = args.new_tokens
+    runner = make_target_runner(smol, max_len=round_up(len(ids) + new + 128))
+    engine = Engine(runner, compile=args.compile, compile_mode=args.compile_mode)
+    eng = engine_plain(engine, ids, new, args.repeats)
+    hf = hf_generate(smol, [ids], new, args.repeats)
+    weights = streamed_bytes(smol)
+    floor_ms = 1000 * weights / bw if bw else None
+    return {"runner": runner.kind, "new_tokens": new, "engine": strip(eng), "hf_generate": strip(hf),
+            "speedup_vs_hf": eng["tok_s"] / hf["tok_s"], "weight_bytes": weights, "floor_ms_per_token": floor_ms,
+            "floor_share": floor_ms / eng["ms_per_token"] if floor_ms else None,
+            "greedy_prefix_match_vs_hf": same_prefix(eng["ids"], hf["ids"])}
+
+
+def part_b(args, bw) -> dict:
+    model = tiny_llama(args.device, hidden=128, layers=8, vocab=1024, heads=8, kv=2, inter=256) if args.smoke \
+        else llama_8b(args.device)
+    ids = [(37 * i + 11) % 1000 for i in range(32)]
+    new = args.new_tokens
+    runner = make_target_runner(model, max_len=round_up(len(ids) + new + 128))
+    engine = Engine(runner, compile=args.compile, compile_mode=args.compile_mode)
+    eng = engine_plain(engine, ids, new, args.repeats)
+    hf = hf_generate(model, [ids], min(new, 64), 1)
+    weights = streamed_bytes(model)
+    floor_ms = 1000 * weights / bw if bw else None
+    out = {"runner": runner.kind, "parameters": sum(p.numel() for p in model.parameters()), "engine": strip(eng),
+           "hf_generate_64": strip(hf), "weight_bytes": weights, "floor_ms_per_token": floor_ms,
+           "floor_share": floor_ms / eng["ms_per_token"] if floor_ms else None}
+    del engine, runner, model
+    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    return out
+
+
+def part_c(args, smol, ids) -> dict:
+    """Oracle (perfect greedy draft) and random draft, chain and tree, against plain decoding."""
+    from eaglekit.bench.benchmark import random_draft_for
+    from eaglekit.target.info import default_aux_layer_ids
+
+    new = args.new_tokens
+    max_len = round_up(len(ids) + new + 256)
+    aux = default_aux_layer_ids(smol.config.num_hidden_layers)
+    runner = make_target_runner(smol, max_len=max_len, aux_layer_ids=aux)
+    plain = engine_plain(Engine(runner, compile=args.compile, compile_mode=args.compile_mode), ids, new, args.repeats)
+    reference = ids + plain["ids"]
+    draft = random_draft_for(smol, args.device)
+    out = {"plain": strip(plain)}
+    for spec in SMOKE_SPECS if args.smoke else (CHAIN, TREE):
+        oracle = OracleDrafter(reference, spec=spec, vocab_size=runner.vocab_size, max_len=max_len, device=args.device)
+        eng = engine_spec(Engine(runner, drafter=oracle, spec=spec, compile=args.compile,
+                                 compile_mode=args.compile_mode), ids, new, args.repeats)
+        speedup = eng["tok_s"] / plain["tok_s"]
+        out[f"oracle {spec.label()}"] = {**strip(eng), "speedup": speedup, "ideal": eng["tau"],
+                                         "efficiency": speedup / eng["tau"], "match": eng["ids"] == plain["ids"],
+                                         "cycle_ms": 1000 * eng["seconds"] / max(eng["cycles"], 1)}
+        drafter = DraftRunner(draft, spec=spec, sampling=Sampling(), max_len=max_len)
+        eng = engine_spec(Engine(runner, drafter=drafter, spec=spec, compile=args.compile,
+                                 compile_mode=args.compile_mode), ids, new, args.repeats)
+        out[f"random {spec.label()}"] = {**strip(eng), "speedup": eng["tok_s"] / plain["tok_s"],
+                                         "match": eng["ids"] == plain["ids"],
+                                         "cycle_ms": 1000 * eng["seconds"] / max(eng["cycles"], 1)}
+    return out
+
+
+def part_d(args) -> dict:
+    """A trained draft on --prompts, through `eaglekit bench` (HF generate is part a's number)."""
+    from eaglekit.bench.benchmark import BenchConfig, benchmark
+
+    results = {}
+    for spec in SMOKE_SPECS if args.smoke else (SpecConfig(mode="chain", k=args.k), TREE):
+        cfg = BenchConfig(target=args.target or "smollm2", draft=args.draft, prompts=args.prompts, spec=spec,
+                          max_new_tokens=args.new_tokens, limit=args.limit, hf=False, device=args.device,
+                          dtype=args.dtype, compile=args.compile)
+        res = benchmark(cfg, command=" ".join(sys.argv))
+        results[spec.label()] = {k: res["summary"][k] for k in ("tau", "speedup", "baseline_tok_s", "spec_tok_s",
+                                                                 "per_position_acceptance", "greedy_match", "turns")}
+    return results
+
+
+def part_e(args, smol, ids) -> dict:
+    batch = args.batch
+    vocab = smol.get_input_embeddings().weight.shape[0]
+    rows = [[(t + 13 * r) % (vocab - 20) + 10 for t in ids[:32]] for r in range(batch)]  # same length: no padding
+    new = args.new_tokens
+    generate_batch(smol, rows, max_new_tokens=new, stop_token_ids=[], batch_size=batch, compile=args.compile)
+    sync(args.device)
+    start = time.perf_counter()
+    done = generate_batch(smol, rows, max_new_tokens=new, stop_token_ids=[], batch_size=batch, compile=args.compile)
+    sync(args.device)
+    seconds = time.perf_counter() - start
+    eng = with_rate({"tokens": sum(len(c.tokens) for c in done), "seconds": seconds})
+    hf = hf_generate(smol, rows, new, 1)
+    return {"batch": batch, "new_tokens": new, "engine": strip(eng), "hf_generate": strip(hf),
+            "speedup_vs_hf": eng["tok_s"] / hf["tok_s"], "row0_prefix_match_vs_hf": same_prefix(done[0].tokens, hf["ids"]),
+            "note": "engine time includes building the runner (compile and capture cached after the first call)"}
+
+
+def round_up(n: int, to: int = 128) -> int:
+    return -(-n // to) * to
+
+
+# ---- report -----------------------------------------------------------------------------------
+
+def table(results: dict) -> str:
+    lines = ["| measurement | tok/s | ms/token | vs reference |", "| --- | ---: | ---: | --- |"]
+    def row(name, r, ref=""):
+        lines.append(f"| {name} | {r['tok_s']:.1f} | {r['ms_per_token']:.3f} | {ref} |")
+    if "a" in results:
+        a = results["a"]
+        row("a SmolLM2 HF generate", a["hf_generate"])
+        floor = f", floor {a['floor_ms_per_token']:.3f} ms ({100 * a['floor_share']:.0f}% of it)" if a["floor_share"] else ""
+        row(f"a SmolLM2 engine ({a['runner']})", a["engine"], f"{a['speedup_vs_hf']:.1f}x HF{floor}")
+    if "b" in results:
+        b = results["b"]
+        floor = f"floor {b['floor_ms_per_token']:.2f} ms = {100 * b['floor_share']:.0f}% reached" if b["floor_share"] else ""
+        row(f"b {b['parameters'] / 1e9:.2f}B random, HF generate", b["hf_generate_64"])
+        row(f"b {b['parameters'] / 1e9:.2f}B random, engine", b["engine"], floor)
+    if "c" in results:
+        c = results["c"]
+        row("c plain (same runner)", c["plain"])
+        for name, r in c.items():
+            if name != "plain":
+                extra = f", ideal {r['ideal']:.2f}x, efficiency {100 * r['efficiency']:.0f}%" if "ideal" in r else ""
+                row(f"c {name}", r, f"{r['speedup']:.2f}x plain, tau {r['tau']:.2f}{extra}, cycle {r['cycle_ms']:.2f} ms")
+    if "d" in results:
+        for name, r in results["d"].items():
+            lines.append(f"| d trained draft {name} | {r['spec_tok_s']:.1f} | – | {r['speedup']:.2f}x plain, "
+                         f"tau {r['tau']:.2f}, greedy match {r['greedy_match']} |")
+    if "e" in results:
+        e = results["e"]
+        row(f"e batch {e['batch']} HF generate", e["hf_generate"])
+        row(f"e batch {e['batch']} generate_batch", e["engine"], f"{e['speedup_vs_hf']:.1f}x HF")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--smoke", action="store_true", help="CPU, tiny random models, a few tokens")
+    p.add_argument("--target", help="SmolLM2 as a .gguf file or HF folder (default: smollm2)")
+    p.add_argument("--draft", help="a trained draft checkpoint folder (part d)")
+    p.add_argument("--prompts", help="prompts for part d (default: the built-in set)")
+    p.add_argument("--limit", type=int, default=20, help="part d: first N prompts")
+    p.add_argument("--k", type=int, default=5, help="part d: chain length")
+    p.add_argument("--parts", default="a,b,c,d,e")
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--compile-mode", default="max-autotune-no-cudagraphs",
+                   help="torch.compile mode of the steps, or `none` (CUDA graphs only)")
+    p.add_argument("--out", default=os.environ.get("OUT", "runs/bench_engine"))
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    args.device = args.device or ("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
+    args.compile = None if args.compile_mode != "none" else False
+    if args.smoke:
+        args.new_tokens, args.repeats, args.batch = min(args.new_tokens, 12), 1, min(args.batch, 3)
+    parts = [x.strip() for x in args.parts.split(",") if x.strip()]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+                     "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(["python", *sys.argv]),
+                     "torch": torch.__version__, "compile_mode": args.compile_mode, "errors": {}}
+    bw = bandwidth(args.device)
+    results["bandwidth_GBps"] = bw / 1e9 if bw else None
+    smol = ids = None
+    if {"a", "c", "e"} & set(parts):
+        smol, ids, _ = load_smollm2(args)
+    for part in parts:
+        start = time.time()
+        try:
+            if part == "a":
+                results["a"] = part_a(args, smol, ids, bw)
+            elif part == "b":
+                results["b"] = part_b(args, bw)
+            elif part == "c":
+                results["c"] = part_c(args, smol, ids)
+            elif part == "d":
+                if not args.draft:
+                    log.info("part d skipped: no --draft")
+                    continue
+                results["d"] = part_d(args)
+            elif part == "e":
+                results["e"] = part_e(args, smol, ids)
+        except Exception as err:  # keep the other parts' numbers; the error is reported
+            log.exception("part %s failed", part)
+            results["errors"][part] = f"{type(err).__name__}: {err}"
+        results.setdefault("seconds", {})[part] = round(time.time() - start, 1)
+        (out / "bench_engine.json").write_text(json.dumps(results, indent=2, default=str))
+    text = table(results)
+    (out / "bench_engine.md").write_text(f"# eaglekit engine, {results['device']}, {results['date']}\n\n"
+                                         f"`{results['command']}`\n\n{text}\n")
+    print(f"\nbandwidth {results['bandwidth_GBps'] or 0:.0f} GB/s, {results['device']}, errors: {results['errors'] or 'none'}")
+    print(text)
+    return 1 if results["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

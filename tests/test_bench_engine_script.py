@@ -1,0 +1,34 @@
+"""The GPU benchmark script's --smoke mode runs on CPU (tiny models, a few tokens), every part."""
+
+import json
+import runpy
+import sys
+from pathlib import Path
+
+from engine_tiny import one_thread, random_draft  # noqa: F401 (fixture)
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "bench_engine.py"
+
+
+def test_bench_engine_smoke(tmp_path, tiny_target_dir, monkeypatch):
+    from eaglekit.draft.checkpoint import save_draft
+    from eaglekit.target import load_target
+
+    target = load_target(tiny_target_dir)
+    draft = save_draft(random_draft(target.model), tmp_path / "draft")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "x", "turns": ["Hello!", "Count to ten."]}) + "\n")
+    out = tmp_path / "out"
+    argv = [str(SCRIPT), "--smoke", "--target", str(tiny_target_dir), "--draft", str(draft), "--prompts", str(prompts),
+            "--limit", "1", "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
+    module = runpy.run_path(str(SCRIPT), run_name="bench_engine_smoke")
+    assert module["main"](argv[1:]) == 0
+    results = json.loads((out / "bench_engine.json").read_text())
+    assert not results["errors"] and set("abcde") <= set(results)
+    assert results["a"]["engine"]["tokens"] == 12 and results["a"]["greedy_prefix_match_vs_hf"] == 12
+    oracle = [v for k, v in results["c"].items() if k.startswith("oracle")]
+    assert len(oracle) == 2 and all(r["match"] and r["tau"] > 2 for r in oracle)
+    assert all(r["greedy_match"] == 1.0 for r in results["d"].values())
+    assert results["e"]["row0_prefix_match_vs_hf"] == 12
+    assert "| a SmolLM2 engine" in (out / "bench_engine.md").read_text()
