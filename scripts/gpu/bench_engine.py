@@ -24,7 +24,6 @@ import copy
 import json
 import logging
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -336,8 +335,14 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--compile-mode", default="max-autotune-no-cudagraphs",
                    help="torch.compile mode of the steps, or `none` (CUDA graphs only)")
+    p.add_argument("--coordinate-descent", action="store_true",
+                   help="Inductor coordinate-descent tuning (gpt-fast's setting; longer compiles)")
     p.add_argument("--out", default=os.environ.get("OUT", "runs/bench_engine"))
     args = p.parse_args(argv)
+    if args.coordinate_descent:
+        from torch._inductor import config as inductor_config
+
+        inductor_config.coordinate_descent_tuning = True
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args.device = args.device or ("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
     args.compile = None if args.compile_mode != "none" else False

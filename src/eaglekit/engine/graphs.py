@@ -53,10 +53,17 @@ class Step:
             for _ in range(warmup):
                 self.fn()
         torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.fn()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                self.fn()
+        except RuntimeError as err:
+            raise EaglekitError(
+                f"capturing the {self.name} step in a CUDA graph failed: {err}",
+                hint="the target's forward syncs with the host (e.g. MoE routing in the HF code); "
+                     "use --no-graphs, or the fast runner if the target is a Llama-family model") from err
         torch.cuda.synchronize()
+        self.graph = graph
         log.info("captured %s in %.1f s (compile included)", self.name, time.perf_counter() - start)
 
     def __call__(self) -> None:
