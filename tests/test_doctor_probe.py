@@ -118,3 +118,32 @@ def test_cli_probe_json(exports, target_dir, tmp_path, capsys):
     assert main(["doctor", str(exports["vllm"]), "--target", str(target_dir), "--probe", str(prompts),
                  "--max-new-tokens", "48"]) in (0, 1)
     assert "probe" in capsys.readouterr().out
+
+
+def test_replay_matches_eaglekit_engine(exports, target_dir):
+    """The probe's replay and eaglekit's engine (greedy chain, k=3) accept the same drafts."""
+    from eaglekit.doctor.probe import run_target
+    from eaglekit.doctor.run import load_prompts
+    from eaglekit.draft.checkpoint import load_draft
+    from eaglekit.engine import DraftRunner, Engine, Sampling, SpecConfig, make_target_runner
+    from eaglekit.target.chat import prompt_ids
+    from eaglekit.target.load import load_target
+
+    target = load_target(str(target_dir))
+    embedding = target.model.get_input_embeddings().weight.detach()
+    draft = load_draft(exports["native"], target_embedding=embedding).eval()
+    spec = SpecConfig(mode="chain", k=3)
+    engine = Engine(make_target_runner(target.model, max_len=256, aux_layer_ids=list(draft.config.aux_layer_ids)),
+                    drafter=DraftRunner(draft, spec=spec, sampling=Sampling(), max_len=256), spec=spec,
+                    stop_token_ids=target.stop_token_ids)
+    setup = ProbeSetup("native", draft.config, draft.draft_state_dict())
+    compared = 0
+    for messages in load_prompts(None, 4):
+        gen = engine.generate(prompt_ids(target.tokenizer, messages), 32)
+        run = run_target(target.model, target.tokenizer, messages, max_new_tokens=32, stop_ids=target.stop_token_ids)
+        assert gen.tokens == run.tokens[run.prompt_len:].tolist()
+        mine = replay(draft, run, setup, k=3)
+        # the engine counts the last cycle's drafts in full, the replay only up to the length limit
+        assert mine[:-1] == gen.accept_lengths[:-1] and mine[-1] <= gen.accept_lengths[-1]
+        compared += len(mine)
+    assert compared > 20

@@ -70,12 +70,11 @@ def check_names(ctx: Context) -> Check:
         parts.append(f"{len(r.missing)} parameters keep their random init ({', '.join(r.missing[:4])})")
     if not parts:
         return Check("names", PASS, f"{ctx.engine} loads all {len(r.loads)} tensors by name")
-    style = ctx.interp.layer_style
-    if style == "layers.0." and ctx.engine in ("sglang", "eagle"):
-        hints.append(f"rename layers.0.* to midlayer.* (`eaglekit export --format {ctx.engine}` does this)")
+    if ctx.interp.layer_style == "layers.0." and ctx.engine in ("sglang", "eagle"):
+        hints.append("rename layers.0.* to midlayer.*")
     if any(n.startswith("model.") for n in r.refused):
         hints.append("drop the `model.` prefix from tensor names")
-    hints.append(f"re-export with `eaglekit export --format {ctx.engine}`")
+    hints.append(f"`eaglekit export --format {ctx.engine}` writes the names {ctx.engine} loads")
     return Check("names", FAIL, "; ".join(parts), "; ".join(hints))
 
 
@@ -143,7 +142,7 @@ def d2t_problems(d2t: torch.Tensor, t2d: torch.Tensor | None, draft_vocab: int, 
         if absolute:
             return ["d2t holds absolute target ids, engines add them to the draft id (target = i + d2t[i]): "
                     f"{int((ids >= vocab).sum())} draft ids map outside the vocab, all others to wrong tokens"], \
-                "store offsets: d2t[i] = target_id[i] - i (`eaglekit doctor` reports the fixed tensor works)"
+                "store offsets: d2t[i] = target_id[i] - i"
         return ["d2t offsets give target ids that are negative, out of the vocab or not strictly increasing"], \
             "rebuild d2t from the sorted draft vocabulary: d2t[i] = target_id[i] - i"
     problems = []
@@ -236,7 +235,6 @@ def check_aux_layer_ids(ctx: Context) -> Check:
     if out_of_range:
         return Check("aux_layer_ids", FAIL, f"aux layers {out_of_range} do not exist in a {N}-layer target",
                      "the draft was made for another target")
-    conflicts = "; ".join(ctx.interp.conflicts)
     write = {"vllm": f"top-level eagle_aux_hidden_state_layer_ids = {to_engine_convention(meant, 'vllm')}",
              "sglang": f"eagle_config.eagle_aux_hidden_state_layer_ids = {to_engine_convention(meant, 'sglang')}",
              "eagle": "nothing: EAGLE's layers are hard-coded; retrain on them or serve in SGLang/vLLM"}[ctx.engine]
@@ -246,8 +244,8 @@ def check_aux_layer_ids(ctx: Context) -> Check:
                      "permute fc's input blocks into layer order, or retrain with sorted aux_layer_ids")
     if list(r.aux_layer_ids) != meant:
         return Check("aux_layer_ids", FAIL, f"{ctx.engine} captures the outputs of layers {r.aux_layer_ids} "
-                     f"({r.aux_source}), the draft was trained on {meant} ({ctx.interp.aux_source})"
-                     + (f"; {conflicts}" if conflicts else ""), f"write {write}")
+                     f"({r.aux_source}), the draft was trained on {meant} ({ctx.interp.aux_source})",
+                     f"write {write}")
     if r.aux_alternative is not None and list(r.aux_alternative) != meant:
         return Check("aux_layer_ids", WARN, f"{ctx.engine} captures {meant} in the version modelled, but other "
                      f"versions capture {r.aux_alternative} ({r.aux_source})", f"write {write}")

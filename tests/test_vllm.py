@@ -1,0 +1,152 @@
+"""Proof in a real engine: vLLM's CPU build serves eaglekit's vLLM export with method eagle3.
+
+- vLLM's measured accept length is well above 1.00 and equals the doctor's probe on the same
+  prompts (greedy), with the same outputs;
+- each bug of the story, planted in a copy of the export, collapses vLLM's acceptance (or makes it
+  fail), and the doctor fails that copy naming the cause;
+- the `speculators` package loads the export.
+
+Needs the vLLM venv (scripts/install_vllm_cpu.sh); each vLLM start takes 1-2 minutes on 2 cores.
+The draft is the repeat oracle (tests/oracle_draft.py) on a tiny target with head_dim 64 (what vLLM's
+CPU attention supports); set EAGLEKIT_VLLM_DRAFT=CKPT and EAGLEKIT_VLLM_TARGET=T to run the
+comparison on a trained draft as well.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from eaglekit.doctor import run_doctor
+from eaglekit.doctor.run import load_prompts
+from eaglekit.formats import export_draft
+from eaglekit.formats.facts import target_facts
+from eaglekit.target.chat import prompt_ids
+from oracle_draft import oracle_checkpoint, save_repeat_target
+from test_doctor import _aux_off, _aux_off_by_one, _d2t_absolute, planted
+
+VENV = Path(os.environ.get("EAGLEKIT_VLLM_VENV", Path.home() / ".cache/eaglekit/vllm-venv"))
+RUNNER = Path(__file__).parent / "vllm_runner.py"
+K, MAX_TOKENS, PROMPTS = 3, 32, 4
+
+pytestmark = [
+    pytest.mark.vllm, pytest.mark.slow,
+    pytest.mark.skipif(not (VENV / "bin/python").exists(), reason=f"no vLLM venv at {VENV} "
+                       "(scripts/install_vllm_cpu.sh)"),
+]
+
+
+def serve(target: Path, draft: Path, tmp: Path, *, max_tokens: int = MAX_TOKENS, num_prompts: int = PROMPTS,
+          max_model_len: int = 512) -> dict:
+    """Run tests/vllm_runner.py in the vLLM venv; prompts are the doctor's, tokenized by the target."""
+    tokenizer = target_facts(str(target)).tokenizer
+    request = {"target": str(Path(target).resolve()), "draft": str(Path(draft).resolve()), "k": K,
+               "max_tokens": max_tokens, "dtype": "float32", "max_model_len": max_model_len,
+               "prompt_token_ids": [prompt_ids(tokenizer, m) for m in load_prompts(None, num_prompts)]}
+    (tmp / "request.json").write_text(json.dumps(request))
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    proc = subprocess.run([str(VENV / "bin/python"), str(RUNNER), str(tmp / "request.json"), str(tmp / "out.json")],
+                          capture_output=True, text=True, timeout=900, env=env)
+    if not (tmp / "out.json").exists():
+        raise AssertionError(f"vLLM runner died (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads((tmp / "out.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("vllm")
+    target = save_repeat_target(root / "target", seed=4, heads=1)
+    ckpt = oracle_checkpoint(target, root / "oracle", k=K, num_prompts=PROMPTS, max_new_tokens=MAX_TOKENS)
+    export_draft(ckpt, "vllm", root / "export", target=str(target))
+    return {"target": target, "export": root / "export"}
+
+
+def test_vllm_accepts_what_the_probe_measures(setup, tmp_path):
+    vllm = serve(setup["target"], setup["export"], tmp_path)
+    assert "error" not in vllm, vllm
+    report = run_doctor(setup["export"], str(setup["target"]), run_probe=True, k=K, max_new_tokens=MAX_TOKENS,
+                        num_prompts=PROMPTS)
+    assert report.ok, [(c.id, c.message) for c in report.checks if c.status == "fail"]
+    probe = report.probe
+    assert vllm["accept_length"] > 1.3  # well above 1.00: the draft is really used
+    assert vllm["accept_length"] == pytest.approx(probe["tau"], abs=0.05)
+    assert vllm["per_position"] == pytest.approx(probe["per_position"], abs=0.05)
+    assert vllm["num_drafts"] == pytest.approx(probe["drafts"], rel=0.1)
+    print(f"\nvLLM accept length {vllm['accept_length']} per position {vllm['per_position']} "
+          f"({vllm['num_drafts']} drafts); probe {probe['tau']} {probe['per_position']} ({probe['drafts']} drafts)")
+
+
+def _drop_midlayer(state):
+    return {k: v for k, v in state.items() if not k.startswith("layers.0.")}
+
+
+STORY = {
+    # bug: (edit, the check that must fail, the diagnosis that must name it; None: "acts like random
+    # weights", since no reading of the folder can bring back weights it does not hold)
+    "weights not loaded": (dict(tensors=_drop_midlayer), "names", None),
+    "d2t absolute": (dict(tensors=_d2t_absolute), "d2t", "d2t"),
+    "aux states off": (dict(config=_aux_off), "aux_states", "aux_states"),
+    "aux ids off by one": (dict(config=_aux_off_by_one), "aux_layer_ids", "aux_ids_trained"),
+}
+
+
+@pytest.mark.parametrize("bug", sorted(STORY))
+def test_planted_bug_collapses_vllm_and_the_doctor_names_it(bug, setup, tmp_path):
+    edit, check_id, cause = STORY[bug]
+    folder = planted(setup["export"], tmp_path / "bad", **edit)
+    vllm = serve(setup["target"], folder, tmp_path)
+    report = run_doctor(folder, str(setup["target"]), run_probe=True, k=K, max_new_tokens=MAX_TOKENS,
+                        num_prompts=PROMPTS)
+    good = report.probe["expected_tau"]  # what the clean draft reaches (its training metrics)
+    # vLLM either serves it with the acceptance collapsed, or dies (d2t ids outside the vocab)
+    assert "error" in vllm or vllm["accept_length"] - 1 < 0.25 * (good - 1), vllm
+    failed = [c.id for c in report.checks if c.status == "fail"]
+    assert check_id in failed and "probe" in failed, failed
+    assert report.probe["diagnosis"]["cause"] == cause, report.probe["diagnosis"]
+    if cause is None:
+        assert "like random weights" in report.probe["message"]
+    print(f"\n{bug}: vLLM {vllm.get('accept_length', vllm.get('error'))}, probe {report.probe['tau']}, "
+          f"checks failed {failed}, diagnosis: {report.probe['diagnosis'].get('message')}")
+    if "error" not in vllm:
+        assert vllm["accept_length"] == pytest.approx(report.probe["tau"], abs=0.05)
+
+
+def test_speculators_loads_the_export(setup):
+    script = r"""
+import json, sys, torch
+from safetensors.torch import load_file
+from speculators.models.eagle3 import Eagle3DraftModel
+folder = sys.argv[1]
+model = Eagle3DraftModel.from_pretrained(folder)
+state = model.state_dict()
+disk = load_file(folder + "/model.safetensors")
+same = {k: bool(torch.equal(state[k].to(v.dtype), v)) for k, v in disk.items()}
+cfg = model.config
+print(json.dumps({"same": same, "ids": cfg.eagle_aux_hidden_state_layer_ids, "nbr": cfg.norm_before_residual,
+                  "draft_vocab": cfg.draft_vocab_size, "target_vocab": cfg.target_vocab_size,
+                  "verifier": cfg.speculators_config.verifier.name_or_path}))
+"""
+    proc = subprocess.run([str(VENV / "bin/python"), "-c", script, str(setup["export"])], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["same"] and all(out["same"].values()), out["same"]
+    cfg = json.loads((setup["export"] / "config.json").read_text())
+    assert out["ids"] == cfg["eagle_aux_hidden_state_layer_ids"] and out["nbr"] is False
+    assert out["draft_vocab"] == 256 and out["target_vocab"] == 384
+
+
+@pytest.mark.skipif(not os.environ.get("EAGLEKIT_VLLM_DRAFT"), reason="set EAGLEKIT_VLLM_DRAFT (a trained "
+                    "checkpoint) and EAGLEKIT_VLLM_TARGET to compare a trained draft")
+def test_trained_draft_in_vllm(tmp_path):
+    target = Path(os.environ.get("EAGLEKIT_VLLM_TARGET", "/tmp/ek-smollm2"))
+    export_draft(os.environ["EAGLEKIT_VLLM_DRAFT"], "vllm", tmp_path / "export", target=str(target))
+    vllm = serve(target, tmp_path / "export", tmp_path, max_tokens=64, num_prompts=6, max_model_len=2048)
+    assert "error" not in vllm, vllm
+    report = run_doctor(tmp_path / "export", str(target), run_probe=True, k=K, max_new_tokens=64, num_prompts=6)
+    assert vllm["accept_length"] > 1.3, vllm
+    assert vllm["accept_length"] == pytest.approx(report.probe["tau"], abs=0.1)
