@@ -272,6 +272,14 @@ def main() -> None:
         args.steps, args.batch_tokens, args.ttt_steps = min(args.steps, 6), min(args.batch_tokens, 1024), min(args.ttt_steps, 3)
         args.draft_vocab_size, args.log_every, args.val_every = min(args.draft_vocab_size, 128), 2, min(args.val_every, 4)
         args.val_fraction, args.epochs, args.reserve_s = max(args.val_fraction, 0.1), min(args.epochs, 3.0), 5.0
+    elif args.target == "smollm2" or args.target.endswith(".gguf"):
+        # Dequantize once into an HF folder: every later load (capture, training, online) is then fast.
+        from eaglekit.target.prepare import prepare_target
+
+        prepared = work / "target-hf"
+        if not (prepared / "config.json").is_file():
+            prepare_target(args.target, prepared, overwrite=True)
+        args.target = str(prepared)
     modes = [m.strip() for m in args.mode.split(",") if m.strip()]
     unknown = set(modes) - {"bench", "ddp", "full"}
     if unknown:

@@ -50,24 +50,20 @@ class OfflineSource:
     def batch(self, indices: list[int], device: torch.device) -> Batch:
         rows = [self.store.sample(self.members[i]) for i in indices]
         T = max(r["input_ids"].numel() for r in rows)
-        teacher = sparse_teacher(pad_stack([r["topk_ids"] for r in rows], T),
-                                 pad_stack([r["topk_logp"] for r in rows], T),
-                                 self.target_to_draft)
-        batch = Batch(input_ids=pad_stack([r["input_ids"] for r in rows], T),
-                      loss_mask=pad_stack([r["loss_mask"] for r in rows], T, False),
-                      aux=pad_stack([r["aux"] for r in rows], T), teacher=teacher,
-                      lengths=torch.tensor([r["input_ids"].numel() for r in rows]))
-        if device.type == "cuda":
-            batch = pin(batch)
-        return batch.to(device)
-
-
-def pin(batch: Batch) -> Batch:
-    """Page-locked copies, so the host-to-GPU copy runs asynchronously."""
-    t = batch.teacher
-    return Batch(batch.input_ids.pin_memory(), batch.loss_mask.pin_memory(), batch.aux.pin_memory(),
-                 type(t)(t.argmax.pin_memory(), t.probs.pin_memory(), None if t.index is None else t.index.pin_memory()),
-                 batch.lengths.pin_memory())
+        host = {"input_ids": pad_stack([r["input_ids"] for r in rows], T),
+                "loss_mask": pad_stack([r["loss_mask"] for r in rows], T, False),
+                "aux": pad_stack([r["aux"] for r in rows], T),
+                "topk_ids": pad_stack([r["topk_ids"] for r in rows], T),
+                "topk_logp": pad_stack([r["topk_logp"] for r in rows], T),
+                "lengths": torch.tensor([r["input_ids"].numel() for r in rows])}
+        if device.type == "cuda":   # page-locked, so the copies run asynchronously
+            host = {k: v.pin_memory() for k, v in host.items()}
+        dev = {k: v.to(device, non_blocking=True) for k, v in host.items()}
+        if self.target_to_draft.device != device:
+            self.target_to_draft = self.target_to_draft.to(device)
+        teacher = sparse_teacher(dev["topk_ids"], dev["topk_logp"], self.target_to_draft)
+        return Batch(input_ids=dev["input_ids"], loss_mask=dev["loss_mask"], aux=dev["aux"], teacher=teacher,
+                     lengths=dev["lengths"])
 
 
 class OnlineSource:
