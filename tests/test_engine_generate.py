@@ -104,22 +104,23 @@ def test_sampling_runs_and_is_reproducible(spec):
     assert len(plain.tokens) == NEW
 
 
-def test_engine_sampling_follows_the_target_distribution():
+@pytest.mark.parametrize("spec", [SpecConfig(mode="chain", k=2), SpecConfig(mode="tree", depth=2, top_k=3, total_tokens=8)],
+                         ids=["chain", "tree"])
+def test_engine_sampling_follows_the_target_distribution(spec):
     """Tiny vocabulary (8): the first two tokens of speculative sampling through the whole engine
-    (prefill token, then one tree cycle) follow p(x1) p(x2 | x1) computed by the HF model."""
+    (prefill token, then one cycle) follow p(x1) p(x2 | x1) computed by the HF model."""
     from test_engine_parts import chi_square_pvalue
 
     V = 8
     model = peaked_model("llama", vocab_size=V, std=0.15)
     target = make_target_runner(model, max_len=32, aux_layer_ids=AUX)
-    spec = SpecConfig(mode="tree", depth=2, top_k=3, total_tokens=8)
     sampling = Sampling(temperature=1.0)
     draft = DraftRunner(random_draft(model, seed=1), spec=spec, sampling=sampling, max_len=32)
     engine = Engine(target, drafter=draft, spec=spec, sampling=sampling)
     prompt = [3, 1, 4]
     counts = torch.zeros(V * V, dtype=torch.float64)
     accepted = 0
-    for seed in range(800):
+    for seed in range(700):
         gen = engine.generate(prompt, 2, seed=seed)
         counts[gen.tokens[0] * V + gen.tokens[1]] += 1
         accepted += gen.accept_lengths[0] > 0
@@ -128,7 +129,7 @@ def test_engine_sampling_follows_the_target_distribution():
         rows = torch.tensor([prompt + [x] for x in range(V)])
         p2 = model(input_ids=rows).logits[:, -1].double().softmax(-1)      # [V, V]
     exact = (p1[:, None] * p2).flatten()
-    assert accepted > 50                                                   # drafts were accepted
+    assert accepted > 40                                                   # drafts were accepted
     assert chi_square_pvalue(counts, exact) > 1e-3
 
 

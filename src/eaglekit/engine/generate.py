@@ -93,6 +93,12 @@ class Engine:
             raise EaglekitError("CUDA graphs need a CUDA device", hint="drop --graphs on CPU")
         if drafter is not None and spec is None:
             raise EaglekitError("a drafter needs a speculation shape", hint="pass spec=SpecConfig(...)")
+        if drafter is not None and drafter.needs_aux:
+            wanted = list(drafter.draft.config.aux_layer_ids)
+            if list(target.aux_layer_ids) != wanted:
+                raise EaglekitError(f"the draft reads aux layers {wanted}, the target runner captures "
+                                    f"{list(target.aux_layer_ids)}",
+                                    hint="build the runner with aux_layer_ids=draft.config.aux_layer_ids")
         self.L, self.chunk = target.max_len, decode_chunk
         long = dict(dtype=torch.long, device=self.device)
         self.tok = torch.zeros(1, 1, **long)          # plain: the last token, fed to the next step
