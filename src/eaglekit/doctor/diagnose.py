@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from eaglekit.doctor.checks import Context
+from eaglekit.doctor.checks import Context, d2t_problems
 from eaglekit.doctor.probe import ProbeResult, ProbeSetup, TargetRun, probe, with_aux
 from eaglekit.formats.names import EMBED
 from eaglekit.target.info import to_engine_convention
@@ -89,8 +89,7 @@ def _d2t(setup: ProbeSetup, ctx: Context):
     d2t = setup.tensors.get("d2t")
     if d2t is None or d2t.dtype.is_floating_point:
         return None
-    ids = torch.arange(d2t.shape[0]) + d2t.long()
-    if bool((ids < ctx.facts.vocab_size).all() and (ids[1:] > ids[:-1]).all()):
+    if not d2t_problems(d2t, None, d2t.shape[0], ctx.facts.vocab_size)[0]:
         return None  # already valid offsets
     return replace(setup, label="d2t as offsets", tensors={**setup.tensors, "d2t": d2t.long() - torch.arange(d2t.shape[0])})
 
