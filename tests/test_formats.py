@@ -198,3 +198,12 @@ def test_cli_export_then_import(native_ckpt, tiny_target_dir, tmp_path, capsys):
     assert main(["import", str(tmp_path / "v"), "--out", str(tmp_path / "n")]) == 0
     assert main(["export", str(native_ckpt), "--format", "vllm", "--out", str(tmp_path / "v")]) == 2
     assert "already exists" in capsys.readouterr().err
+
+
+def test_export_refuses_shapes_the_config_does_not_imply(native_ckpt, tmp_path):
+    src = third_party(native_ckpt, tmp_path / "narrow", config=flat(native_ckpt))
+    tensors = load_file(str(src / "model.safetensors"))
+    tensors["fc.weight"] = tensors["fc.weight"][:, :128].contiguous()
+    save_file(tensors, str(src / "model.safetensors"))
+    with pytest.raises(EaglekitError, match="fc.weight is \\(64, 128\\)"):
+        export_draft(src, "vllm", tmp_path / "out")

@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import save_file
 
 from eaglekit.artifacts import atomic_path, check_same_target, sha256_file, write_json, write_manifest
+from eaglekit.draft import Eagle3Draft
 from eaglekit.draft.checkpoint import CONFIG, WEIGHTS, load_draft
 from eaglekit.errors import EaglekitError
 from eaglekit.formats.detect import Interpretation, interpret
@@ -42,6 +43,10 @@ def read_strict(path: str | Path, facts: TargetFacts | None) -> Interpretation:
     missing = [n for n in NATIVE_TENSORS if n not in reading.native and n not in VOCAB_MAPS]
     if missing:
         problems.append(f"missing tensors {missing[:6]}")
+    with torch.device("meta"):  # shapes only, no memory
+        expected = Eagle3Draft(reading.config).draft_state_dict()
+    problems += [f"{name} is {tuple(t.shape)}, the config implies {tuple(expected[name].shape)}"
+                 for name, t in reading.native.items() if tuple(t.shape) != tuple(expected[name].shape)]
     if problems:
         raise EaglekitError(f"{path} cannot be read faithfully: " + "; ".join(problems),
                             hint=f"run `eaglekit doctor {path} --target T` to see what is wrong")
