@@ -115,7 +115,9 @@ class DraftRunner(nn.Module):
         front_id = torch.arange(K, device=dev)                                 # candidate index
         front_hidden = self.last_hidden.expand(K, -1)                          # parent output [K, H]
         front_anc = torch.zeros(K, R, dtype=torch.bool, device=dev)            # visible draft slots
-        toks, vals, parents, depths = [front_tok], [value], [torch.full((K,), -1, device=dev)], [torch.ones(K, device=dev)]
+        long = dict(dtype=torch.long, device=dev)
+        toks, vals = [front_tok], [value]                                      # every recorded candidate
+        parents, depths = [torch.full((K,), -1, **long)], [torch.full((K,), 1, **long)]
         recorded = K
         for level in range(1, D):
             base = (level - 1) * K
@@ -130,14 +132,14 @@ class DraftRunner(nn.Module):
             toks.append(cand_tok)
             vals.append(cand_val)
             parents.append(front_id.repeat_interleave(K))
-            depths.append(torch.full((K * K,), level + 1, device=dev))
+            depths.append(torch.full((K * K,), level + 1, **long))
             best = torch.topk(cand_val, K).indices                             # next frontier, global
             row = best // K
             front_tok, front_val, front_id = cand_tok[best], cand_val[best], recorded + best
             front_hidden, front_anc = out[row], front_anc[row]
             recorded += K * K
-        return select_tree(root.view(1), torch.cat(toks), torch.cat(parents).long(), torch.cat(vals),
-                           torch.cat(depths).long(), self.spec.num_nodes, D)
+        return select_tree(root.view(1), torch.cat(toks), torch.cat(parents), torch.cat(vals), torch.cat(depths),
+                           self.spec.num_nodes, D)
 
 
 class OracleDrafter(nn.Module):
