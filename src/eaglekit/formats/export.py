@@ -8,8 +8,6 @@ importer users run), and only then moved into place. A failed check leaves no ou
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,6 +15,8 @@ import torch
 from safetensors.torch import save_file
 
 from eaglekit.artifacts import atomic_path, check_same_target, sha256_file, write_json, write_manifest
+from eaglekit.data.folder import atomic_dir
+from eaglekit.draft.checkpoint import CONFIG, WEIGHTS
 from eaglekit.draft.config import DraftConfig
 from eaglekit.errors import EaglekitError
 from eaglekit.formats.configs import eagle_config, sglang_config, vllm_config
@@ -26,11 +26,9 @@ from eaglekit.formats.facts import TargetFacts, target_facts
 from eaglekit.formats.folder import read_folder
 from eaglekit.formats.names import check_format, to_format
 from eaglekit.target.info import to_engine_convention
+from eaglekit.target.load import DTYPES
 
 log = logging.getLogger(__name__)
-WEIGHTS = "model.safetensors"
-DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-          "float32": torch.float32, "fp32": torch.float32}
 
 
 def cast(tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -93,9 +91,6 @@ def export_draft(ckpt: str | Path, fmt: str, out: str | Path, *, target: str | N
     check_format(fmt)
     if dtype not in DTYPES:
         raise EaglekitError(f"unknown dtype {dtype!r}", hint=f"use one of {sorted(DTYPES)}")
-    out = Path(out)
-    if out.exists() and not overwrite:
-        raise EaglekitError(f"{out} already exists", hint="pass --overwrite or choose another --out")
     facts = target_facts(target) if target else None
     reading = read_strict(ckpt, facts)
     source_manifest = reading.folder.manifest or {}
@@ -112,12 +107,10 @@ def export_draft(ckpt: str | Path, fmt: str, out: str | Path, *, target: str | N
     tensors = to_format(cast(native, DTYPES[dtype]), fmt, same_vocab=cfg.draft_vocab_size == cfg.vocab_size)
     config = format_config(cfg, fmt, facts, speculative_tokens, extra={"target": fingerprint})
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_dir(out, overwrite=overwrite) as tmp:
         with atomic_path(tmp / WEIGHTS) as path:
             save_file(tensors, str(path), metadata={"format": "pt"})
-        write_json(tmp / "config.json", config)
+        write_json(tmp / CONFIG, config)
         verify_export(tmp, fmt, tensors, cfg)
         manifest = write_manifest(
             tmp, stage="export",
@@ -131,11 +124,5 @@ def export_draft(ckpt: str | Path, fmt: str, out: str | Path, *, target: str | N
                                      "written": to_engine_convention(cfg.aux_layer_ids, fmt)},
                    "source_manifest": source_manifest or None},
         )
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     log.info("exported %s -> %s (%s, %s)", ckpt, out, fmt, dtype)
     return manifest

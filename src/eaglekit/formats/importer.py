@@ -8,8 +8,6 @@ is reloaded with `load_draft` and compared bit for bit before the command report
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,6 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from eaglekit.artifacts import atomic_path, check_same_target, sha256_file, write_json, write_manifest
+from eaglekit.data.folder import atomic_dir
 from eaglekit.draft import Eagle3Draft
 from eaglekit.draft.checkpoint import CONFIG, WEIGHTS, load_draft
 from eaglekit.errors import EaglekitError
@@ -88,9 +87,6 @@ def import_draft(path: str | Path, out: str | Path, *, target: str | None = None
     Returns:
         The manifest written to `out/manifest.json`.
     """
-    out = Path(out)
-    if out.exists() and not overwrite:
-        raise EaglekitError(f"{out} already exists", hint="pass --overwrite or choose another --out")
     facts = target_facts(target) if target else None
     reading = read_strict(path, facts)
     cfg = reading.config
@@ -107,9 +103,7 @@ def import_draft(path: str | Path, out: str | Path, *, target: str | None = None
         fingerprint = facts.fingerprint
     tensors = {k: v.contiguous() for k, v in native_tensors(reading).items()}
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_dir(out, overwrite=overwrite) as tmp:
         with atomic_path(tmp / WEIGHTS) as file:
             save_file(tensors, str(file), metadata={"format": "pt"})
         write_json(tmp / CONFIG, cfg.to_hf_dict())
@@ -124,12 +118,6 @@ def import_draft(path: str | Path, out: str | Path, *, target: str | None = None
             counts={"tensors": len(tensors)},
             extra={"notes": reading.notes, "source_manifest": reading.folder.manifest},
         )
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     log.info("imported %s (%s) -> %s", path, reading.label, out)
     return manifest
 
