@@ -26,8 +26,15 @@ ROWS = [
 
 
 @pytest.mark.slow
-def test_smollm2_parts_features_and_training(smollm2_dir, tmp_path):
+def test_smollm2_parts_features_and_training(smollm2_dir, tmp_path, monkeypatch):
+    from eaglekit.train import target_parts
+
+    def no_full_load(*a, **k):
+        raise AssertionError("the whole target was loaded to read two tensors")
+
+    monkeypatch.setattr(target_parts, "load_target", no_full_load)
     parts = load_target_parts(smollm2_dir)
+    monkeypatch.undo()
     target = load_target(str(smollm2_dir))
     assert parts.fingerprint["config_hash"] == target.fingerprint()["config_hash"]
     assert torch.equal(parts.embedding, target.model.get_input_embeddings().weight)

@@ -45,7 +45,9 @@ def parameter_names(config) -> tuple[str, str | None, bool]:
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    by_id = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
+    by_id: dict[int, str] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(p), n)   # tied weights: the first (stored) name, usually the embedding's
     emb = model.get_input_embeddings().weight
     out = model.get_output_embeddings()
     out_name = by_id.get(id(out.weight)) if out is not None else None
