@@ -195,3 +195,12 @@ def test_aux_order_other_than_layer_order_fails(exports, target_dir, tmp_path):
     report = run_doctor(planted(exports["vllm"], tmp_path / "p", config=permute), str(target_dir))
     assert failed(report) == ["aux_layer_ids"]
     assert "layer order [1, 3, 7]" in next(c for c in report.checks if c.id == "aux_layer_ids").message
+
+
+def test_vllm_ignores_unexpected_bias_silently(exports, target_dir, tmp_path):
+    """vLLM's AutoWeightsLoader skips unexpected *.bias tensors (docs/notes/vllm-cpu.md): a drop, not a refusal."""
+    def add_bias(state):
+        state["fc.bias"] = torch.ones(64, dtype=torch.bfloat16)
+    report = run_doctor(planted(exports["vllm"], tmp_path / "b", tensors=add_bias), str(target_dir))
+    check = next(c for c in report.checks if c.id == "names")
+    assert check.status == "fail" and "silently drops 1 tensors (fc.bias)" in check.message

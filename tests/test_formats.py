@@ -73,6 +73,7 @@ def test_vllm_config_is_the_speculators_layout(native_ckpt, tiny_target_dir, tmp
     assert cfg["speculators_config"]["verifier"]["name_or_path"] == str(Path(tiny_target_dir).resolve())
     assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
     assert cfg["transformer_layer_config"]["model_type"] == "llama"
+    assert cfg["transformer_layer_config"]["num_aux_hidden_states"] == 3  # vLLM sizes fc by it
     assert cfg["norm_before_residual"] is False  # explicit: vLLM assumes true when absent
     assert cfg["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]  # vLLM: input of layer k = output of k-1
     assert cfg["draft_vocab_size"] == 200

@@ -81,9 +81,11 @@ def check_names(ctx: Context) -> Check:
 def expected_shapes(ctx: Context) -> dict[str, tuple[int, ...]]:
     cfg = ctx.interp.config
     H, I, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
-    num_aux = len(ctx.reading.aux_layer_ids or cfg.aux_layer_ids)
-    if ctx.engine in ("sglang", "eagle"):
-        num_aux = 3  # the versions read build fc for exactly three aux states
+    if ctx.engine == "vllm":  # fc width: num_aux_hidden_states, else the nested ids' count, else 3
+        nested = (ctx.reading.config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        num_aux = ctx.reading.config.get("num_aux_hidden_states") or (len(nested) if nested else 3)
+    else:
+        num_aux = 3  # the SGLang and EAGLE versions read build fc for exactly three aux states
     L = NATIVE_LAYER
     return {
         "fc.weight": (H, num_aux * cfg.target_hidden_size),

@@ -129,9 +129,10 @@ def _speculators_problems(cfg: dict) -> list[tuple[str, str, str]]:
         spec = cfg["speculators_config"]
         spec["proposal_methods"][0]["speculative_tokens"]
         spec["verifier"]["name_or_path"]
+        cfg["speculators_model_type"]
     except (KeyError, IndexError, TypeError):
-        out.append(("fail", "speculators_config lacks proposal_methods[0].speculative_tokens or "
-                    "verifier.name_or_path: vLLM refuses the config", "re-export with eaglekit"))
+        out.append(("fail", "speculators_model_type, speculators_config.proposal_methods[0].speculative_tokens "
+                    "or verifier.name_or_path is missing: vLLM refuses the config", "re-export with eaglekit"))
     if (cfg.get("transformer_layer_config") or {}).get("model_type", "llama") not in ("llama", "qwen3"):
         out.append(("fail", "transformer_layer_config.model_type must be llama or qwen3 for vLLM's EAGLE-3",
                     "write model_type llama"))
@@ -176,6 +177,8 @@ def _vllm(interp: Interpretation, target_vocab, target_layers) -> EngineReading:
             continue  # fc is not built and its weights are skipped silently (the aux_states check)
         if nat in REQUIRED or nat == EMBED:
             r.loads[name] = nat
+        elif name.endswith(".bias"):
+            r.dropped.append(name)  # AutoWeightsLoader ignores unexpected *.bias tensors
         else:
             r.refused.append(name)  # AutoWeightsLoader raises on unknown names
     r.missing = _missing(r.loads, () if r.use_aux else ("fc.weight",))

@@ -42,6 +42,7 @@ def sglang_config(cfg: DraftConfig, extra: dict | None = None) -> dict:
     """SGLang's config: the native one (already in SGLang's names and convention)."""
     d = cfg.to_hf_dict()
     d["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = to_engine_convention(cfg.aux_layer_ids, "sglang")
+    d["num_aux_hidden_states"] = cfg.num_aux  # newer SGLang sizes fc by it (sglang PR #24663)
     d["eaglekit"] = eaglekit_block(cfg, "sglang", extra)
     return d
 
@@ -52,6 +53,7 @@ def layer_config(cfg: DraftConfig) -> dict:
     for key in ("architectures", "draft_vocab_size", "target_hidden_size", "norm_before_residual",
                 "eagle_config", "eaglekit"):
         d.pop(key)
+    d["num_aux_hidden_states"] = cfg.num_aux  # vLLM sizes fc by it (else 3; top-level ids do not count)
     return d
 
 

@@ -35,8 +35,8 @@ SPECULATORS_FIELDS = ("draft_vocab_size", "target_hidden_size", "norm_before_res
 
 def detect_format(config: dict) -> str:
     """Which format a config.json is written in."""
-    if "speculators_model_type" in config:
-        if config["speculators_model_type"] != "eagle3":
+    if "speculators_model_type" in config or "speculators_config" in config:  # vLLM keys on the latter
+        if config.get("speculators_model_type", "eagle3") != "eagle3":
             raise EaglekitError(f"speculators model type {config['speculators_model_type']!r} is not EAGLE-3",
                                 hint="eaglekit reads eagle3 speculators only")
         return "vllm"
