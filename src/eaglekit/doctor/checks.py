@@ -66,8 +66,13 @@ def check_names(ctx: Context) -> Check:
         parts.append(f"{ctx.engine} silently drops {len(r.dropped)} tensors ({', '.join(r.dropped[:4])})")
     if r.refused:
         parts.append(f"{ctx.engine} refuses to load {len(r.refused)} tensors ({', '.join(r.refused[:4])})")
-    if r.missing:
-        parts.append(f"{len(r.missing)} parameters keep their random init ({', '.join(r.missing[:4])})")
+    missing = list(r.missing)
+    if ctx.engine == "vllm" and "lm_head.weight" in missing:
+        missing.remove("lm_head.weight")
+        parts.append("no lm_head.weight: vLLM uses the target's head cut to the first draft_vocab_size "
+                     "ids (wrong tokens for a pruned vocab)")
+    if missing:
+        parts.append(f"{len(missing)} parameters keep their random init ({', '.join(missing[:4])})")
     if not parts:
         return Check("names", PASS, f"{ctx.engine} loads all {len(r.loads)} tensors by name")
     if ctx.interp.layer_style == "layers.0." and ctx.engine in ("sglang", "eagle"):
