@@ -193,3 +193,11 @@ def test_config_errors_are_clear():
         TrainConfig(target="t", out="o")
     with pytest.raises(EaglekitError, match="ttt_steps 0"):
         TrainConfig(target="t", out="o", data="d", ttt_steps=0)
+
+
+def test_time_budget_stops_the_run_and_keeps_the_best(data, tmp_path):
+    manifest = train(config(data, tmp_path / "run", max_steps=None, epochs=10000, time_budget_s=3.0, val_every=20,
+                            save_every=20))
+    assert manifest["complete"] and manifest["best"] is not None
+    assert 10 <= manifest["steps"]["done"] == manifest["steps"]["total"] < 100000
+    assert manifest["history"][-1]["step"] == manifest["steps"]["done"]

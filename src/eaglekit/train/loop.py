@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from eaglekit.artifacts import AUX_CONVENTION, MANIFEST, read_manifest, write_manifest
+from eaglekit.artifacts import AUX_CONVENTION, write_manifest
 from eaglekit.draft.checkpoint import save_draft
 from eaglekit.errors import EaglekitError
 from eaglekit.train import distributed
@@ -78,6 +78,7 @@ class Trainer:
         self.plan = BatchPlan(self.run.train.lengths, batch_tokens=cfg.batch_tokens, max_batch_size=cfg.max_batch_size,
                               seed=cfg.seed, world_size=self.dist.world_size, grad_accum=cfg.grad_accum)
         self.total_steps = cfg.max_steps or self.plan.total_steps(cfg.epochs)
+        self.max_steps_cap = self.total_steps   # a time budget may shorten the run, never lengthen it
         self.step = 0
         self.best: dict | None = None
         self.history: list[dict] = []
@@ -238,17 +239,19 @@ class Trainer:
         window = torch.zeros(cfg.ttt_steps, len(STATS), dtype=torch.float64, device=self.device)
         window_tokens, window_start = 0, time.perf_counter()
         train_metrics = None
-        calibrated = cfg.time_budget_s is None
-        first_step = self.step
+        # Time budget: size the schedule from the measured speed, refined as the run settles.
+        refits = [] if cfg.time_budget_s is None else [self.step + n for n in (10, 50, 200)]
+        settle = None
         try:
             while self.step < self.total_steps:
                 stats, grad_norm, tokens = self.train_step()
                 self.step += 1
                 window += stats
                 window_tokens += tokens
-                if not calibrated and self.step - first_step >= 10:
-                    calibrated = True
-                    self.fit_budget(started, first_step, tracker)
+                if refits and self.step == refits[0]:
+                    refits.pop(0)
+                    settle = settle or (self.step, time.perf_counter())
+                    self.fit_budget(started, settle, tracker)
                 if self.step % cfg.log_every == 0 or self.step == self.total_steps:
                     counts = torch.cat([window.flatten(), torch.tensor([float(window_tokens)], dtype=torch.float64,
                                                                         device=self.device)])
@@ -304,15 +307,20 @@ class Trainer:
         over = time.perf_counter() - started > self.cfg.time_budget_s
         return self.dist.broadcast_float(1.0 if over else 0.0) > 0.5
 
-    def fit_budget(self, started: float, first_step: int, tracker: Tracker) -> None:
-        """Size the schedule to the time budget from the speed of the first steps (same on all ranks)."""
-        per_step = (time.perf_counter() - started) / (self.step - first_step)
-        remaining = self.cfg.time_budget_s - (time.perf_counter() - started)
-        # Keep ~10% of the budget for validations and checkpoints.
-        fit = self.step + int(0.9 * remaining / per_step)
-        fit = int(self.dist.broadcast_float(float(fit)))
-        if fit < self.total_steps:
-            log.info("time budget: %.3f s/step -> %d steps instead of %d", per_step, fit, self.total_steps)
+    def fit_budget(self, started: float, settle: tuple[int, float], tracker: Tracker) -> None:
+        """Size the schedule to the time budget (rank 0 decides).
+
+        The first fit (10 steps in) uses the speed since the start; later ones the speed since then,
+        without start-up costs and with the validations and checkpoints made meanwhile.
+        """
+        now = time.perf_counter()
+        step0, t0 = settle
+        per_step = (now - t0) / (self.step - step0) if self.step > step0 else (now - started) / max(self.step, 1)
+        remaining = self.cfg.time_budget_s - (now - started)
+        fit = self.step + int(0.95 * remaining / per_step)   # a little slack for the final validation
+        fit = min(int(self.dist.broadcast_float(float(fit))), self.max_steps_cap)
+        if fit != self.total_steps:
+            log.info("time budget: %.3f s/step -> %d steps (was %d)", per_step, fit, self.total_steps)
             self.total_steps = max(fit, self.step + 1)
             tracker.set_total(self.total_steps)
 
@@ -321,9 +329,3 @@ def train(cfg: TrainConfig) -> dict:
     """Train a draft; returns the final manifest (empty on ranks other than 0)."""
     return Trainer(cfg).fit()
 
-
-def read_train_manifest(folder: str | Path) -> dict:
-    folder = Path(folder)
-    if not (folder / MANIFEST).is_file():
-        raise EaglekitError(f"{folder} holds no training manifest", hint="pass the --out folder of `eaglekit train`")
-    return read_manifest(folder, stage="train")
