@@ -98,7 +98,8 @@ def _rope(cfg):
 
 
 def _aux_off_by_one(cfg):
-    cfg["eagle_aux_hidden_state_layer_ids"] = [1, 3, 7]  # the SGLang-convention ids written top-level
+    # the SGLang-convention ids (= eaglekit's) written top-level, where vLLM reads them one layer early
+    cfg["eagle_aux_hidden_state_layer_ids"] = list(cfg["eaglekit"]["aux_layer_ids"])
 
 
 def _aux_off(cfg):
