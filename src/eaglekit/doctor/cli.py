@@ -17,6 +17,7 @@ def register(sub) -> None:
     doc.add_argument("-k", type=int, default=3, help="draft tokens per step in the probe (default 3)")
     doc.add_argument("--max-new-tokens", type=int, default=64, help="continuation length per prompt (default 64)")
     doc.add_argument("--num-prompts", type=int, default=6, help="prompts used by the probe (default 6)")
+    doc.add_argument("--device", default="cpu", help="where the target runs for the probe (default cpu)")
     doc.add_argument("--diagnose", action="store_true", help="run the diagnosis even when acceptance is fine")
     doc.add_argument("--json", action="store_true", help="print the report as JSON")
     doc.set_defaults(func=run)
@@ -27,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
 
     report = run_doctor(args.draft, args.target, engine=args.engine, prompts=args.probe,
                         run_probe=args.probe is not None, k=args.k, max_new_tokens=args.max_new_tokens,
-                        num_prompts=args.num_prompts, diagnose_always=args.diagnose)
+                        num_prompts=args.num_prompts, diagnose_always=args.diagnose,
+                        device=args.device)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

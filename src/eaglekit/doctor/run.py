@@ -86,7 +86,7 @@ def training_tau(manifest: dict | None, k: int) -> tuple[float | None, str]:
 
 def run_doctor(draft: str | Path, target: str, *, engine: str | None = None, prompts: str | None = None,
                run_probe: bool = False, k: int = 3, max_new_tokens: int = 64, num_prompts: int = 6,
-               diagnose_always: bool = False) -> Report:
+               diagnose_always: bool = False, device: str = "cpu") -> Report:
     """Check a draft folder against a target as `engine` would serve it.
 
     Args:
@@ -99,6 +99,7 @@ def run_doctor(draft: str | Path, target: str, *, engine: str | None = None, pro
         max_new_tokens: length of each greedy continuation the probe replays.
         num_prompts: how many prompts the probe uses.
         diagnose_always: run the diagnosis even when acceptance is fine.
+        device: where the target runs for the probe (the replay itself runs on the CPU).
     """
     facts = target_facts(target)
     interp = interpret(read_folder(draft), target_num_layers=facts.num_layers)
@@ -111,10 +112,10 @@ def run_doctor(draft: str | Path, target: str, *, engine: str | None = None, pro
     def loaded():
         from eaglekit.target.load import load_target
 
-        return load_target(facts.source, device="cpu", dtype="float32")
+        return load_target(facts.source, device=device, dtype="float32" if device == "cpu" else "auto")
 
     ctx = Context(interp=interp, reading=reading, facts=facts,
-                  target_embedding=lambda: loaded().model.get_input_embeddings().weight.detach())
+                  target_embedding=lambda: loaded().model.get_input_embeddings().weight.detach().cpu())
     report = Report(draft=str(draft), target=str(target), engine=engine, format=interp.label,
                     checks=run_checks(ctx), notes=list(interp.notes))
     if run_probe:
@@ -132,7 +133,7 @@ def live_probe(ctx: Context, target, prompts: str | None, k: int, max_new_tokens
     messages = load_prompts(prompts, num_prompts)
     runs = [run_target(target.model, target.tokenizer, m, max_new_tokens=max_new_tokens,
                        stop_ids=target.stop_token_ids) for m in messages]
-    embedding = target.model.get_input_embeddings().weight.detach().float()
+    embedding = target.model.get_input_embeddings().weight.detach().float().cpu()
     read = engine_setup(ctx)
     result = probe(read, runs, embedding, k)
     expected, expected_from = training_tau(ctx.interp.folder.manifest, k)
@@ -156,6 +157,6 @@ def live_probe(ctx: Context, target, prompts: str | None, k: int, max_new_tokens
         out["diagnosis"] = diagnose(ctx, read, result, runs, embedding, k, expected)
         if out["status"] != PASS:
             cause = out["diagnosis"].get("cause")
-            out["message"] += (f". Cause: " if cause else ". ") + out["diagnosis"]["message"]
+            out["message"] += (". Cause: " if cause else ". ") + out["diagnosis"]["message"]
             out["fix"] = out["diagnosis"]["fix"]
     return out
