@@ -344,7 +344,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="auto")
-    p.add_argument("--compile-mode", default="max-autotune-no-cudagraphs",
+    p.add_argument("--compile-mode", default="default",
                    help="torch.compile mode of the steps, or `none` (CUDA graphs only)")
     p.add_argument("--coordinate-descent", action="store_true",
                    help="Inductor coordinate-descent tuning (gpt-fast's setting; longer compiles)")

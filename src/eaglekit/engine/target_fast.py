@@ -200,7 +200,7 @@ def check_against_hf(runner, model, length: int = 8) -> None:
     got, _ = runner(ids, pos, torch.arange(T, device=device), mask)
     ref = model(input_ids=ids, use_cache=False).logits
     err = ((got.float() - ref.float()).norm() / ref.float().norm().clamp(min=1e-6)).item()
-    tol = 1e-4 if got.dtype == torch.float32 else 3e-2
+    tol = 1e-4 if got.dtype == torch.float32 else 1e-1  # bf16 rounding compounds over 30+ random layers; a structural error gives ~1
     if not err <= tol:
         raise EaglekitError(
             f"the fast runner's logits differ from the HF model's (relative error {err:.2e} > {tol:.0e})",
