@@ -24,7 +24,11 @@ coffee, the Roman empire, rainbows, electric cars, penguins, the human heart, ch
 climate change, vaccines, the printing press, deserts, octopuses, jazz music, recycling, earthquakes, the Olympic
 games, sleep, tea, airplanes, the ocean tides, dinosaurs, bread baking, the Amazon rainforest, solar panels,
 mountains, friendship, the piano, glaciers, the stock market, rivers, ancient Egypt, robots, gardening, the sun,
-bicycles, snow, libraries, whales, time zones, the brain, volcanoes on Mars, the number zero""".replace("\n", " ")
+bicycles, snow, libraries, whales, time zones, the brain, volcanoes on Mars, the number zero, cooking pasta,
+the water cycle, magnets, the pyramids, hurricanes, spiders, the telephone, vitamins, origami, lighthouses,
+comets, bamboo, the violin, soccer, trains, fossils, the desert fox, memory, maps, paper money, the compass,
+wind turbines, caves, mushrooms, the heartbeat of a bird, marathons, kites, pirates, castles, submarines,
+rain forests, yoga, the alphabet, batteries, thunder, owls, tomatoes, the metric system, windmills""".replace("\n", " ")
 TEMPLATES = [
     "Explain {t} to a ten year old in a few sentences.",
     "Write a short poem about {t}.",
@@ -34,6 +38,10 @@ TEMPLATES = [
     "Summarize the history of {t} in one paragraph.",
     "What are the pros and cons of {t}?",
     "Describe {t} using simple words.",
+    "Why do people find {t} interesting?",
+    "Write a haiku about {t}.",
+    "Tell me a fun fact about {t}.",
+    "How would you teach a friend about {t}?",
 ]
 MATH = ["What is {a} plus {b}?", "What is {a} times {b}?", "If I have {a} apples and eat {b}, how many are left?",
         "Write a Python function that returns the sum of {a} and {b}."]
@@ -43,10 +51,14 @@ def synthesize_prompts(n: int, seed: int = 0) -> list[str]:
     topics = [t.strip() for t in TOPICS.split(",") if t.strip()]
     rng = random.Random(seed)
     pool = [tpl.format(t=t) for tpl, t in itertools.product(TEMPLATES, topics)]
-    pool += [m.format(a=rng.randint(2, 99), b=rng.randint(2, 40)) for m in MATH for _ in range(25)]
+    seen = set(pool)
+    target = max(n, len(pool) + 100)   # some arithmetic always; as much as needed beyond the topics
+    while len(pool) < target:
+        prompt = rng.choice(MATH).format(a=rng.randint(2, 999), b=rng.randint(2, 99))
+        if prompt not in seen:
+            seen.add(prompt)
+            pool.append(prompt)
     rng.shuffle(pool)
-    if n > len(pool):
-        raise SystemExit(f"only {len(pool)} distinct prompts available")
     return pool[:n]
 
 

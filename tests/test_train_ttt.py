@@ -224,3 +224,12 @@ def test_optimizer_state_round_trips_exactly_without_pickle():
     for i in a["state"]:
         for key in a["state"][i]:
             assert torch.equal(a["state"][i][key], b["state"][i][key])
+
+
+def test_serving_walk_replays_greedy_chains():
+    from eaglekit.train.ttt import serving_walk
+
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1, 0, 0, 1, 1]], dtype=torch.bool)
+    run = torch.tensor([[2, 0, 0, 1, 0, 0, 3, 3, 0, 1]])
+    # span 0..5: cycles at t=0 (3 tokens), t=3 (2), t=5 (1); span 8..9: t=8 (1), t=9 (2)
+    assert serving_walk(mask, run) == (9, 5)

@@ -148,8 +148,9 @@ def timed_train(cfg) -> dict:
     free()
     return {"seconds": round(seconds, 2), **throughput(Path(cfg.out)),
             "peak_mem_gib_process": round(peak, 2) if peak is not None else None,
-            "val_final": {k: final.get(k) for k in ("step", "acc", "cond_acc", "sim_accept_length", "data_greedy_agreement")},
-            "val_best_sim_accept_length": best.get("sim_accept_length"),
+            "val_final": {k: final.get(k) for k in ("step", "acc", "cond_acc", "sim_accept_length", "walk_accept_length",
+                                                    "oov_share", "data_greedy_agreement")},
+            "val_best": {k: best.get(k) for k in ("step", "sim_accept_length", "walk_accept_length")},
             "baselines": manifest["counts"].get("val_baselines"),
             "draft_vocab": manifest.get("draft_vocab")}
 
@@ -230,7 +231,7 @@ def mode_full(args, work: Path, conv: Path, feat: Path, capture_seconds: float, 
                        val_every=args.val_every, save_every=args.val_every, val_max_samples=args.val_max_samples)
     result = timed_train(cfg)
     result["export"] = export_bf16(run, out / "draft", int(args.part_mib * 2**20))
-    log(f"full: best sim accept length {result['val_best_sim_accept_length']}, exported to {out / 'draft'}")
+    log(f"full: best {result['val_best']}, exported to {out / 'draft'}")
     return result
 
 

@@ -28,6 +28,8 @@ def register(sub) -> None:
     src.add_argument("--out", required=True, help="output folder (the draft checkpoint + trainer state)")
     d = p.add_argument_group("draft")
     d.add_argument("--vocab", help="vocab.safetensors or folder from `eaglekit vocab` (default: built from the data)")
+    d.add_argument("--init-from", help="start from this native draft (weights and vocab); with --max-steps 0 "
+                                       "only validate it")
     d.add_argument("--draft-vocab-size", type=int, default=32000, help="rows of the draft lm_head (default 32000)")
     d.add_argument("--allow-smaller-vocab", action="store_true",
                    help="if the data has fewer distinct tokens than --draft-vocab-size, keep them all")
@@ -71,6 +73,7 @@ def config_from_args(args: argparse.Namespace):
     return TrainConfig(
         target=args.target, out=args.out, features=args.features, data=args.data, val_data=args.val_data,
         val_fraction=args.val_fraction, allow_partial_features=args.allow_partial_features, vocab=args.vocab,
+        init_from=args.init_from,
         draft_vocab_size=args.draft_vocab_size, allow_smaller_vocab=args.allow_smaller_vocab,
         aux_layer_ids=tuple(args.aux_layer_ids) if args.aux_layer_ids else None,
         target_device_map=args.target_device_map, ttt_steps=args.ttt_steps,

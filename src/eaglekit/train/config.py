@@ -21,6 +21,7 @@ class TrainConfig:
     val_fraction: float = 0.05            # else: this share of the samples, split by id hash
     allow_partial_features: bool = False
     vocab: str | None = None              # a vocab.safetensors (else built from the training split)
+    init_from: str | None = None          # a native draft: its weights and vocab start the run (max_steps=0: validate it)
     draft_vocab_size: int = 32000
     allow_smaller_vocab: bool = False
     aux_layer_ids: tuple[int, ...] | None = None   # online only (offline: the features' ids)
@@ -67,6 +68,10 @@ class TrainConfig:
             raise EaglekitError(f"unknown precision {self.precision!r}", hint="use auto, fp32 or bf16")
         if not 0 <= self.val_fraction < 1:
             raise EaglekitError(f"val_fraction {self.val_fraction} must be in [0, 1)", hint="e.g. 0.05")
+        if self.init_from and self.vocab:
+            raise EaglekitError("--init-from brings its own vocab; drop --vocab", hint="the draft's d2t is its vocab")
+        if self.max_steps is not None and self.max_steps < 0:
+            raise EaglekitError(f"max_steps {self.max_steps} < 0", hint="0 only validates --init-from")
         if self.grad_accum < 1 or self.batch_tokens < 2 or self.max_length < 2:
             raise EaglekitError("grad_accum, batch_tokens and max_length must be positive", hint="check the arguments")
 

@@ -77,7 +77,7 @@ class Trainer:
                                         weight_decay=cfg.weight_decay, betas=tuple(cfg.betas))
         self.plan = BatchPlan(self.run.train.lengths, batch_tokens=cfg.batch_tokens, max_batch_size=cfg.max_batch_size,
                               seed=cfg.seed, world_size=self.dist.world_size, grad_accum=cfg.grad_accum)
-        self.total_steps = cfg.max_steps or self.plan.total_steps(cfg.epochs)
+        self.total_steps = cfg.max_steps if cfg.max_steps is not None else self.plan.total_steps(cfg.epochs)
         self.max_steps_cap = self.total_steps   # a time budget may shorten the run, never lengthen it
         self.step = 0
         self.best: dict | None = None
@@ -194,7 +194,7 @@ class Trainer:
             with self.amp():
                 logits = ttt_unroll(self.draft, batch.aux, batch.input_ids, self.cfg.ttt_steps)
                 stats += ttt_loss(logits, batch, self.draft.d2t, self.draft.t2d, weights=self.weights,
-                                  denominators=ones).stats
+                                  denominators=ones, walk=True).stats
         self.model.train()
         return metrics_from_stats(self.dist.all_reduce(stats))
 
@@ -221,6 +221,16 @@ class Trainer:
         return write_manifest(self.out, stage="train", config=self.cfg.to_dict(), target=self.run.fingerprint,
                               inputs=self.run.inputs, counts=counts, extra=extra)
 
+    @staticmethod
+    def selection(metrics: dict) -> float:
+        """What "best" means: the accept length greedy chain decoding gets on the held-out data
+        (`walk_accept_length`, which tracks an engine's measurement), else the per-position estimate."""
+        walk = metrics.get("walk_accept_length")
+        return walk if walk is not None else metrics["sim_accept_length"]
+
+    def better(self, metrics: dict) -> bool:
+        return self.best is None or self.selection(metrics) > self.selection(self.best)
+
     def save_best(self, metrics: dict) -> None:
         self.best = {"step": self.step, **metrics}
         if self.dist.main:
@@ -243,6 +253,11 @@ class Trainer:
         refits = [] if cfg.time_budget_s is None else [self.step + n for n in (10, 50, 200)]
         settle = None
         try:
+            if self.total_steps == 0 and self.run.val is not None:   # --max-steps 0: validate only
+                metrics = self.validate()
+                self.history.append({"step": 0, **metrics})
+                tracker.event("val", 0, **metrics)
+                self.save_best(metrics)
             while self.step < self.total_steps:
                 stats, grad_norm, tokens = self.train_step()
                 self.step += 1
@@ -274,7 +289,7 @@ class Trainer:
                     metrics = self.validate()
                     self.history.append({"step": self.step, **metrics})
                     tracker.event("val", self.step, **metrics)
-                    if self.best is None or metrics["sim_accept_length"] > self.best["sim_accept_length"]:
+                    if self.better(metrics):
                         self.save_best(metrics)
                 if self.step % cfg.save_every == 0 or last:
                     self.save_trainer_state()
@@ -285,7 +300,7 @@ class Trainer:
                     if metrics is not None:
                         self.history.append({"step": self.step, **metrics})
                         tracker.event("val", self.step, **metrics)
-                        if self.best is None or metrics["sim_accept_length"] > self.best["sim_accept_length"]:
+                        if self.better(metrics):
                             self.save_best(metrics)
                     self.save_trainer_state()
                     break

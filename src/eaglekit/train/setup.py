@@ -42,10 +42,17 @@ def split_members(ids: list[str], fraction: float) -> tuple[list[int], list[int]
 
 
 def choose_vocab(cfg: TrainConfig, token_masks, vocab_size: int, stop_ids: list[int]) -> DraftVocab:
-    if cfg.vocab:
-        vocab = DraftVocab.load(cfg.vocab)
+    if cfg.vocab or cfg.init_from:
+        if cfg.init_from:
+            from eaglekit.draft.checkpoint import load_draft
+
+            start = load_draft(cfg.init_from)
+            vocab = DraftVocab.from_d2t(start.d2t, start.t2d.numel())
+        else:
+            vocab = DraftVocab.load(cfg.vocab)
+        source = cfg.init_from or cfg.vocab
         if vocab.vocab_size != vocab_size:
-            raise EaglekitError(f"vocab {cfg.vocab} is for a {vocab.vocab_size}-token vocabulary, the target has "
+            raise EaglekitError(f"vocab of {source} is for a {vocab.vocab_size}-token vocabulary, the target has "
                                 f"{vocab_size}", hint="build the vocab with this target")
         counts = count_assistant_tokens(token_masks, vocab_size)
         vocab.coverage = vocab.coverage_of(counts)
@@ -69,6 +76,15 @@ def build_draft(cfg: TrainConfig, target_config, aux_layer_ids: list[int], vocab
                                 hint="pass --lm-head-init random")
         with torch.no_grad():
             draft.lm_head.weight.copy_(lm_head[vocab.draft_ids].to(draft.lm_head.weight.dtype))
+    if cfg.init_from:
+        from eaglekit.draft.checkpoint import load_draft
+
+        start = load_draft(cfg.init_from)
+        if start.config != dcfg:
+            diff = [k for k, v in start.config.to_dict().items() if dcfg.to_dict().get(k) != v]
+            raise EaglekitError(f"--init-from {cfg.init_from} is a draft of another shape ({diff})",
+                                hint="start from a draft made for this target and these aux layers")
+        draft.load_state_dict(start.draft_state_dict(), strict=False)
     return draft
 
 

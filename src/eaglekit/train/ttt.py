@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from eaglekit.features.batch import Batch
 
-STATS = ("valid", "correct", "chain", "chain_prev", "loss_sum", "counted", "agree")
+STATS = ("valid", "correct", "chain", "chain_prev", "loss_sum", "counted", "agree", "walk_tokens", "walk_cycles")
 
 
 def ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor,
@@ -124,8 +124,39 @@ class StepOutput:
     stats: torch.Tensor         # [ttt_steps, len(STATS)] float64 sums (all-reducible)
 
 
+def serving_walk(start_mask: torch.Tensor, run: torch.Tensor) -> tuple[int, int]:
+    """Replay greedy chain decoding over the data: (tokens committed, target forwards).
+
+    A cycle that starts at draft position t (last committed token x_{t+1}) accepts the run[t]
+    leading correct drafts plus one token from the target, so the next cycle starts at
+    t + run[t] + 1. Walking every assistant span this way weights positions as serving does (hard
+    stretches produce more cycles), which the per-position average 1 + sum_j prod cond_j does not.
+
+    Args:
+        start_mask: [B, L] bool, step-0 counted positions (the spans the draft is asked to continue).
+        run: [B, L] int, leading correct steps of each position's chain (0..ttt_steps).
+    """
+    tokens = cycles = 0
+    for mask_row, run_row in zip(start_mask.cpu().tolist(), run.cpu().tolist()):
+        t, L = 0, len(mask_row)
+        while t < L:
+            if not mask_row[t]:
+                t += 1
+                continue
+            end = t
+            while end < L and mask_row[end]:
+                end += 1
+            while t < end:                      # one assistant span
+                n = int(run_row[t])
+                tokens += n + 1
+                cycles += 1
+                t += n + 1
+            t = max(t, end)
+    return tokens, cycles
+
+
 def ttt_loss(logits: list[torch.Tensor], batch: Batch, d2t: torch.Tensor, t2d: torch.Tensor, *,
-             weights: list[float], denominators: torch.Tensor) -> StepOutput:
+             weights: list[float], denominators: torch.Tensor, walk: bool = False) -> StepOutput:
     """Loss and metric sums of one unrolled batch.
 
     Args:
@@ -135,11 +166,13 @@ def ttt_loss(logits: list[torch.Tensor], batch: Batch, d2t: torch.Tensor, t2d: t
         weights: per-step loss weights (decay**j).
         denominators: [ttt_steps] counted positions of the whole optimizer step (all micro-batches
             and ranks), so accumulation and DDP give the loss of one big batch.
+        walk: also replay greedy chain decoding (`serving_walk`; validation only, it syncs to the CPU).
     """
     masks = step_masks(batch.loss_mask, len(logits))
     stats = torch.zeros(len(logits), len(STATS), dtype=torch.float64, device=batch.input_ids.device)
     loss = batch.aux.new_zeros((), dtype=torch.float32)
     chain = None
+    run = torch.zeros(masks[0].shape, dtype=torch.long, device=batch.input_ids.device)   # [B, L]
     for j, step_logits in enumerate(logits):
         L = step_logits.shape[1] - j
         mask = masks[j]                                                        # [B, L-j]
@@ -155,11 +188,15 @@ def ttt_loss(logits: list[torch.Tensor], batch: Batch, d2t: torch.Tensor, t2d: t
             correct = (guess + d2t[guess]) == teacher.argmax                   # compared in target ids
             prev = mask if chain is None else chain[:, :L] & mask
             chain = prev & correct
+            run[:, :L] += chain
             # Is the data the target's own greedy output? (next raw token == target argmax)
             following = F.pad(batch.input_ids[:, 2 + j:], (0, 1), value=-1)
             agree = (following == teacher.argmax) & mask
-            stats[j] = torch.stack([mask.sum(), (correct & mask).sum(), chain.sum(), prev.sum(),
-                                    ce_sum.detach(), trained.sum(), agree.sum()]).double()
+            stats[j, :7] = torch.stack([mask.sum(), (correct & mask).sum(), chain.sum(), prev.sum(),
+                                        ce_sum.detach(), trained.sum(), agree.sum()]).double()
+    if walk:
+        tokens, cycles = serving_walk(masks[0], run)
+        stats[0, 7], stats[0, 8] = tokens, cycles
     return StepOutput(loss=loss, stats=stats)
 
 
@@ -169,6 +206,8 @@ def metrics_from_stats(stats: torch.Tensor) -> dict:
     acc_j   = correct_j / valid_j (unconditional)
     cond_j  = P(step j correct | steps 0..j-1 correct)
     tau     = 1 + sum_j prod_{i<=j} cond_i (tokens per target forward with a chain of ttt_steps drafts)
+    walk_accept_length: tokens per target forward when greedy chain decoding is replayed over the
+        data (`serving_walk`; validation only): what an engine measures on these prompts.
     data_greedy_agreement: share of counted positions whose next token in the data is the target's
         argmax; near 1 on data the target regenerated greedily, low on data written by someone else
         (then acc_j, measured against the target, and ground-truth-token baselines diverge).
@@ -188,4 +227,6 @@ def metrics_from_stats(stats: torch.Tensor) -> dict:
             "ce": [round(x, 5) for x in (col["loss_sum"] / col["counted"].clamp(min=1)).tolist()],
             "positions": int(col["valid"][0]),
             "data_greedy_agreement": round(float(col["agree"][0]) / max(float(col["valid"][0]), 1.0), 5),
+            "walk_accept_length": (round(float(col["walk_tokens"][0]) / float(col["walk_cycles"][0]), 5)
+                                   if float(col["walk_cycles"][0]) > 0 else None),
             "oov_share": round(1 - float(col["counted"][0]) / max(float(col["valid"][0]), 1.0), 5)}
