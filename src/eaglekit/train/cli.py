@@ -94,6 +94,7 @@ def run_train(args: argparse.Namespace) -> int:
     if manifest:
         best = manifest.get("best") or {}
         print(json.dumps({"out": args.out, "best_step": best.get("step"),
+                          "walk_accept_length": best.get("walk_accept_length"),
                           "sim_accept_length": best.get("sim_accept_length"), "acc": best.get("acc"),
                           "draft_vocab_coverage": manifest["counts"].get("draft_vocab_coverage")}))
     return 0
