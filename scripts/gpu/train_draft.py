@@ -135,7 +135,11 @@ def throughput(out: Path) -> dict:
 
 
 def timed_train(cfg) -> dict:
+    import shutil
+
     from eaglekit.train.loop import train
+
+    shutil.rmtree(cfg.out, ignore_errors=True)   # a rerun on a warm machine starts the run afresh
 
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
@@ -190,6 +194,9 @@ def mode_ddp(args, work: Path, feat: Path) -> dict:
     results["gpus_1"] = {k: one[k] for k in ("seconds", "tokens_per_s", "windows", "max_mem_gib")}
     log(f"1 process: {one['tokens_per_s']} tok/s")
     out = work / "ddp-2"
+    import shutil
+
+    shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
            "--master_port", str(free_port()), *cli_train(args, feat, out, steps)]
     started = time.perf_counter()
