@@ -172,3 +172,14 @@ def test_random_draft_for_smollm2_is_caught(smollm2_dir, tmp_path):
     assert [c.id for c in report.checks if c.status == "fail"] == ["probe"]
     assert report.probe["tau"] < 1.1 and report.probe["diagnosis"]["cause"] is None
     assert "like random weights" in report.probe["message"]
+
+
+def test_training_prediction_from_the_manifest():
+    from eaglekit.doctor.run import training_tau
+
+    best = {"cond_acc": [0.5, 0.5, 0.5, 0.5], "sim_accept_length": 1.9, "walk_accept_length": 1.6}
+    manifest = {"stage": "train", "config": {"ttt_steps": 3}, "best": best}
+    assert training_tau(manifest, 3) == (1.6, "training's walk accept length (chain of 3)")
+    assert training_tau(manifest, 2)[0] == 1.75  # 1 + 0.5 + 0.25 over the first two steps
+    assert training_tau({"source_manifest": manifest}, 3)[0] == 1.6  # an export carries its checkpoint's
+    assert training_tau(None, 3) == (None, "no training metrics recorded")

@@ -9,7 +9,8 @@
 Needs the vLLM venv (scripts/install_vllm_cpu.sh); each vLLM start takes 1-2 minutes on 2 cores.
 By default the draft is the repeat oracle (tests/oracle_draft.py) on a tiny target with head_dim 64
 (what vLLM's CPU attention supports). With EAGLEKIT_VLLM_DRAFT=CKPT (a trained checkpoint) and
-EAGLEKIT_VLLM_TARGET=T (default /tmp/ek-smollm2) every test runs on that draft instead.
+EAGLEKIT_VLLM_TARGET=T (default /tmp/ek-smollm2) every test runs on that draft instead, on the
+prompts of EAGLEKIT_VLLM_PROMPTS (a prompts file; default: the doctor's built-in prompts).
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def serve(setup: dict, draft: Path, tmp: Path) -> dict:
     tokenizer = target_facts(str(setup["target"])).tokenizer
     request = {"target": str(Path(setup["target"]).resolve()), "draft": str(Path(draft).resolve()), "k": K,
                "max_tokens": setup["max_tokens"], "dtype": "float32", "max_model_len": setup["max_model_len"],
-               "prompt_token_ids": [prompt_ids(tokenizer, m) for m in load_prompts(None, setup["prompts"])]}
+               "prompt_token_ids": [prompt_ids(tokenizer, m) for m in load_prompts(setup["prompts_file"],
+                                                                                    setup["prompts"])]}
     (tmp / "request.json").write_text(json.dumps(request))
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     proc = subprocess.run([str(VENV / "bin/python"), str(RUNNER), str(tmp / "request.json"), str(tmp / "out.json")],
@@ -57,7 +59,7 @@ def serve(setup: dict, draft: Path, tmp: Path) -> dict:
 
 def doctor(setup: dict, folder: Path):
     return run_doctor(folder, str(setup["target"]), run_probe=True, k=K, max_new_tokens=setup["max_tokens"],
-                      num_prompts=setup["prompts"])
+                      num_prompts=setup["prompts"], prompts=setup["prompts_file"])
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +74,7 @@ def setup(tmp_path_factory) -> dict:
         ckpt = oracle_checkpoint(target, root / "oracle", k=K, num_prompts=4, max_new_tokens=32)
         out = dict(max_tokens=32, prompts=4, max_model_len=512)
     export_draft(ckpt, "vllm", root / "export", target=str(target))
-    out.update(target=target, export=root / "export")
+    out.update(target=target, export=root / "export", prompts_file=os.environ.get("EAGLEKIT_VLLM_PROMPTS"))
     out["clean"] = doctor(out, out["export"])  # the export as vLLM reads it, probed once
     return out
 

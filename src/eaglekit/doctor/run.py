@@ -66,11 +66,15 @@ def load_prompts(spec: str | None, limit: int) -> list[list[dict]]:
 def training_tau(manifest: dict | None, k: int) -> tuple[float | None, str]:
     """The accept length training predicts for chain drafting of k tokens, from a checkpoint manifest.
 
-    Uses the per-step conditional acceptance when recorded (1 + sum_j prod_{i<=j} cond_i over the
-    first k steps), else the recorded simulated accept length.
+    Uses the walk accept length `eaglekit train` measures (greedy chain decoding replayed over
+    held-out answers) when it was measured with k drafts, else the per-step conditional acceptance
+    (1 + sum_j prod_{i<=j} cond_i over the first k steps), else the simulated accept length.
     """
     for block in (manifest or {}, (manifest or {}).get("source_manifest") or {}):
         metrics = block.get("metrics") or block.get("best") or {}
+        walk = metrics.get("walk_accept_length")
+        if walk is not None and (block.get("config") or {}).get("ttt_steps") == k:
+            return float(walk), f"training's walk accept length (chain of {k})"
         cond = metrics.get("conditional_acceptance") or metrics.get("cond_acc")
         if isinstance(cond, list) and cond:
             tau, run = 1.0, 1.0
