@@ -39,11 +39,6 @@ def engine_setup(ctx: Context) -> ProbeSetup:
     return ProbeSetup(f"as {r.engine} reads it", config, tensors, single_state=not r.use_aux, embedding=embedding)
 
 
-def trained_setup(ctx: Context) -> ProbeSetup:
-    """The draft as its producer meant it (every tensor under its native name, the trained aux layers)."""
-    return ProbeSetup("as trained", ctx.interp.config, dict(ctx.interp.native))
-
-
 @dataclass
 class Hypothesis:
     id: str

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from eaglekit import __version__
 from eaglekit.artifacts import AUX_CONVENTION
-from eaglekit.draft.config import ARCHITECTURE, DraftConfig
+from eaglekit.draft.config import DraftConfig
 from eaglekit.errors import EaglekitError
 from eaglekit.target.info import to_engine_convention
 
