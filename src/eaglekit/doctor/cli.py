@@ -20,6 +20,7 @@ def register(sub) -> None:
     doc.add_argument("--device", default="cpu", help="where the target runs for the probe (default cpu)")
     doc.add_argument("--diagnose", action="store_true", help="run the diagnosis even when acceptance is fine")
     doc.add_argument("--json", action="store_true", help="print the report as JSON")
+    doc.add_argument("--out", help="also write report.json and manifest.json into this folder")
     doc.set_defaults(func=run)
 
 
@@ -30,6 +31,8 @@ def run(args: argparse.Namespace) -> int:
                         run_probe=args.probe is not None, k=args.k, max_new_tokens=args.max_new_tokens,
                         num_prompts=args.num_prompts, diagnose_always=args.diagnose,
                         device=args.device)
+    if args.out:
+        write_report(report, args)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
@@ -37,3 +40,19 @@ def run(args: argparse.Namespace) -> int:
 
         print_report(report)
     return 0 if report.ok else 1
+
+
+def write_report(report, args: argparse.Namespace) -> None:
+    """The doctor as a pipeline stage: report.json plus a manifest naming the draft and target."""
+    from pathlib import Path
+
+    from eaglekit.artifacts import sha256_json, write_json, write_manifest
+
+    out = Path(args.out)
+    data = report.to_dict()
+    write_json(out / "report.json", data)
+    failed = [c["id"] for c in data["checks"] if c["status"] == "fail"]
+    write_manifest(out, stage="doctor", config={k: v for k, v in vars(args).items() if k != "func"},
+                   target=None, inputs={"draft": str(args.draft), "report": sha256_json(data)},
+                   counts={"checks": len(data["checks"]), "failed": len(failed)},
+                   extra={"ok": data["ok"], "failed_checks": failed})
