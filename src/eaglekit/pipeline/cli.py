@@ -24,4 +24,5 @@ def run(args: argparse.Namespace) -> int:
     state = run_pipeline(recipe, args.out)
     for name, stage in state["stages"].items():
         print(f"{name:<14} {stage['status']:<8} {stage['seconds']:>8.1f} s  exit {stage['exit_code']}")
-    return 0
+    print(state["summary"])
+    return 0 if state["doctor_ok"] else 1

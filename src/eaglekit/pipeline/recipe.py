@@ -19,7 +19,7 @@ import yaml
 from eaglekit.errors import EaglekitError
 
 BUILTIN = Path(__file__).parent / "recipes"
-SECTIONS = ("prompts", "generate", "train", "export", "doctor", "bench")
+SECTIONS = ("prompts", "generate", "features", "train", "export", "doctor", "bench")
 
 
 def builtin_recipes() -> list[str]:

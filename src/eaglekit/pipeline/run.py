@@ -4,6 +4,7 @@
       target/        the target as a plain HF folder (loads in seconds; vLLM can serve it)
       prompts/       `eaglekit prompts build|synthesize`
       conversations/ `eaglekit generate`
+      features/      `eaglekit features` (offline store; `features: false` trains online instead)
       draft/         `eaglekit train` (the best checkpoint + trainer state)
       export/<fmt>/  `eaglekit export`
       doctor/        `eaglekit doctor --json` on the vLLM export, with the live probe
@@ -88,8 +89,16 @@ def run_pipeline(recipe: dict, out: str | Path | None = None) -> dict:
     pipe.stage("generate", ["generate", "--prompts", str(out / "prompts"), *t,
                             *to_flags(recipe.get("generate")), *dev, "--out", str(out / "conversations")])
 
+    # Offline features by default: captured once, every epoch after that costs only the draft.
+    features = recipe.get("features", {})
+    if features is False:
+        train_input = ["--data", str(out / "conversations")]
+    else:
+        pipe.stage("features", ["features", *t, "--data", str(out / "conversations"), *to_flags(features), *dev,
+                                "--out", str(out / "features")])
+        train_input = ["--features", str(out / "features")]
     draft = out / "draft"
-    pipe.stage("train", ["train", *t, "--data", str(out / "conversations"), *to_flags(recipe.get("train")), *dev,
+    pipe.stage("train", ["train", *t, *train_input, *to_flags(recipe.get("train")), *dev,
                          "--out", str(draft)], resume_flag="--resume")
 
     export = dict(recipe.get("export") or {})
@@ -107,4 +116,23 @@ def run_pipeline(recipe: dict, out: str | Path | None = None) -> dict:
     if bench:
         pipe.stage("bench", ["bench", *t, "--draft", str(draft), *to_flags(bench), *dev,
                              "--out", str(out / "bench")])
+    pipe.state["doctor_ok"], pipe.state["summary"] = summarize(out)
+    write_json(pipe.state_path, pipe.state)
     return pipe.state
+
+
+def summarize(out: Path) -> tuple[bool, str]:
+    """One paragraph: what training predicts, what the doctor found, what the bench measured."""
+    best = read_json(out / "draft" / "manifest.json", "draft manifest").get("best") or {}
+    report = read_json(out / "doctor" / "report.json", "doctor report")
+    failed = [c["id"] for c in report["checks"] if c["status"] == "fail"]
+    probe = report.get("probe") or {}
+    lines = [f"draft: {out / 'draft'} (predicted accept length {best.get('walk_accept_length')} on held-out "
+             f"conversations, step-0 accuracy {(best.get('acc') or [None])[0]})",
+             f"doctor: {'ok' if report['ok'] else 'FAILED ' + ', '.join(failed)}; live probe tau {probe.get('tau')}"
+             f" ({out / 'doctor' / 'report.json'})"]
+    if (out / "bench" / "results.json").is_file():
+        summary = read_json(out / "bench" / "results.json", "bench results")["summary"]
+        lines.append(f"bench: tau {summary['tau']}, speedup {summary['speedup']}x over plain decoding "
+                     f"({summary['spec']}, {out / 'bench' / 'report.md'})")
+    return bool(report["ok"]), "\n".join(lines)

@@ -1,0 +1,75 @@
+"""`eaglekit run` end to end on a tiny target: every stage, one folder, resumable."""
+
+import json
+
+import pytest
+import yaml
+
+from eaglekit.cli import main
+from eaglekit.errors import EaglekitError
+from eaglekit.pipeline.recipe import apply_override, load_recipe, to_flags
+
+PROMPTS = ["Count from one to ten.", "What is the capital of France?", "Write a function that adds two numbers.",
+           "Hello! How can I help you today?", "Solve 12 * 7.", "Tell me about the quick brown fox.",
+           "Name three colours.", "Why is the sky blue?"]
+
+
+def tiny_recipe(tmp_path, target) -> str:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "turns": [p]}) + "\n" for i, p in enumerate(PROMPTS)))
+    recipe = {
+        "name": "tiny", "target": str(target), "device": "cpu",
+        "prompts": {"source": [str(prompts)], "validation-fraction": 0.25},
+        "generate": {"max-new-tokens": 12, "batch-size": 4},
+        "features": {"batch-tokens": 512},
+        "train": {"draft-vocab-size": 64, "allow-smaller-vocab": True, "ttt-steps": 2, "epochs": 1,
+                  "batch-tokens": 256, "val-every": 5},
+        "export": {"formats": ["sglang", "vllm", "eagle"]},
+        "doctor": {"engine": "vllm", "probe": "builtin", "num-prompts": 2, "max-new-tokens": 8},
+        "bench": {"mode": "chain", "k": 2, "max-new-tokens": 8, "limit": 2, "no-hf": True},
+    }
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return str(path)
+
+
+def test_run_chains_every_stage_and_resumes(tiny_target_dir, tmp_path, capsys):
+    recipe, out = tiny_recipe(tmp_path, tiny_target_dir), tmp_path / "run"
+    code = main(["run", "--recipe", recipe, "--out", str(out)])
+    printed = capsys.readouterr().out
+    state = json.loads((out / "pipeline.json").read_text())
+    stages = ["target", "prompts", "generate", "features", "train", "export-sglang", "export-vllm",
+              "export-eagle", "doctor", "bench"]
+    assert list(state["stages"]) == stages
+    assert all(s["status"] == "done" for s in state["stages"].values())
+    for folder in ("prompts", "conversations", "features", "draft", "export/vllm", "doctor", "bench"):
+        assert (out / folder / "manifest.json").is_file(), folder
+    # A random tiny draft is not accepted: the doctor must say so, and the run's exit status too.
+    assert state["doctor_ok"] is False and code == 1
+    assert "doctor: FAILED" in printed and "bench: tau" in printed
+    # Rerunning the same command skips every finished stage.
+    main(["run", "--recipe", recipe, "--out", str(out)])
+    again = json.loads((out / "pipeline.json").read_text())
+    assert {k: v["seconds"] for k, v in again["stages"].items()} == {k: v["seconds"] for k, v in state["stages"].items()}
+
+
+def test_overrides_and_flags():
+    recipe = {"train": {"epochs": 1}}
+    apply_override(recipe, "train.epochs=3")
+    apply_override(recipe, "generate.batch-size=64")
+    assert recipe == {"train": {"epochs": 3}, "generate": {"batch-size": 64}}
+    assert to_flags({"max-new-tokens": 8, "no-hf": True, "skip": False, "source": ["a", "b"]}) == [
+        "--max-new-tokens", "8", "--no-hf", "--source", "a", "--source", "b"]
+    with pytest.raises(EaglekitError, match="key=value"):
+        apply_override(recipe, "train.epochs")
+
+
+def test_builtin_recipes_parse_and_unknown_ones_are_refused(tmp_path):
+    for name in ("quick", "smollm2-h200"):
+        assert load_recipe(name)["target"] == "smollm2"
+    with pytest.raises(EaglekitError, match="no recipe"):
+        load_recipe("nope")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trian: {epochs: 1}\n")
+    with pytest.raises(EaglekitError, match="unknown sections"):
+        load_recipe(str(bad))
