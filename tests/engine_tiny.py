@@ -1,4 +1,4 @@
-"""Helpers for the engine tests: tiny targets with peaked logits, random drafts, noisy oracles."""
+"""Test helpers: tiny targets with peaked logits, random drafts, noisy oracles, and a one-thread fixture."""
 
 from __future__ import annotations
 

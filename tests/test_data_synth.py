@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from eaglekit.cli import main
 from eaglekit.data.magpie import SENTINEL, pre_query_template
 from eaglekit.data.prompts import build_prompts
 from eaglekit.data.readers import SourceSpec
 from eaglekit.errors import EaglekitError
+from engine_tiny import one_thread  # noqa: F401 (fixture)
 
 LLAMA3 = ("{{ '<|begin_of_text|>' }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\n\n'"
           " + m['content'] | trim + '<|eot_id|>' }}{% endfor %}"
@@ -60,15 +60,6 @@ def test_a_template_without_an_end_of_turn_token_is_refused(tok):
     tok.chat_template = NO_END
     with pytest.raises(EaglekitError, match="no special token ends the user's turn"):
         pre_query_template(tok)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One torch thread: on a shared 2-core machine two threads spin against each other."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def synth(smollm2_dir, out, *extra: str) -> int:

@@ -25,18 +25,10 @@ from eaglekit.data.records import Conversation, Prompt
 from eaglekit.errors import EaglekitError
 from eaglekit.target import load_target
 from eaglekit.target.chat import prompt_ids
+from engine_tiny import one_thread  # noqa: F401 (fixture)
 
 QUESTIONS = ["What is the capital of France?", "Count from one to ten.", "Hello!", "Solve 12 * 7.",
              "Write a Python function that adds two numbers.", "The quick brown fox?", "How can I help you today?"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One torch thread: tiny models gain nothing from more, and the CPU may be shared."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from eaglekit.data.openai_backend import OpenAIBackend, OpenAIClient
 from eaglekit.data.regenerate import GenerateConfig, generate_conversations
 from eaglekit.errors import EaglekitError
 from eaglekit.target import load_target
+from engine_tiny import one_thread  # noqa: F401 (fixture)
 
 MAX_MODEL_LEN = 256
 
@@ -107,14 +108,6 @@ class TinyServer:
     def __exit__(self, *exc):
         self.httpd.shutdown()
         self.httpd.server_close()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
