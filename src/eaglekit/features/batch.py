@@ -47,3 +47,24 @@ def pad_stack(rows: list[torch.Tensor], length: int, value=0) -> torch.Tensor:
     for i, row in enumerate(rows):
         out[i, :row.shape[0]] = row
     return out
+
+
+def pack_by_tokens(indices, lengths: list[int], *, batch_tokens: int,
+                   max_batch_size: int | None = None) -> list[list[int]]:
+    """Group `indices`, longest first (ties by index), so that rows x longest length <= batch_tokens.
+
+    Padding stays bounded because a group's rows are of similar length. A sample longer than
+    `batch_tokens` gets a group of its own; `max_batch_size` also caps the rows of a group.
+    """
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in sorted(indices, key=lambda i: (-lengths[i], i)):
+        longest = lengths[current[0]] if current else lengths[i]
+        if current and ((len(current) + 1) * longest > batch_tokens
+                        or (max_batch_size is not None and len(current) >= max_batch_size)):
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches

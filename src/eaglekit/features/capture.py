@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 
 from eaglekit.artifacts import MANIFEST, atomic_path, read_manifest, write_json, write_manifest
 from eaglekit.errors import EaglekitError
-from eaglekit.features.batch import pad_stack
+from eaglekit.features.batch import pack_by_tokens, pad_stack
 from eaglekit.features.conversations import Sample
 from eaglekit.features.store import FORMAT, INDEX, TENSORS, read_index, shard_name
 from eaglekit.features.teacher import topk_from_logits
@@ -42,29 +42,13 @@ def plan_shards(lengths: list[int], shard_tokens: int) -> list[list[int]]:
     return shards
 
 
-def plan_batches_by_tokens(lengths: list[int], batch_tokens: int) -> list[list[int]]:
-    """Group indices, longest first, so that rows x longest length <= batch_tokens (padding bounded)."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
-        longest = lengths[current[0]] if current else lengths[i]
-        if current and (len(current) + 1) * longest > batch_tokens:
-            batches.append(current)
-            current = []
-        current.append(i)
-    if current:
-        batches.append(current)
-    return batches
-
-
 @torch.no_grad()
 def capture_shard(model, samples: list[Sample], *, aux_layer_ids: list[int], topk: int, batch_tokens: int,
                   device: torch.device) -> dict[str, torch.Tensor]:
     """Aux states and top-k teacher of consecutive samples, as one shard's tensors (CPU)."""
     lengths = [s.length for s in samples]
     per_sample: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-    for group in plan_batches_by_tokens(lengths, batch_tokens):
+    for group in pack_by_tokens(range(len(samples)), lengths, batch_tokens=batch_tokens):
         T = max(lengths[i] for i in group)
         ids = pad_stack([samples[i].input_ids for i in group], T).to(device)                  # [B, T]
         mask = pad_stack([torch.ones(lengths[i], dtype=torch.long) for i in group], T).to(device)

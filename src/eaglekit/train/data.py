@@ -13,6 +13,8 @@ import math
 
 import torch
 
+from eaglekit.features.batch import pack_by_tokens
+
 POOL = 256  # samples sorted together by length (bounded so the order stays random)
 
 
@@ -22,16 +24,8 @@ def epoch_batches(lengths: list[int], *, batch_tokens: int, max_batch_size: int,
     perm = torch.randperm(len(lengths), generator=g).tolist()
     batches: list[list[int]] = []
     for start in range(0, len(perm), POOL):
-        pool = sorted(perm[start:start + POOL], key=lambda i: (-lengths[i], i))
-        current: list[int] = []
-        for i in pool:
-            longest = lengths[current[0]] if current else lengths[i]
-            if current and ((len(current) + 1) * longest > batch_tokens or len(current) >= max_batch_size):
-                batches.append(current)
-                current = []
-            current.append(i)
-        if current:
-            batches.append(current)
+        batches += pack_by_tokens(perm[start:start + POOL], lengths, batch_tokens=batch_tokens,
+                                  max_batch_size=max_batch_size)
     order = torch.randperm(len(batches), generator=g).tolist()
     return [batches[i] for i in order]
 
@@ -92,14 +86,4 @@ class BatchPlan:
 
 def eval_batches(lengths: list[int], *, batch_tokens: int, max_batch_size: int) -> list[list[int]]:
     """Fixed validation micro-batches, longest first."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    batches, current = [], []
-    for i in order:
-        longest = lengths[current[0]] if current else lengths[i]
-        if current and ((len(current) + 1) * longest > batch_tokens or len(current) >= max_batch_size):
-            batches.append(current)
-            current = []
-        current.append(i)
-    if current:
-        batches.append(current)
-    return batches
+    return pack_by_tokens(range(len(lengths)), lengths, batch_tokens=batch_tokens, max_batch_size=max_batch_size)
