@@ -113,3 +113,17 @@ def oracle_checkpoint(target_dir, out, *, k: int = 3, num_prompts: int = 4, max_
     write_manifest(out, stage="train", config={}, target=target.fingerprint(),
                    extra={"best": {"cond_acc": cond, "sim_accept_length": result.tau}})
     return out
+
+
+def oracle_exports(target_dir, root) -> dict:
+    """The repeat oracle as a native checkpoint (root/native) and as each engine's export (root/<format>)."""
+    from pathlib import Path
+
+    from eaglekit.formats import export_draft
+
+    root = Path(root)
+    out = {"native": oracle_checkpoint(target_dir, root / "native")}
+    for fmt in ("sglang", "vllm"):
+        export_draft(out["native"], fmt, root / fmt, target=str(target_dir))
+        out[fmt] = root / fmt
+    return out

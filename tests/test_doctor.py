@@ -15,8 +15,7 @@ from eaglekit.cli import main
 from eaglekit.doctor import CHECKS, run_doctor
 from eaglekit.draft import Eagle3Draft
 from eaglekit.draft.checkpoint import save_draft
-from eaglekit.formats import export_draft
-from oracle_draft import oracle_checkpoint, save_repeat_target
+from oracle_draft import oracle_exports, save_repeat_target
 
 
 @pytest.fixture(scope="module")
@@ -27,12 +26,7 @@ def target_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def exports(target_dir, tmp_path_factory) -> dict[str, Path]:
     """The repeat oracle as a native checkpoint and as each engine's export."""
-    root = tmp_path_factory.mktemp("exports")
-    out = {"native": oracle_checkpoint(target_dir, root / "native")}
-    for fmt in ("sglang", "vllm"):
-        export_draft(out["native"], fmt, root / fmt, target=str(target_dir))
-        out[fmt] = root / fmt
-    return out
+    return oracle_exports(target_dir, tmp_path_factory.mktemp("exports"))
 
 
 def planted(src: Path, dst: Path, *, config=None, tensors=None, manifest=None) -> Path:

@@ -14,7 +14,7 @@ from eaglekit.doctor.probe import ProbeSetup, TargetRun, probe, replay
 from eaglekit.draft import Eagle3Draft
 from eaglekit.draft.checkpoint import save_draft
 from eaglekit.formats import export_draft
-from oracle_draft import oracle_checkpoint, save_repeat_target
+from oracle_draft import oracle_exports, save_repeat_target
 from test_doctor import _aux_off, _aux_off_by_one, _d2t_absolute, _rename_layers, planted
 
 PROBE = dict(run_probe=True, max_new_tokens=32, num_prompts=4)
@@ -30,11 +30,8 @@ def exports(target_dir, tmp_path_factory) -> dict[str, Path]:
     from eaglekit.draft.checkpoint import load_draft
 
     root = tmp_path_factory.mktemp("exports")
-    out = {"native": oracle_checkpoint(target_dir, root / "native")}
+    out = oracle_exports(target_dir, root)
     oracle = load_draft(out["native"])
-    for fmt in ("sglang", "vllm"):
-        export_draft(out["native"], fmt, root / fmt, target=str(target_dir))
-        out[fmt] = root / fmt
     torch.manual_seed(1)
     random = Eagle3Draft(oracle.config)
     random.d2t.copy_(oracle.d2t)
