@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from eaglekit.artifacts import atomic_dir
 from eaglekit.cli import main
-from eaglekit.data.folder import atomic_dir, read_prompt_folder
+from eaglekit.data.folder import read_prompt_folder
 from eaglekit.data.prompts import Filters, build_prompts
 from eaglekit.data.readers import SourceSpec, read_source
 from eaglekit.data.records import Prompt, split_of

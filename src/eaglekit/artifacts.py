@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 import time
 from contextlib import contextmanager
@@ -56,6 +57,30 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+@contextmanager
+def atomic_dir(out: str | os.PathLike, *, overwrite: bool = False) -> Iterator[Path]:
+    """Yield an empty temporary folder; move it to `out` only if the block succeeds."""
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise EaglekitError(f"output folder {out} already exists", hint="pass --overwrite or another --out")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        yield tmp
+        os.chmod(tmp, 0o755)
+        if out.exists():
+            # Two renames: the old folder is never deleted before the new one is in place.
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:

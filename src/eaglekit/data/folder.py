@@ -1,7 +1,7 @@
 """Output folders of the data stages: written whole or not at all, or appended and resumable.
 
-- `atomic_dir`: the prompts stage builds its folder beside the destination and renames it into
-  place, so a reader sees the old folder, no folder, or the complete new one.
+- The prompts stage builds its folder with `eaglekit.artifacts.atomic_dir` beside the destination
+  and renames it into place, so a reader sees the old folder, no folder, or the complete new one.
 - `JsonlShards`: the generate stage appends finished conversations to numbered shards. A line is
   one `write` of a complete JSON object plus newline, flushed per batch; after a crash (SIGKILL
   included) the reopen drops a torn last line, and the ids on disk say what is already done.
@@ -11,39 +11,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from eaglekit.artifacts import MANIFEST, read_manifest
 from eaglekit.data.records import SPLITS, MalformedRecord, Prompt
 from eaglekit.errors import EaglekitError
-
-
-@contextmanager
-def atomic_dir(out: str | os.PathLike, *, overwrite: bool = False) -> Iterator[Path]:
-    """Yield an empty temporary folder; move it to `out` only if the block succeeds."""
-    out = Path(out)
-    if out.exists() and not overwrite:
-        raise EaglekitError(f"output folder {out} already exists", hint="pass --overwrite or another --out")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
-        yield tmp
-        os.chmod(tmp, 0o755)
-        if out.exists():
-            # Two renames: the old folder is never deleted before the new one is in place.
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def write_jsonl(path: Path, rows) -> int:

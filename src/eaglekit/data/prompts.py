@@ -19,8 +19,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from eaglekit.artifacts import write_manifest
-from eaglekit.data.folder import atomic_dir, write_jsonl
+from eaglekit.artifacts import atomic_dir, write_manifest
+from eaglekit.data.folder import write_jsonl
 from eaglekit.data.readers import ReadReport, SourceSpec, read_source
 from eaglekit.data.records import SPLITS, Prompt, order_key, split_of
 from eaglekit.errors import EaglekitError

@@ -14,8 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from eaglekit.artifacts import atomic_path, check_same_target, sha256_file, write_json, write_manifest
-from eaglekit.data.folder import atomic_dir
+from eaglekit.artifacts import atomic_dir, atomic_path, check_same_target, sha256_file, write_json, write_manifest
 from eaglekit.draft.checkpoint import CONFIG, WEIGHTS
 from eaglekit.draft.config import DraftConfig
 from eaglekit.errors import EaglekitError
