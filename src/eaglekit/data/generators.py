@@ -12,7 +12,6 @@ ended. Two implementations:
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import time
 from dataclasses import asdict, dataclass
@@ -98,14 +97,6 @@ class HFGenerator:
         return [cut_at_stop(row, stops, max_new_tokens) for row in new]
 
 
-def engine_available() -> bool:
-    """Whether eaglekit's own batch decoder exists in this installation."""
-    try:
-        return importlib.util.find_spec("eaglekit.engine.batch") is not None
-    except ModuleNotFoundError:
-        return False
-
-
 class EngineGenerator:
     """eaglekit's static-KV-cache batch decoder (`eaglekit.engine.batch.BatchDecoder`).
 
@@ -127,9 +118,6 @@ class EngineGenerator:
 
     def __init__(self, model, stop_ids: list[int], sampling: Sampling, *, batch_size: int = 32,
                  runner: str = "auto", graphs: bool | None = None, compile: bool | None = None):
-        if not engine_available():
-            raise EaglekitError("eaglekit's batch decoder (eaglekit.engine.batch) is not installed",
-                                hint="use --backend hf")
         if not stop_ids:
             raise EaglekitError("the target has no stop token", hint="set eos_token_id in generation_config.json")
         from eaglekit.engine.sampling import Sampling as EngineSampling
