@@ -9,7 +9,7 @@ from eaglekit.draft.config import DraftConfig
 from eaglekit.draft.model import Eagle3Draft
 from eaglekit.draft.vocab import DraftVocab
 from eaglekit.features.batch import Batch
-from eaglekit.features.teacher import Teacher, dense_teacher, sparse_teacher, topk_from_logits
+from eaglekit.features.teacher import dense_teacher, sparse_teacher, topk_from_logits
 from eaglekit.train.optim import load_optimizer_tensors, lr_at, make_optimizer, optimizer_tensors
 from eaglekit.train.ttt import (STATS, counted_positions, metrics_from_stats, step_counts, ttt_attention,
                                 ttt_loss, ttt_unroll)

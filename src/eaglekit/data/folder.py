@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from eaglekit.artifacts import MANIFEST, read_manifest
+from eaglekit.artifacts import read_manifest
 from eaglekit.data.records import SPLITS, MalformedRecord, Prompt
 from eaglekit.errors import EaglekitError
 
@@ -135,7 +135,3 @@ class JsonlShards:
         if self._file is not None:
             self._file.close()
             self._file = None
-
-
-def is_complete(folder: Path) -> bool:
-    return (Path(folder) / MANIFEST).is_file()

@@ -18,7 +18,6 @@ with its own resume (generate resumes by itself, train gets --resume).
 
 from __future__ import annotations
 
-import json
 import logging
 import shlex
 import time

@@ -40,10 +40,6 @@ class TokenizedConversation:
     input_ids: list[int]
     loss_mask: list[int]  # 1 where the token was written by the assistant
 
-    @property
-    def num_assistant_tokens(self) -> int:
-        return sum(self.loss_mask)
-
 
 def check_messages(messages: list[dict]) -> None:
     if not isinstance(messages, (list, tuple)) or not messages:
