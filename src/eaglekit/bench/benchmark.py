@@ -58,12 +58,6 @@ class BenchConfig:
         return d
 
 
-def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
-
-
 def device_name(device: str) -> str:
     if device.startswith("cuda"):
         return torch.cuda.get_device_name(torch.device(device))
@@ -115,7 +109,7 @@ def cache_slots(cfg: BenchConfig, tokenizer, prompts, specs) -> int:
 
 def benchmark(cfg: BenchConfig, command: str = "") -> dict:
     """Run the benchmark and return the results (see module docstring for the files)."""
-    from eaglekit.target.load import load_target
+    from eaglekit.target.load import load_target, resolve_device
 
     device = resolve_device(cfg.device)
     target = load_target(cfg.target, device=device, dtype=cfg.dtype)

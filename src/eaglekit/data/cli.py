@@ -90,14 +90,6 @@ def add_local_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16")
 
 
-def resolve_device(device: str) -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
-
-
 def run_build(args: argparse.Namespace) -> int:
     from eaglekit.data.prompts import Filters, build_prompts
     from eaglekit.data.readers import SourceSpec
@@ -128,6 +120,7 @@ def run_synthesize(args: argparse.Namespace) -> int:
     from eaglekit.data.magpie import pre_query_template, synthesize, write_synthesized
     from eaglekit.errors import EaglekitError
     from eaglekit.target import load_target
+    from eaglekit.target.load import resolve_device
 
     existing, inputs = None, {}
     if args.top_up:
@@ -188,6 +181,7 @@ def run_generate(args: argparse.Namespace) -> int:
         target_fp = target_fingerprint(target_config, tokenizer, name=source.name)
     else:
         from eaglekit.target import load_target
+        from eaglekit.target.load import resolve_device
 
         target = load_target(args.target, device=resolve_device(args.device), dtype=args.dtype)
         generator = make_generator(args.backend, target.model, target.stop_token_ids, sampling,

@@ -54,10 +54,10 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from eaglekit.bench.benchmark import load_draft_for, random_draft_for, resolve_device
+    from eaglekit.bench.benchmark import load_draft_for, random_draft_for
     from eaglekit.engine import DraftRunner, Engine, make_target_runner
     from eaglekit.target.chat import prompt_ids
-    from eaglekit.target.load import load_target
+    from eaglekit.target.load import load_target, resolve_device
 
     device = resolve_device(args.device)
     target = load_target(args.target, device=device, dtype=args.dtype)

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from eaglekit.errors import EaglekitError
+from eaglekit.target import load as target_load
 
 
 @dataclass
@@ -53,11 +54,10 @@ class Dist:
 
 
 def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """`target.load.resolve_device`, refusing a CUDA device on a machine without one."""
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise EaglekitError(f"device {device!r} asked for, but no CUDA device is available", hint="use --device cpu")
-    return torch.device(device)
+    return torch.device(target_load.resolve_device(device))
 
 
 def setup(device: str) -> Dist:
