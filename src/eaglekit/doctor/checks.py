@@ -276,17 +276,12 @@ def check_aux_states(ctx: Context) -> Check:
                  f"= {cfg.fused_width} wide into fc")
 
 
-def recorded_target(ctx: Context) -> dict | None:
-    manifest = ctx.interp.folder.manifest or {}
-    return manifest.get("target") or (ctx.interp.folder.eaglekit or {}).get("target")
-
-
 def check_vocab(ctx: Context) -> Check:
     cfg, V = ctx.interp.config, ctx.facts.vocab_size
     if cfg.vocab_size != V:
         return Check("vocab", FAIL, f"draft vocab_size {cfg.vocab_size} != the target's {V}",
                      "the draft was made for another tokenizer")
-    recorded = recorded_target(ctx)
+    recorded = ctx.interp.folder.recorded_target
     mine = ctx.facts.fingerprint["tokenizer_hash"]
     if recorded and recorded.get("tokenizer_hash") not in (None, mine):
         return Check("vocab", FAIL, f"the draft was trained with another tokenizer or chat template "
@@ -295,7 +290,7 @@ def check_vocab(ctx: Context) -> Check:
 
 
 def check_target(ctx: Context) -> Check:
-    recorded = recorded_target(ctx)
+    recorded = ctx.interp.folder.recorded_target
     if not recorded:
         return Check("target", PASS, "no target recorded (third-party draft): shapes and vocab checked instead")
     mine = ctx.facts.fingerprint["config_hash"]

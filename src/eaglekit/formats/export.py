@@ -93,7 +93,7 @@ def export_draft(ckpt: str | Path, fmt: str, out: str | Path, *, target: str | N
     facts = target_facts(target) if target else None
     reading = read_strict(ckpt, facts)
     source_manifest = reading.folder.manifest or {}
-    fingerprint = source_manifest.get("target") or (reading.folder.eaglekit or {}).get("target")
+    fingerprint = reading.folder.recorded_target
     if facts is not None:
         if fingerprint is not None:
             check_same_target(facts.fingerprint, fingerprint, what=f"draft {ckpt}")

@@ -31,6 +31,11 @@ class DraftFolder:
         block = self.config.get("eaglekit")
         return block if isinstance(block, dict) else None
 
+    @property
+    def recorded_target(self) -> dict | None:
+        """The target fingerprint the folder records: its manifest's, else its config's `eaglekit` block's."""
+        return (self.manifest or {}).get("target") or (self.eaglekit or {}).get("target")
+
 
 def weight_files(path: Path) -> list[Path]:
     """The safetensors files of a folder (following a shard index when there is one)."""

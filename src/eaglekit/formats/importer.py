@@ -95,7 +95,7 @@ def import_draft(path: str | Path, out: str | Path, *, target: str | None = None
         cfg = replace(cfg, target_num_layers=facts.num_layers)
     if cfg.target_num_layers is not None:
         check_aux_layer_ids(list(cfg.aux_layer_ids), cfg.target_num_layers)
-    fingerprint = (reading.folder.manifest or {}).get("target") or (reading.folder.eaglekit or {}).get("target")
+    fingerprint = reading.folder.recorded_target
     if facts is not None:
         if fingerprint:
             check_same_target(facts.fingerprint, fingerprint, what=f"draft {path}")
