@@ -103,11 +103,14 @@ STORY = {
     # "collapse": acceptance falls to near nothing or vLLM dies, the probe agrees, the diagnosis names it.
     # "drop": the layer keeps vLLM's uninitialised memory (zeros or garbage, so no number to agree
     #   with): acceptance drops, and no reading of the folder brings back weights it does not hold.
+    # "falls": acceptance falls well below the clean draft's (to nothing on the oracle draft; a draft
+    #   trained on real data still gets something out of the final hidden state alone), the probe
+    #   agrees with vLLM, and the diagnosis names the cause.
     # "loss": one layer early costs acceptance (a little for SmolLM2, whose neighbouring layers are
     #   alike; everything for the oracle); the static check fails either way, the probe agrees.
     "weights not loaded": (dict(tensors=_drop_midlayer), "names", "drop", None),
     "d2t absolute": (dict(tensors=_d2t_absolute), "d2t", "collapse", "d2t"),
-    "aux states off": (dict(config=_aux_off), "aux_states", "collapse", "aux_states"),
+    "aux states off": (dict(config=_aux_off), "aux_states", "falls", "aux_states"),
     "aux ids off by one": (dict(config=_aux_off_by_one), "aux_layer_ids", "loss", "aux_ids_trained"),
 }
 
@@ -127,6 +130,9 @@ def test_planted_bug_hurts_vllm_and_the_doctor_names_it(bug, setup, tmp_path):
     if effect == "collapse":
         assert "error" in vllm or vllm["accept_length"] - 1 < 0.25 * (good - 1), vllm
         assert "probe" in failed and diagnosis["cause"] == cause, diagnosis
+    elif effect == "falls":
+        assert vllm["accept_length"] - 1 < 0.75 * (good - 1), vllm
+        assert diagnosis["cause"] == cause, diagnosis
     elif effect == "drop":
         assert "error" in vllm or vllm["accept_length"] - 1 < 0.75 * (good - 1), vllm
         assert report.probe["status"] != "pass" and diagnosis["cause"] is None, report.probe
