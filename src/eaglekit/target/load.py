@@ -157,6 +157,11 @@ def generation_eos_ids(source: TargetSource, config=None) -> list[int]:
     return [eos] if isinstance(eos, int) else list(eos)
 
 
+def stop_token_ids(gen_eos: list[int], tokenizer) -> list[int]:
+    """Ids generation stops at: the generation config's EOS ids and the tokenizer's EOS, sorted."""
+    return sorted(set(gen_eos) | {tokenizer.eos_token_id} - {None})
+
+
 def load_target(spec: str | Path | TargetSource, *, device: str = "cpu", dtype: str | torch.dtype | None = None,
                 device_map: str | dict | None = None, trust_remote_code: bool = False) -> Target:
     """Load a target model and tokenizer.
@@ -194,8 +199,7 @@ def load_target(spec: str | Path | TargetSource, *, device: str = "cpu", dtype: 
     model.eval().requires_grad_(False)
     gen_eos = generation_eos_ids(source, model.config)
     tokenizer = load_tokenizer(source, gen_eos)
-    stops = sorted(set(gen_eos) | {tokenizer.eos_token_id} - {None})
-    return Target(model=model, tokenizer=tokenizer, source=source, stop_token_ids=stops)
+    return Target(model=model, tokenizer=tokenizer, source=source, stop_token_ids=stop_token_ids(gen_eos, tokenizer))
 
 
 def dequantized_copy(model: torch.nn.Module) -> torch.nn.Module:

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from eaglekit.target.load import generation_eos_ids, load_target, load_tokenizer, target_fingerprint, text_config
+from eaglekit.target.load import (generation_eos_ids, load_target, load_tokenizer, stop_token_ids,
+                                  target_fingerprint, text_config)
 from eaglekit.target.info import load_config
 from eaglekit.target.source import TargetSource, resolve_target
 
@@ -88,9 +89,8 @@ def load_target_parts(spec: str | Path | TargetSource) -> TargetParts:
             embedding = tensors[emb_name].float()
             lm_head = embedding if tied or head_name is None else tensors.get(head_name)
             lm_head = lm_head.float() if lm_head is not None else None
-            stops = sorted(set(gen_eos) | {tokenizer.eos_token_id} - {None})
             return TargetParts(source, config, tokenizer, target_fingerprint(config, tokenizer, name=source.name),
-                               stops, embedding, lm_head)
+                               stop_token_ids(gen_eos, tokenizer), embedding, lm_head)
         log.info("embedding %r not found by name in %s; loading the whole target", emb_name, source.path)
     target = load_target(source, device="cpu", dtype="float32")
     head = target.model.get_output_embeddings()
