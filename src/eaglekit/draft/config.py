@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from eaglekit.artifacts import AUX_CONVENTION
 from eaglekit.errors import EaglekitError
+from eaglekit.target.load import text_config
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
@@ -53,7 +54,7 @@ class DraftConfig:
             draft_vocab_size: rows of the draft's lm_head.
             intermediate_size: the MLP width (default: the target's; MoE targets fall back to 4H).
         """
-        cfg = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+        cfg = text_config(target_config)
         heads = cfg.num_attention_heads
         rope = draft_rope_parameters(cfg)
         width = intermediate_size or getattr(cfg, "intermediate_size", None) or 4 * cfg.hidden_size
