@@ -237,6 +237,13 @@ class Trainer:
             save_draft(self.draft, self.out)
             self.write_manifest(final=False)
 
+    def record_validation(self, metrics: dict, tracker: Tracker) -> None:
+        """Keep a validation in the history and the log; save the draft when it is the best so far."""
+        self.history.append({"step": self.step, **metrics})
+        tracker.event("val", self.step, **metrics)
+        if self.better(metrics):
+            self.save_best(metrics)
+
     # ---- the loop ----------------------------------------------------------------------------
 
     def fit(self) -> dict:
@@ -286,11 +293,7 @@ class Trainer:
                 tracker.progress(1)
                 last = self.step == self.total_steps
                 if self.run.val is not None and (self.step % cfg.val_every == 0 or last):
-                    metrics = self.validate()
-                    self.history.append({"step": self.step, **metrics})
-                    tracker.event("val", self.step, **metrics)
-                    if self.better(metrics):
-                        self.save_best(metrics)
+                    self.record_validation(self.validate(), tracker)
                 if self.step % cfg.save_every == 0 or last:
                     self.save_trainer_state()
                 if cfg.time_budget_s is not None and not last and self.out_of_time(started):
@@ -298,10 +301,7 @@ class Trainer:
                     self.total_steps = self.step
                     metrics = self.validate()
                     if metrics is not None:
-                        self.history.append({"step": self.step, **metrics})
-                        tracker.event("val", self.step, **metrics)
-                        if self.better(metrics):
-                            self.save_best(metrics)
+                        self.record_validation(metrics, tracker)
                     self.save_trainer_state()
                     break
             if self.run.val is None and main:
