@@ -1,4 +1,5 @@
-"""One training batch, as both feature sources (offline store, online target) deliver it.
+"""One training batch, as both feature sources (offline store, online target) deliver it, and how
+samples are grouped into batches under a token budget (capture and training both use `pack_by_tokens`).
 
 Rows are right-padded: a padded position has loss_mask 0 and, under causal attention, is never
 seen by a real one, so no attention mask is needed.
