@@ -130,3 +130,11 @@ def test_smollm2_info_from_gguf():
     assert (info.num_layers, info.hidden_size, info.vocab_size) == (30, 576, 49152)
     assert info.aux_layer_ids == [1, 14, 26]
     assert info.eos_token == "<|im_end|>"
+
+
+def test_corrupt_generation_config_is_an_error(tiny_target_dir, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_target_dir, broken)
+    (broken / "generation_config.json").write_text("{ not json")
+    with pytest.raises(EaglekitError, match="EOS ids"):
+        load_target(str(broken))

@@ -150,8 +150,10 @@ def generation_eos_ids(source: TargetSource, config=None) -> list[int]:
                 config = (AutoConfig.from_pretrained(source.path.parent, gguf_file=source.path.name)
                           if source.kind == "gguf" else AutoConfig.from_pretrained(source.path))
             eos = getattr(config, "eos_token_id", None)
-    except (OSError, ValueError):
-        return []
+    except (OSError, ValueError) as err:
+        # A broken generation config would silently change where every answer stops.
+        raise EaglekitError(f"could not read the EOS ids of {source.path}: {err}",
+                            hint="generation_config.json / config.json is corrupt; fix or remove it") from err
     if eos is None:
         return []
     return [eos] if isinstance(eos, int) else list(eos)

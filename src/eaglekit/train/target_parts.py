@@ -85,13 +85,14 @@ def load_target_parts(spec: str | Path | TargetSource) -> TargetParts:
         emb_name, head_name, tied = parameter_names(config)
         wanted = [emb_name] + ([head_name] if head_name and not tied else [])
         tensors = read_tensors(source.path, wanted)
-        if emb_name in tensors:
+        # An untied head must be found by name too; otherwise read both from the loaded model.
+        if emb_name in tensors and (tied or head_name in tensors):
             embedding = tensors[emb_name].float()
-            lm_head = embedding if tied or head_name is None else tensors.get(head_name)
-            lm_head = lm_head.float() if lm_head is not None else None
+            lm_head = embedding if tied else tensors[head_name].float()
             return TargetParts(source, config, tokenizer, target_fingerprint(config, tokenizer, name=source.name),
                                stop_token_ids(gen_eos, tokenizer), embedding, lm_head)
-        log.info("embedding %r not found by name in %s; loading the whole target", emb_name, source.path)
+        log.info("embedding %r / lm_head %r not found by name in %s; loading the whole target",
+                 emb_name, head_name, source.path)
     target = load_target(source, device="cpu", dtype="float32")
     head = target.model.get_output_embeddings()
     return TargetParts(source, target.model.config, target.tokenizer, target.fingerprint(), target.stop_token_ids,
