@@ -38,15 +38,19 @@ class Pipeline:
         self.state_path = out / STATE
         self.state = read_json(self.state_path, "pipeline state") if self.state_path.is_file() else {"stages": {}}
 
-    def stage(self, name: str, argv: list[str], *, resume_flag: str | None = None, ok_codes=(0,)) -> int:
-        """Run `eaglekit <argv>` unless it already finished with this exact command."""
+    def stage(self, name: str, argv: list[str], *, resume_flag: str | None = None, resume_marker: Path | None = None,
+              ok_codes=(0,)) -> int:
+        """Run `eaglekit <argv>` unless it already finished with this exact command.
+
+        An interrupted stage gets `resume_flag` when `resume_marker` exists (the state it resumes from).
+        """
         from eaglekit.cli import main
 
         done = self.state["stages"].get(name)
         if done and done["argv"] == argv and done["status"] == "done":
             log.info("[%s] done earlier, skipped (%s)", name, shlex.join(["eaglekit", *argv]))
             return done["exit_code"]
-        if done and done["argv"] == argv and resume_flag:
+        if done and done["argv"] == argv and resume_flag and resume_marker is not None and resume_marker.exists():
             argv = argv + [resume_flag]
         log.info("[%s] %s", name, shlex.join(["eaglekit", *argv]))
         self.record(name, argv, "running", None, 0.0)
@@ -98,7 +102,7 @@ def run_pipeline(recipe: dict, out: str | Path | None = None) -> dict:
         train_input = ["--features", str(out / "features")]
     draft = out / "draft"
     pipe.stage("train", ["train", *t, *train_input, *to_flags(recipe.get("train")), *dev,
-                         "--out", str(draft)], resume_flag="--resume")
+                         "--out", str(draft)], resume_flag="--resume", resume_marker=draft / "trainer_state")
 
     export = dict(recipe.get("export") or {})
     formats = export.pop("formats", ["sglang", "vllm", "eagle"])
