@@ -13,6 +13,7 @@ deleted afterwards, so a kill at any moment leaves one complete state to resume 
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from eaglekit.artifacts import atomic_path, read_json, write_json
 from eaglekit.errors import EaglekitError
 from eaglekit.target.source import validate_safetensors
 
+log = logging.getLogger(__name__)
 STATE_DIR = "trainer_state"
 LATEST = "latest.json"
 
@@ -95,17 +97,32 @@ def write_log_line(path: Path, line: str) -> None:
 
 
 def truncate_log(path: Path, step: int) -> None:
-    """On resume, drop log lines written after the resumed step (they will be written again)."""
+    """On resume, drop log lines written after the resumed step (they will be written again).
+
+    A malformed last line is the torn write of a killed run and is dropped; a malformed line
+    before it means the log is corrupt, and deleting it quietly would hide that.
+
+    Raises:
+        EaglekitError: a line other than the last is not a JSON object.
+    """
     import json
 
     if not path.is_file():
         return
+    lines = path.read_text(encoding="utf-8").splitlines()
     kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for number, line in enumerate(lines, start=1):
         try:
-            if json.loads(line).get("step", 0) <= step:
-                kept.append(line)
+            record = json.loads(line)
         except json.JSONDecodeError:
-            continue  # a torn last line from the kill
+            record = None
+        if not isinstance(record, dict):
+            if number == len(lines):
+                log.warning("%s:%d: dropping a torn last line (the killed run was writing it)", path, number)
+                continue
+            raise EaglekitError(f"{path}:{number} is not a JSON object: {line[:200]!r}",
+                                hint="the training log is corrupt: repair or delete that line, then --resume again")
+        if record.get("step", 0) <= step:
+            kept.append(line)
     with atomic_path(path) as tmp:
         tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
