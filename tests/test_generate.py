@@ -17,11 +17,12 @@ import torch
 
 from eaglekit.cli import main
 from eaglekit.data.folder import JsonlShards
-from eaglekit.data.generators import Sampling, make_generator
+from eaglekit.data.generators import make_generator
 from eaglekit.data.local_backend import LocalBackend
 from eaglekit.data.prompts import build_prompts
 from eaglekit.data.readers import SourceSpec
 from eaglekit.data.records import Conversation, Prompt
+from eaglekit.engine.sampling import Sampling
 from eaglekit.errors import EaglekitError
 from eaglekit.target import load_target
 from eaglekit.target.chat import prompt_ids
@@ -36,8 +37,8 @@ def tiny(tiny_target_dir):
     return load_target(tiny_target_dir)
 
 
-def backend(target, batch_size=4, max_new_tokens=12, context_length=512, sampling=Sampling(), kind="hf"):
-    gen = make_generator(kind, target.model, target.stop_token_ids, sampling, batch_size=batch_size)
+def backend(target, batch_size=4, max_new_tokens=12, context_length=512, sampling=Sampling(), kind="hf", seed=0):
+    gen = make_generator(kind, target.model, target.stop_token_ids, sampling, seed=seed, batch_size=batch_size)
     return LocalBackend(target.tokenizer, gen, max_new_tokens=max_new_tokens, batch_size=batch_size,
                         context_length=context_length)
 
@@ -95,8 +96,8 @@ def test_sampling_follows_the_seed(tiny, kind):
     prompts = [Prompt(id=str(i), source="t", turns=[q]) for i, q in enumerate(QUESTIONS)]
 
     def texts(seed):
-        sampling = Sampling(temperature=1.0, top_p=0.95, top_k=50, seed=seed)
-        done = answer_all(backend(tiny, max_new_tokens=8, sampling=sampling, kind=kind), prompts)
+        sampling = Sampling(temperature=1.0, top_p=0.95, top_k=50)
+        done = answer_all(backend(tiny, max_new_tokens=8, sampling=sampling, kind=kind, seed=seed), prompts)
         return [done[p.id].answers[0].text for p in prompts]
 
     first = texts(1)
@@ -151,6 +152,26 @@ def test_cli_writes_shards_and_manifest(tmp_path, tiny_target_dir, tiny):
     assert len(read_rows(out)) == 12
     (out / "manifest.json").unlink()
     assert main(argv[:-6] + ["--max-new-tokens", "7", "--batch-size", "3", "--shard-size", "5"]) == 2
+
+
+def test_cli_sampling_flags_drive_the_engines_sampling(tmp_path, tiny_target_dir):
+    """One Sampling class for the engine and the data stage; --seed travels beside it and is recorded with it."""
+    import eaglekit.data.generators as generators
+
+    assert generators.Sampling is Sampling
+    prompts = make_prompts(tmp_path, 3)
+
+    def answers(name: str, seed: int) -> list[list[dict]]:
+        out = tmp_path / name
+        assert main(["generate", "--prompts", str(prompts), "--target", str(tiny_target_dir), "--out", str(out),
+                     "--backend", "hf", "--max-new-tokens", "8", "--batch-size", "3", "--temperature", "1.0",
+                     "--top-p", "0.9", "--top-k", "20", "--seed", str(seed)]) == 0
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["config"]["sampling"] == {"temperature": 1.0, "top_p": 0.9, "top_k": 20, "seed": seed}
+        return [r["messages"] for r in sorted(read_rows(out), key=lambda r: r["id"])]
+
+    first = answers("a", 7)
+    assert answers("b", 7) == first and answers("c", 8) != first
 
 
 def test_context_limit_skips_or_stops_conversations(tmp_path, tiny_target_dir):

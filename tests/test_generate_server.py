@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from eaglekit.cli import main
-from eaglekit.data.generators import Sampling
 from eaglekit.data.openai_backend import OpenAIBackend, OpenAIClient
 from eaglekit.data.regenerate import GenerateConfig, generate_conversations
+from eaglekit.engine.sampling import Sampling
 from eaglekit.errors import EaglekitError
 from eaglekit.target import load_target
 from engine_tiny import one_thread  # noqa: F401 (fixture)
@@ -174,6 +174,19 @@ def test_transient_failures_are_retried(tmp_path, tiny):
             generate_conversations(str(prompts), tmp_path / "out2",
                                    backend=backend_for(server, tiny, concurrency=1, max_retries=2),
                                    target_fp=tiny.fingerprint(), config=GenerateConfig(max_new_tokens=8))
+
+
+def test_request_seeds_follow_the_seed(tmp_path, tiny):
+    prompts = write_prompts(tmp_path / "p.jsonl", 2)
+    sent = {}
+    with TinyServer(tiny) as server:
+        for run, seed in enumerate((1, 1, 2)):
+            server.requests.clear()
+            generate_conversations(str(prompts), tmp_path / f"out{run}", backend=backend_for(server, tiny, seed=seed),
+                                   target_fp=tiny.fingerprint(), config=GenerateConfig(max_new_tokens=4, seed=seed))
+            sent.setdefault(seed, []).append(sorted(r["seed"] for r in server.requests))
+    assert sent[1][0] == sent[1][1] != sent[2][0]
+    assert len(set(sent[1][0])) == len(sent[1][0])  # one seed per conversation and turn
 
 
 def test_client_errors_stop_the_run_with_the_servers_message(tmp_path, tiny):

@@ -116,8 +116,9 @@ def run_build(args: argparse.Namespace) -> int:
 
 def run_synthesize(args: argparse.Namespace) -> int:
     from eaglekit.data.folder import read_prompt_folder
-    from eaglekit.data.generators import Sampling, make_generator
+    from eaglekit.data.generators import make_generator
     from eaglekit.data.magpie import pre_query_template, synthesize, write_synthesized
+    from eaglekit.engine.sampling import Sampling
     from eaglekit.errors import EaglekitError
     from eaglekit.target import load_target
     from eaglekit.target.load import resolve_device
@@ -133,15 +134,15 @@ def run_synthesize(args: argparse.Namespace) -> int:
                             hint="ask for more with --num-prompts")
     target = load_target(args.target, device=resolve_device(args.device), dtype=args.dtype)
     pre = pre_query_template(target.tokenizer, args.system)
-    sampling = Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    sampling = Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     stops = sorted(set(target.stop_token_ids) | {pre.end_of_turn_id})
-    generator = make_generator(args.backend, target.model, stops, sampling, batch_size=args.batch_size)
+    generator = make_generator(args.backend, target.model, stops, sampling, seed=args.seed, batch_size=args.batch_size)
     new, stats = synthesize(target.tokenizer, generator, pre, need,
                             existing=[p for v in (existing or {}).values() for p in v], batch_size=args.batch_size,
                             max_new_tokens=args.max_new_tokens, min_chars=args.min_chars,
                             max_attempts=args.max_attempts, system=args.system)
     config = {"method": "magpie", "pre_query_template": pre.text, "end_of_turn": pre.end_of_turn,
-              "sampling": sampling.__dict__, "max_new_tokens": args.max_new_tokens, "num_prompts": args.num_prompts,
+              "sampling": sampling.to_dict(), "max_new_tokens": args.max_new_tokens, "num_prompts": args.num_prompts,
               "min_chars": args.min_chars, "system": args.system, "backend": generator.name,
               "validation_fraction": args.validation_fraction, "seed": args.seed}
     manifest = write_synthesized(args.out, new, existing=existing, stats=stats, config=config,
@@ -154,13 +155,14 @@ def run_synthesize(args: argparse.Namespace) -> int:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from eaglekit.data.generators import Sampling, make_generator
+    from eaglekit.data.generators import make_generator
     from eaglekit.data.local_backend import LocalBackend
     from eaglekit.data.regenerate import GenerateConfig, generate_conversations
+    from eaglekit.engine.sampling import Sampling
     from eaglekit.errors import EaglekitError
 
-    sampling = Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
-    config = GenerateConfig(max_new_tokens=args.max_new_tokens, sampling=sampling,
+    sampling = Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
+    config = GenerateConfig(max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed,
                             splits=tuple(s for s in args.splits.split(",") if s), limit=args.limit)
     if args.backend == "openai":
         from eaglekit.data.openai_backend import OpenAIBackend, OpenAIClient
@@ -176,15 +178,15 @@ def run_generate(args: argparse.Namespace) -> int:
         client = OpenAIClient(args.server_url, api_key=os.environ.get(args.api_key_env), timeout=args.timeout,
                               max_retries=args.max_retries)
         backend = OpenAIBackend(client, model=args.model, tokenizer=tokenizer, max_new_tokens=args.max_new_tokens,
-                                sampling=sampling, concurrency=args.concurrency, context_length=args.context_length,
-                                check_template=not args.no_check_template)
+                                sampling=sampling, seed=args.seed, concurrency=args.concurrency,
+                                context_length=args.context_length, check_template=not args.no_check_template)
         target_fp = target_fingerprint(target_config, tokenizer, name=source.name)
     else:
         from eaglekit.target import load_target
         from eaglekit.target.load import resolve_device
 
         target = load_target(args.target, device=resolve_device(args.device), dtype=args.dtype)
-        generator = make_generator(args.backend, target.model, target.stop_token_ids, sampling,
+        generator = make_generator(args.backend, target.model, target.stop_token_ids, sampling, seed=args.seed,
                                    batch_size=args.batch_size)
         context = args.context_length or getattr(target.config, "max_position_embeddings", None)
         if not context:

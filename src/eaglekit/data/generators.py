@@ -8,39 +8,24 @@ ended. Two implementations:
   run, kept as `--backend hf` so the benchmark can compare against it.
 - `EngineGenerator`: eaglekit's own static-KV-cache batch decoder (`eaglekit.engine.batch`), CUDA
   graphs and torch.compile on GPU: the fast path, and the default (`--backend local`).
+
+Both take the engine's `Sampling` (the one vocabulary for temperature / top-p / top-k) and a
+separate `seed`: the seed is the data stage's, the engine leaves seeding to its caller.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
+from eaglekit.engine.sampling import Sampling
 from eaglekit.errors import EaglekitError
 from eaglekit.target.load import text_config
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """Sampling settings; temperature 0 means greedy decoding."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0: off
-    seed: int = 0
-
-    def __post_init__(self):
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
-            raise EaglekitError(f"bad sampling settings {asdict(self)}",
-                                hint="temperature >= 0, 0 < top_p <= 1, top_k >= 0")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
 
 
 @dataclass
@@ -63,17 +48,18 @@ class HFGenerator:
     Args:
         model: the target (an `AutoModelForCausalLM`).
         stop_ids: token ids that end a turn.
-        sampling: sampling settings.
+        sampling: sampling settings (temperature 0: greedy).
+        seed: seeds torch's generator once, so a run's samples repeat.
     """
 
     name = "hf"
 
-    def __init__(self, model, stop_ids: list[int], sampling: Sampling):
+    def __init__(self, model, stop_ids: list[int], sampling: Sampling, *, seed: int = 0):
         if not stop_ids:
             raise EaglekitError("the target has no stop token", hint="set eos_token_id in generation_config.json")
         self.model, self.stop_ids, self.sampling = model, list(stop_ids), sampling
         self.pad_id = self.stop_ids[0]
-        torch.manual_seed(sampling.seed)
+        torch.manual_seed(seed)
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[Completion]:
@@ -107,7 +93,8 @@ class EngineGenerator:
     Args:
         model: the target.
         stop_ids: token ids that end a turn.
-        sampling: sampling settings.
+        sampling: sampling settings (temperature 0: greedy).
+        seed: seeds torch's generator once, so a run's samples repeat.
         batch_size: rows per decoder step (a smaller batch is filled up with repeats).
         runner: "auto", "fast" or "generic" (see `eaglekit.engine.runner`).
         graphs, compile: CUDA graphs / torch.compile (default: on when the model is on CUDA).
@@ -116,21 +103,17 @@ class EngineGenerator:
     name = "engine"
     SLOTS = 512  # cache slots are rounded up to a multiple of this, so few rebuilds happen
 
-    def __init__(self, model, stop_ids: list[int], sampling: Sampling, *, batch_size: int = 32,
+    def __init__(self, model, stop_ids: list[int], sampling: Sampling, *, seed: int = 0, batch_size: int = 32,
                  runner: str = "auto", graphs: bool | None = None, compile: bool | None = None):
         if not stop_ids:
             raise EaglekitError("the target has no stop token", hint="set eos_token_id in generation_config.json")
-        from eaglekit.engine.sampling import Sampling as EngineSampling
-
         cuda = next(model.parameters()).device.type == "cuda"
         self.model, self.stop_ids, self.sampling, self.batch_size = model, list(stop_ids), sampling, batch_size
         self.runner = runner
         self.graphs = cuda if graphs is None else graphs
         self.compile = cuda if compile is None else compile
-        self._engine_sampling = EngineSampling(temperature=sampling.temperature, top_p=sampling.top_p,
-                                               top_k=sampling.top_k)
         self._decoder, self.max_len, self.builds = None, 0, 0
-        torch.manual_seed(sampling.seed)
+        torch.manual_seed(seed)
 
     def prepare(self, max_prompt_tokens: int, max_new_tokens: int) -> float:
         """Build (compile, capture) the decoder for prompts up to this length now; returns seconds."""
@@ -151,7 +134,7 @@ class EngineGenerator:
                 torch.cuda.empty_cache()
             start = time.perf_counter()
             runner = make_target_runner(self.model, max_len=max_len, batch_size=self.batch_size, runner=self.runner)
-            self._decoder = BatchDecoder(runner, sampling=self._engine_sampling, graphs=self.graphs,
+            self._decoder = BatchDecoder(runner, sampling=self.sampling, graphs=self.graphs,
                                          compile=self.compile)
             self.max_len, self.builds = max_len, self.builds + 1
             log.info("engine batch decoder: %d rows x %d slots, %s runner, graphs=%s, compile=%s (built in %.1f s)",
@@ -170,10 +153,11 @@ class EngineGenerator:
         return out
 
 
-def make_generator(backend: str, model, stop_ids: list[int], sampling: Sampling, *, batch_size: int = 32):
+def make_generator(backend: str, model, stop_ids: list[int], sampling: Sampling, *, seed: int = 0,
+                   batch_size: int = 32):
     """A token-level generator: `local` and `engine` are eaglekit's batch decoder, `hf` is HF generate."""
     if backend in ("local", "engine"):
-        return EngineGenerator(model, stop_ids, sampling, batch_size=batch_size)
+        return EngineGenerator(model, stop_ids, sampling, seed=seed, batch_size=batch_size)
     if backend == "hf":
-        return HFGenerator(model, stop_ids, sampling)
+        return HFGenerator(model, stop_ids, sampling, seed=seed)
     raise EaglekitError(f"unknown local backend {backend!r}", hint="use local, engine or hf")

@@ -22,8 +22,8 @@ import urllib.parse
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Iterable, Iterator
 
-from eaglekit.data.generators import Sampling
 from eaglekit.data.records import Answer, Conversation
+from eaglekit.engine.sampling import Sampling
 from eaglekit.errors import EaglekitError
 from eaglekit.target.chat import prompt_ids
 
@@ -121,18 +121,19 @@ class OpenAIBackend:
         model: the served model name (None: the only model the server lists).
         tokenizer: the target's tokenizer, to check the server's prompt lengths and the context.
         max_new_tokens: answer length limit per turn.
-        sampling: sampling settings (sent as temperature / top_p / top_k / seed).
+        sampling: sampling settings (sent as temperature / top_p / top_k).
+        seed: base of the per-request seeds (one per conversation and turn).
         concurrency: conversations in flight.
         context_length: None: the server's `max_model_len` when it reports one.
         check_template: compare the server's prompt token counts with the local template's.
     """
 
     def __init__(self, client: OpenAIClient, *, model: str | None, tokenizer, max_new_tokens: int,
-                 sampling: Sampling, concurrency: int = 32, context_length: int | None = None,
+                 sampling: Sampling, seed: int = 0, concurrency: int = 32, context_length: int | None = None,
                  check_template: bool = True, template_kwargs: dict | None = None):
         if concurrency < 1:
             raise EaglekitError(f"concurrency {concurrency} < 1", hint="e.g. --concurrency 64")
-        self.client, self.tokenizer, self.sampling = client, tokenizer, sampling
+        self.client, self.tokenizer, self.sampling, self.seed = client, tokenizer, sampling, seed
         self.max_new_tokens, self.concurrency, self.check_template = max_new_tokens, concurrency, check_template
         self.template_kwargs = template_kwargs or {}
         served = client.models()
@@ -206,7 +207,7 @@ class OpenAIBackend:
     def _complete(self, conv: Conversation, messages: list[dict], max_tokens: int) -> Answer:
         s = self.sampling
         # One seed per (conversation, turn): repeats of a prompt still get different samples.
-        seed_src = f"{s.seed}:{conv.prompt.id}:{len(conv.answers)}".encode()
+        seed_src = f"{self.seed}:{conv.prompt.id}:{len(conv.answers)}".encode()
         body = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
                 "temperature": s.temperature, "top_p": s.top_p,
                 "seed": int.from_bytes(hashlib.sha256(seed_src).digest()[:4], "big"), "n": 1, "stream": False}

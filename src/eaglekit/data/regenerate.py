@@ -17,15 +17,15 @@ import shutil
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from eaglekit.artifacts import (MANIFEST, read_json, read_manifest, sha256_file, sha256_json, write_json,
                                 write_manifest)
 from eaglekit.data.folder import JsonlShards, read_prompt_folder
-from eaglekit.data.generators import Sampling
 from eaglekit.data.readers import SourceSpec, read_source
 from eaglekit.data.records import Conversation, Prompt
+from eaglekit.engine.sampling import Sampling
 from eaglekit.errors import EaglekitError
 
 log = logging.getLogger(__name__)
@@ -39,11 +39,14 @@ class GenerateConfig:
 
     max_new_tokens: int = 1024
     sampling: Sampling = Sampling()
+    seed: int = 0  # the backend's seed (a generator's torch seed, or the base of per-request seeds)
     splits: tuple[str, ...] = ("train", "validation")
     limit: int | None = None  # first N prompts of each split (smoke runs, benchmarks)
 
     def to_json(self) -> dict:
-        return {"max_new_tokens": self.max_new_tokens, "sampling": asdict(self.sampling),
+        # The seed stays inside "sampling", where folders written before it moved out of Sampling have
+        # it: their run.json still matches, so they resume.
+        return {"max_new_tokens": self.max_new_tokens, "sampling": self.sampling.to_dict() | {"seed": self.seed},
                 "splits": list(self.splits), "limit": self.limit}
 
 
