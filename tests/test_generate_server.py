@@ -28,12 +28,13 @@ class TinyServer:
     """/v1/models and /v1/chat/completions, answered by greedy HF generate with the tiny target.
 
     `faults` is a list of what the next requests get instead of an answer: an HTTP status to send,
-    or "drop" to close the connection without a reply.
+    or "drop" to close the connection without a reply. `usage=False` leaves out the `usage` field
+    (some servers do).
     """
 
-    def __init__(self, target, *, chat_template: str | None = None, name: str = "tiny"):
+    def __init__(self, target, *, chat_template: str | None = None, name: str = "tiny", usage: bool = True):
         self.target, self.name, self.requests, self.faults = target, name, [], []
-        self.chat_template = chat_template
+        self.chat_template, self.usage = chat_template, usage
         self.dead = False
         self.lock = threading.Lock()
         server = self
@@ -95,11 +96,12 @@ class TinyServer:
                                              pad_token_id=self.target.stop_token_ids[0])[0, len(ids):].tolist()
         stopped = bool(out) and out[-1] in self.target.stop_token_ids
         content = tok.decode(out[:-1] if stopped else out, skip_special_tokens=True)
-        return 200, {"id": "x", "object": "chat.completion", "model": self.name,
-                     "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                                  "finish_reason": "stop" if stopped else "length"}],
-                     "usage": {"prompt_tokens": len(ids), "completion_tokens": len(out),
-                               "total_tokens": len(ids) + len(out)}}
+        reply = {"id": "x", "object": "chat.completion", "model": self.name,
+                 "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                              "finish_reason": "stop" if stopped else "length"}]}
+        if self.usage:
+            reply["usage"] = {"prompt_tokens": len(ids), "completion_tokens": len(out), "total_tokens": len(ids) + len(out)}
+        return 200, reply
 
     def __enter__(self):
         self.thread.start()
@@ -129,6 +131,10 @@ def rows_of(folder: Path) -> dict[str, dict]:
     return {r["id"]: r for r in rows}
 
 
+def without_counted_by(meta: dict) -> dict:
+    return meta | {"turns": [{k: v for k, v in t.items() if k != "counted_by"} for t in meta["turns"]]}
+
+
 def test_server_answers_equal_local_answers(tmp_path, tiny_target_dir, tiny):
     prompts = write_prompts(tmp_path / "p.jsonl", 9)
     with TinyServer(tiny) as server:
@@ -141,10 +147,12 @@ def test_server_answers_equal_local_answers(tmp_path, tiny_target_dir, tiny):
     assert served.keys() == local.keys() and len(served) == 9
     for key in served:
         assert served[key]["messages"] == local[key]["messages"]
-        assert served[key]["meta"] == local[key]["meta"]
+        assert without_counted_by(served[key]["meta"]) == without_counted_by(local[key]["meta"])
     manifest = json.loads((tmp_path / "srv" / "manifest.json").read_text())
     assert manifest["target"] == tiny.fingerprint() and manifest["config"]["backend"] == "openai"
     assert manifest["config"]["model"] == "tiny" and manifest["counts"]["assistant_turns"] == 9 + 3
+    assert manifest["counts"]["counted_by"] == {"server": 9 + 3}
+    assert json.loads((tmp_path / "local" / "manifest.json").read_text())["counts"]["counted_by"] == {"generator": 12}
     # What was sent: the sampling settings, a per-request seed, and turn 2 after the target's own turn 1.
     assert all(r["max_tokens"] == 10 and r["temperature"] == 0.0 and r["top_p"] == 1.0 for r in server.requests)
     assert all("top_k" not in r and isinstance(r["seed"], int) for r in server.requests)
@@ -187,6 +195,27 @@ def test_request_seeds_follow_the_seed(tmp_path, tiny):
             sent.setdefault(seed, []).append(sorted(r["seed"] for r in server.requests))
     assert sent[1][0] == sent[1][1] != sent[2][0]
     assert len(set(sent[1][0])) == len(sent[1][0])  # one seed per conversation and turn
+
+
+def test_without_usage_tokens_are_counted_with_the_tokenizer_and_said_so(tmp_path, tiny, caplog):
+    prompts = write_prompts(tmp_path / "p.jsonl", 6)
+    with TinyServer(tiny) as server:
+        generate_conversations(str(prompts), tmp_path / "usage", backend=backend_for(server, tiny, concurrency=3),
+                               target_fp=tiny.fingerprint(), config=GenerateConfig(max_new_tokens=8))
+    with TinyServer(tiny, usage=False) as server, caplog.at_level("WARNING", logger="eaglekit.data.openai_backend"):
+        manifest = generate_conversations(str(prompts), tmp_path / "bare", backend=backend_for(server, tiny, concurrency=3),
+                                          target_fp=tiny.fingerprint(), config=GenerateConfig(max_new_tokens=8))
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert sum("no usage.completion_tokens" in w for w in warnings) == 1  # once, not once per answer
+    assert sum("no usage.prompt_tokens" in w for w in warnings) == 1  # the template check could not run
+    assert manifest["counts"]["counted_by"] == {"tokenizer": 6 + 2}
+    with_usage, bare = rows_of(tmp_path / "usage"), rows_of(tmp_path / "bare")
+    assert all(t["counted_by"] == "tokenizer" for r in bare.values() for t in r["meta"]["turns"])
+    for key, row in bare.items():
+        assert row["messages"] == with_usage[key]["messages"]
+        for turn, answer in zip(row["meta"]["turns"], row["messages"][1::2]):  # [user, assistant, ...]
+            ids = tiny.tokenizer.encode(answer["content"], add_special_tokens=False)
+            assert turn["num_tokens"] == len(ids) + (turn["finish_reason"] == "stop")
 
 
 def test_client_errors_stop_the_run_with_the_servers_message(tmp_path, tiny):

@@ -94,6 +94,6 @@ class LocalBackend:
                 body = tokens[:-1] if completion.finish_reason == "stop" else tokens
                 text = self.tokenizer.decode(body, skip_special_tokens=True, clean_up_tokenization_spaces=False)
                 conv.answers.append(Answer(text=text, finish_reason=completion.finish_reason,
-                                           num_tokens=len(tokens), prompt_tokens=len(ids)))
+                                           num_tokens=len(tokens), counted_by="generator", prompt_tokens=len(ids)))
                 results.append((conv, not conv.done))
         return results

@@ -7,7 +7,9 @@ conversations are in flight, so the server batches them. Connection errors, time
 
 The server renders the chat template itself, so its `usage.prompt_tokens` is compared with the
 length of the same prompt rendered locally with the target's tokenizer: a server running another
-tokenizer or template is refused instead of quietly producing data for the wrong model.
+tokenizer or template is refused instead of quietly producing data for the wrong model. A server
+that reports no `usage` gets a warning (once): its answers' token counts come from re-encoding the
+text with the target's tokenizer, and each answer records which way it was counted (`counted_by`).
 """
 
 from __future__ import annotations
@@ -136,6 +138,8 @@ class OpenAIBackend:
         self.client, self.tokenizer, self.sampling, self.seed = client, tokenizer, sampling, seed
         self.max_new_tokens, self.concurrency, self.check_template = max_new_tokens, concurrency, check_template
         self.template_kwargs = template_kwargs or {}
+        self._warned: set[str] = set()
+        self._warn_lock = threading.Lock()
         served = client.models()
         names = [m.get("id") for m in served]
         if model is None:
@@ -226,8 +230,23 @@ class OpenAIBackend:
                                 hint="an aborted request: check the server's log, then rerun (finished prompts are kept)")
         finish = FINISH_REASONS[finish]
         usage = data.get("usage") or {}
-        num_tokens = usage.get("completion_tokens")
+        if self.check_template and usage.get("prompt_tokens") is None:
+            self._warn_once("prompt_tokens", "the server at %s reports no usage.prompt_tokens: its chat template "
+                            "cannot be checked against the target's", self.client.base_url)
+        num_tokens, counted_by = usage.get("completion_tokens"), "server"
         if num_tokens is None:
+            self._warn_once("completion_tokens", "the server at %s reports no usage.completion_tokens: answer token "
+                            "counts are estimated by re-encoding the text with the target's tokenizer (recorded as "
+                            "counted_by 'tokenizer' in the conversations and the manifest)", self.client.base_url)
+            # The text lacks the end-of-turn token, which num_tokens counts.
             num_tokens = len(self.tokenizer.encode(text, add_special_tokens=False)) + (finish == "stop")
-        return Answer(text=text, finish_reason=finish,
-                      num_tokens=int(num_tokens), prompt_tokens=usage.get("prompt_tokens"))
+            counted_by = "tokenizer"
+        return Answer(text=text, finish_reason=finish, num_tokens=int(num_tokens), counted_by=counted_by,
+                      prompt_tokens=usage.get("prompt_tokens"))
+
+    def _warn_once(self, key: str, message: str, *args) -> None:
+        with self._warn_lock:
+            if key in self._warned:
+                return
+            self._warned.add(key)
+        log.warning(message, *args)

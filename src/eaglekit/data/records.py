@@ -7,7 +7,11 @@ where `split` is the prompt's split ("train" / "validation") and `meta` holds
 `finish_reason` ("stop": every answer ended with the end-of-turn token; "length": one hit max new
 tokens; "context_length": later turns did not fit the context and were dropped, see
 `unanswered_turns`), `num_tokens` (generated tokens of all answers, end-of-turn tokens included)
-and `turns` (`{"finish_reason", "num_tokens"}` per answer).
+and `turns` (`{"finish_reason", "num_tokens", "counted_by"}` per answer). `counted_by` says where
+`num_tokens` comes from: "generator" (the token ids this machine generated), "server" (the
+server's `usage.completion_tokens`) or "tokenizer" (the server reported no usage: the answer text
+re-encoded with the target's tokenizer, plus the end-of-turn token when it stopped; an estimate,
+since re-encoding need not give back the tokens the server sampled).
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ class Answer:
     text: str
     finish_reason: str  # "stop" (end-of-turn token) or "length" (max tokens reached)
     num_tokens: int  # tokens generated, the end-of-turn token included
+    counted_by: str  # where num_tokens comes from: "generator", "server" or "tokenizer"
     prompt_tokens: int | None = None
 
 
@@ -104,7 +109,8 @@ class Conversation:
 
     def to_json(self) -> dict:
         n = len(self.answers)
-        turns = [{"finish_reason": a.finish_reason, "num_tokens": a.num_tokens} for a in self.answers]
+        turns = [{"finish_reason": a.finish_reason, "num_tokens": a.num_tokens, "counted_by": a.counted_by}
+                 for a in self.answers]
         finish = "length" if any(a.finish_reason == "length" for a in self.answers) else "stop"
         if self.skipped is not None:
             finish = "context_length"

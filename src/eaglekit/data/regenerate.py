@@ -205,9 +205,12 @@ def _finish(out: Path, shards: JsonlShards, identity: dict, config: GenerateConf
     skipped = JsonlShards(out, "skipped", None).recover()
     by_split = Counter(r["split"] for r in rows)
     finish = Counter(r["meta"]["finish_reason"] for r in rows)
+    # Answers by where their num_tokens comes from; rows written before it was recorded: "unrecorded".
+    counted_by = Counter(t.get("counted_by", "unrecorded") for r in rows for t in r["meta"]["turns"])
     counts = {"conversations": len(rows), "by_split": dict(by_split), "skipped": len(skipped),
               "assistant_turns": sum(len(r["meta"]["turns"]) for r in rows),
-              "answer_tokens": sum(r["meta"]["num_tokens"] for r in rows), "finish_reason": dict(finish),
+              "answer_tokens": sum(r["meta"]["num_tokens"] for r in rows), "counted_by": dict(counted_by),
+              "finish_reason": dict(finish),
               "shards": [p.name for p in shards.paths()]}
     resolved = identity["config"] | {"backend": backend.name, "model": getattr(backend, "model", None)
                                      if isinstance(getattr(backend, "model", None), str) else None,
