@@ -220,3 +220,22 @@ def test_graph_mode_paths_with_a_fake_cuda_graph(monkeypatch):
         assert engine.generate(prompt, NEW, speculative=False).tokens == ref
         assert engine.generate(prompt, NEW).tokens == ref
     assert all(step.graph is not None for step in (engine.decode, engine.verify, engine.advance))
+
+
+def test_settle_oracle_replays_the_engines_own_output():
+    """A reference that leaves the greedy path (as bf16 rounding does on GPU) is replaced by the
+    speculative output, after which the oracle is accepted in full."""
+    from eaglekit.bench.run import settle_oracle
+
+    model = peaked_model("llama")
+    target = make_target_runner(model, max_len=L, aux_layer_ids=AUX)
+    prompt = PROMPTS[0]
+    ref = Engine(target).generate(prompt, NEW, speculative=False).tokens
+    wrong = noisy(prompt + ref, len(prompt), 4, target.vocab_size)[len(prompt):]
+    oracle = OracleDrafter(prompt + wrong, spec=TREE, vocab_size=target.vocab_size, max_len=L, device="cpu")
+    engine = Engine(target, drafter=oracle, spec=TREE)
+    settled, rounds = settle_oracle(engine, oracle, prompt, wrong, NEW)
+    assert rounds == 2 and settled == ref
+    gen = engine.generate(prompt, NEW)
+    assert gen.accept_lengths[:-1] == [TREE.max_depth] * (len(gen.accept_lengths) - 1)
+    assert settle_oracle(engine, oracle, prompt, ref, NEW) == (ref, 1)

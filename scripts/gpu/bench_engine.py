@@ -221,6 +221,7 @@ def part_b(args, bw) -> dict:
 def part_c(args, smol, ids) -> dict:
     """Oracle (perfect greedy draft) and random draft, chain and tree, against plain decoding."""
     from eaglekit.bench.benchmark import random_draft_for
+    from eaglekit.bench.run import settle_oracle
     from eaglekit.target.info import default_aux_layer_ids
 
     new = args.new_tokens
@@ -233,11 +234,14 @@ def part_c(args, smol, ids) -> dict:
     out = {"plain": strip(plain)}
     for spec in SMOKE_SPECS if args.smoke else (CHAIN, TREE):
         oracle = OracleDrafter(reference, spec=spec, vocab_size=runner.vocab_size, max_len=max_len, device=args.device)
-        eng = engine_spec(Engine(runner, drafter=oracle, spec=spec, compile=args.compile,
-                                 compile_mode=args.compile_mode), ids, new, args.repeats)
+        engine = Engine(runner, drafter=oracle, spec=spec, compile=args.compile, compile_mode=args.compile_mode)
+        settled, rounds = settle_oracle(engine, oracle, ids, plain["ids"], new)   # bf16: see settle_oracle
+        oracle.set_reference(ids + settled)
+        eng = engine_spec(engine, ids, new, args.repeats)
         speedup = eng["tok_s"] / plain["tok_s"]
         out[f"oracle {spec.label()}"] = {**strip(eng), "speedup": speedup, "ideal": eng["tau"],
                                          "efficiency": speedup / eng["tau"], "match": eng["ids"] == plain["ids"],
+                                         "oracle_rounds": rounds,
                                          "cycle_ms": 1000 * eng["seconds"] / max(eng["cycles"], 1)}
         drafter = DraftRunner(draft, spec=spec, sampling=Sampling(), max_len=max_len)
         eng = engine_spec(Engine(runner, drafter=drafter, spec=spec, compile=args.compile,

@@ -31,7 +31,7 @@ def merge(out: Path, folders: list[Path]) -> dict:
         sources[str(folder)] = manifest.get("counts", {})
         with open(out / f"conversations-{i:02d}-00000.jsonl", "w", encoding="utf-8") as dst:
             for file in files:
-                for line in file.read_text(encoding="utf-8").splitlines():
+                for line in file.read_text(encoding="utf-8").split("\n"):   # not splitlines: U+2028 is text
                     if not line.strip():
                         continue
                     cid = str(json.loads(line)["id"])
