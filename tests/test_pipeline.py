@@ -53,6 +53,28 @@ def test_run_chains_every_stage_and_resumes(tiny_target_dir, tmp_path, capsys):
     assert {k: v["seconds"] for k, v in again["stages"].items()} == {k: v["seconds"] for k, v in state["stages"].items()}
 
 
+def test_run_tops_prompts_up_with_magpie_and_trains_with_torchrun(tiny_target_dir, tmp_path):
+    """`synthesize: {add: N}` adds N of the target's own Magpie prompts to the files; `gpus: 2` runs
+    the train stage under torchrun (two gloo processes on CPU)."""
+    recipe = yaml.safe_load(open(tiny_recipe(tmp_path, tiny_target_dir)))
+    recipe.update(gpus=2, synthesize={"add": 3, "batch-size": 64, "max-new-tokens": 24, "min-chars": 1,
+                                    "max-attempts": 640, "seed": 0})   # a random model rarely ends a turn
+    recipe.pop("bench")
+    path, out = tmp_path / "two.yaml", tmp_path / "run2"
+    path.write_text(yaml.safe_dump(recipe))
+    main(["run", "--recipe", str(path), "--out", str(out)])
+    state = json.loads((out / "pipeline.json").read_text())
+    assert list(state["stages"])[:3] == ["target", "prompts", "synthesize"]
+    counts = json.loads((out / "prompts" / "manifest.json").read_text())["counts"]
+    assert counts["train"] + counts["validation"] == len(PROMPTS) + 3
+    assert state["stages"]["train"]["status"] == "done"
+    assert json.loads((out / "draft" / "manifest.json").read_text())["world_size"] == 2
+    bad = dict(recipe, gpus=0)
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(EaglekitError, match="gpus"):
+        load_recipe(str(path))
+
+
 def test_overrides_and_flags():
     recipe = {"train": {"epochs": 1}}
     apply_override(recipe, "train.epochs=3")

@@ -7,6 +7,10 @@ as in the CLI without the dashes, so a recipe never invents a second vocabulary:
     generate: {max-new-tokens: 256, batch-size: 64}
     train: {ttt-steps: 7, epochs: 2}
 
+Two keys are not flags: `synthesize: {add: N, ...}` tops the prompt files up with N Magpie prompts
+of the target (its other keys are `eaglekit prompts synthesize` flags), and the top-level
+`gpus: N` trains on N GPUs of this host with torchrun.
+
 Built-in recipes live beside this file (`eaglekit run --recipe quick`).
 """
 
@@ -19,7 +23,8 @@ import yaml
 from eaglekit.errors import EaglekitError
 
 BUILTIN = Path(__file__).parent / "recipes"
-SECTIONS = ("prompts", "generate", "features", "train", "export", "doctor", "bench")
+SECTIONS = ("prompts", "synthesize", "generate", "features", "train", "export", "doctor", "bench")
+TOP_LEVEL = ("name", "target", "out", "device", "gpus")
 
 
 def builtin_recipes() -> list[str]:
@@ -42,10 +47,13 @@ def load_recipe(name_or_path: str, overrides: list[str] = ()) -> dict:
         raise EaglekitError(f"recipe {path} must be a mapping of sections", hint="see the built-in recipes")
     for override in overrides:
         apply_override(recipe, override)
-    unknown = set(recipe) - set(SECTIONS) - {"name", "target", "out", "device"}
+    unknown = set(recipe) - set(SECTIONS) - set(TOP_LEVEL)
     if unknown:
         raise EaglekitError(f"recipe has unknown sections {sorted(unknown)}",
-                            hint=f"sections are {', '.join(SECTIONS)} (plus name, target, out, device)")
+                            hint=f"sections are {', '.join(SECTIONS)} (plus {', '.join(TOP_LEVEL)})")
+    gpus = recipe.get("gpus", 1)
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
+        raise EaglekitError(f"recipe gpus must be a whole number >= 1, got {gpus!r}", hint="e.g. gpus=2")
     recipe["_path"] = str(path)
     return recipe
 

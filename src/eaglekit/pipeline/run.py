@@ -2,7 +2,7 @@
 
     runs/<name>/
       target/        the target as a plain HF folder (loads in seconds; vLLM can serve it)
-      prompts/       `eaglekit prompts build|synthesize`
+      prompts/       `eaglekit prompts build|synthesize` (prompts-files/ when Magpie tops the files up)
       conversations/ `eaglekit generate`
       features/      `eaglekit features` (offline store; `features: false` trains online instead)
       draft/         `eaglekit train` (the best checkpoint + trainer state)
@@ -13,13 +13,16 @@
 
 Each stage runs through its own subcommand (the same code path as running it alone). A stage
 recorded as finished with the same command is skipped; a stage that was interrupted is run again
-with its own resume (generate resumes by itself, train gets --resume).
+with its own resume (generate resumes by itself, train gets --resume). `gpus: N` trains with
+torchrun on N GPUs of this host (DDP).
 """
 
 from __future__ import annotations
 
 import logging
 import shlex
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -39,12 +42,12 @@ class Pipeline:
         self.state = read_json(self.state_path, "pipeline state") if self.state_path.is_file() else {"stages": {}}
 
     def stage(self, name: str, argv: list[str], *, resume_flag: str | None = None, resume_marker: Path | None = None,
-              ok_codes=(0,)) -> int:
+              ok_codes=(0,), processes: int = 1) -> int:
         """Run `eaglekit <argv>` unless it already finished with this exact command.
 
         An interrupted stage gets `resume_flag` when `resume_marker` exists (the state it resumes from).
+        With `processes` > 1 the stage runs under torchrun (one process per GPU, DDP).
         """
-        from eaglekit.cli import main
 
         done = self.state["stages"].get(name)
         if done and done["argv"] == argv and done["status"] == "done":
@@ -55,7 +58,7 @@ class Pipeline:
         log.info("[%s] %s", name, shlex.join(["eaglekit", *argv]))
         self.record(name, argv, "running", None, 0.0)
         start = time.time()
-        code = main(argv)
+        code = run_eaglekit(argv, processes)
         seconds = round(time.time() - start, 1)
         if code not in ok_codes:
             self.record(name, argv, "failed", code, seconds)
@@ -67,6 +70,39 @@ class Pipeline:
     def record(self, name: str, argv: list[str], status: str, code: int | None, seconds: float) -> None:
         self.state["stages"][name] = {"argv": argv, "status": status, "exit_code": code, "seconds": seconds}
         write_json(self.state_path, self.state)
+
+
+def run_eaglekit(argv: list[str], processes: int = 1) -> int:
+    """`eaglekit <argv>` in this process, or under torchrun with `processes` workers on this host."""
+    if processes <= 1:
+        from eaglekit.cli import main
+
+        return main(argv)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
+           "-m", "eaglekit", *argv]
+    log.info("torchrun: %s", shlex.join(cmd))
+    return subprocess.run(cmd).returncode
+
+
+def prompt_stages(pipe: "Pipeline", recipe: dict, out: Path, t: list[str], dev: list[str]) -> None:
+    """prompts/: built from the recipe's sources, topped up with `synthesize.add` Magpie prompts of the
+    target (its own kind of questions, for domains the files miss); without sources, Magpie alone."""
+    prompts = dict(recipe.get("prompts") or {})
+    synth = dict(recipe.get("synthesize") or {})
+    add = int(synth.pop("add", 0) or 0)
+    if not prompts.get("source"):
+        pipe.stage("prompts", ["prompts", "synthesize", *t, *to_flags(prompts), *dev,
+                               "--out", str(out / "prompts"), "--overwrite"])
+        return
+    if add <= 0:
+        pipe.stage("prompts", ["prompts", "build", *to_flags(prompts), "--out", str(out / "prompts"), "--overwrite"])
+        return
+    built = out / "prompts-files"
+    pipe.stage("prompts", ["prompts", "build", *to_flags(prompts), "--out", str(built), "--overwrite"])
+    have = sum(read_json(built / "manifest.json", "prompts manifest")["counts"].get(k, 0)
+               for k in ("train", "validation"))
+    pipe.stage("synthesize", ["prompts", "synthesize", *t, "--top-up", str(built), "--num-prompts", str(have + add),
+                              *to_flags(synth), *dev, "--out", str(out / "prompts"), "--overwrite"])
 
 
 def run_pipeline(recipe: dict, out: str | Path | None = None) -> dict:
@@ -82,12 +118,7 @@ def run_pipeline(recipe: dict, out: str | Path | None = None) -> dict:
                           "--out", str(target), "--overwrite"])
     t = ["--target", str(target)]
 
-    prompts = dict(recipe.get("prompts") or {})
-    if prompts.get("source"):
-        pipe.stage("prompts", ["prompts", "build", *to_flags(prompts), "--out", str(out / "prompts"), "--overwrite"])
-    else:
-        pipe.stage("prompts", ["prompts", "synthesize", *t, *to_flags(prompts), *dev,
-                               "--out", str(out / "prompts"), "--overwrite"])
+    prompt_stages(pipe, recipe, out, t, dev)
 
     pipe.stage("generate", ["generate", "--prompts", str(out / "prompts"), *t,
                             *to_flags(recipe.get("generate")), *dev, "--out", str(out / "conversations")])
@@ -102,7 +133,8 @@ def run_pipeline(recipe: dict, out: str | Path | None = None) -> dict:
         train_input = ["--features", str(out / "features")]
     draft = out / "draft"
     pipe.stage("train", ["train", *t, *train_input, *to_flags(recipe.get("train")), *dev,
-                         "--out", str(draft)], resume_flag="--resume", resume_marker=draft / "trainer_state")
+                         "--out", str(draft)], resume_flag="--resume", resume_marker=draft / "trainer_state",
+               processes=int(recipe.get("gpus") or 1))
 
     export = dict(recipe.get("export") or {})
     formats = export.pop("formats", ["sglang", "vllm", "eagle"])
