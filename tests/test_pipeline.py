@@ -75,6 +75,18 @@ def test_run_tops_prompts_up_with_magpie_and_trains_with_torchrun(tiny_target_di
         load_recipe(str(path))
 
 
+def test_magpie_alone_takes_its_count_from_synthesize_add(tmp_path, monkeypatch):
+    from eaglekit.pipeline import run as pipeline_run
+
+    calls = []
+    monkeypatch.setattr(pipeline_run, "run_eaglekit", lambda argv, processes=1: calls.append(argv) or 0)
+    pipe = pipeline_run.Pipeline({}, tmp_path)
+    recipe = {"prompts": {}, "synthesize": {"add": 7, "batch-size": 4}}
+    pipeline_run.prompt_stages(pipe, recipe, tmp_path, ["--target", "T"], [])
+    assert calls == [["prompts", "synthesize", "--target", "T", "--num-prompts", "7", "--batch-size", "4",
+                      "--out", str(tmp_path / "prompts"), "--overwrite"]]
+
+
 def test_overrides_and_flags():
     recipe = {"train": {"epochs": 1}}
     apply_override(recipe, "train.epochs=3")

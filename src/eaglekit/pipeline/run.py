@@ -90,8 +90,10 @@ def prompt_stages(pipe: "Pipeline", recipe: dict, out: Path, t: list[str], dev: 
     prompts = dict(recipe.get("prompts") or {})
     synth = dict(recipe.get("synthesize") or {})
     add = int(synth.pop("add", 0) or 0)
-    if not prompts.get("source"):
-        pipe.stage("prompts", ["prompts", "synthesize", *t, *to_flags(prompts), *dev,
+    if not prompts.get("source"):                        # Magpie alone: prompts.num-prompts, else synthesize.add
+        if add and "num-prompts" not in prompts:
+            prompts["num-prompts"] = add
+        pipe.stage("prompts", ["prompts", "synthesize", *t, *to_flags(prompts), *to_flags(synth), *dev,
                                "--out", str(out / "prompts"), "--overwrite"])
         return
     if add <= 0:
