@@ -239,3 +239,16 @@ def test_settle_oracle_replays_the_engines_own_output():
     gen = engine.generate(prompt, NEW)
     assert gen.accept_lengths[:-1] == [TREE.max_depth] * (len(gen.accept_lengths) - 1)
     assert settle_oracle(engine, oracle, prompt, ref, NEW) == (ref, 1)
+
+
+@pytest.mark.slow
+def test_compiled_tree_engine_equals_plain_decoding():
+    """The steps under torch.compile (as on GPU, without the CUDA graphs): tree speculation with
+    compaction of the stacked KV store gives the plain greedy tokens."""
+    model = peaked_model("llama")
+    target = make_target_runner(model, max_len=L, aux_layer_ids=AUX)
+    ref = Engine(target).generate(PROMPTS[0], NEW, speculative=False).tokens
+    oracle = OracleDrafter(noisy(PROMPTS[0] + ref, len(PROMPTS[0]), 4, target.vocab_size), spec=TREE,
+                           vocab_size=target.vocab_size, max_len=L, device="cpu")
+    gen = Engine(target, drafter=oracle, spec=TREE, compile=True).generate(PROMPTS[0], NEW)
+    assert gen.tokens == ref and any(0 < a < TREE.max_depth for a in gen.accept_lengths)

@@ -13,15 +13,20 @@ from torch import nn
 
 
 class KVCache(nn.Module):
-    """Keys and values of one attention layer: [B, h, L, d] each, preallocated."""
+    """Keys and values of one attention layer: [B, h, L, d] each, preallocated (or views of a
+    `stacked_caches` store, so that compaction moves every layer at once)."""
 
     def __init__(self, batch_size: int, heads: int, max_len: int, head_dim: int, *, dtype, device,
-                 value_dim: int | None = None):
+                 value_dim: int | None = None, k: torch.Tensor | None = None, v: torch.Tensor | None = None):
         super().__init__()
         shape = (batch_size, heads, max_len, head_dim)
-        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         vshape = shape[:3] + (value_dim or head_dim,)
-        self.register_buffer("v", torch.zeros(vshape, dtype=dtype, device=device), persistent=False)
+        k = torch.zeros(shape, dtype=dtype, device=device) if k is None else k
+        v = torch.zeros(vshape, dtype=dtype, device=device) if v is None else v
+        if tuple(k.shape) != shape or tuple(v.shape) != vshape:
+            raise ValueError(f"cache views {tuple(k.shape)}/{tuple(v.shape)} are not {shape}/{vshape}")
+        self.register_buffer("k", k, persistent=False)
+        self.register_buffer("v", v, persistent=False)
 
     def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """Store k/v [B, h, T, d] at slots [T]; return the whole cache (k, v)."""
@@ -35,9 +40,19 @@ class KVCache(nn.Module):
         move_slots(self.v, src, dst)
 
 
+def stacked_caches(layers: int, batch_size: int, heads: int, max_len: int, head_dim: int, *, dtype, device):
+    """One store [2, layers, B, h, L, d] and a KVCache per layer viewing its slice: a tree's
+    compaction is then one gather and one scatter for the whole model instead of four per layer."""
+    store = torch.zeros(2, layers, batch_size, heads, max_len, head_dim, dtype=dtype, device=device)
+    caches = [KVCache(batch_size, heads, max_len, head_dim, dtype=dtype, device=device, k=store[0, i], v=store[1, i])
+              for i in range(layers)]
+    return store, caches
+
+
 def move_slots(cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
-    """cache [B, h, L, d]: cache[:, :, dst] = cache[:, :, src]."""
-    cache.index_copy_(2, dst, cache.index_select(2, src))
+    """cache [..., L, d]: cache[..., dst, :] = cache[..., src, :]."""
+    dim = cache.dim() - 2
+    cache.index_copy_(dim, dst, cache.index_select(dim, src))
 
 
 def group_mask(mask: torch.Tensor, groups: int) -> torch.Tensor:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eaglekit.engine.kv import KVCache, attend, group_mask
+from eaglekit.engine.kv import attend, group_mask, move_slots, stacked_caches
 from eaglekit.engine.tree import causal_block, cache_mask
 from eaglekit.errors import EaglekitError
 from eaglekit.target.capture import decoder_layers
@@ -145,10 +145,10 @@ class FastTarget(nn.Module):
         self.hidden_size, self.vocab_size = cfg.hidden_size, model.get_output_embeddings().weight.shape[0]
         p = next(model.parameters())
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.layers = nn.ModuleList(
-            FastLayer(layer, cfg, KVCache(batch_size, cfg.num_key_value_heads, max_len, head_dim,
-                                          dtype=p.dtype, device=p.device))
-            for layer in layers)
+        store, caches = stacked_caches(len(layers), batch_size, cfg.num_key_value_heads, max_len, head_dim,
+                                       dtype=p.dtype, device=p.device)
+        self.register_buffer("kv_store", store, persistent=False)            # [2, layers, B, h, L, d]
+        self.layers = nn.ModuleList(FastLayer(layer, cfg, cache) for layer, cache in zip(layers, caches))
         decoder = model.get_decoder()
         self.embed = model.get_input_embeddings().weight
         self.norm = decoder.norm.weight
@@ -164,6 +164,7 @@ class FastTarget(nn.Module):
     def aux_width(self) -> int:
         return len(self.aux_layer_ids) * self.hidden_size
 
+    @torch.no_grad()       # inference only; the caches are views of one store, written in place
     def forward(self, input_ids, positions, slots, mask, last_only: bool = False):
         """input_ids/positions [B, T], slots [T], mask [B|1, 1, T, L] bool -> logits [B, T, V], aux [B, T, A].
 
@@ -184,8 +185,7 @@ class FastTarget(nn.Module):
         return logits, aux
 
     def move_kv(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        for layer in self.layers:
-            layer.cache.move(src, dst)
+        move_slots(self.kv_store, src, dst)                                 # every layer, k and v at once
 
 
 @torch.no_grad()
