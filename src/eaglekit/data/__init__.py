@@ -6,6 +6,7 @@
 - `magpie`: prompts synthesized by the target from its own pre-query template.
 - `regenerate`: the generate stage (resumable shards of conversations) over a backend:
   `local_backend` (batched, on this machine, via `generators`) or `openai_backend` (a server).
+- `parallel`: the generate stage on several devices of one host (a worker process per device, merged).
 """
 
 from eaglekit.data.records import Answer, Conversation, Prompt

@@ -68,6 +68,13 @@ def register(sub) -> None:
     gen.add_argument("--shard-size", type=int, default=10000, help="conversations per shard")
     gen.add_argument("--context-length", type=int, help="prompt + answer limit (default: the target's / server's)")
     add_local_args(gen)
+    par = gen.add_argument_group("several devices of this host (data parallel; local, engine and hf backends)")
+    par.add_argument("--devices", action="append",
+                     help="one worker process per device, e.g. cuda:0,cuda:1 (or cpu,cpu): the prompts are split "
+                          "round-robin, each worker writes OUT/workers/I, and the parts are merged into --out; "
+                          "rerun the same command to resume")
+    par.add_argument("--worker", help="I/N: answer only prompts I, I+N, I+2N, ... of each split (--devices starts "
+                                      "these workers itself)")
     srv = gen.add_argument_group("openai backend")
     srv.add_argument("--server-url", help="e.g. http://127.0.0.1:8000")
     srv.add_argument("--model", help="served model name (default: the only one listed)")
@@ -164,23 +171,25 @@ def run_generate(args: argparse.Namespace) -> int:
     sampling = Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     config = GenerateConfig(max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed,
                             splits=tuple(s for s in args.splits.split(",") if s), limit=args.limit)
+    if args.devices:
+        return run_generate_parallel(args, config)
+    worker = None
+    if args.worker:
+        from eaglekit.data.parallel import exit_with_parent, parse_worker
+
+        worker = parse_worker(args.worker)
+        exit_with_parent()
     if args.backend == "openai":
         from eaglekit.data.openai_backend import OpenAIBackend, OpenAIClient
-        from eaglekit.target.info import load_config
-        from eaglekit.target.load import generation_eos_ids, load_tokenizer, target_fingerprint
-        from eaglekit.target.source import resolve_target
 
         if not args.server_url:
             raise EaglekitError("--backend openai needs --server-url", hint="e.g. --server-url http://127.0.0.1:8000")
-        source = resolve_target(args.target)
-        target_config = load_config(source)
-        tokenizer = load_tokenizer(source, generation_eos_ids(source, target_config))
+        tokenizer, target_fp = target_without_weights(args.target)
         client = OpenAIClient(args.server_url, api_key=os.environ.get(args.api_key_env), timeout=args.timeout,
                               max_retries=args.max_retries)
         backend = OpenAIBackend(client, model=args.model, tokenizer=tokenizer, max_new_tokens=args.max_new_tokens,
                                 sampling=sampling, seed=args.seed, concurrency=args.concurrency,
                                 context_length=args.context_length, check_template=not args.no_check_template)
-        target_fp = target_fingerprint(target_config, tokenizer, name=source.name)
     else:
         from eaglekit.target import load_target
         from eaglekit.target.load import resolve_device
@@ -195,9 +204,59 @@ def run_generate(args: argparse.Namespace) -> int:
                                batch_size=args.batch_size, context_length=context)
         target_fp = target.fingerprint()
     manifest = generate_conversations(args.prompts, args.out, backend=backend, target_fp=target_fp, config=config,
-                                      shard_size=args.shard_size, overwrite=args.overwrite)
+                                      shard_size=args.shard_size, overwrite=args.overwrite, worker=worker)
+    print_generated(args.out, manifest)
+    return 0
+
+
+def run_generate_parallel(args: argparse.Namespace, config) -> int:
+    """`--devices`: one `eaglekit generate --worker I/N` process per device, merged into --out."""
+    from eaglekit.data.parallel import check_device_flag, generate_parallel, parse_devices
+    from eaglekit.errors import EaglekitError
+
+    if args.backend == "openai":
+        raise EaglekitError("--devices runs the target on this host; --backend openai sends the prompts to a server",
+                            hint="a server spreads the work itself: raise --concurrency, or drop --devices")
+    if args.worker:
+        raise EaglekitError("--devices and --worker do not go together", hint="--devices starts the workers itself")
+    devices = parse_devices(args.devices)
+    check_device_flag(args.device, devices)
+    _, target_fp = target_without_weights(args.target)
+    manifest = generate_parallel(args.prompts, args.out, devices=devices, worker_argv=worker_argv(args),
+                                 target_fp=target_fp, config=config, shard_size=args.shard_size,
+                                 overwrite=args.overwrite)
+    print_generated(args.out, manifest)
+    return 0
+
+
+def worker_argv(args: argparse.Namespace) -> list[str]:
+    """`eaglekit` arguments of a `--devices` worker: every setting that decides the content, none of the
+    parent's own (--devices, --device, --out, --overwrite)."""
+    argv = ["-v"] if args.verbose else []
+    argv += ["generate", "--prompts", args.prompts, "--target", args.target, "--backend", args.backend,
+             "--max-new-tokens", str(args.max_new_tokens), "--temperature", str(args.temperature),
+             "--top-p", str(args.top_p), "--top-k", str(args.top_k), "--seed", str(args.seed), "--splits", args.splits,
+             "--shard-size", str(args.shard_size), "--batch-size", str(args.batch_size), "--dtype", args.dtype]
+    for flag, value in (("--limit", args.limit), ("--context-length", args.context_length)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def target_without_weights(spec: str) -> tuple[object, dict]:
+    """The target's tokenizer and fingerprint from its config and tokenizer files (no weights loaded)."""
+    from eaglekit.target.info import load_config
+    from eaglekit.target.load import generation_eos_ids, load_tokenizer, target_fingerprint
+    from eaglekit.target.source import resolve_target
+
+    source = resolve_target(spec)
+    target_config = load_config(source)
+    tokenizer = load_tokenizer(source, generation_eos_ids(source, target_config))
+    return tokenizer, target_fingerprint(target_config, tokenizer, name=source.name)
+
+
+def print_generated(out: str, manifest: dict) -> None:
     c = manifest["counts"]
     t = manifest["throughput_last_run"]
-    print(f"{args.out}: {c['conversations']} conversations ({c['by_split']}), {c['skipped']} skipped, "
+    print(f"{out}: {c['conversations']} conversations ({c['by_split']}), {c['skipped']} skipped, "
           f"{c['answer_tokens']} answer tokens; this run {t['prompts_per_s']} prompts/s, {t['tokens_per_s']} tokens/s")
-    return 0

@@ -6,6 +6,9 @@ Output folder: `conversations-00000.jsonl`, ... (one conversation a line, see
 `manifest.json` (stage "generate"). Without `manifest.json` the folder is unfinished: rerun the
 same command and it carries on. Lines are only appended, an id is written once, and a torn last
 line from a kill is dropped on restart, so no prompt is lost or answered twice.
+
+With `worker=(i, n)` the folder answers only prompts i, i + n, i + 2n, ... of each split: one
+worker of `eaglekit generate --devices` (`eaglekit.data.parallel`), whose run.json records the split.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ import shutil
 import sys
 import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from eaglekit.artifacts import (MANIFEST, read_json, read_manifest, sha256_file, sha256_json, write_json,
                                 write_manifest)
@@ -107,7 +112,8 @@ class Progress:
 
 
 def generate_conversations(prompts: str, out: str | Path, *, backend, target_fp: dict, config: GenerateConfig,
-                           shard_size: int = 10000, overwrite: bool = False) -> dict:
+                           shard_size: int = 10000, overwrite: bool = False,
+                           worker: tuple[int, int] | None = None) -> dict:
     """Answer every prompt with `backend`, appending to `out`; return the manifest when done.
 
     Args:
@@ -118,17 +124,38 @@ def generate_conversations(prompts: str, out: str | Path, *, backend, target_fp:
         config: the settings that decide the content.
         shard_size: conversations per shard.
         overwrite: delete an existing output folder first.
+        worker: (i, n): answer only prompts i, i + n, ... of each split (worker i of n).
     """
     out = Path(out)
     by_split, inputs = load_prompts(prompts, config.splits, config.limit)
     identity = {"target": target_fp, "config": config.to_json(), "inputs": inputs}
+    if worker is not None:
+        index, count = worker
+        by_split = {s: p[index::count] for s, p in by_split.items()}
+        identity["data_parallel"] = {"worker": index, "workers": count}
+    finished = finished_manifest(out, identity, overwrite)
+    if finished is not None:
+        return finished
+    with writer_lock(out):
+        check_resume(out, identity)
+        return _run(out, by_split, backend, identity, config, shard_size)
+
+
+def finished_manifest(out: Path, identity: dict, overwrite: bool) -> dict | None:
+    """The manifest of a finished folder made from `identity` (None if unfinished or new); refuse another's."""
     if overwrite and out.exists():
         shutil.rmtree(out)
-    if (out / MANIFEST).is_file():
-        # Rerunning a finished command is a no-op (a pipeline killed right after this stage reruns it).
-        check_resume(out, identity, finished=True)
-        log.info("%s is already complete: nothing to do", out)
-        return read_manifest(out, stage="generate")
+    if not (out / MANIFEST).is_file():
+        return None
+    # Rerunning a finished command is a no-op (a pipeline killed right after this stage reruns it).
+    check_resume(out, identity, finished=True)
+    log.info("%s is already complete: nothing to do", out)
+    return read_manifest(out, stage="generate")
+
+
+@contextmanager
+def writer_lock(out: Path) -> Iterator[None]:
+    """Hold `out` (created if missing) for this process only; refuse when another writer holds it."""
     out.mkdir(parents=True, exist_ok=True)
     lock = os.open(out, os.O_RDONLY)  # flock on the folder itself: released by the kernel even on SIGKILL
     try:
@@ -137,22 +164,28 @@ def generate_conversations(prompts: str, out: str | Path, *, backend, target_fp:
         except BlockingIOError:
             raise EaglekitError(f"another `eaglekit generate` is writing to {out}",
                                 hint="wait for it, or use another --out") from None
-        check_resume(out, identity)
-        return _run(out, by_split, backend, identity, config, shard_size)
+        yield
     finally:
         os.close(lock)
 
 
 def check_resume(out: Path, identity: dict, finished: bool = False) -> None:
-    """Refuse to resume (or call finished) a folder made from another target, prompts or settings."""
+    """Refuse to resume (or call finished) a folder made from another target, prompts, settings or split."""
     run_file = out / RUN_FILE
+    state = "a finished" if finished else "an unfinished"
     if run_file.is_file():
         before = read_json(run_file, what="run file")
+        if before.get("data_parallel") != identity.get("data_parallel"):
+            raise EaglekitError(
+                f"{out} holds {state} run made by {describe_split(before.get('data_parallel'))}; "
+                f"this run is {describe_split(identity.get('data_parallel'))}",
+                hint="pass --overwrite to start over, or another --out" if finished
+                else "rerun with as many --devices as before (which ones does not matter: the prompts are split "
+                     "by count) to resume, or pass --overwrite to start over")
         for key in ("target", "config", "inputs"):
             if before.get(key) != identity[key]:
                 raise EaglekitError(
-                    f"{out} holds a{' finished' if finished else 'n unfinished'} run with another {key}: "
-                    f"{before.get(key)} != {identity[key]}",
+                    f"{out} holds {state} run with another {key}: {before.get(key)} != {identity[key]}",
                     hint="pass --overwrite to start over, or another --out" if finished
                     else "rerun with the same settings to resume, or pass --overwrite to start over")
     elif any(out.iterdir()):
@@ -160,6 +193,15 @@ def check_resume(out: Path, identity: dict, finished: bool = False) -> None:
                             hint="use an empty or new --out")
     else:
         write_json(run_file, identity)
+
+
+def describe_split(data_parallel: dict | None) -> str:
+    """How a run was split over processes, in words ("one process", "2 workers (--devices)", ...)."""
+    if data_parallel is None:
+        return "one process (no --devices)"
+    if "worker" in data_parallel:
+        return f"worker {data_parallel['worker']} of {data_parallel['workers']}"
+    return f"{data_parallel['workers']} workers (--devices with {data_parallel['workers']} devices)"
 
 
 def _run(out: Path, by_split: dict[str, list[Prompt]], backend, identity: dict, config: GenerateConfig,
@@ -201,23 +243,29 @@ def _run(out: Path, by_split: dict[str, list[Prompt]], backend, identity: dict, 
 def _finish(out: Path, shards: JsonlShards, identity: dict, config: GenerateConfig, speed: dict, backend,
             earlier: list[dict], earlier_skipped: list[dict]) -> dict:
     """Count what is on disk (this run and earlier ones) and write the manifest."""
-    rows = JsonlShards(out, SHARD_PREFIX, shards.shard_size).recover()
-    skipped = JsonlShards(out, "skipped", None).recover()
-    by_split = Counter(r["split"] for r in rows)
-    finish = Counter(r["meta"]["finish_reason"] for r in rows)
-    # Answers by where their num_tokens comes from; rows written before it was recorded: "unrecorded".
-    counted_by = Counter(t.get("counted_by", "unrecorded") for r in rows for t in r["meta"]["turns"])
-    counts = {"conversations": len(rows), "by_split": dict(by_split), "skipped": len(skipped),
-              "assistant_turns": sum(len(r["meta"]["turns"]) for r in rows),
-              "answer_tokens": sum(r["meta"]["num_tokens"] for r in rows), "counted_by": dict(counted_by),
-              "finish_reason": dict(finish),
-              "shards": [p.name for p in shards.paths()]}
+    counts = conversation_counts(out, shards.shard_size)
     resolved = identity["config"] | {"backend": backend.name, "model": getattr(backend, "model", None)
                                      if isinstance(getattr(backend, "model", None), str) else None,
                                      "resumed_from": len(earlier) + len(earlier_skipped)}
     manifest = write_manifest(out, stage="generate", config=resolved, target=identity["target"],
                               inputs=identity["inputs"], counts=counts, extra={"throughput_last_run": speed})
     log.info("wrote %s: %d conversations (%s), %d skipped, %d answer tokens; last run %.1f prompts/s, %.0f tokens/s",
-             out, len(rows), dict(by_split), len(skipped), counts["answer_tokens"], speed["prompts_per_s"],
-             speed["tokens_per_s"])
+             out, counts["conversations"], counts["by_split"], counts["skipped"], counts["answer_tokens"],
+             speed["prompts_per_s"], speed["tokens_per_s"])
     return manifest
+
+
+def conversation_counts(out: Path, shard_size: int) -> dict:
+    """The manifest's counts of the shards and skipped prompts in `out` (ids checked unique)."""
+    shards = JsonlShards(out, SHARD_PREFIX, shard_size)
+    rows = shards.recover()
+    skipped = JsonlShards(out, "skipped", None).recover()
+    by_split = Counter(r["split"] for r in rows)
+    finish = Counter(r["meta"]["finish_reason"] for r in rows)
+    # Answers by where their num_tokens comes from; rows written before it was recorded: "unrecorded".
+    counted_by = Counter(t.get("counted_by", "unrecorded") for r in rows for t in r["meta"]["turns"])
+    return {"conversations": len(rows), "by_split": dict(by_split), "skipped": len(skipped),
+            "assistant_turns": sum(len(r["meta"]["turns"]) for r in rows),
+            "answer_tokens": sum(r["meta"]["num_tokens"] for r in rows), "counted_by": dict(counted_by),
+            "finish_reason": dict(finish),
+            "shards": [p.name for p in shards.paths()]}

@@ -1,0 +1,213 @@
+"""`eaglekit generate --devices`: one worker process per device on a tiny target (CPU workers here).
+The merged folder equals one process's output, resumes after SIGKILL with nothing lost or repeated,
+reports a failed worker and stays resumable, and bad --devices values are refused with a hint."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from eaglekit.cli import build_parser, main
+from eaglekit.data.cli import worker_argv
+from eaglekit.data.parallel import check_device_flag, parse_devices
+from eaglekit.features.conversations import read_conversations
+from eaglekit.pipeline.recipe import to_flags
+from eaglekit.target import load_target
+from test_generate import make_prompts, read_lines, read_rows
+
+
+def generate_argv(prompts: Path, target: Path, out: Path, *extra: str) -> list[str]:
+    return ["generate", "--prompts", str(prompts), "--target", str(target), "--out", str(out), *extra]
+
+
+def by_id(rows: list[dict]) -> list[dict]:
+    return sorted(rows, key=lambda r: r["id"])
+
+
+def test_two_cpu_workers_answer_like_one_process(tmp_path, tiny_target_dir):
+    prompts = make_prompts(tmp_path, 12)
+    flags = ["--max-new-tokens", "8", "--batch-size", "3", "--shard-size", "4"]
+    assert main(generate_argv(prompts, tiny_target_dir, tmp_path / "one", *flags)) == 0
+    argv = generate_argv(prompts, tiny_target_dir, tmp_path / "two", *flags, "--devices", "cpu,cpu")
+    assert main(argv) == 0
+    out = tmp_path / "two"
+    rows = read_rows(out)
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids)) == 12
+    assert by_id(rows) == by_id(read_rows(tmp_path / "one"))  # greedy fp32: the same answers
+    # Round-robin within each split: worker i holds prompts i, i + 2, ... of the train and validation files.
+    for i in (0, 1):
+        want = {json.loads(line)["id"] for split in ("train", "validation")
+                for line in (prompts / f"{split}.jsonl").read_text().splitlines()[i::2]}
+        assert {r["id"] for r in read_rows(out / "workers" / str(i))} == want
+    manifest = json.loads((out / "manifest.json").read_text())
+    single = json.loads((tmp_path / "one" / "manifest.json").read_text())
+    fingerprint = load_target(tiny_target_dir).fingerprint()
+    assert manifest["stage"] == "generate" and manifest["target"] == fingerprint == single["target"]
+    assert manifest["inputs"] == single["inputs"] and manifest["config"]["backend"] == "engine"
+    assert manifest["config"]["data_parallel"]["devices"] == ["cpu", "cpu"]
+    counts = manifest["counts"]
+    for key in ("conversations", "by_split", "skipped", "assistant_turns", "answer_tokens", "finish_reason"):
+        assert counts[key] == single["counts"][key], key
+    assert counts["shards"] == sorted(p.name for p in out.glob("conversations-*.jsonl"))
+    assert [(w["worker"], w["devices"]) for w in counts["workers"]] == [(0, ["cpu"]), (1, ["cpu"])]
+    assert sum(w["conversations"] for w in counts["workers"]) == 12
+    assert sum(w["answer_tokens"] for w in counts["workers"]) == counts["answer_tokens"]
+    conversations, _ = read_conversations(out, target_fingerprint=fingerprint)  # what features / train read
+    assert len(conversations) == 12
+    # A finished folder: the same command does nothing, another number of devices is refused.
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert main(argv) == 0
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert main(argv[:-1] + ["cpu,cpu,cpu"]) == 2
+
+
+@pytest.mark.parametrize("devices, message", [
+    ("gpu0", "is not cpu or cuda:N"),
+    ("cpu,,cpu", "names an empty device"),
+    ("cuda:0,cuda:0", "names a GPU twice"),
+    ("cuda", "is not cpu or cuda:N"),
+])
+def test_bad_devices_are_refused_with_a_hint(tmp_path, tiny_target_dir, capsys, devices, message):
+    argv = generate_argv(tmp_path / "no-prompts", tiny_target_dir, tmp_path / "out", "--devices", devices)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "hint: " in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_devices_refused_beside_other_settings(tmp_path, tiny_target_dir, capsys):
+    base = generate_argv(tmp_path / "p", tiny_target_dir, tmp_path / "out")
+    cases = [(["--devices", "cpu,cpu", "--backend", "openai"], "raise --concurrency"),
+             (["--devices", "cpu,cpu", "--device", "cuda"], "drop --device"),
+             (["--devices", "cpu,cpu", "--worker", "0/2"], "starts the workers itself"),
+             (["--worker", "2/2"], "is not I/N with 0 <= I < N")]
+    if not _has_cuda():
+        cases.append((["--devices", "cuda:0"], "this host has 0 CUDA device(s)"))
+    for extra, hint in cases:
+        assert main(base + extra) == 2, extra
+        assert hint in capsys.readouterr().err, extra
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_content_flag_reaches_the_workers_and_recipes_can_set_devices():
+    parser = build_parser()
+    gen = parser._subparsers._group_actions[0].choices["generate"]
+    args = parser.parse_args(["generate", "--prompts", "p", "--out", "o", "--limit", "3", "--context-length", "64"])
+    passed = set(worker_argv(args))
+    reached = {a.dest for a in gen._actions if set(a.option_strings) & passed}
+    server = {"server_url", "model", "concurrency", "api_key_env", "timeout", "max_retries", "no_check_template"}
+    parent = {"help", "devices", "worker", "device", "out", "overwrite"}
+    assert {a.dest for a in gen._actions} - server - parent == reached
+    # A recipe's `generate.devices=cuda:0,cuda:1` (or a YAML list) beside its `device: cuda`.
+    for value in ("cuda:0,cuda:1", ["cuda:0", "cuda:1"]):
+        args = parser.parse_args(["generate", "--prompts", "p", "--out", "o", *to_flags({"devices": value}),
+                                  "--device", "cuda"])
+        assert sum((d.split(",") for d in args.devices), []) == ["cuda:0", "cuda:1"]
+        check_device_flag(args.device, ["cuda:0", "cuda:1"])
+    assert parse_devices(["cpu, cpu", "cpu"]) == ["cpu", "cpu", "cpu"]
+
+
+def test_a_failed_worker_is_named_and_the_folder_resumes(tmp_path, tiny_target_dir, capsys):
+    prompts = make_prompts(tmp_path, 6)
+    out = tmp_path / "gen"
+    argv = generate_argv(prompts, tiny_target_dir, out, "--max-new-tokens", "4", "--devices", "cpu,cpu")
+    # Both workers fail (a setting only the worker checks): each is reported, nothing is merged.
+    assert main(argv + ["--dtype", "float99"]) == 2
+    err = capsys.readouterr().err
+    assert "2 of 2 generate workers failed" in err and "worker 1 on cpu exited with status 2" in err
+    assert "unknown dtype 'float99'" in err and "rerun the same command" in err
+    # Worker 1's folder is held by another writer: worker 0 finishes, worker 1 is reported.
+    (out / "workers" / "1").mkdir()
+    lock = os.open(out / "workers" / "1", os.O_RDONLY)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        assert main(argv) == 2
+    finally:
+        os.close(lock)
+    err = capsys.readouterr().err
+    assert "1 of 2 generate workers failed" in err and "worker 1 on cpu exited with status 2" in err
+    assert "another `eaglekit generate` is writing to" in err
+    assert (out / "workers" / "0" / "manifest.json").is_file() and not (out / "manifest.json").exists()
+    assert main(argv) == 0  # worker 0 is kept, worker 1 runs
+    ids = [r["id"] for r in read_rows(out)]
+    assert sorted(ids) == sorted(f"p{i}" for i in range(6))
+    workers = json.loads((out / "manifest.json").read_text())["counts"]["workers"]
+    assert [len(w["devices"]) for w in workers] == [2, 3]  # launches per worker: the finished one is kept
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _locked(folder: Path) -> bool:
+    """Whether a writer still holds `folder` (the generate lock)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def _worker_lines(out: Path) -> int:
+    return sum(len(read_lines(w)) for w in (out / "workers").glob("[0-9]*"))
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_loses_nothing_and_repeats_nothing(tmp_path, tiny_target_dir, capsys):
+    n = 40
+    prompts = make_prompts(tmp_path, n, multi_every=4)
+    out = tmp_path / "gen"
+    flags = ["--max-new-tokens", "16", "--batch-size", "1", "--shard-size", "7"]
+    argv = generate_argv(prompts, tiny_target_dir, out, *flags, "--devices", "cpu,cpu")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    # First the parent alone is killed (its workers notice and die), then the whole process group.
+    for kill_after, whole_group in ((4, False), (16, True)):
+        proc = subprocess.Popen([sys.executable, "-m", "eaglekit", *argv], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, start_new_session=True)
+        deadline = time.time() + 120
+        while (not (out / "workers").is_dir() or _worker_lines(out) < kill_after) and proc.poll() is None \
+                and time.time() < deadline:
+            time.sleep(0.01)
+        assert proc.poll() is None, f"finished before the kill: {proc.stderr.read().decode()[-2000:]}"
+        if whole_group:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        deadline = time.time() + 30
+        while any(_locked(w) for w in (out / "workers").glob("[0-9]*")) and time.time() < deadline:
+            time.sleep(0.05)
+        assert not any(_locked(w) for w in (out / "workers").glob("[0-9]*")), "a worker outlived its parent"
+        assert not (out / "manifest.json").exists()
+        assert kill_after <= _worker_lines(out) < n
+    # An unfinished folder of 2 workers: another number of devices, or one process, is refused.
+    assert main(argv[:-1] + ["cpu,cpu,cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "made by 2 workers" in err and "this run is 3 workers" in err and "as many --devices as before" in err
+    assert main(argv[:-2]) == 2
+    assert "this run is one process" in capsys.readouterr().err
+    assert main(argv) == 0
+    rows = read_rows(out)
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids)) == n and set(ids) == {f"p{i}" for i in range(n)}
+    # Greedy at batch 1 is deterministic: the resumed folder equals one uninterrupted process.
+    clean = tmp_path / "clean"
+    assert main(generate_argv(prompts, tiny_target_dir, clean, *flags)) == 0
+    assert by_id(rows) == by_id(read_rows(clean))
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["counts"]["conversations"] == n and manifest["config"]["resumed_from"] >= 16 - 2  # a torn line each
+    assert all(len(w["devices"]) == 3 for w in manifest["counts"]["workers"])
