@@ -87,6 +87,17 @@ def test_magpie_alone_takes_its_count_from_synthesize_add(tmp_path, monkeypatch)
                       "--out", str(tmp_path / "prompts"), "--overwrite"]]
 
 
+def test_gpus_spread_generation_over_devices():
+    from eaglekit.pipeline.run import generate_flags
+
+    recipe = {"device": "cuda", "gpus": 2, "generate": {"batch-size": 8}}
+    assert generate_flags(recipe) == ["--batch-size", "8", "--devices", "cuda:0,cuda:1"]
+    assert generate_flags(dict(recipe, gpus=1)) == ["--batch-size", "8"]
+    assert generate_flags(dict(recipe, device="cpu")) == ["--batch-size", "8"]
+    mine = dict(recipe, generate={"devices": "cuda:1"})
+    assert generate_flags(mine) == ["--devices", "cuda:1"]
+
+
 def test_overrides_and_flags():
     recipe = {"train": {"epochs": 1}}
     apply_override(recipe, "train.epochs=3")

@@ -13,8 +13,8 @@
 
 Each stage runs through its own subcommand (the same code path as running it alone). A stage
 recorded as finished with the same command is skipped; a stage that was interrupted is run again
-with its own resume (generate resumes by itself, train gets --resume). `gpus: N` trains with
-torchrun on N GPUs of this host (DDP).
+with its own resume (generate resumes by itself, train gets --resume). `gpus: N` answers the
+prompts with one worker per GPU and trains with torchrun on N GPUs of this host (DDP).
 """
 
 from __future__ import annotations
@@ -107,6 +107,15 @@ def prompt_stages(pipe: "Pipeline", recipe: dict, out: Path, t: list[str], dev: 
                               *to_flags(synth), *dev, "--out", str(out / "prompts"), "--overwrite"])
 
 
+def generate_flags(recipe: dict) -> list[str]:
+    """The generate section's flags; with `gpus: N` on CUDA and no devices given, one worker per GPU."""
+    section = dict(recipe.get("generate") or {})
+    gpus = int(recipe.get("gpus") or 1)
+    if gpus > 1 and "devices" not in section and str(recipe.get("device", "")).startswith("cuda"):
+        section["devices"] = ",".join(f"cuda:{i}" for i in range(gpus))
+    return to_flags(section)
+
+
 def run_pipeline(recipe: dict, out: str | Path | None = None) -> dict:
     """Run every stage of `recipe` into `out` (default runs/<recipe name>). Returns pipeline.json."""
     out = Path(out or recipe.get("out") or Path("runs") / recipe.get("name", "run"))
@@ -122,8 +131,8 @@ def run_pipeline(recipe: dict, out: str | Path | None = None) -> dict:
 
     prompt_stages(pipe, recipe, out, t, dev)
 
-    pipe.stage("generate", ["generate", "--prompts", str(out / "prompts"), *t,
-                            *to_flags(recipe.get("generate")), *dev, "--out", str(out / "conversations")])
+    pipe.stage("generate", ["generate", "--prompts", str(out / "prompts"), *t, *generate_flags(recipe), *dev,
+                            "--out", str(out / "conversations")])
 
     # Offline features by default: captured once, every epoch after that costs only the draft.
     features = recipe.get("features", {})
