@@ -20,7 +20,7 @@ def test_bench_engine_smoke(tmp_path, tiny_target_dir, monkeypatch):
     prompts.write_text(json.dumps({"id": "x", "turns": ["Hello!", "Count to ten."]}) + "\n")
     out = tmp_path / "out"
     argv = [str(SCRIPT), "--smoke", "--target", str(tiny_target_dir), "--draft", str(draft), "--prompts", str(prompts),
-            "--limit", "1", "--out", str(out)]
+            "--limit", "1", "--parts", "a,b,c,d,e,p", "--out", str(out)]
     monkeypatch.setattr(sys, "argv", argv)
     module = runpy.run_path(str(SCRIPT), run_name="bench_engine_smoke")
     assert module["main"](argv[1:]) == 0
@@ -31,4 +31,5 @@ def test_bench_engine_smoke(tmp_path, tiny_target_dir, monkeypatch):
     assert len(oracle) == 2 and all(r["match"] and r["tau"] > 2 for r in oracle)
     assert all(r["greedy_match"] == 1.0 for r in results["d"].values())
     assert results["e"]["row0_prefix_match_vs_hf"] == 12
+    assert results["p"]["kernels_per_step"] > 0 and results["p"]["top"]
     assert "| a SmolLM2 engine" in (out / "bench_engine.md").read_text()

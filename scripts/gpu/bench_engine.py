@@ -10,6 +10,7 @@ it is done, so a run cut short still returns what it measured):
        and a random draft (real draft cost, no acceptance): cost of one cycle
     d  a trained draft (--draft DIR): tau and speedup on --prompts (as `eaglekit bench`)
     e  SmolLM2 batched generation (`generate_batch`) vs HF generate at the same batch size
+    p  profile of SmolLM2's captured plain decode step: kernels per step, top kernels, busy share
 
     python scripts/gpu/bench_engine.py --target /root/stage/SmolLM2-135M-Instruct.Q4_1.gguf --parts a,b
     python scripts/gpu/bench_engine.py --smoke      # CPU, tiny random models, a few tokens
@@ -296,6 +297,38 @@ def part_e(args, smol, ids) -> dict:
             "generate_batch_row0_matches": check[0].tokens == eng["ids"][:8]}
 
 
+def part_p(args, smol, ids, steps: int = 32) -> dict:
+    """Where a plain decode step's time goes: the kernels of `steps` replays of the captured step
+    (CUDA graphs are traced kernel by kernel), their count per step, the top ones by time, and the
+    share of the step's wall time they fill (the rest is launch gaps)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    runner = make_target_runner(smol, max_len=round_up(len(ids) + args.new_tokens + 128))
+    engine = Engine(runner, compile=args.compile, compile_mode=args.compile_mode)
+    engine.generate(ids, 16, speculative=False)                      # compile + capture; leaves a state
+    cuda = torch.device(args.device).type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sync(args.device)
+    start = time.perf_counter()
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            engine.decode()
+        sync(args.device)
+    wall_us = 1e6 * (time.perf_counter() - start) / steps
+    kind = DeviceType.CUDA if cuda else DeviceType.CPU
+    def self_us(e):
+        return getattr(e, "self_device_time_total", 0.0) if cuda else e.self_cpu_time_total
+    kernels = [e for e in prof.key_averages() if e.device_type == kind and self_us(e) > 0]
+    busy_us = sum(self_us(e) for e in kernels) / steps
+    top = sorted(kernels, key=self_us, reverse=True)[:15]
+    return {"steps": steps, "wall_us_per_step": wall_us, "kernel_us_per_step": busy_us,
+            "busy_share": busy_us / wall_us if cuda else None,
+            "kernels_per_step": sum(e.count for e in kernels) / steps,
+            "top": [{"name": e.key[:120], "per_step": e.count / steps, "us_per_step": self_us(e) / steps}
+                    for e in top]}
+
+
 def round_up(n: int, to: int = 128) -> int:
     return -(-n // to) * to
 
@@ -327,6 +360,11 @@ def table(results: dict) -> str:
         for name, r in results["d"].items():
             lines.append(f"| d trained draft {name} | {r['spec_tok_s']:.1f} | – | {r['speedup']:.2f}x plain, "
                          f"tau {r['tau']:.2f}, greedy match {r['greedy_match']} |")
+    if "p" in results:
+        pr = results["p"]
+        busy = f", kernels busy {100 * pr['busy_share']:.0f}% of it" if pr["busy_share"] else ""
+        lines.append(f"| p plain decode step profiled | – | {pr['wall_us_per_step'] / 1000:.3f} | "
+                     f"{pr['kernels_per_step']:.0f} kernels per step{busy}; top: {pr['top'][0]['name'][:40] if pr['top'] else '-'} |")
     if "e" in results:
         e = results["e"]
         row(f"e batch {e['batch']} HF generate", e["hf_generate"])
@@ -372,7 +410,7 @@ def main(argv=None) -> int:
     bw = bandwidth(args.device)
     results["bandwidth_GBps"] = bw / 1e9 if bw else None
     smol = ids = None
-    if {"a", "c", "e"} & set(parts):
+    if {"a", "c", "e", "p"} & set(parts):
         smol, ids, _ = load_smollm2(args)
     for part in parts:
         start = time.time()
@@ -390,6 +428,8 @@ def main(argv=None) -> int:
                 results["d"] = part_d(args)
             elif part == "e":
                 results["e"] = part_e(args, smol, ids)
+            elif part == "p":
+                results["p"] = part_p(args, smol, ids)
         except Exception as err:  # keep the other parts' numbers; the error is reported
             log.exception("part %s failed", part)
             results["errors"][part] = f"{type(err).__name__}: {err}"
