@@ -180,3 +180,20 @@ def test_training_prediction_from_the_manifest():
     assert training_tau(manifest, 2)[0] == 1.75  # 1 + 0.5 + 0.25 over the first two steps
     assert training_tau({"source_manifest": manifest}, 3)[0] == 1.6  # an export carries its checkpoint's
     assert training_tau(None, 3) == (None, "no training metrics recorded")
+
+
+def test_a_correction_restores_below_trainings_prediction_on_far_prompts():
+    """Out-of-domain prompts: the correct reading gives 1.64 where training predicts 2.63 (measured
+    with vLLM on MT-bench writing prompts); a correction lifting a collapsed 1.02 to it still counts,
+    a small gain or a modest improvement of a working reading does not."""
+    from eaglekit.doctor.diagnose import restores
+    from eaglekit.doctor.probe import ProbeResult
+
+    def r(tau):
+        return ProbeResult(label="x", tau=tau, per_position=[], drafts=1)
+
+    assert restores(r(1.644), r(1.024), 2.632)
+    assert restores(r(2.4), r(1.0), 2.632)                 # half of training's gain
+    assert not restores(r(1.15), r(1.0), 2.632)             # under MIN_GAIN
+    assert not restores(r(1.7), r(1.45), 2.632)             # a working reading, improved a little
+    assert restores(r(1.3), r(1.0), None)

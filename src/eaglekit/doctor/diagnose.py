@@ -22,6 +22,7 @@ from eaglekit.target.info import to_engine_convention
 # A corrected setup must reach this tau and gain this much over the engine's reading to count.
 MIN_TAU = 1.10
 MIN_GAIN = 0.20
+FOLD, MIN_ACCEPTED = 4.0, 0.05   # or: accepted drafts per cycle (tau - 1) x4 over the engine's reading
 
 
 def engine_setup(ctx: Context) -> ProbeSetup:
@@ -144,9 +145,16 @@ def combined(setup: ProbeSetup, ctx: Context) -> ProbeSetup | None:
 
 
 def restores(result: ProbeResult, baseline: ProbeResult, expected: float | None) -> bool:
+    """A correction restores acceptance when it gains MIN_GAIN over the engine's reading and either
+    reaches half the gain training predicts or multiplies the accepted drafts by FOLD. The second
+    arm matters on prompts far from the training data: there even the correct reading stays below
+    training's prediction (seen: vLLM 1.65 vs predicted 2.63 on MT-bench writing prompts), and a
+    misreading that collapses acceptance to ~1.0 must still be named."""
     if result.tau is None or result.tau < MIN_TAU or result.tau - (baseline.tau or 1.0) < MIN_GAIN:
         return False
-    return expected is None or result.tau - 1 >= 0.5 * (expected - 1)
+    if expected is None or result.tau - 1 >= 0.5 * (expected - 1):
+        return True
+    return result.tau - 1 >= FOLD * max((baseline.tau or 1.0) - 1, MIN_ACCEPTED)
 
 
 def diagnose(ctx: Context, read: ProbeSetup, read_result: ProbeResult, runs: list[TargetRun],
