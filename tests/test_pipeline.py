@@ -54,11 +54,16 @@ def test_run_chains_every_stage_and_resumes(tiny_target_dir, tmp_path, capsys):
 
 
 def test_run_tops_prompts_up_with_magpie_and_trains_with_torchrun(tiny_target_dir, tmp_path):
-    """`synthesize: {add: N}` adds N of the target's own Magpie prompts to the files; `gpus: 2` runs
-    the train stage under torchrun (two gloo processes on CPU)."""
+    """`synthesize: {add: N}` adds N of the target's own Magpie prompts to the files; `validation`
+    answers the workload's prompts for training to validate on; `gpus: 2` runs the train stage under
+    torchrun (two gloo processes on CPU)."""
     recipe = yaml.safe_load(open(tiny_recipe(tmp_path, tiny_target_dir)))
     recipe.update(gpus=2, synthesize={"add": 3, "batch-size": 64, "max-new-tokens": 24, "min-chars": 1,
                                     "max-attempts": 640, "seed": 0})   # a random model rarely ends a turn
+    workload = tmp_path / "workload.jsonl"
+    workload.write_text("".join(json.dumps({"id": f"w{i}", "turns": [p, "And why?"]}) + "\n"
+                                for i, p in enumerate(["Describe a sunset.", "Plan a trip to Rome."])))
+    recipe["validation"] = {"source": [str(workload)]}
     recipe.pop("bench")
     path, out = tmp_path / "two.yaml", tmp_path / "run2"
     path.write_text(yaml.safe_dump(recipe))
@@ -68,7 +73,11 @@ def test_run_tops_prompts_up_with_magpie_and_trains_with_torchrun(tiny_target_di
     counts = json.loads((out / "prompts" / "manifest.json").read_text())["counts"]
     assert counts["train"] + counts["validation"] == len(PROMPTS) + 3
     assert state["stages"]["train"]["status"] == "done"
-    assert json.loads((out / "draft" / "manifest.json").read_text())["world_size"] == 2
+    draft = json.loads((out / "draft" / "manifest.json").read_text())
+    assert draft["world_size"] == 2
+    # training validated on the workload's own answered prompts (2 conversations, 2 turns each)
+    assert {"val-prompts", "val-generate", "val-features"} <= set(state["stages"])
+    assert draft["inputs"]["val_data"] is not None and draft["counts"]["val_samples"] == 2
     bad = dict(recipe, gpus=0)
     path.write_text(yaml.safe_dump(bad))
     with pytest.raises(EaglekitError, match="gpus"):

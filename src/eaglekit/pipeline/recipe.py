@@ -9,7 +9,8 @@ as in the CLI without the dashes, so a recipe never invents a second vocabulary:
 
 Two keys are not flags: `synthesize: {add: N, ...}` tops the prompt files up with N Magpie prompts
 of the target (its other keys are `eaglekit prompts synthesize` flags), and the top-level
-`gpus: N` trains on N GPUs of this host with torchrun.
+`gpus: N` trains on N GPUs of this host with torchrun. `validation` takes `eaglekit prompts build`
+flags: the workload's prompts, answered by the target, that training validates on.
 
 Built-in recipes live beside this file (`eaglekit run --recipe quick`).
 """
@@ -23,7 +24,7 @@ import yaml
 from eaglekit.errors import EaglekitError
 
 BUILTIN = Path(__file__).parent / "recipes"
-SECTIONS = ("prompts", "synthesize", "generate", "features", "train", "export", "doctor", "bench")
+SECTIONS = ("prompts", "synthesize", "validation", "generate", "features", "train", "export", "doctor", "bench")
 TOP_LEVEL = ("name", "target", "out", "device", "gpus")
 
 

@@ -5,6 +5,8 @@
       prompts/       `eaglekit prompts build|synthesize` (prompts-files/ when Magpie tops the files up)
       conversations/ `eaglekit generate`
       features/      `eaglekit features` (offline store; `features: false` trains online instead)
+      val-*/         with `validation: {source: FILE}`: the workload's own prompts, answered, as
+                     training's validation set (what it predicts and selects the draft on)
       draft/         `eaglekit train` (the best checkpoint + trainer state)
       export/<fmt>/  `eaglekit export`
       doctor/        `eaglekit doctor --json` on the vLLM export, with the live probe
@@ -116,6 +118,31 @@ def generate_flags(recipe: dict) -> list[str]:
     return to_flags(section)
 
 
+def feature_stage(pipe: "Pipeline", name: str, t: list[str], dev: list[str], features: dict, data: Path,
+                  dest: Path) -> list[str]:
+    pipe.stage(name, ["features", *t, "--data", str(data), *to_flags(features), *dev, "--out", str(dest)])
+    return ["--features", str(dest)]
+
+
+def validation_stages(pipe: "Pipeline", recipe: dict, out: Path, t: list[str], dev: list[str], features) -> list[str]:
+    """`validation: {source: FILE}`: held-out prompts of the workload the draft will serve (say
+    MT-bench), answered by the target, become training's validation set, so the accept length
+    training predicts and selects on is measured where the draft will run (a held-out share of the
+    training mix predicted 2.63 where vLLM measured 1.65 on MT-bench writing prompts). Without it,
+    training holds out a share of the training conversations."""
+    val = dict(recipe.get("validation") or {})
+    if not val.get("source"):
+        return []
+    pipe.stage("val-prompts", ["prompts", "build", *to_flags(val), "--validation-fraction", "0",
+                               "--out", str(out / "val-prompts"), "--overwrite"])
+    pipe.stage("val-generate", ["generate", "--prompts", str(out / "val-prompts"), *t, *generate_flags(recipe), *dev,
+                                "--out", str(out / "val-conversations")])
+    if features is False:
+        return ["--val-data", str(out / "val-conversations")]
+    feature_stage(pipe, "val-features", t, dev, features, out / "val-conversations", out / "val-features")
+    return ["--val-data", str(out / "val-features")]
+
+
 def run_pipeline(recipe: dict, out: str | Path | None = None) -> dict:
     """Run every stage of `recipe` into `out` (default runs/<recipe name>). Returns pipeline.json."""
     out = Path(out or recipe.get("out") or Path("runs") / recipe.get("name", "run"))
@@ -136,12 +163,9 @@ def run_pipeline(recipe: dict, out: str | Path | None = None) -> dict:
 
     # Offline features by default: captured once, every epoch after that costs only the draft.
     features = recipe.get("features", {})
-    if features is False:
-        train_input = ["--data", str(out / "conversations")]
-    else:
-        pipe.stage("features", ["features", *t, "--data", str(out / "conversations"), *to_flags(features), *dev,
-                                "--out", str(out / "features")])
-        train_input = ["--features", str(out / "features")]
+    train_input = ["--data", str(out / "conversations")] if features is False else \
+        feature_stage(pipe, "features", t, dev, features, out / "conversations", out / "features")
+    train_input += validation_stages(pipe, recipe, out, t, dev, features)
     draft = out / "draft"
     pipe.stage("train", ["train", *t, *train_input, *to_flags(recipe.get("train")), *dev,
                          "--out", str(draft)], resume_flag="--resume", resume_marker=draft / "trainer_state",

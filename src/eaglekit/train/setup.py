@@ -153,9 +153,15 @@ def prepare_offline(cfg: TrainConfig, dist: Dist) -> Run:
     lengths = store.lengths
     counts = {"train_samples": len(t_idx), "val_samples": len(v_idx),
               "tokens": sum(lengths[i] for i in t_idx)}
-    inputs = {"features": {"path": str(store.folder.resolve()), "counts": store.manifest.get("counts"),
-                           "created": store.manifest.get("created"), "complete": store.complete}}
+    inputs = {"features": store_fingerprint(store)}
+    if val_store is not store:
+        inputs["val_data"] = store_fingerprint(val_store)
     return Run(parts.fingerprint, aux, vocab, draft, train, val, inputs=inputs, counts=counts)
+
+
+def store_fingerprint(store: FeatureStore) -> dict:
+    return {"path": str(store.folder.resolve()), "counts": store.manifest.get("counts"),
+            "created": store.manifest.get("created"), "complete": store.complete}
 
 
 def prepare(cfg: TrainConfig, dist: Dist) -> Run:
