@@ -34,11 +34,6 @@ class KVCache(nn.Module):
         self.v.index_copy_(2, slots, v)
         return self.k, self.v
 
-    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Copy slots src [S] to dst [S] (gathered first, so overlapping ranges are safe)."""
-        move_slots(self.k, src, dst)
-        move_slots(self.v, src, dst)
-
 
 def stacked_caches(layers: int, batch_size: int, heads: int, max_len: int, head_dim: int, *, dtype, device):
     """One store [2, layers, B, h, L, d] and a KVCache per layer viewing its slice: a tree's
@@ -50,7 +45,8 @@ def stacked_caches(layers: int, batch_size: int, heads: int, max_len: int, head_
 
 
 def move_slots(cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
-    """cache [..., L, d]: cache[..., dst, :] = cache[..., src, :]."""
+    """cache [..., L, d]: cache[..., dst, :] = cache[..., src, :] (src [S] is gathered first, so
+    overlapping ranges are safe)."""
     dim = cache.dim() - 2
     cache.index_copy_(dim, dst, cache.index_select(dim, src))
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eaglekit.engine.kv import attend, group_mask, move_slots, stacked_caches
+from eaglekit.engine.kv import KVCache, attend, group_mask, move_slots, stacked_caches
 from eaglekit.engine.tree import causal_block, cache_mask
 from eaglekit.errors import EaglekitError
 from eaglekit.target.capture import decoder_layers
