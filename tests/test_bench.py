@@ -82,3 +82,14 @@ def test_bench_refuses_a_draft_of_another_target(tmp_path, tiny_target_dir, prom
     code = main(["bench", "--target", str(tiny_target_dir), "--draft", str(folder), "--prompts", str(prompts_file),
                  "--out", str(tmp_path / "x")])
     assert code == 2 and "made for another target model config" in capsys.readouterr().err
+
+
+def test_bench_prompts_keep_a_line_separator_inside_a_string(tmp_path):
+    """JSON allows U+2028 unescaped in a string; str.splitlines would cut the record there."""
+    from eaglekit.bench.prompts import load_bench_prompts
+
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"id": "a", "turns": ["one\u2028two"]}, ensure_ascii=False) + "\n"
+                    + json.dumps({"id": "b", "turns": ["three"]}) + "\n", encoding="utf-8")
+    prompts = load_bench_prompts(path)
+    assert [p.turns for p in prompts] == [["one\u2028two"], ["three"]]

@@ -118,7 +118,9 @@ def run_backend(name: str, target, prompts_file: Path, out: Path, args, longest:
 
 
 def answers(folder: Path) -> dict[str, str]:
-    rows = [json.loads(x) for p in sorted(folder.glob("conversations-*.jsonl")) for x in p.read_text().splitlines()]
+    from eaglekit.features.conversations import read_conversations
+
+    rows, _ = read_conversations(folder)
     return {r["id"]: r["messages"][-1]["content"] for r in rows}
 
 

@@ -63,7 +63,7 @@ def read_records(path: Path) -> list[Prompt]:
         records = records if isinstance(records, list) else [records]
     else:
         records = []
-        for lineno, line in enumerate(text.splitlines(), start=1):
+        for lineno, line in enumerate(text.split("\n"), start=1):   # not splitlines: U+2028 may sit in a string
             if line.strip():
                 try:
                     records.append(json.loads(line))
