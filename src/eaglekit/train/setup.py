@@ -41,12 +41,19 @@ def split_members(ids: list[str], fraction: float) -> tuple[list[int], list[int]
     return train, val
 
 
-def choose_vocab(cfg: TrainConfig, token_masks, vocab_size: int, stop_ids: list[int]) -> DraftVocab:
-    if cfg.vocab or cfg.init_from:
-        if cfg.init_from:
-            from eaglekit.draft.checkpoint import load_draft
+def initial_draft(cfg: TrainConfig) -> Eagle3Draft | None:
+    """The `--init-from` draft (its weights and vocab start the run), read once; None without it."""
+    if not cfg.init_from:
+        return None
+    from eaglekit.draft.checkpoint import load_draft
 
-            start = load_draft(cfg.init_from)
+    return load_draft(cfg.init_from)
+
+
+def choose_vocab(cfg: TrainConfig, token_masks, vocab_size: int, stop_ids: list[int],
+                 start: Eagle3Draft | None = None) -> DraftVocab:
+    if cfg.vocab or start is not None:
+        if start is not None:
             vocab = DraftVocab.from_d2t(start.d2t, start.t2d.numel())
         else:
             vocab = DraftVocab.load(cfg.vocab)
@@ -63,8 +70,9 @@ def choose_vocab(cfg: TrainConfig, token_masks, vocab_size: int, stop_ids: list[
 
 
 def build_draft(cfg: TrainConfig, target_config, aux_layer_ids: list[int], vocab: DraftVocab,
-                embedding: torch.Tensor, lm_head: torch.Tensor | None) -> Eagle3Draft:
-    """A freshly initialized draft (seeded) with the target's frozen embedding and the vocab's maps."""
+                embedding: torch.Tensor, lm_head: torch.Tensor | None, start: Eagle3Draft | None = None) -> Eagle3Draft:
+    """A freshly initialized draft (seeded) with the target's frozen embedding and the vocab's maps;
+    with `start` (the `--init-from` draft) its weights are loaded on top."""
     dcfg = DraftConfig.for_target(target_config, aux_layer_ids=aux_layer_ids, draft_vocab_size=vocab.size)
     torch.manual_seed(cfg.seed)
     draft = Eagle3Draft(dcfg)
@@ -76,10 +84,7 @@ def build_draft(cfg: TrainConfig, target_config, aux_layer_ids: list[int], vocab
                                 hint="pass --lm-head-init random")
         with torch.no_grad():
             draft.lm_head.weight.copy_(lm_head[vocab.draft_ids].to(draft.lm_head.weight.dtype))
-    if cfg.init_from:
-        from eaglekit.draft.checkpoint import load_draft
-
-        start = load_draft(cfg.init_from)
+    if start is not None:
         if start.config != dcfg:
             diff = [k for k, v in start.config.to_dict().items() if dcfg.to_dict().get(k) != v]
             raise EaglekitError(f"--init-from {cfg.init_from} is a draft of another shape ({diff})",
@@ -111,12 +116,13 @@ def prepare_online(cfg: TrainConfig, dist: Dist) -> Run:
         train_samples, val_samples = [samples[i] for i in t_idx], [samples[i] for i in v_idx]
     if not train_samples:
         raise EaglekitError("no training conversations left after the validation split", hint="add data")
+    start = initial_draft(cfg)
     vocab = choose_vocab(cfg, ((s.input_ids, s.loss_mask) for s in train_samples), tcfg.vocab_size,
-                         target.stop_token_ids)
+                         target.stop_token_ids, start)
     emb = target.model.get_input_embeddings().weight.detach().float().cpu()
     head = target.model.get_output_embeddings()
     draft = build_draft(cfg, target.model.config, aux, vocab, emb,
-                        head.weight.detach().float().cpu() if head is not None else None)
+                        head.weight.detach().float().cpu() if head is not None else None, start)
     train = OnlineSource(target.model, train_samples, aux, vocab)
     val = OnlineSource(target.model, val_samples, aux, vocab) if val_samples else None
     counts.update(train_samples=len(train_samples), val_samples=len(val_samples))
@@ -146,8 +152,9 @@ def prepare_offline(cfg: TrainConfig, dist: Dist) -> Run:
         raise EaglekitError("no training samples left after the validation split", hint="add data")
     train_set = set(t_idx)
     masks = (tm for i, tm in enumerate(store.token_masks()) if i in train_set)
-    vocab = choose_vocab(cfg, masks, tcfg.vocab_size, parts.stop_token_ids)
-    draft = build_draft(cfg, parts.config, aux, vocab, parts.embedding, parts.lm_head)
+    start = initial_draft(cfg)
+    vocab = choose_vocab(cfg, masks, tcfg.vocab_size, parts.stop_token_ids, start)
+    draft = build_draft(cfg, parts.config, aux, vocab, parts.embedding, parts.lm_head, start)
     train = OfflineSource(store, t_idx, vocab)
     val = OfflineSource(val_store, v_idx, vocab) if v_idx else None
     lengths = store.lengths
