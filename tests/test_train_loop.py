@@ -230,3 +230,16 @@ def test_walk_accept_length_predicts_the_engine(data, tmp_path):
     assert abs(val["walk_accept_length"] - measured) < 0.03, (val, measured)
     # the per-position formula overstates it: cycles start more often where drafts fail
     assert val["sim_accept_length"] > measured + 0.05
+
+
+def test_init_from_with_no_steps_validates_the_draft_as_trained(data, tmp_path):
+    """`--init-from D --max-steps 0` loads D's weights and vocab and only validates: on the same
+    held-out split it measures what D's own run measured at its best step."""
+    first = train(config(data, tmp_path / "first", max_steps=12))
+    again = train(config(data, tmp_path / "again", max_steps=0, init_from=str(tmp_path / "first")))
+    best, measured = first["best"], again["history"][0]
+    assert measured["step"] == 0 and measured["positions"] == best["positions"]
+    assert measured["acc"] == pytest.approx(best["acc"], abs=1e-6)
+    assert measured["sim_accept_length"] == pytest.approx(best["sim_accept_length"], abs=1e-6)
+    with pytest.raises(EaglekitError, match="brings its own vocab"):
+        config(data, tmp_path / "other", max_steps=0, init_from=str(tmp_path / "first"), vocab="v.safetensors")
