@@ -11,6 +11,10 @@
 #        exported in bf16 parts under $OUT/draft.
 # bench: MT-bench chain k=5 and tree on GPU 0, while GPU 1 runs the oracle/random-draft part of
 #        bench_engine.py (engine overhead apart from draft quality).
+# This is the script that produced docs/results/2026-11-29-h200x2, kept as run. Its data stage
+# parallelizes by hand (two generate runs + merge_conversations.py); the product path now does the
+# same with `eaglekit generate --devices` after a Magpie top-up (`eaglekit run --recipe smollm2-h200
+# gpus=2`), which the next GPU session should run instead.
 # Env: W (work folder), N_MAGPIE, GSM_WEIGHT, GEN_S, TRAIN_S, LIMIT (MT-bench questions), MAX_NEW and
 # BENCH_NEW (answer tokens), BATCH, SYN_BATCH, REPEATS, DDP_STEPS, DDP_ARGS / TRAIN_ARGS (extra flags); small values
 # make a CPU smoke run.
