@@ -35,13 +35,14 @@ def run_prefix_then_decode(runner, x, split):
     return torch.cat(out, 1), aux
 
 
-@pytest.mark.parametrize("kind", ["fast", "generic"])
+@pytest.mark.parametrize("kind", ["fast", "fast:matmul", "generic"])
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_runner_matches_hf_forward(arch, kind):
+    kind, _, attention = kind.partition(":")
     if kind == "fast" and arch not in FAST_ARCHS:
         pytest.skip("not a Llama-family decoder")
     model = peaked_model(arch)
-    runner = make_target_runner(model, max_len=L, aux_layer_ids=AUX, runner=kind)
+    runner = make_target_runner(model, max_len=L, aux_layer_ids=AUX, runner=kind, attention=attention or None)
     assert runner.kind == kind
     x = ids(12)
     ref = model(input_ids=x, output_hidden_states=True)
@@ -52,12 +53,13 @@ def test_runner_matches_hf_forward(arch, kind):
         close(aux[0, :, slot * H:(slot + 1) * H], ref.hidden_states[layer + 1][0, :8])
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "mixtral"])
-def test_tree_forward_and_compaction_match_a_fresh_forward(arch):
+@pytest.mark.parametrize("arch,attention", [("llama", None), ("qwen3", None), ("mixtral", None),
+                                            ("llama", "matmul")])
+def test_tree_forward_and_compaction_match_a_fresh_forward(arch, attention):
     """Tree tokens at depth positions see only their ancestors; after compacting the accepted path
     the cache continues exactly like a fresh forward of the whole committed prefix."""
     model = peaked_model(arch)
-    runner = make_target_runner(model, max_len=L, aux_layer_ids=AUX)
+    runner = make_target_runner(model, max_len=L, aux_layer_ids=AUX, attention=attention)
     prefix = ids(6, seed=1)[0]
     P = len(prefix)
     runner(prefix[None], torch.arange(P)[None], torch.arange(P), cache_mask(causal_block(P), 0, 0, L))
@@ -79,11 +81,12 @@ def test_tree_forward_and_compaction_match_a_fresh_forward(arch):
     close(got[0, 0], ref)
 
 
-def test_batch_rows_with_left_padding_match_single_rows():
+@pytest.mark.parametrize("attention", ["sdpa", "matmul"])
+def test_batch_rows_with_left_padding_match_single_rows(attention):
     from eaglekit.engine.batch import padded_mask
 
     model = peaked_model("qwen2")
-    runner = make_target_runner(model, max_len=L, batch_size=2)
+    runner = make_target_runner(model, max_len=L, batch_size=2, attention=attention)
     a, b = ids(5, 3)[0], ids(3, 4)[0]
     x = torch.stack([a, torch.cat([torch.zeros(2, dtype=torch.long), b])])
     pad = torch.tensor([0, 2])
@@ -109,6 +112,13 @@ def test_fast_refuses_unsupported_config_and_a_logit_mismatch(monkeypatch):
     monkeypatch.setattr(fast, "fast_unsupported_reason", lambda model, max_len: None)
     with pytest.raises(EaglekitError, match="differ from the HF model"):
         FastTarget(peaked_model("gemma"), max_len=L)
+
+
+def test_unknown_attention_kind_and_attention_on_the_generic_runner_are_refused():
+    with pytest.raises(EaglekitError, match="unknown attention kind"):
+        make_target_runner(peaked_model("llama"), max_len=L, attention="flash9")
+    with pytest.raises(EaglekitError, match="fast runner only"):
+        make_target_runner(peaked_model("gemma"), max_len=L, attention="matmul")
 
 
 def test_sliding_window_shorter_than_the_cache_is_refused():

@@ -11,6 +11,7 @@ it is done, so a run cut short still returns what it measured):
     d  a trained draft (--draft DIR): tau and speedup on --prompts (as `eaglekit bench`)
     e  SmolLM2 batched generation (`generate_batch`) vs HF generate at the same batch size
     p  profile of SmolLM2's captured plain decode step: kernels per step, top kernels, busy share
+       (parts a and p run once per --attention kind: the same math in different kernels)
 
     python scripts/gpu/bench_engine.py --target /root/stage/SmolLM2-135M-Instruct.Q4_1.gguf --parts a,b
     python scripts/gpu/bench_engine.py --smoke      # CPU, tiny random models, a few tokens
@@ -35,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from eaglekit.engine import (DraftRunner, Engine, OracleDrafter, Sampling, SpecConfig,  # noqa: E402
                              generate_batch, make_target_runner)
+from eaglekit.engine.kv import ATTENTION_KINDS  # noqa: E402
 
 log = logging.getLogger("bench_engine")
 CHAIN = SpecConfig(mode="chain", k=5)
@@ -186,15 +188,32 @@ def load_smollm2(args):
 
 # ---- parts ------------------------------------------------------------------------------------
 
+PLAIN_ENGINES: dict = {}
+
+
+def plain_engine(args, smol, ids, attention: str) -> Engine:
+    """The plain-decoding engine of parts a and p, built (compiled, captured) once per attention kind."""
+    if attention not in PLAIN_ENGINES:
+        runner = make_target_runner(smol, max_len=round_up(len(ids) + args.new_tokens + 128), attention=attention)
+        PLAIN_ENGINES[attention] = Engine(runner, compile=args.compile, compile_mode=args.compile_mode)
+    return PLAIN_ENGINES[attention]
+
+
 def part_a(args, smol, ids, bw) -> dict:
+    """Plain decoding with each --attention kind, side by side with HF generate in the same run."""
     new = args.new_tokens
-    runner = make_target_runner(smol, max_len=round_up(len(ids) + new + 128))
-    engine = Engine(runner, compile=args.compile, compile_mode=args.compile_mode)
-    eng = engine_plain(engine, ids, new, args.repeats)
+    engines = {kind: engine_plain(plain_engine(args, smol, ids, kind), ids, new, args.repeats)
+               for kind in args.attention}
+    best = min(engines, key=lambda kind: engines[kind]["ms_per_token"])
+    args.best_attention = best
+    eng = engines[best]
     hf = hf_generate(smol, [ids], new, args.repeats)
     weights = streamed_bytes(smol)
     floor_ms = 1000 * weights / bw if bw else None
-    return {"runner": runner.kind, "new_tokens": new, "engine": strip(eng), "hf_generate": strip(hf),
+    return {"runner": PLAIN_ENGINES[best].target.kind, "attention": best, "new_tokens": new, "engine": strip(eng),
+            "engine_by_attention": {kind: {**strip(r), "speedup_vs_hf": r["tok_s"] / hf["tok_s"]}
+                                    for kind, r in engines.items()},
+            "hf_generate": strip(hf),
             "speedup_vs_hf": eng["tok_s"] / hf["tok_s"], "weight_bytes": weights, "floor_ms_per_token": floor_ms,
             "floor_share": floor_ms / eng["ms_per_token"] if floor_ms else None,
             "greedy_prefix_match_vs_hf": same_prefix(eng["ids"], hf["ids"])}
@@ -228,7 +247,7 @@ def part_c(args, smol, ids) -> dict:
     new = args.new_tokens
     max_len = round_up(len(ids) + new + 256)
     aux = default_aux_layer_ids(smol.config.num_hidden_layers)
-    runner = make_target_runner(smol, max_len=max_len, aux_layer_ids=aux)
+    runner = make_target_runner(smol, max_len=max_len, aux_layer_ids=aux, attention=args.best_attention)
     plain = engine_plain(Engine(runner, compile=args.compile, compile_mode=args.compile_mode), ids, new, args.repeats)
     reference = ids + plain["ids"]
     draft = random_draft_for(smol, args.device)
@@ -297,15 +316,18 @@ def part_e(args, smol, ids) -> dict:
             "generate_batch_row0_matches": check[0].tokens == eng["ids"][:8]}
 
 
-def part_p(args, smol, ids, steps: int = 32) -> dict:
-    """Where a plain decode step's time goes: the kernels of `steps` replays of the captured step
-    (CUDA graphs are traced kernel by kernel), their count per step, the top ones by time, and the
-    share of the step's wall time they fill (the rest is launch gaps)."""
+def part_p(args, smol, ids) -> dict:
+    """Where a plain decode step's time goes, for each --attention kind."""
+    return {kind: profile_decode(args, plain_engine(args, smol, ids, kind), ids) for kind in args.attention}
+
+
+def profile_decode(args, engine: Engine, ids, steps: int = 32) -> dict:
+    """The kernels of `steps` replays of the captured decode step (CUDA graphs are traced kernel by
+    kernel): their count per step, the top ones by time, and the share of the step's wall time they
+    fill (the rest is launch gaps)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    runner = make_target_runner(smol, max_len=round_up(len(ids) + args.new_tokens + 128))
-    engine = Engine(runner, compile=args.compile, compile_mode=args.compile_mode)
     engine.generate(ids, 16, speculative=False)                      # compile + capture; leaves a state
     cuda = torch.device(args.device).type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -321,11 +343,11 @@ def part_p(args, smol, ids, steps: int = 32) -> dict:
         return getattr(e, "self_device_time_total", 0.0) if cuda else e.self_cpu_time_total
     kernels = [e for e in prof.key_averages() if e.device_type == kind and self_us(e) > 0]
     busy_us = sum(self_us(e) for e in kernels) / steps
-    top = sorted(kernels, key=self_us, reverse=True)[:15]
+    top = sorted(kernels, key=self_us, reverse=True)[:25]
     return {"steps": steps, "wall_us_per_step": wall_us, "kernel_us_per_step": busy_us,
             "busy_share": busy_us / wall_us if cuda else None,
             "kernels_per_step": sum(e.count for e in kernels) / steps,
-            "top": [{"name": e.key[:120], "per_step": e.count / steps, "us_per_step": self_us(e) / steps}
+            "top": [{"name": e.key[:160], "per_step": e.count / steps, "us_per_step": self_us(e) / steps}
                     for e in top]}
 
 
@@ -343,7 +365,9 @@ def table(results: dict) -> str:
         a = results["a"]
         row("a SmolLM2 HF generate", a["hf_generate"])
         floor = f", floor {a['floor_ms_per_token']:.3f} ms ({100 * a['floor_share']:.0f}% of it)" if a["floor_share"] else ""
-        row(f"a SmolLM2 engine ({a['runner']})", a["engine"], f"{a['speedup_vs_hf']:.1f}x HF{floor}")
+        for kind, r in a["engine_by_attention"].items():
+            row(f"a SmolLM2 engine ({a['runner']}, {kind} attention)", r,
+                f"{r['speedup_vs_hf']:.1f}x HF{floor if kind == a['attention'] else ''}")
     if "b" in results:
         b = results["b"]
         floor = f"floor {b['floor_ms_per_token']:.2f} ms = {100 * b['floor_share']:.0f}% reached" if b["floor_share"] else ""
@@ -360,10 +384,9 @@ def table(results: dict) -> str:
         for name, r in results["d"].items():
             lines.append(f"| d trained draft {name} | {r['spec_tok_s']:.1f} | – | {r['speedup']:.2f}x plain, "
                          f"tau {r['tau']:.2f}, greedy match {r['greedy_match']} |")
-    if "p" in results:
-        pr = results["p"]
+    for kind, pr in results.get("p", {}).items():
         busy = f", kernels busy {100 * pr['busy_share']:.0f}% of it" if pr["busy_share"] else ""
-        lines.append(f"| p plain decode step profiled | – | {pr['wall_us_per_step'] / 1000:.3f} | "
+        lines.append(f"| p plain decode step profiled ({kind} attention) | – | {pr['wall_us_per_step'] / 1000:.3f} | "
                      f"{pr['kernels_per_step']:.0f} kernels per step{busy}; top: {pr['top'][0]['name'][:40] if pr['top'] else '-'} |")
     if "e" in results:
         e = results["e"]
@@ -388,6 +411,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--compile-mode", default="default",
                    help="torch.compile mode of the steps, or `none` (CUDA graphs only)")
+    p.add_argument("--attention", default=",".join(ATTENTION_KINDS),
+                   help="parts a and p: the fast runner's attention kinds to measure side by side (comma list)")
     p.add_argument("--coordinate-descent", action="store_true",
                    help="Inductor coordinate-descent tuning (gpt-fast's setting; longer compiles)")
     p.add_argument("--out", default=os.environ.get("OUT", "runs/bench_engine"))
@@ -399,6 +424,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args.device = args.device or ("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
     args.compile = None if args.compile_mode != "none" else False
+    args.attention = [kind.strip() for kind in args.attention.split(",") if kind.strip()]
+    args.best_attention = args.attention[0]               # part a replaces it with the fastest
     if args.smoke:
         args.new_tokens, args.repeats, args.batch = min(args.new_tokens, 12), 1, min(args.batch, 3)
     parts = [x.strip() for x in args.parts.split(",") if x.strip()]

@@ -56,7 +56,7 @@ def group_mask(mask: torch.Tensor, groups: int) -> torch.Tensor:
     return mask.repeat(1, 1, groups, 1) if groups > 1 else mask
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, kind: str = "sdpa") -> torch.Tensor:
     """Grouped-query attention over a whole cache.
 
     The query heads that share a kv head are folded into the query length, so the kernel reads
@@ -66,6 +66,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
         q: [B, nh, T, d] queries (head i uses kv head i // (nh // h)).
         k, v: [B, h, L, d] the cache.
         mask: [B|1, 1, g*T, L] bool, True = attend: `group_mask(mask, nh // h)`.
+        kind: one of ATTENTION_KINDS, the same math computed by different kernels (see there).
 
     Returns:
         [B, nh, T, d].
@@ -73,5 +74,24 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     B, nh, T, d = q.shape
     h = k.shape[1]
     q = q.reshape(B, h, (nh // h) * T, d)               # head kv*g + j, token t -> row j*T + t
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    out = ATTENTION_KINDS[kind](q, k, v, mask)
     return out.reshape(B, nh, T, v.shape[-1])
+
+
+def attend_sdpa(q, k, v, mask):
+    """PyTorch's fused attention (with a boolean mask: the memory-efficient kernel on CUDA)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def attend_matmul(q, k, v, mask):
+    """Two batched matmuls around a masked softmax in float32: at batch 1 and few query rows the
+    fused kernel runs one block per head over all L slots; here Inductor fuses mask + softmax into
+    one kernel and the matmuls spread over the slots. q [B, h, R, d], k/v [B, h, L, d] -> [B, h, R, d]."""
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5      # [B, h, R, L]
+    probs = torch.softmax(scores.masked_fill(~mask, torch.finfo(scores.dtype).min), dim=-1)  # finite: no NaN rows
+    return torch.matmul(probs.to(v.dtype), v)
+
+
+# Same math, different kernels; which is fastest depends on the device and the shapes
+# (scripts/gpu/bench_engine.py part p measures them side by side).
+ATTENTION_KINDS = {"sdpa": attend_sdpa, "matmul": attend_matmul}

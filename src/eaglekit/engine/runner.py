@@ -27,7 +27,7 @@ RUNNERS = ("auto", "fast", "generic")
 
 
 def make_target_runner(model: nn.Module, *, max_len: int, batch_size: int = 1, aux_layer_ids=(),
-                       runner: str = "auto") -> FastTarget | HFTarget:
+                       runner: str = "auto", attention: str | None = None) -> FastTarget | HFTarget:
     """Build the target runner for an HF causal LM.
 
     Args:
@@ -36,6 +36,7 @@ def make_target_runner(model: nn.Module, *, max_len: int, batch_size: int = 1, a
         batch_size: sequences decoded together.
         aux_layer_ids: layers whose outputs the draft reads (eaglekit convention); () for none.
         runner: "auto", "fast" or "generic".
+        attention: the FAST runner's attention kernels (`kv.ATTENTION_KINDS`); None = its default.
     """
     if runner not in RUNNERS:
         raise EaglekitError(f"unknown runner {runner!r}", hint=f"use one of {RUNNERS}")
@@ -45,6 +46,12 @@ def make_target_runner(model: nn.Module, *, max_len: int, batch_size: int = 1, a
         if reason:
             log.info("target runner: generic (%s)", reason)
     kwargs = dict(max_len=max_len, batch_size=batch_size, aux_layer_ids=aux_layer_ids)
-    built = FastTarget(model, **kwargs) if runner == "fast" else HFTarget(model, **kwargs)
+    if runner == "fast":
+        built = FastTarget(model, **kwargs, **({"attention": attention} if attention else {}))
+    elif attention:
+        raise EaglekitError(f"attention={attention!r} applies to the fast runner only",
+                            hint="drop it, or use a Llama-family target with the fast runner")
+    else:
+        built = HFTarget(model, **kwargs)
     log.info("target runner: %s, %d slots x batch %d", built.kind, max_len, batch_size)
     return built

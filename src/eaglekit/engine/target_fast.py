@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eaglekit.engine.kv import KVCache, attend, group_mask, move_slots, stacked_caches
+from eaglekit.engine.kv import ATTENTION_KINDS, KVCache, attend, group_mask, move_slots, stacked_caches
 from eaglekit.engine.tree import causal_block, cache_mask
 from eaglekit.errors import EaglekitError
 from eaglekit.target.capture import decoder_layers
@@ -87,8 +87,9 @@ def frozen(t: torch.Tensor) -> nn.Parameter:
 
 
 class FastLayer(nn.Module):
-    def __init__(self, layer: nn.Module, cfg, cache: KVCache):
+    def __init__(self, layer: nn.Module, cfg, cache: KVCache, attention: str = "sdpa"):
         super().__init__()
+        self.attention = attention
         attn, mlp = layer.self_attn, layer.mlp
         self.nh, self.nkv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.d = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.nh
@@ -115,7 +116,7 @@ class FastLayer(nn.Module):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         k_all, v_all = self.cache.write(slots, k, v)
-        out = attend(q, k_all, v_all, mask).transpose(1, 2).reshape(B, T, self.nh * self.d)
+        out = attend(q, k_all, v_all, mask, self.attention).transpose(1, 2).reshape(B, T, self.nh * self.d)
         x = x + F.linear(out, self.wo, self.bo)
         gate, up = F.linear(rms_norm(x, self.ln2, self.eps), self.w13, self.b13).chunk(2, dim=-1)
         return x + F.linear(F.silu(gate) * up, self.w2, self.b2)
@@ -131,8 +132,10 @@ class FastTarget(nn.Module):
     kind = "fast"
 
     def __init__(self, model: nn.Module, *, max_len: int, batch_size: int = 1, aux_layer_ids=(),
-                 check: bool = True):
+                 check: bool = True, attention: str = "sdpa"):
         super().__init__()
+        if attention not in ATTENTION_KINDS:
+            raise EaglekitError(f"unknown attention kind {attention!r}", hint=f"use one of {tuple(ATTENTION_KINDS)}")
         reason = fast_unsupported_reason(model, max_len)
         if reason:
             raise EaglekitError(f"the fast runner does not support this target: {reason}",
@@ -148,7 +151,8 @@ class FastTarget(nn.Module):
         store, caches = stacked_caches(len(layers), batch_size, cfg.num_key_value_heads, max_len, head_dim,
                                        dtype=p.dtype, device=p.device)
         self.register_buffer("kv_store", store, persistent=False)            # [2, layers, B, h, L, d]
-        self.layers = nn.ModuleList(FastLayer(layer, cfg, cache) for layer, cache in zip(layers, caches))
+        self.attention = attention
+        self.layers = nn.ModuleList(FastLayer(layer, cfg, cache, attention) for layer, cache in zip(layers, caches))
         decoder = model.get_decoder()
         self.embed = model.get_input_embeddings().weight
         self.norm = decoder.norm.weight
