@@ -35,14 +35,17 @@ def run_prefix_then_decode(runner, x, split):
     return torch.cat(out, 1), aux
 
 
-@pytest.mark.parametrize("kind", ["fast", "fast:matmul", "generic"])
+@pytest.mark.parametrize("kind", ["fast", "fast:sdpa", "fast:reduce", "fast:matvec", "generic"])
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_runner_matches_hf_forward(arch, kind):
-    kind, _, attention = kind.partition(":")
+    """Every kernel choice of the fast runner (attention kind, matvec decode steps) is the same math."""
+    kind, _, kernels = kind.partition(":")
     if kind == "fast" and arch not in FAST_ARCHS:
         pytest.skip("not a Llama-family decoder")
     model = peaked_model(arch)
-    runner = make_target_runner(model, max_len=L, aux_layer_ids=AUX, runner=kind, attention=attention or None)
+    runner = make_target_runner(model, max_len=L, aux_layer_ids=AUX, runner=kind,
+                                attention=kernels if kernels not in ("", "matvec") else None,
+                                matvec=True if kernels == "matvec" else None)
     assert runner.kind == kind
     x = ids(12)
     ref = model(input_ids=x, output_hidden_states=True)
@@ -54,7 +57,7 @@ def test_runner_matches_hf_forward(arch, kind):
 
 
 @pytest.mark.parametrize("arch,attention", [("llama", None), ("qwen3", None), ("mixtral", None),
-                                            ("llama", "matmul")])
+                                            ("llama", "sdpa"), ("llama", "reduce")])
 def test_tree_forward_and_compaction_match_a_fresh_forward(arch, attention):
     """Tree tokens at depth positions see only their ancestors; after compacting the accepted path
     the cache continues exactly like a fresh forward of the whole committed prefix."""
@@ -81,7 +84,7 @@ def test_tree_forward_and_compaction_match_a_fresh_forward(arch, attention):
     close(got[0, 0], ref)
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "matmul"])
+@pytest.mark.parametrize("attention", ["sdpa", "matmul", "reduce"])
 def test_batch_rows_with_left_padding_match_single_rows(attention):
     from eaglekit.engine.batch import padded_mask
 
@@ -119,6 +122,8 @@ def test_unknown_attention_kind_and_attention_on_the_generic_runner_are_refused(
         make_target_runner(peaked_model("llama"), max_len=L, attention="flash9")
     with pytest.raises(EaglekitError, match="fast runner only"):
         make_target_runner(peaked_model("gemma"), max_len=L, attention="matmul")
+    with pytest.raises(EaglekitError, match="fast runner only"):
+        make_target_runner(peaked_model("gemma"), max_len=L, matvec=True)
 
 
 def test_sliding_window_shorter_than_the_cache_is_refused():

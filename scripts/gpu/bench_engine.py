@@ -11,7 +11,7 @@ it is done, so a run cut short still returns what it measured):
     d  a trained draft (--draft DIR): tau and speedup on --prompts (as `eaglekit bench`)
     e  SmolLM2 batched generation (`generate_batch`) vs HF generate at the same batch size
     p  profile of SmolLM2's captured plain decode step: kernels per step, top kernels, busy share
-       (parts a and p run once per --attention kind: the same math in different kernels)
+       (parts a and p run once per --kernels variant: the same math in different kernels)
 
     python scripts/gpu/bench_engine.py --target /root/stage/SmolLM2-135M-Instruct.Q4_1.gguf --parts a,b
     python scripts/gpu/bench_engine.py --smoke      # CPU, tiny random models, a few tokens
@@ -191,27 +191,36 @@ def load_smollm2(args):
 PLAIN_ENGINES: dict = {}
 
 
-def plain_engine(args, smol, ids, attention: str) -> Engine:
-    """The plain-decoding engine of parts a and p, built (compiled, captured) once per attention kind."""
-    if attention not in PLAIN_ENGINES:
-        runner = make_target_runner(smol, max_len=round_up(len(ids) + args.new_tokens + 128), attention=attention)
-        PLAIN_ENGINES[attention] = Engine(runner, compile=args.compile, compile_mode=args.compile_mode)
-    return PLAIN_ENGINES[attention]
+def kernel_options(variant: str) -> dict:
+    """"matmul+matvec" -> {"attention": "matmul", "matvec": True} (fast runner options)."""
+    attention, _, extra = variant.partition("+")
+    if extra not in ("", "matvec") or attention not in ATTENTION_KINDS:
+        raise SystemExit(f"--kernels: {variant!r} is not ATTENTION[+matvec] with ATTENTION in {tuple(ATTENTION_KINDS)}")
+    return {"attention": attention, "matvec": extra == "matvec"}
+
+
+def plain_engine(args, smol, ids, variant: str) -> Engine:
+    """The plain-decoding engine of parts a and p, built (compiled, captured) once per kernel variant."""
+    if variant not in PLAIN_ENGINES:
+        runner = make_target_runner(smol, max_len=round_up(len(ids) + args.new_tokens + 128),
+                                    **kernel_options(variant))
+        PLAIN_ENGINES[variant] = Engine(runner, compile=args.compile, compile_mode=args.compile_mode)
+    return PLAIN_ENGINES[variant]
 
 
 def part_a(args, smol, ids, bw) -> dict:
-    """Plain decoding with each --attention kind, side by side with HF generate in the same run."""
+    """Plain decoding with each --kernels variant, side by side with HF generate in the same run."""
     new = args.new_tokens
     engines = {kind: engine_plain(plain_engine(args, smol, ids, kind), ids, new, args.repeats)
-               for kind in args.attention}
+               for kind in args.kernels}
     best = min(engines, key=lambda kind: engines[kind]["ms_per_token"])
-    args.best_attention = best
+    args.best_kernels = best
     eng = engines[best]
     hf = hf_generate(smol, [ids], new, args.repeats)
     weights = streamed_bytes(smol)
     floor_ms = 1000 * weights / bw if bw else None
-    return {"runner": PLAIN_ENGINES[best].target.kind, "attention": best, "new_tokens": new, "engine": strip(eng),
-            "engine_by_attention": {kind: {**strip(r), "speedup_vs_hf": r["tok_s"] / hf["tok_s"]}
+    return {"runner": PLAIN_ENGINES[best].target.kind, "kernels": best, "new_tokens": new, "engine": strip(eng),
+            "engine_by_kernels": {kind: {**strip(r), "speedup_vs_hf": r["tok_s"] / hf["tok_s"]}
                                     for kind, r in engines.items()},
             "hf_generate": strip(hf),
             "speedup_vs_hf": eng["tok_s"] / hf["tok_s"], "weight_bytes": weights, "floor_ms_per_token": floor_ms,
@@ -247,7 +256,7 @@ def part_c(args, smol, ids) -> dict:
     new = args.new_tokens
     max_len = round_up(len(ids) + new + 256)
     aux = default_aux_layer_ids(smol.config.num_hidden_layers)
-    runner = make_target_runner(smol, max_len=max_len, aux_layer_ids=aux, attention=args.best_attention)
+    runner = make_target_runner(smol, max_len=max_len, aux_layer_ids=aux, **kernel_options(args.best_kernels))
     plain = engine_plain(Engine(runner, compile=args.compile, compile_mode=args.compile_mode), ids, new, args.repeats)
     reference = ids + plain["ids"]
     draft = random_draft_for(smol, args.device)
@@ -317,8 +326,8 @@ def part_e(args, smol, ids) -> dict:
 
 
 def part_p(args, smol, ids) -> dict:
-    """Where a plain decode step's time goes, for each --attention kind."""
-    return {kind: profile_decode(args, plain_engine(args, smol, ids, kind), ids) for kind in args.attention}
+    """Where a plain decode step's time goes, for each --kernels variant."""
+    return {kind: profile_decode(args, plain_engine(args, smol, ids, kind), ids) for kind in args.kernels}
 
 
 def profile_decode(args, engine: Engine, ids, steps: int = 32) -> dict:
@@ -365,9 +374,9 @@ def table(results: dict) -> str:
         a = results["a"]
         row("a SmolLM2 HF generate", a["hf_generate"])
         floor = f", floor {a['floor_ms_per_token']:.3f} ms ({100 * a['floor_share']:.0f}% of it)" if a["floor_share"] else ""
-        for kind, r in a["engine_by_attention"].items():
-            row(f"a SmolLM2 engine ({a['runner']}, {kind} attention)", r,
-                f"{r['speedup_vs_hf']:.1f}x HF{floor if kind == a['attention'] else ''}")
+        for kind, r in a["engine_by_kernels"].items():
+            row(f"a SmolLM2 engine ({a['runner']}, {kind})", r,
+                f"{r['speedup_vs_hf']:.1f}x HF{floor if kind == a['kernels'] else ''}")
     if "b" in results:
         b = results["b"]
         floor = f"floor {b['floor_ms_per_token']:.2f} ms = {100 * b['floor_share']:.0f}% reached" if b["floor_share"] else ""
@@ -386,7 +395,7 @@ def table(results: dict) -> str:
                          f"tau {r['tau']:.2f}, greedy match {r['greedy_match']} |")
     for kind, pr in results.get("p", {}).items():
         busy = f", kernels busy {100 * pr['busy_share']:.0f}% of it" if pr["busy_share"] else ""
-        lines.append(f"| p plain decode step profiled ({kind} attention) | – | {pr['wall_us_per_step'] / 1000:.3f} | "
+        lines.append(f"| p plain decode step profiled ({kind}) | – | {pr['wall_us_per_step'] / 1000:.3f} | "
                      f"{pr['kernels_per_step']:.0f} kernels per step{busy}; top: {pr['top'][0]['name'][:40] if pr['top'] else '-'} |")
     if "e" in results:
         e = results["e"]
@@ -411,8 +420,9 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--compile-mode", default="default",
                    help="torch.compile mode of the steps, or `none` (CUDA graphs only)")
-    p.add_argument("--attention", default=",".join(ATTENTION_KINDS),
-                   help="parts a and p: the fast runner's attention kinds to measure side by side (comma list)")
+    p.add_argument("--kernels", default="matmul,matmul+matvec,reduce+matvec",
+                   help="parts a and p: fast-runner kernel variants measured side by side, ATTENTION[+matvec] "
+                        "(comma list; part c uses the fastest of part a, else the first)")
     p.add_argument("--coordinate-descent", action="store_true",
                    help="Inductor coordinate-descent tuning (gpt-fast's setting; longer compiles)")
     p.add_argument("--out", default=os.environ.get("OUT", "runs/bench_engine"))
@@ -424,8 +434,10 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args.device = args.device or ("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
     args.compile = None if args.compile_mode != "none" else False
-    args.attention = [kind.strip() for kind in args.attention.split(",") if kind.strip()]
-    args.best_attention = args.attention[0]               # part a replaces it with the fastest
+    args.kernels = [kind.strip() for kind in args.kernels.split(",") if kind.strip()]
+    for variant in args.kernels:
+        kernel_options(variant)                               # refuse a bad variant before any work
+    args.best_kernels = args.kernels[0]                   # part a replaces it with the fastest
     if args.smoke:
         args.new_tokens, args.repeats, args.batch = min(args.new_tokens, 12), 1, min(args.batch, 3)
     parts = [x.strip() for x in args.parts.split(",") if x.strip()]

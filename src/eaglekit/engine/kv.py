@@ -92,6 +92,15 @@ def attend_matmul(q, k, v, mask):
     return torch.matmul(probs.to(v.dtype), v)
 
 
+def attend_reduce(q, k, v, mask):
+    """Broadcast products and sums instead of matmuls: Inductor generates its own reduction kernels
+    (fused with the mask and the softmax) where the matmuls would each be a cuBLAS launch; meant for
+    the few query rows of a decode step. q [B, h, R, d], k/v [B, h, L, d] -> [B, h, R, d]."""
+    scores = (q.unsqueeze(3).float() * k.unsqueeze(2).float()).sum(-1) * q.shape[-1] ** -0.5   # [B, h, R, L]
+    probs = torch.softmax(scores.masked_fill(~mask, torch.finfo(scores.dtype).min), dim=-1)
+    return (probs.unsqueeze(-1) * v.unsqueeze(2).float()).sum(3).to(v.dtype)
+
+
 # Same math, different kernels; which is fastest depends on the device and the shapes
-# (scripts/gpu/bench_engine.py part p measures them side by side).
-ATTENTION_KINDS = {"sdpa": attend_sdpa, "matmul": attend_matmul}
+# (scripts/gpu/bench_engine.py parts a and p measure them side by side).
+ATTENTION_KINDS = {"sdpa": attend_sdpa, "matmul": attend_matmul, "reduce": attend_reduce}

@@ -27,7 +27,8 @@ RUNNERS = ("auto", "fast", "generic")
 
 
 def make_target_runner(model: nn.Module, *, max_len: int, batch_size: int = 1, aux_layer_ids=(),
-                       runner: str = "auto", attention: str | None = None) -> FastTarget | HFTarget:
+                       runner: str = "auto", attention: str | None = None,
+                       matvec: bool | None = None) -> FastTarget | HFTarget:
     """Build the target runner for an HF causal LM.
 
     Args:
@@ -37,6 +38,8 @@ def make_target_runner(model: nn.Module, *, max_len: int, batch_size: int = 1, a
         aux_layer_ids: layers whose outputs the draft reads (eaglekit convention); () for none.
         runner: "auto", "fast" or "generic".
         attention: the FAST runner's attention kernels (`kv.ATTENTION_KINDS`); None = its default.
+        matvec: the FAST runner's one-token linears as fusible reductions (`target_fast.linear`);
+            None = its default.
     """
     if runner not in RUNNERS:
         raise EaglekitError(f"unknown runner {runner!r}", hint=f"use one of {RUNNERS}")
@@ -46,10 +49,11 @@ def make_target_runner(model: nn.Module, *, max_len: int, batch_size: int = 1, a
         if reason:
             log.info("target runner: generic (%s)", reason)
     kwargs = dict(max_len=max_len, batch_size=batch_size, aux_layer_ids=aux_layer_ids)
+    kernels = {name: value for name, value in (("attention", attention), ("matvec", matvec)) if value is not None}
     if runner == "fast":
-        built = FastTarget(model, **kwargs, **({"attention": attention} if attention else {}))
-    elif attention:
-        raise EaglekitError(f"attention={attention!r} applies to the fast runner only",
+        built = FastTarget(model, **kwargs, **kernels)
+    elif kernels:
+        raise EaglekitError(f"{kernels} apply to the fast runner only",
                             hint="drop it, or use a Llama-family target with the fast runner")
     else:
         built = HFTarget(model, **kwargs)

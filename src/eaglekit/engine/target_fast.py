@@ -82,14 +82,27 @@ def fused(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
                                      for m in linears]))
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, matvec: bool) -> torch.Tensor:
+    """x [B, T, K] -> [B, T, N] with weight [N, K].
+
+    With `matvec` (one row only: a decode step) it is written as a broadcast product and a sum, so
+    Inductor generates the reduction kernel itself and fuses the neighbouring pointwise work into it
+    (bias, residual add, SwiGLU), where cuBLAS would be one more launch of a latency-bound kernel.
+    """
+    if not matvec:
+        return F.linear(x, weight, bias)
+    y = (x.unsqueeze(-2).float() * weight.float()).sum(-1)                 # [B, T, N] in float32
+    return (y if bias is None else y + bias.float()).to(x.dtype)
+
+
 def frozen(t: torch.Tensor) -> nn.Parameter:
     return nn.Parameter(t.detach(), requires_grad=False)
 
 
 class FastLayer(nn.Module):
-    def __init__(self, layer: nn.Module, cfg, cache: KVCache, attention: str = "sdpa"):
+    def __init__(self, layer: nn.Module, cfg, cache: KVCache, attention: str = "sdpa", matvec: bool = False):
         super().__init__()
-        self.attention = attention
+        self.attention, self.matvec = attention, matvec
         attn, mlp = layer.self_attn, layer.mlp
         self.nh, self.nkv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.d = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.nh
@@ -107,7 +120,8 @@ class FastLayer(nn.Module):
     def forward(self, x, cos, sin, slots, mask):
         """x [B, T, H]; cos/sin [B, 1, T, d]; slots [T]; mask [B|1, 1, g*T, L] (grouped) -> [B, T, H]."""
         B, T, _ = x.shape
-        qkv = F.linear(rms_norm(x, self.ln1, self.eps), self.wqkv, self.bqkv)
+        matvec = self.matvec and B * T == 1
+        qkv = linear(rms_norm(x, self.ln1, self.eps), self.wqkv, self.bqkv, matvec)
         q, k, v = qkv.split([self.nh * self.d, self.nkv * self.d, self.nkv * self.d], dim=-1)
         q, k, v = q.view(B, T, self.nh, self.d), k.view(B, T, self.nkv, self.d), v.view(B, T, self.nkv, self.d)
         if self.q_norm is not None:                    # Qwen3: RMSNorm per head before rope
@@ -117,9 +131,15 @@ class FastLayer(nn.Module):
         k = k * cos + rotate_half(k) * sin
         k_all, v_all = self.cache.write(slots, k, v)
         out = attend(q, k_all, v_all, mask, self.attention).transpose(1, 2).reshape(B, T, self.nh * self.d)
-        x = x + F.linear(out, self.wo, self.bo)
-        gate, up = F.linear(rms_norm(x, self.ln2, self.eps), self.w13, self.b13).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, self.w2, self.b2)
+        x = x + linear(out, self.wo, self.bo, matvec)
+        h = rms_norm(x, self.ln2, self.eps)
+        if matvec:                       # two reductions of one shape: Inductor fuses them with the SwiGLU
+            inter = self.w13.shape[0] // 2
+            b13 = (None, None) if self.b13 is None else self.b13.split(inter)
+            gate, up = (linear(h, w, b, True) for w, b in zip(self.w13.split(inter), b13))
+        else:
+            gate, up = F.linear(h, self.w13, self.b13).chunk(2, dim=-1)
+        return x + linear(F.silu(gate) * up, self.w2, self.b2, matvec)
 
 
 class FastTarget(nn.Module):
@@ -132,7 +152,7 @@ class FastTarget(nn.Module):
     kind = "fast"
 
     def __init__(self, model: nn.Module, *, max_len: int, batch_size: int = 1, aux_layer_ids=(),
-                 check: bool = True, attention: str = "sdpa"):
+                 check: bool = True, attention: str = "matmul", matvec: bool = False):
         super().__init__()
         if attention not in ATTENTION_KINDS:
             raise EaglekitError(f"unknown attention kind {attention!r}", hint=f"use one of {tuple(ATTENTION_KINDS)}")
@@ -151,8 +171,8 @@ class FastTarget(nn.Module):
         store, caches = stacked_caches(len(layers), batch_size, cfg.num_key_value_heads, max_len, head_dim,
                                        dtype=p.dtype, device=p.device)
         self.register_buffer("kv_store", store, persistent=False)            # [2, layers, B, h, L, d]
-        self.attention = attention
-        self.layers = nn.ModuleList(FastLayer(layer, cfg, cache, attention) for layer, cache in zip(layers, caches))
+        self.attention, self.matvec = attention, matvec
+        self.layers = nn.ModuleList(FastLayer(layer, cfg, cache, attention, matvec) for layer, cache in zip(layers, caches))
         decoder = model.get_decoder()
         self.embed = model.get_input_embeddings().weight
         self.norm = decoder.norm.weight
