@@ -35,9 +35,18 @@ def tiny_recipe(tmp_path, target) -> str:
 
 def test_run_chains_every_stage_and_resumes(tiny_target_dir, tmp_path, capsys):
     recipe, out = tiny_recipe(tmp_path, tiny_target_dir), tmp_path / "run"
+    # --stop-before runs the data stages only; the full run then goes on from there.
+    assert main(["run", "--recipe", recipe, "--out", str(out), "--stop-before", "train"]) == 0
+    early = json.loads((out / "pipeline.json").read_text())
+    assert list(early["stages"]) == ["target", "prompts", "generate", "features"]
+    assert early["stopped_before"] == "train" and not (out / "draft").exists()
+    assert "stopped before stage train" in capsys.readouterr().out
     code = main(["run", "--recipe", recipe, "--out", str(out)])
     printed = capsys.readouterr().out
     state = json.loads((out / "pipeline.json").read_text())
+    assert "stopped_before" not in state
+    assert {k: state["stages"][k]["seconds"] for k in early["stages"]} == \
+        {k: v["seconds"] for k, v in early["stages"].items()}                    # not run again
     stages = ["target", "prompts", "generate", "features", "train", "export-sglang", "export-vllm",
               "export-eagle", "doctor", "bench"]
     assert list(state["stages"]) == stages
@@ -51,6 +60,12 @@ def test_run_chains_every_stage_and_resumes(tiny_target_dir, tmp_path, capsys):
     main(["run", "--recipe", recipe, "--out", str(out)])
     again = json.loads((out / "pipeline.json").read_text())
     assert {k: v["seconds"] for k, v in again["stages"].items()} == {k: v["seconds"] for k, v in state["stages"].items()}
+
+
+def test_stop_before_an_unknown_stage_is_refused(tmp_path, capsys):
+    assert main(["run", "--recipe", "quick", "--out", str(tmp_path / "run"), "--stop-before", "trian"]) == 2
+    assert "no stage named 'trian'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
 
 
 def test_run_tops_prompts_up_with_magpie_and_trains_with_torchrun(tiny_target_dir, tmp_path):

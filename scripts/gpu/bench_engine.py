@@ -272,6 +272,8 @@ def part_c(args, smol, ids) -> dict:
                                          "efficiency": speedup / eng["tau"], "match": eng["ids"] == plain["ids"],
                                          "oracle_rounds": rounds,
                                          "cycle_ms": 1000 * eng["seconds"] / max(eng["cycles"], 1)}
+        if args.oracle_only:
+            continue
         drafter = DraftRunner(draft, spec=spec, sampling=Sampling(), max_len=max_len)
         eng = engine_spec(Engine(runner, drafter=drafter, spec=spec, compile=args.compile,
                                  compile_mode=args.compile_mode), ids, new, args.repeats)
@@ -423,6 +425,7 @@ def main(argv=None) -> int:
     p.add_argument("--kernels", default="matmul,matmul+matvec,reduce+matvec",
                    help="parts a and p: fast-runner kernel variants measured side by side, ATTENTION[+matvec] "
                         "(comma list; part c uses the fastest of part a, else the first)")
+    p.add_argument("--oracle-only", action="store_true", help="part c: skip the random-draft runs")
     p.add_argument("--coordinate-descent", action="store_true",
                    help="Inductor coordinate-descent tuning (gpt-fast's setting; longer compiles)")
     p.add_argument("--out", default=os.environ.get("OUT", "runs/bench_engine"))

@@ -10,6 +10,9 @@ def register(sub) -> None:
                        description="Run every stage of a recipe into one folder. Rerun the same command to resume.")
     p.add_argument("--recipe", default="quick", help="a built-in recipe name or a YAML file (default: quick)")
     p.add_argument("--out", help="run folder (default: runs/<recipe name>)")
+    p.add_argument("--stop-before", metavar="STAGE",
+                   help="stop when this stage is next (e.g. train): run the data stages now, the rest later "
+                        "by rerunning without it; finished stages are skipped")
     p.add_argument("overrides", nargs="*", metavar="SECTION.KEY=VALUE",
                    help="override recipe values, e.g. train.epochs=3 generate.batch-size=64")
     p.set_defaults(func=run)
@@ -20,8 +23,10 @@ def run(args: argparse.Namespace) -> int:
     from eaglekit.pipeline.run import run_pipeline
 
     recipe = load_recipe(args.recipe, args.overrides)
-    state = run_pipeline(recipe, args.out)
+    state = run_pipeline(recipe, args.out, stop_before=args.stop_before)
     for name, stage in state["stages"].items():
         print(f"{name:<14} {stage['status']:<8} {stage['seconds']:>8.1f} s  exit {stage['exit_code']}")
     print(state["summary"])
+    if state.get("stopped_before"):
+        return 0
     return 0 if state["doctor_ok"] else 1

@@ -37,9 +37,10 @@ STATE = "pipeline.json"
 
 
 class Pipeline:
-    def __init__(self, recipe: dict, out: Path):
+    def __init__(self, recipe: dict, out: Path, stop_before: str | None = None):
         self.recipe = recipe
         self.out = out
+        self.stop_before = stop_before
         self.state_path = out / STATE
         self.state = read_json(self.state_path, "pipeline state") if self.state_path.is_file() else {"stages": {}}
 
@@ -50,7 +51,8 @@ class Pipeline:
         An interrupted stage gets `resume_flag` when `resume_marker` exists (the state it resumes from).
         With `processes` > 1 the stage runs under torchrun (one process per GPU, DDP).
         """
-
+        if name == self.stop_before:
+            raise StopBefore(name)
         done = self.state["stages"].get(name)
         if done and done["argv"] == argv and done["status"] == "done":
             log.info("[%s] done earlier, skipped (%s)", name, shlex.join(["eaglekit", *argv]))
@@ -72,6 +74,14 @@ class Pipeline:
     def record(self, name: str, argv: list[str], status: str, code: int | None, seconds: float) -> None:
         self.state["stages"][name] = {"argv": argv, "status": status, "exit_code": code, "seconds": seconds}
         write_json(self.state_path, self.state)
+
+
+STAGES = ("target", "prompts", "synthesize", "generate", "features", "val-prompts", "val-generate", "val-features",
+          "train", "export-sglang", "export-vllm", "export-eagle", "doctor", "bench")
+
+
+class StopBefore(Exception):
+    """`--stop-before STAGE` reached: the stages before it are done."""
 
 
 def run_eaglekit(argv: list[str], processes: int = 1) -> int:
@@ -143,11 +153,29 @@ def validation_stages(pipe: "Pipeline", recipe: dict, out: Path, t: list[str], d
     return ["--val-data", str(out / "val-features")]
 
 
-def run_pipeline(recipe: dict, out: str | Path | None = None) -> dict:
-    """Run every stage of `recipe` into `out` (default runs/<recipe name>). Returns pipeline.json."""
+def run_pipeline(recipe: dict, out: str | Path | None = None, stop_before: str | None = None) -> dict:
+    """Run every stage of `recipe` into `out` (default runs/<recipe name>), or the stages before
+    `stop_before`. Returns pipeline.json's content."""
+    if stop_before and stop_before not in STAGES and not stop_before.startswith("export-"):
+        raise EaglekitError(f"there is no stage named {stop_before!r}", hint=f"stages: {', '.join(STAGES)}")
     out = Path(out or recipe.get("out") or Path("runs") / recipe.get("name", "run"))
     out.mkdir(parents=True, exist_ok=True)
-    pipe = Pipeline(recipe, out)
+    pipe = Pipeline(recipe, out, stop_before)
+    try:
+        run_stages(pipe, recipe, out)
+    except StopBefore as stop:
+        pipe.state["stopped_before"], pipe.state["doctor_ok"] = str(stop), None
+        pipe.state["summary"] = f"stopped before stage {stop}; rerun without --stop-before to go on"
+        write_json(pipe.state_path, pipe.state)
+        return pipe.state
+    pipe.state.pop("stopped_before", None)
+    pipe.state["doctor_ok"], pipe.state["summary"] = summarize(out)
+    write_json(pipe.state_path, pipe.state)
+    return pipe.state
+
+
+def run_stages(pipe: Pipeline, recipe: dict, out: Path) -> None:
+    """Every stage in order (each skipped if it finished earlier with the same command)."""
     device = recipe.get("device")
     dev = ["--device", str(device)] if device else []
 
@@ -186,9 +214,6 @@ def run_pipeline(recipe: dict, out: str | Path | None = None) -> dict:
     if bench:
         pipe.stage("bench", ["bench", *t, "--draft", str(draft), *to_flags(bench), *dev,
                              "--out", str(out / "bench")])
-    pipe.state["doctor_ok"], pipe.state["summary"] = summarize(out)
-    write_json(pipe.state_path, pipe.state)
-    return pipe.state
 
 
 def summarize(out: Path) -> tuple[bool, str]:
