@@ -35,17 +35,21 @@ def run_prefix_then_decode(runner, x, split):
     return torch.cat(out, 1), aux
 
 
-@pytest.mark.parametrize("kind", ["fast", "fast:sdpa", "fast:reduce", "fast:matvec", "generic"])
+KERNELS = {"fast": {}, "fast:sdpa": dict(attention="sdpa", matvec=False), "fast:matmul": dict(attention="matmul"),
+           "generic": {}}
+
+
+@pytest.mark.parametrize("kind", list(KERNELS))
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_runner_matches_hf_forward(arch, kind):
-    """Every kernel choice of the fast runner (attention kind, matvec decode steps) is the same math."""
-    kind, _, kernels = kind.partition(":")
+    """Every kernel choice of the fast runner (attention kind; one-token linears as reductions or
+    cuBLAS) is the same math. The default at batch 1 is reduce attention with matvec linears."""
+    kernels = KERNELS[kind]
+    kind = kind.partition(":")[0]
     if kind == "fast" and arch not in FAST_ARCHS:
         pytest.skip("not a Llama-family decoder")
     model = peaked_model(arch)
-    runner = make_target_runner(model, max_len=L, aux_layer_ids=AUX, runner=kind,
-                                attention=kernels if kernels not in ("", "matvec") else None,
-                                matvec=True if kernels == "matvec" else None)
+    runner = make_target_runner(model, max_len=L, aux_layer_ids=AUX, runner=kind, **kernels)
     assert runner.kind == kind
     x = ids(12)
     ref = model(input_ids=x, output_hidden_states=True)
@@ -57,7 +61,7 @@ def test_runner_matches_hf_forward(arch, kind):
 
 
 @pytest.mark.parametrize("arch,attention", [("llama", None), ("qwen3", None), ("mixtral", None),
-                                            ("llama", "sdpa"), ("llama", "reduce")])
+                                            ("llama", "sdpa"), ("llama", "matmul")])
 def test_tree_forward_and_compaction_match_a_fresh_forward(arch, attention):
     """Tree tokens at depth positions see only their ancestors; after compacting the accepted path
     the cache continues exactly like a fresh forward of the whole committed prefix."""

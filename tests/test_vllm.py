@@ -10,7 +10,8 @@ Needs the vLLM venv (scripts/install_vllm_cpu.sh); each vLLM start takes 1-2 min
 By default the draft is the repeat oracle (tests/oracle_draft.py) on a tiny target with head_dim 64
 (what vLLM's CPU attention supports). With EAGLEKIT_VLLM_DRAFT=CKPT (a trained checkpoint) and
 EAGLEKIT_VLLM_TARGET=T (default /tmp/ek-smollm2) every test runs on that draft instead, on the
-prompts of EAGLEKIT_VLLM_PROMPTS (a prompts file; default: the doctor's built-in prompts).
+prompts of EAGLEKIT_VLLM_PROMPTS (a prompts file; default: the doctor's built-in prompts), the first
+EAGLEKIT_VLLM_NUM_PROMPTS of them (default 6).
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def setup(tmp_path_factory) -> dict:
     trained = os.environ.get("EAGLEKIT_VLLM_DRAFT")
     if trained:
         target = Path(os.environ.get("EAGLEKIT_VLLM_TARGET", "/tmp/ek-smollm2"))
-        ckpt, out = Path(trained), dict(max_tokens=64, prompts=6, max_model_len=2048)
+        ckpt = Path(trained)
+        out = dict(max_tokens=64, prompts=int(os.environ.get("EAGLEKIT_VLLM_NUM_PROMPTS", 6)), max_model_len=2048)
     else:
         target = save_repeat_target(root / "target", seed=4, heads=1)
         ckpt = oracle_checkpoint(target, root / "oracle", k=K, num_prompts=4, max_new_tokens=32)
