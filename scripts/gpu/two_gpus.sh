@@ -14,7 +14,7 @@
 # This is the script that produced docs/results/2026-11-29-h200x2, kept as run. Its data stage
 # parallelizes by hand (two generate runs + merge_conversations.py); the product path now does the
 # same with `eaglekit generate --devices` after a Magpie top-up (`eaglekit run --recipe smollm2-h200
-# gpus=2`), which the next GPU session should run instead.
+# gpus=2`), which ran on 2026-11-30 through scripts/gpu/recipe_two_gpus.sh.
 # Env: W (work folder), N_MAGPIE, GSM_WEIGHT, GEN_S, TRAIN_S, LIMIT (MT-bench questions), MAX_NEW and
 # BENCH_NEW (answer tokens), BATCH, SYN_BATCH, REPEATS, DDP_STEPS, DDP_ARGS / TRAIN_ARGS (extra flags); small values
 # make a CPU smoke run.
