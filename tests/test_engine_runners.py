@@ -136,3 +136,35 @@ def test_sliding_window_shorter_than_the_cache_is_refused():
     with pytest.raises(EaglekitError, match="sliding"):
         make_target_runner(model, max_len=L, runner="generic")
     assert make_target_runner(model, max_len=16).kind == "fast"
+
+
+def test_kernel_forms_compute_the_same_math():
+    """The forms `attend` and `linear` pick inside torch.compile (reduce attention, matvec linears)
+    equal the eager ones, with a ragged mask (rows that see different slots)."""
+    from eaglekit.engine.kv import attend_matmul, attend_reduce, attend_sdpa
+    from eaglekit.engine.target_fast import matvec_linear
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(shape, generator=g) for shape in ((1, 2, 6, 8), (1, 2, 10, 8), (1, 2, 10, 8)))
+    mask = torch.rand(1, 1, 6, 10, generator=g) > 0.4
+    mask[..., 0] = True                                                     # no empty row
+    ref = attend_sdpa(q, k, v, mask)
+    torch.testing.assert_close(attend_matmul(q, k, v, mask), ref)
+    torch.testing.assert_close(attend_reduce(q, k, v, mask), ref)
+    x, w, b = torch.randn(1, 1, 16, generator=g), torch.randn(24, 16, generator=g), torch.randn(24, generator=g)
+    torch.testing.assert_close(matvec_linear(x, w, b), torch.nn.functional.linear(x, w, b))
+    torch.testing.assert_close(matvec_linear(x, w, None), torch.nn.functional.linear(x, w))
+
+
+def test_compiled_default_kernels_decode_like_eager():
+    """Inside torch.compile the batch-1 defaults switch to reduce attention and matvec linears;
+    compiled on CPU (Inductor's C++ backend) the greedy tokens equal the eager run's."""
+    from eaglekit.engine import Engine
+
+    model = peaked_model("qwen2")                                           # attention biases: matvec's bias path
+    prompt = ids(6, seed=5)[0].tolist()
+    eager = Engine(make_target_runner(model, max_len=L), compile=False).generate(prompt, 10, speculative=False)
+    runner = make_target_runner(model, max_len=L)
+    assert (runner.attention, runner.matvec) == ("reduce", True)
+    compiled = Engine(runner, compile=True).generate(prompt, 10, speculative=False)
+    assert compiled.tokens == eager.tokens

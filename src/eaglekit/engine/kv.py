@@ -74,6 +74,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     B, nh, T, d = q.shape
     h = k.shape[1]
     q = q.reshape(B, h, (nh // h) * T, d)               # head kv*g + j, token t -> row j*T + t
+    if kind == "reduce" and not torch.compiler.is_compiling():
+        kind = "matmul"        # unfused, the broadcast form would materialize [B, h, R, L, d]: eager runs (prefill, CPU)
     out = ATTENTION_KINDS[kind](q, k, v, mask)
     return out.reshape(B, nh, T, v.shape[-1])
 
@@ -94,8 +96,8 @@ def attend_matmul(q, k, v, mask):
 
 def attend_reduce(q, k, v, mask):
     """Broadcast products and sums instead of matmuls: Inductor generates its own reduction kernels
-    (fused with the mask and the softmax) where the matmuls would each be a cuBLAS launch; meant for
-    the few query rows of a decode step. q [B, h, R, d], k/v [B, h, L, d] -> [B, h, R, d]."""
+    (fused with the mask and the softmax) where the matmuls would each be a cuBLAS launch. Only
+    inside torch.compile (`attend` runs the matmul form eagerly). q [B, h, R, d], k/v [B, h, L, d] -> [B, h, R, d]."""
     scores = (q.unsqueeze(3).float() * k.unsqueeze(2).float()).sum(-1) * q.shape[-1] ** -0.5   # [B, h, R, L]
     probs = torch.softmax(scores.masked_fill(~mask, torch.finfo(scores.dtype).min), dim=-1)
     return (probs.unsqueeze(-1) * v.unsqueeze(2).float()).sum(3).to(v.dtype)

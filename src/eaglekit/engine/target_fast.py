@@ -90,15 +90,18 @@ def fused(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, matvec: bool) -> torch.Tensor:
-    """x [B, T, K] -> [B, T, N] with weight [N, K].
+    """x [B, T, K] -> [B, T, N] with weight [N, K]: `matvec_linear` for one-row steps inside
+    torch.compile when `matvec`, else F.linear (eager runs: CPU, prefill)."""
+    if matvec and torch.compiler.is_compiling():
+        return matvec_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
 
-    With `matvec` (one row only: a decode step) it is written as a broadcast product and a sum, so
-    Inductor generates the reduction kernel itself and fuses the neighbouring pointwise work into it
-    (bias, residual add, SwiGLU), where cuBLAS would be one more launch of a latency-bound kernel.
-    """
-    if not matvec:
-        return F.linear(x, weight, bias)
-    y = (x.unsqueeze(-2).float() * weight.float()).sum(-1)                 # [B, T, N] in float32
+
+def matvec_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear as a broadcast product and a sum (float32): Inductor generates the reduction kernel
+    itself and fuses the neighbouring pointwise work into it (bias, residual add, SwiGLU), where
+    cuBLAS would be one more launch of a latency-bound GEMV. Unfused it would materialize [N, K]."""
+    y = (x.unsqueeze(-2).float() * weight.float()).sum(-1)                 # [B, T, N]
     return (y if bias is None else y + bias.float()).to(x.dtype)
 
 
