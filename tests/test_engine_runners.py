@@ -168,3 +168,13 @@ def test_compiled_default_kernels_decode_like_eager():
     assert (runner.attention, runner.matvec) == ("reduce", True)
     compiled = Engine(runner, compile=True).generate(prompt, 10, speculative=False)
     assert compiled.tokens == eager.tokens
+
+
+def test_default_kernels_follow_what_was_measured():
+    from eaglekit.engine.target_fast import default_kernels
+
+    assert default_kernels(1, 270 * 2**20) == ("reduce", True)            # SmolLM2: launch-bound
+    assert default_kernels(1, 16 * 2**30) == ("sdpa", False)              # 8B: bandwidth-bound
+    assert default_kernels(64, 270 * 2**20) == ("sdpa", False)            # batched generation
+    runner = make_target_runner(peaked_model("llama"), max_len=L, batch_size=2)
+    assert (runner.attention, runner.matvec) == ("sdpa", False)

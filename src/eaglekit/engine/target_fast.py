@@ -60,11 +60,20 @@ def fast_unsupported_reason(model, max_len: int) -> str | None:
     return None
 
 
-def default_attention(batch_size: int) -> str:
-    """The attention kernels measured fastest for the shape (H200, SmolLM2, 2026-11-30): at batch 1
-    Inductor's own reductions ("reduce", with `matvec` linears: 0.93 ms/token against 1.18 for
-    "matmul" and 1.43 for "sdpa"); batched generation keeps the fused kernel it was measured with."""
-    return "reduce" if batch_size == 1 else "sdpa"
+LAUNCH_BOUND_BYTES = 2 * 2**30   # below this many weight bytes a batch-1 step is kernel launches, not bandwidth
+
+
+def default_kernels(batch_size: int, weight_bytes: int) -> tuple[str, bool]:
+    """(attention kind, matvec) measured fastest for the shape (H200, 2026-11-30).
+
+    A small model at batch 1 is launch-bound: Inductor's own reductions ("reduce" attention with
+    `matvec` linears) took SmolLM2 from 1.18 ms/token (matmul attention, cuBLAS) and 1.43 (cuDNN SDPA)
+    to 0.93. A large model at batch 1 is bandwidth-bound, and batched generation is compute-heavier:
+    both keep SDPA and cuBLAS, the kernels they were measured with (8B shape: 68 % of the floor).
+    """
+    if batch_size == 1 and weight_bytes < LAUNCH_BOUND_BYTES:
+        return "reduce", True
+    return "sdpa", False
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -158,7 +167,7 @@ class FastTarget(nn.Module):
     `forward(input_ids, positions, slots, mask)` writes the new tokens' keys/values at `slots` and
     returns logits [B, T, V] and aux states [B, T, A] (outputs of the aux layers, concatenated).
     `attention` (`kv.ATTENTION_KINDS`) and `matvec` (`linear`) pick kernels for the same math;
-    None takes what was measured fastest for the batch size (`default_attention`).
+    None takes what was measured fastest for the shape (`default_kernels`).
     """
 
     kind = "fast"
@@ -166,8 +175,10 @@ class FastTarget(nn.Module):
     def __init__(self, model: nn.Module, *, max_len: int, batch_size: int = 1, aux_layer_ids=(),
                  check: bool = True, attention: str | None = None, matvec: bool | None = None):
         super().__init__()
-        attention = attention or default_attention(batch_size)
-        matvec = batch_size == 1 if matvec is None else matvec
+        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        default_attention, default_matvec = default_kernels(batch_size, weight_bytes)
+        attention = attention or default_attention
+        matvec = default_matvec if matvec is None else matvec
         if attention not in ATTENTION_KINDS:
             raise EaglekitError(f"unknown attention kind {attention!r}", hint=f"use one of {tuple(ATTENTION_KINDS)}")
         reason = fast_unsupported_reason(model, max_len)
