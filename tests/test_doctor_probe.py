@@ -180,6 +180,11 @@ def test_training_prediction_from_the_manifest():
     assert training_tau(manifest, 2)[0] == 1.75  # 1 + 0.5 + 0.25 over the first two steps
     assert training_tau({"source_manifest": manifest}, 3)[0] == 1.6  # an export carries its checkpoint's
     assert training_tau(None, 3) == (None, "no training metrics recorded")
+    # Newer manifests record the walk for every served chain length k <= ttt_steps.
+    best = {**best, "walk_accept_length_by_k": [1.3, 1.45, 1.6]}
+    manifest = {"stage": "train", "config": {"ttt_steps": 3}, "best": best}
+    assert training_tau(manifest, 2) == (1.45, "training's walk accept length (chain of 2)")
+    assert training_tau(manifest, 4)[0] == 1.938  # beyond ttt_steps: the per-step estimate (4 steps)
 
 
 def test_a_correction_restores_below_trainings_prediction_on_far_prompts():

@@ -233,3 +233,5 @@ def test_serving_walk_replays_greedy_chains():
     run = torch.tensor([[2, 0, 0, 1, 0, 0, 3, 3, 0, 1]])
     # span 0..5: cycles at t=0 (3 tokens), t=3 (2), t=5 (1); span 8..9: t=8 (1), t=9 (2)
     assert serving_walk(mask, run) == (9, 5)
+    # Served with a chain of 1 draft: t=0 (2), t=2 (1), t=3 (2), t=5 (1); t=8 (1), t=9 (2)
+    assert serving_walk(mask, run, max_drafts=1) == (9, 6)

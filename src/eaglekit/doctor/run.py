@@ -67,11 +67,14 @@ def training_tau(manifest: dict | None, k: int) -> tuple[float | None, str]:
     """The accept length training predicts for chain drafting of k tokens, from a checkpoint manifest.
 
     Uses the walk accept length `eaglekit train` measures (greedy chain decoding replayed over
-    held-out answers) when it was measured with k drafts, else the per-step conditional acceptance
+    held-out answers) for a chain of k drafts, else the per-step conditional acceptance
     (1 + sum_j prod_{i<=j} cond_i over the first k steps), else the simulated accept length.
     """
     for block in (manifest or {}, (manifest or {}).get("source_manifest") or {}):
         metrics = block.get("metrics") or block.get("best") or {}
+        by_k = metrics.get("walk_accept_length_by_k") or []
+        if 1 <= k <= len(by_k):
+            return float(by_k[k - 1]), f"training's walk accept length (chain of {k})"
         walk = metrics.get("walk_accept_length")
         if walk is not None and (block.get("config") or {}).get("ttt_steps") == k:
             return float(walk), f"training's walk accept length (chain of {k})"

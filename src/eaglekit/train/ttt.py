@@ -124,18 +124,21 @@ class StepOutput:
     stats: torch.Tensor         # [ttt_steps, len(STATS)] float64 sums (all-reducible)
 
 
-def serving_walk(start_mask: torch.Tensor, run: torch.Tensor) -> tuple[int, int]:
+def serving_walk(start_mask: torch.Tensor, run: torch.Tensor, max_drafts: int | None = None) -> tuple[int, int]:
     """Replay greedy chain decoding over the data: (tokens committed, target forwards).
 
     A cycle that starts at draft position t (last committed token x_{t+1}) accepts the run[t]
-    leading correct drafts plus one token from the target, so the next cycle starts at
-    t + run[t] + 1. Walking every assistant span this way weights positions as serving does (hard
+    leading correct drafts (at most `max_drafts`: the serving chain's k) plus one token from the
+    target, so the next cycle starts at t + run[t] + 1. Walking every assistant span this way weights positions as serving does (hard
     stretches produce more cycles), which the per-position average 1 + sum_j prod cond_j does not.
 
     Args:
         start_mask: [B, L] bool, step-0 counted positions (the spans the draft is asked to continue).
         run: [B, L] int, leading correct steps of each position's chain (0..ttt_steps).
+        max_drafts: the chain length k served (None: ttt_steps).
     """
+    if max_drafts is not None:
+        run = run.clamp(max=max_drafts)
     tokens = cycles = 0
     for mask_row, run_row in zip(start_mask.cpu().tolist(), run.cpu().tolist()):
         t, L = 0, len(mask_row)
@@ -194,9 +197,9 @@ def ttt_loss(logits: list[torch.Tensor], batch: Batch, d2t: torch.Tensor, t2d: t
             agree = (following == teacher.argmax) & mask
             stats[j, :7] = torch.stack([mask.sum(), (correct & mask).sum(), chain.sum(), prev.sum(),
                                         ce_sum.detach(), trained.sum(), agree.sum()]).double()
-    if walk:
-        tokens, cycles = serving_walk(masks[0], run)
-        stats[0, 7], stats[0, 8] = tokens, cycles
+    if walk:                                     # row j: a served chain of j + 1 drafts
+        for j in range(len(logits)):
+            stats[j, 7], stats[j, 8] = serving_walk(masks[0], run, max_drafts=j + 1)
     return StepOutput(loss=loss, stats=stats)
 
 
@@ -208,12 +211,15 @@ def metrics_from_stats(stats: torch.Tensor) -> dict:
     tau     = 1 + sum_j prod_{i<=j} cond_i (tokens per target forward with a chain of ttt_steps drafts)
     walk_accept_length: tokens per target forward when greedy chain decoding is replayed over the
         data (`serving_walk`; validation only): what an engine measures on these prompts.
+    walk_accept_length_by_k: the same for a served chain of k = 1 .. ttt_steps drafts (the per-step
+        estimate 1 + sum prod cond over-predicts a served chain: it weights positions evenly).
     data_greedy_agreement: share of counted positions whose next token in the data is the target's
         argmax; near 1 on data the target regenerated greedily, low on data written by someone else
         (then acc_j, measured against the target, and ground-truth-token baselines diverge).
     """
     s = stats.double().cpu()
     col = {name: s[:, i] for i, name in enumerate(STATS)}
+    walks = [round(float(t) / float(c), 5) for t, c in zip(col["walk_tokens"], col["walk_cycles"]) if float(c) > 0]
     acc = (col["correct"] / col["valid"].clamp(min=1)).tolist()
     cond = (col["chain"] / col["chain_prev"].clamp(min=1)).tolist()
     tau, running = 1.0, 1.0
@@ -227,6 +233,6 @@ def metrics_from_stats(stats: torch.Tensor) -> dict:
             "ce": [round(x, 5) for x in (col["loss_sum"] / col["counted"].clamp(min=1)).tolist()],
             "positions": int(col["valid"][0]),
             "data_greedy_agreement": round(float(col["agree"][0]) / max(float(col["valid"][0]), 1.0), 5),
-            "walk_accept_length": (round(float(col["walk_tokens"][0]) / float(col["walk_cycles"][0]), 5)
-                                   if float(col["walk_cycles"][0]) > 0 else None),
+            "walk_accept_length": walks[-1] if walks else None,
+            "walk_accept_length_by_k": walks or None,
             "oov_share": round(1 - float(col["counted"][0]) / max(float(col["valid"][0]), 1.0), 5)}
