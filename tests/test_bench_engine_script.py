@@ -31,5 +31,9 @@ def test_bench_engine_smoke(tmp_path, tiny_target_dir, monkeypatch):
     assert len(oracle) == 2 and all(r["match"] and r["tau"] > 2 for r in oracle)
     assert all(r["greedy_match"] == 1.0 for r in results["d"].values())
     assert results["e"]["row0_prefix_match_vs_hf"] == 12
-    assert results["p"]["kernels_per_step"] > 0 and results["p"]["top"]
+    variants = ["reduce+matvec", "sdpa"]                        # --kernels default: measured side by side
+    assert list(results["a"]["engine_by_kernels"]) == variants and list(results["b"]["engine_by_kernels"]) == variants
+    assert all(r["tokens"] == 12 for r in results["a"]["engine_by_kernels"].values())
+    assert list(results["p"]) == variants
+    assert all(r["kernels_per_step"] > 0 and r["top"] for r in results["p"].values())
     assert "| a SmolLM2 engine" in (out / "bench_engine.md").read_text()
