@@ -216,20 +216,28 @@ def test_walk_accept_length_predicts_the_engine(data, tmp_path):
     val = manifest["history"][-1]
     target = load_target(data["target"])
     draft = load_draft_for(tmp_path / "run", target, "cpu")
-    spec, sampling = SpecConfig(mode="chain", k=3), Sampling()
     runner = make_target_runner(target.model, max_len=128, aux_layer_ids=[1, 3, 4], runner="auto")
-    engine = Engine(runner, drafter=DraftRunner(draft, spec=spec, sampling=sampling, max_len=128), spec=spec,
-                    sampling=sampling, stop_token_ids=[], graphs=False, compile=False)
-    tokens = cycles = 0
-    for text in prompts(64, 0):   # the prompts of the greedy samples behind data["feat"]
-        gen = engine.generate(prompt_ids(target.tokenizer, [{"role": "user", "content": text}]), 40)
-        tokens += sum(a + 1 for a in gen.accept_lengths)
-        cycles += len(gen.accept_lengths)
-    measured = tokens / cycles
+
+    def engine_tau(k: int) -> float:
+        spec, sampling = SpecConfig(mode="chain", k=k), Sampling()
+        engine = Engine(runner, drafter=DraftRunner(draft, spec=spec, sampling=sampling, max_len=128), spec=spec,
+                        sampling=sampling, stop_token_ids=[], graphs=False, compile=False)
+        tokens = cycles = 0
+        for text in prompts(64, 0):   # the prompts of the greedy samples behind data["feat"]
+            gen = engine.generate(prompt_ids(target.tokenizer, [{"role": "user", "content": text}]), 40)
+            tokens += sum(a + 1 for a in gen.accept_lengths)
+            cycles += len(gen.accept_lengths)
+        return tokens / cycles
+
+    measured = engine_tau(3)
     assert measured > 1.1                                     # the draft is accepted at all
     assert abs(val["walk_accept_length"] - measured) < 0.03, (val, measured)
+    assert val["walk_accept_length_by_k"][2] == val["walk_accept_length"]
     # the per-position formula overstates it: cycles start more often where drafts fail
     assert val["sim_accept_length"] > measured + 0.05
+    # a served chain shorter than ttt_steps: the walk capped at k predicts it too
+    shorter = engine_tau(2)
+    assert abs(val["walk_accept_length_by_k"][1] - shorter) < 0.03, (val, shorter)
 
 
 def test_init_from_with_no_steps_validates_the_draft_as_trained(data, tmp_path):

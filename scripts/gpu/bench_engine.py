@@ -243,10 +243,11 @@ def part_b(args, bw) -> dict:
         engine = Engine(runner, compile=args.compile, compile_mode=args.compile_mode)
         eng = strip(engine_plain(engine, ids, new, args.repeats))
         engines[variant] = {**eng, "floor_share": floor_ms / eng["ms_per_token"] if floor_ms else None}
+        kind = runner.kind
         del engine, runner
     best = min(engines, key=lambda variant: engines[variant]["ms_per_token"])
     hf = hf_generate(model, [ids], min(new, 64), 1)
-    out = {"runner": "fast", "kernels": best, "parameters": sum(p.numel() for p in model.parameters()),
+    out = {"runner": kind, "kernels": best, "parameters": sum(p.numel() for p in model.parameters()),
            "engine": engines[best], "engine_by_kernels": engines,
            "hf_generate_64": strip(hf), "weight_bytes": weights, "floor_ms_per_token": floor_ms,
            "floor_share": engines[best]["floor_share"]}

@@ -119,7 +119,7 @@ def frozen(t: torch.Tensor) -> nn.Parameter:
 
 
 class FastLayer(nn.Module):
-    def __init__(self, layer: nn.Module, cfg, cache: KVCache, attention: str = "sdpa", matvec: bool = False):
+    def __init__(self, layer: nn.Module, cfg, cache: KVCache, attention: str, matvec: bool):
         super().__init__()
         self.attention, self.matvec = attention, matvec
         attn, mlp = layer.self_attn, layer.mlp

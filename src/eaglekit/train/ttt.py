@@ -129,18 +129,28 @@ def serving_walk(start_mask: torch.Tensor, run: torch.Tensor, max_drafts: int | 
 
     A cycle that starts at draft position t (last committed token x_{t+1}) accepts the run[t]
     leading correct drafts (at most `max_drafts`: the serving chain's k) plus one token from the
-    target, so the next cycle starts at t + run[t] + 1. Walking every assistant span this way weights positions as serving does (hard
-    stretches produce more cycles), which the per-position average 1 + sum_j prod cond_j does not.
+    target, so the next cycle starts at t + run[t] + 1. Walking every assistant span this way
+    weights positions as serving does (hard stretches produce more cycles), which the per-position
+    average 1 + sum_j prod cond_j does not.
 
     Args:
         start_mask: [B, L] bool, step-0 counted positions (the spans the draft is asked to continue).
         run: [B, L] int, leading correct steps of each position's chain (0..ttt_steps).
         max_drafts: the chain length k served (None: ttt_steps).
     """
-    if max_drafts is not None:
-        run = run.clamp(max=max_drafts)
+    return serving_walks(start_mask, run, [max_drafts])[0]
+
+
+def serving_walks(start_mask: torch.Tensor, run: torch.Tensor,
+                  max_drafts: list[int | None]) -> list[tuple[int, int]]:
+    """`serving_walk` for several served chain lengths, reading the tensors to the host once."""
+    rows = list(zip(start_mask.cpu().tolist(), run.cpu().tolist()))
+    return [walk_rows(rows, k) for k in max_drafts]
+
+
+def walk_rows(rows: list[tuple[list[bool], list[int]]], max_drafts: int | None) -> tuple[int, int]:
     tokens = cycles = 0
-    for mask_row, run_row in zip(start_mask.cpu().tolist(), run.cpu().tolist()):
+    for mask_row, run_row in rows:
         t, L = 0, len(mask_row)
         while t < L:
             if not mask_row[t]:
@@ -150,7 +160,7 @@ def serving_walk(start_mask: torch.Tensor, run: torch.Tensor, max_drafts: int | 
             while end < L and mask_row[end]:
                 end += 1
             while t < end:                      # one assistant span
-                n = int(run_row[t])
+                n = run_row[t] if max_drafts is None else min(run_row[t], max_drafts)
                 tokens += n + 1
                 cycles += 1
                 t += n + 1
@@ -198,8 +208,9 @@ def ttt_loss(logits: list[torch.Tensor], batch: Batch, d2t: torch.Tensor, t2d: t
             stats[j, :7] = torch.stack([mask.sum(), (correct & mask).sum(), chain.sum(), prev.sum(),
                                         ce_sum.detach(), trained.sum(), agree.sum()]).double()
     if walk:                                     # row j: a served chain of j + 1 drafts
-        for j in range(len(logits)):
-            stats[j, 7], stats[j, 8] = serving_walk(masks[0], run, max_drafts=j + 1)
+        walks = serving_walks(masks[0], run, list(range(1, len(logits) + 1)))
+        for j, (tokens, cycles) in enumerate(walks):
+            stats[j, 7], stats[j, 8] = tokens, cycles
     return StepOutput(loss=loss, stats=stats)
 
 
