@@ -71,15 +71,15 @@ def test_cache_after_compaction_equals_a_fresh_forward():
     engine = Engine(target, drafter=oracle, spec=TREE)
     out = [int(engine._prefill_speculation(prompt))]
     moved = 0
-    for _ in range(4):                                   # drive the cycles by hand
-        engine.verify()
-        count, emitted = engine._accept(random.Random(0))
+    for _ in range(4):                                   # drive the greedy cycles by hand
+        engine.cycle()
+        count = int(engine.acc[0])
         path = engine.acc[2:2 + count + 1].tolist()
         moved += path != list(range(count + 1))          # the accepted path was not in place
-        out += emitted
-        engine.advance()
     assert moved                                         # compaction really moved KV
     n = int(engine.n)
+    out += engine.out[len(prompt):n].tolist()            # out[p] = the token after position p
+    assert engine.counts[:4].sum() + 4 == n - len(prompt)
     committed = prompt + out[:-1]                         # the newest token is not cached yet
     assert len(committed) == n and out == ref[:len(out)]
     got, _ = target(torch.tensor([[out[-1]]]), torch.tensor([[n]]), torch.tensor([n]),
@@ -214,12 +214,22 @@ def test_graph_mode_paths_with_a_fake_cuda_graph(monkeypatch):
     draft = DraftRunner(random_draft(model), spec=TREE, sampling=Sampling(), max_len=L)
     engine = Engine(target, drafter=draft, spec=TREE)
     engine.graphs = True
-    for step in (engine.decode, engine.verify, engine.advance):
+    for step in (engine.decode, engine.cycle):
         step.use_graph = True
     for prompt, ref in zip(PROMPTS[:2], reference):
         assert engine.generate(prompt, NEW, speculative=False).tokens == ref
         assert engine.generate(prompt, NEW).tokens == ref
-    assert all(step.graph is not None for step in (engine.decode, engine.verify, engine.advance))
+    assert all(step.graph is not None for step in (engine.decode, engine.cycle))
+    sampling = Sampling(temperature=0.8)                 # sampling replays verify and advance instead
+    eager = Engine(target, drafter=DraftRunner(random_draft(model), spec=TREE, sampling=sampling, max_len=L),
+                   spec=TREE, sampling=sampling).generate(PROMPTS[0], NEW, seed=1)
+    engine = Engine(target, drafter=DraftRunner(random_draft(model), spec=TREE, sampling=sampling, max_len=L),
+                    spec=TREE, sampling=sampling)
+    engine.graphs = True
+    for step in engine.speculation_steps():
+        step.use_graph = True
+    assert engine.generate(PROMPTS[0], NEW, seed=1).tokens == eager.tokens
+    assert all(step.graph is not None for step in (engine.verify, engine.advance))
 
 
 def test_settle_oracle_replays_the_engines_own_output():
@@ -252,3 +262,16 @@ def test_compiled_tree_engine_equals_plain_decoding():
                            vocab_size=target.vocab_size, max_len=L, device="cpu")
     gen = Engine(target, drafter=oracle, spec=TREE, compile=True).generate(PROMPTS[0], NEW)
     assert gen.tokens == ref and any(0 < a < TREE.max_depth for a in gen.accept_lengths)
+
+
+@pytest.mark.slow
+def test_compiled_draft_runner_cycle_equals_plain_decoding():
+    """A real draft's steps under torch.compile use the few-row kernels (matvec linears, reduce
+    attention, as on GPU); the fused greedy cycle, several cycles a host read, gives the plain tokens."""
+    model = peaked_model("llama")
+    target = make_target_runner(model, max_len=L, aux_layer_ids=AUX)
+    ref = Engine(target).generate(PROMPTS[0], NEW, speculative=False).tokens
+    draft = DraftRunner(random_draft(model), spec=CHAIN, sampling=Sampling(), max_len=L)
+    assert (draft.attention, draft.linear.keywords["max_rows"]) == ("reduce", 16)
+    gen = Engine(target, drafter=draft, spec=CHAIN, compile=True, cycle_chunk=3).generate(PROMPTS[0], NEW)
+    assert gen.tokens == ref and len(gen.accept_lengths) >= NEW // (CHAIN.k + 1)

@@ -8,6 +8,11 @@ it is done, so a run cut short still returns what it measured):
     b  a Llama-shaped 8B model with random weights (bf16): engine tok/s and share of the floor
     c  SmolLM2 with the oracle draft (chain and tree): speedup vs the ideal (tau at equal cost),
        and a random draft (real draft cost, no acceptance): cost of one cycle
+    o  the same oracle measurement on the Llama-shaped 8B model of part b
+    s  (with c or o) where one speculative cycle's time goes: each piece of the cycle (verify,
+       compaction, draft catch-up, proposal) captured and replayed alone, the fused cycle graph,
+       and the host's share (a chunk of cycles with its one read, against the graphs alone), with
+       kernel counts; for every engine of parts c / o
     d  a trained draft (--draft DIR): tau and speedup on --prompts (as `eaglekit bench`)
     e  SmolLM2 batched generation (`generate_batch`) vs HF generate at the same batch size
     p  profile of SmolLM2's captured plain decode step: kernels per step, top kernels, busy share
@@ -40,7 +45,7 @@ from eaglekit.engine.kv import ATTENTION_KINDS  # noqa: E402
 
 log = logging.getLogger("bench_engine")
 CHAIN = SpecConfig(mode="chain", k=5)
-TREE = SpecConfig(mode="tree", depth=6, top_k=10, total_tokens=60)
+TREE = SpecConfig(mode="tree", depth=6, top_k=8, total_tokens=32)       # the goal's tree of 32 nodes
 SMOKE_SPECS = (SpecConfig(mode="chain", k=3), SpecConfig(mode="tree", depth=3, top_k=3, total_tokens=10))
 PROMPT = "Write a long, detailed story about a dragon who learns to paint. Describe every scene."
 
@@ -192,11 +197,14 @@ PLAIN_ENGINES: dict = {}
 
 
 def kernel_options(variant: str) -> dict:
-    """"matmul+matvec" -> {"attention": "matmul", "matvec": True} (fast runner options)."""
+    """"reduce+matvec@8" -> {"attention": "reduce", "matvec": True, "small_rows": 8} (fast runner
+    options; without @N the runner's default small_rows)."""
+    variant, _, rows = variant.partition("@")
     attention, _, extra = variant.partition("+")
-    if extra not in ("", "matvec") or attention not in ATTENTION_KINDS:
-        raise SystemExit(f"--kernels: {variant!r} is not ATTENTION[+matvec] with ATTENTION in {tuple(ATTENTION_KINDS)}")
-    return {"attention": attention, "matvec": extra == "matvec"}
+    if extra not in ("", "matvec") or attention not in ATTENTION_KINDS or (rows and not rows.isdigit()):
+        raise SystemExit(f"--kernels: {variant!r} is not ATTENTION[+matvec][@ROWS] with ATTENTION in "
+                         f"{tuple(ATTENTION_KINDS)}")
+    return {"attention": attention, "matvec": extra == "matvec", **({"small_rows": int(rows)} if rows else {})}
 
 
 def plain_engine(args, smol, ids, variant: str) -> Engine:
@@ -259,17 +267,37 @@ def part_b(args, bw) -> dict:
 def part_c(args, smol, ids) -> dict:
     """Oracle (perfect greedy draft) and random draft, chain and tree, against plain decoding."""
     from eaglekit.bench.benchmark import random_draft_for
+
+    return oracle_and_random(args, smol, ids, random_draft_for(smol, args.device), args.best_kernels)
+
+
+def part_o(args) -> dict:
+    """Part c's oracle on the 8B shape (random weights: the oracle replays its own greedy output)."""
+    model = tiny_llama(args.device, hidden=128, layers=8, vocab=1024, heads=8, kv=2, inter=256) if args.smoke \
+        else llama_8b(args.device)
+    ids = [(37 * i + 11) % 1000 for i in range(32)]
+    try:
+        return oracle_and_random(args, model, ids, None, args.kernels_8b)
+    finally:
+        del model
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+
+
+def oracle_and_random(args, model, ids, draft, variant: str) -> dict:
+    """Plain decoding, then each speculation shape with the oracle (and the random `draft` unless
+    --oracle-only or None), in one runner; part s profiles each engine's cycle after its timing."""
     from eaglekit.bench.run import settle_oracle
     from eaglekit.target.info import default_aux_layer_ids
 
     new = args.new_tokens
     max_len = round_up(len(ids) + new + 256)
-    aux = default_aux_layer_ids(smol.config.num_hidden_layers)
-    runner = make_target_runner(smol, max_len=max_len, aux_layer_ids=aux, **kernel_options(args.best_kernels))
-    plain = engine_plain(Engine(runner, compile=args.compile, compile_mode=args.compile_mode), ids, new, args.repeats)
+    aux = default_aux_layer_ids(model.config.num_hidden_layers)
+    runner = make_target_runner(model, max_len=max_len, aux_layer_ids=aux, **kernel_options(variant))
+    plain_engine_ = Engine(runner, compile=args.compile, compile_mode=args.compile_mode)
+    plain = engine_plain(plain_engine_, ids, new, args.repeats)
+    step_ms = decode_step_ms(plain_engine_, ids)
     reference = ids + plain["ids"]
-    draft = random_draft_for(smol, args.device)
-    out = {"plain": strip(plain)}
+    out = {"kernels": variant, "plain": strip(plain), "plain_step_ms": step_ms}
     for spec in SMOKE_SPECS if args.smoke else (CHAIN, TREE):
         oracle = OracleDrafter(reference, spec=spec, vocab_size=runner.vocab_size, max_len=max_len, device=args.device)
         engine = Engine(runner, drafter=oracle, spec=spec, compile=args.compile, compile_mode=args.compile_mode)
@@ -277,19 +305,94 @@ def part_c(args, smol, ids) -> dict:
         oracle.set_reference(ids + settled)
         eng = engine_spec(engine, ids, new, args.repeats)
         speedup = eng["tok_s"] / plain["tok_s"]
+        cycle_ms = 1000 * eng["seconds"] / max(eng["cycles"], 1)
         out[f"oracle {spec.label()}"] = {**strip(eng), "speedup": speedup, "ideal": eng["tau"],
                                          "efficiency": speedup / eng["tau"], "match": eng["ids"] == plain["ids"],
-                                         "oracle_rounds": rounds,
-                                         "cycle_ms": 1000 * eng["seconds"] / max(eng["cycles"], 1)}
-        if args.oracle_only:
+                                         "oracle_rounds": rounds, "cycle_ms": cycle_ms,
+                                         "cycle_in_plain_steps": cycle_ms / (1000 * plain["seconds"] / plain["tokens"])}
+        if "s" in args.parts_list:
+            out[f"oracle {spec.label()}"]["profile"] = profile_cycle(args, engine, ids)
+        if args.oracle_only or draft is None:
             continue
         drafter = DraftRunner(draft, spec=spec, sampling=Sampling(), max_len=max_len)
-        eng = engine_spec(Engine(runner, drafter=drafter, spec=spec, compile=args.compile,
-                                 compile_mode=args.compile_mode), ids, new, args.repeats)
+        engine = Engine(runner, drafter=drafter, spec=spec, compile=args.compile, compile_mode=args.compile_mode)
+        eng = engine_spec(engine, ids, new, args.repeats)
+        cycle_ms = 1000 * eng["seconds"] / max(eng["cycles"], 1)
         out[f"random {spec.label()}"] = {**strip(eng), "speedup": eng["tok_s"] / plain["tok_s"],
-                                         "match": eng["ids"] == plain["ids"],
-                                         "cycle_ms": 1000 * eng["seconds"] / max(eng["cycles"], 1)}
+                                         "match": eng["ids"] == plain["ids"], "cycle_ms": cycle_ms,
+                                         "cycle_in_plain_steps": cycle_ms / (1000 * plain["seconds"] / plain["tokens"])}
+        if "s" in args.parts_list:
+            out[f"random {spec.label()}"]["profile"] = profile_cycle(args, engine, ids)
     return out
+
+
+def replay_ms(fn, device, repeats: int = 50) -> float:
+    """Median-free mean of `repeats` back-to-back calls of fn, one sync at the end (ms per call)."""
+    fn()
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    sync(device)
+    return 1000 * (time.perf_counter() - start) / repeats
+
+
+def decode_step_ms(engine: Engine, ids) -> float:
+    """One plain decode step replayed back to back (the graph alone, no host check)."""
+    engine.generate(ids, 16, speculative=False)                             # leaves a valid state
+    return replay_ms(engine.decode, engine.device)
+
+
+def profile_cycle(args, engine: Engine, ids, cycles: int = 32) -> dict:
+    """Where one greedy speculative cycle's time goes. The draft's pieces are compiled and captured
+    alone and replayed on the state a real cycle left (they do not advance `n`, so replays repeat
+    the same work): compaction (tree KV moves), catch-up (the draft over the committed rows),
+    propose (the draft's chain or tree). Verify (the target forward + acceptance) is the fused
+    cycle minus those pieces (its own compile would cost a minute per engine). `cycle_graph_ms` is
+    the fused cycle replayed back to back; `cycle_with_host_ms` is what generate spends per cycle
+    (chunks of cycles, each with its one read, and the prefill); the difference is the host's share."""
+    from eaglekit.engine.graphs import Step, compiled
+
+    D = engine.spec.max_depth
+    gen = engine.generate(ids, args.new_tokens)                             # compiled, captured; a real state
+    with_host_ms = 1000 * gen.seconds / max(len(gen.accept_lengths), 1)
+    engine.generate(ids, 2 * (D + 1))                                      # a state with the cache in use
+    rows = torch.arange(D + 1, device=engine.device)
+    count, bonus, path = engine.acc[0:1], engine.acc[1:2], engine.acc[2:]
+    pieces = {"compaction": (lambda: engine.target.move_kv(engine.n + path, engine.n + rows))
+              if engine.spec.mode == "tree" else None,
+              "catch_up": (lambda: engine.drafter.catch_up(engine._emitted(), engine.aux_rows[path], engine.n, count))
+              if engine.drafter.needs_aux else None,
+              "propose": lambda: engine._propose(bonus)}
+    out = {"cycle_graph_ms": replay_ms(engine.cycle, engine.device), "cycle_with_host_ms": with_host_ms,
+           "cycle_kernels": kernels_per_call(args, engine.cycle), "pieces": {}}
+    for name, fn in pieces.items():
+        if fn is None:
+            continue
+        step = Step(compiled(fn, engine.compile, args.compile_mode), use_graph=engine.graphs, name=name)
+        step.capture()
+        out["pieces"][name] = {"ms": replay_ms(step, engine.device), "kernels": kernels_per_call(args, step)}
+    draft_ms = sum(piece["ms"] for piece in out["pieces"].values())
+    draft_kernels = sum(piece["kernels"] or 0 for piece in out["pieces"].values())
+    out["pieces"]["verify (cycle - pieces)"] = {
+        "ms": out["cycle_graph_ms"] - draft_ms,
+        "kernels": out["cycle_kernels"] - draft_kernels if out["cycle_kernels"] is not None else None}
+    out["host_ms"] = with_host_ms - out["cycle_graph_ms"]
+    return out
+
+
+def kernels_per_call(args, fn, calls: int = 8) -> float | None:
+    """Device kernels launched per call of fn (CUDA graphs are traced kernel by kernel)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    if torch.device(args.device).type != "cuda":
+        return None
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        sync(args.device)
+    return sum(e.count for e in prof.key_averages() if e.device_type == DeviceType.CUDA) / calls
 
 
 def part_d(args) -> dict:
@@ -396,13 +499,21 @@ def table(results: dict) -> str:
             share = f"{100 * r['floor_share']:.0f}% of the floor" if r["floor_share"] else ""
             row(f"b {b['parameters'] / 1e9:.2f}B random, engine ({variant})", r,
                 f"{share}{' (' + floor + ')' if variant == b['kernels'] and floor else ''}")
-    if "c" in results:
-        c = results["c"]
-        row("c plain (same runner)", c["plain"])
+    for part in ("c", "o"):
+        if part not in results:
+            continue
+        c = results[part]
+        row(f"{part} plain (same runner, {c['kernels']}; step graph {c['plain_step_ms']:.3f} ms)", c["plain"])
         for name, r in c.items():
-            if name != "plain":
+            if isinstance(r, dict) and "cycle_ms" in r:
                 extra = f", ideal {r['ideal']:.2f}x, efficiency {100 * r['efficiency']:.0f}%" if "ideal" in r else ""
-                row(f"c {name}", r, f"{r['speedup']:.2f}x plain, tau {r['tau']:.2f}{extra}, cycle {r['cycle_ms']:.2f} ms")
+                row(f"{part} {name}", r, f"{r['speedup']:.2f}x plain, tau {r['tau']:.2f}{extra}, cycle {r['cycle_ms']:.2f} ms "
+                                         f"= {r['cycle_in_plain_steps']:.2f} plain steps")
+                pr = r.get("profile")
+                if pr:
+                    pieces = ", ".join(f"{k} {v['ms']:.3f} ms ({v['kernels'] or 0:.0f} kernels)" for k, v in pr["pieces"].items())
+                    lines.append(f"| {part} {name}: where the cycle goes | – | {pr['cycle_graph_ms']:.3f} | graph "
+                                 f"({pr['cycle_kernels'] or 0:.0f} kernels), host {pr['host_ms']:.3f} ms; {pieces} |")
     if "d" in results:
         for name, r in results["d"].items():
             lines.append(f"| d trained draft {name} | {r['spec_tok_s']:.1f} | – | {r['speedup']:.2f}x plain, "
@@ -438,6 +549,7 @@ def main(argv=None) -> int:
                    help="parts a, b and p: fast-runner kernel variants measured side by side, ATTENTION[+matvec] "
                         "(comma list; part c uses the fastest of part a, else the first)")
     p.add_argument("--oracle-only", action="store_true", help="part c: skip the random-draft runs")
+    p.add_argument("--kernels-8b", default="sdpa", help="part o: the 8B shape's kernel variant")
     p.add_argument("--coordinate-descent", action="store_true",
                    help="Inductor coordinate-descent tuning (gpt-fast's setting; longer compiles)")
     p.add_argument("--out", default=os.environ.get("OUT", "runs/bench_engine"))
@@ -450,12 +562,12 @@ def main(argv=None) -> int:
     args.device = args.device or ("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
     args.compile = None if args.compile_mode != "none" else False
     args.kernels = [kind.strip() for kind in args.kernels.split(",") if kind.strip()]
-    for variant in args.kernels:
+    for variant in args.kernels + [args.kernels_8b]:
         kernel_options(variant)                               # refuse a bad variant before any work
     args.best_kernels = args.kernels[0]                   # part a replaces it with the fastest
     if args.smoke:
         args.new_tokens, args.repeats, args.batch = min(args.new_tokens, 12), 1, min(args.batch, 3)
-    parts = [x.strip() for x in args.parts.split(",") if x.strip()]
+    parts = args.parts_list = [x.strip() for x in args.parts.split(",") if x.strip()]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results: dict = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
@@ -475,6 +587,11 @@ def main(argv=None) -> int:
                 results["b"] = part_b(args, bw)
             elif part == "c":
                 results["c"] = part_c(args, smol, ids)
+            elif part == "o":
+                results["o"] = part_o(args)
+            elif part == "s":
+                if not {"c", "o"} & set(parts):
+                    log.info("part s profiles the engines of parts c and o: add c or o")
             elif part == "d":
                 if not args.draft:
                     log.info("part d skipped: no --draft")

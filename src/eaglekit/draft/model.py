@@ -8,7 +8,9 @@
 
 The attention itself is left to the caller (`attention_pieces` / `finish`), because training
 (the TTT mask over a prefix plus each position's own draft chain) and decoding (a KV cache) need
-different attention; `forward` is the plain causal version for tests and simple callers.
+different attention; `forward` is the plain causal version for tests and simple callers. The
+pieces take the `linear` they project with (F.linear by default): the engine passes kernels made
+for its few-row steps, training keeps F.linear.
 
 Shapes: B batch, T tokens, H hidden, Ht target hidden, k number of aux layers,
 nh/nkv query/key heads, hd head dim, Vd draft vocab.
@@ -53,9 +55,6 @@ class DraftMLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DraftLayer(nn.Module):
@@ -107,16 +106,17 @@ class Eagle3Draft(nn.Module):
 
     # ---- pieces -------------------------------------------------------------------------------
 
-    def fuse(self, aux_hidden: torch.Tensor) -> torch.Tensor:
+    def fuse(self, aux_hidden: torch.Tensor, linear=F.linear) -> torch.Tensor:
         """[B, T, k*Ht] concatenated target aux states -> [B, T, H]."""
         check_fused_width(aux_hidden.shape[-1], num_aux=self.config.num_aux,
                           target_hidden=self.config.target_hidden_size)
-        return self.fc(aux_hidden.to(self.fc.weight.dtype))
+        return linear(aux_hidden.to(self.fc.weight.dtype), self.fc.weight)
 
     def rope(self, position_ids: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rotary(like, position_ids)  # cos, sin: [B, T, hd]
 
-    def attention_pieces(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor):
+    def attention_pieces(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
+                         linear=F.linear):
         """Project one draft step's inputs to rotated q/k/v.
 
         Args:
@@ -134,22 +134,23 @@ class Eagle3Draft(nn.Module):
         residual = normed if cfg.norm_before_residual else hidden
         x = torch.cat([layer.input_layernorm(embeds), normed], dim=-1)        # [B, T, 2H]
         attn = layer.self_attn
-        q = attn.q_proj(x).view(B, T, cfg.num_attention_heads, cfg.head_dim).transpose(1, 2)
-        k = attn.k_proj(x).view(B, T, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
-        v = attn.v_proj(x).view(B, T, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
+        q = linear(x, attn.q_proj.weight).view(B, T, cfg.num_attention_heads, cfg.head_dim).transpose(1, 2)
+        k = linear(x, attn.k_proj.weight).view(B, T, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
+        v = linear(x, attn.v_proj.weight).view(B, T, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
         cos, sin = self.rope(position_ids, x)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, residual
 
-    def finish(self, attn_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    def finish(self, attn_out: torch.Tensor, residual: torch.Tensor, linear=F.linear) -> torch.Tensor:
         """[B, nh, T, hd] attention output + [B, T, H] residual -> [B, T, H] pre-norm hidden out."""
         B, _, T, _ = attn_out.shape
-        layer = self.midlayer
-        h = residual + layer.self_attn.o_proj(attn_out.transpose(1, 2).reshape(B, T, -1))
-        return h + layer.mlp(layer.post_attention_layernorm(h))
+        layer, mlp = self.midlayer, self.midlayer.mlp
+        h = residual + linear(attn_out.transpose(1, 2).reshape(B, T, -1), layer.self_attn.o_proj.weight)
+        x = layer.post_attention_layernorm(h)
+        return h + linear(F.silu(linear(x, mlp.gate_proj.weight)) * linear(x, mlp.up_proj.weight), mlp.down_proj.weight)
 
-    def logits(self, hidden_out: torch.Tensor) -> torch.Tensor:
+    def logits(self, hidden_out: torch.Tensor, linear=F.linear) -> torch.Tensor:
         """[B, T, H] pre-norm hidden -> [B, T, Vd] draft-vocab logits."""
-        return self.lm_head(self.norm(hidden_out))
+        return linear(self.norm(hidden_out), self.lm_head.weight)
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Map draft-vocab ids to target ids: target = draft + d2t[draft]."""

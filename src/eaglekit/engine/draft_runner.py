@@ -16,6 +16,7 @@ Shapes: T rows, H hidden, Vd draft vocab, K top_k, D depth, N tree nodes, L cach
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import nn
@@ -24,6 +25,7 @@ from eaglekit.draft.model import Eagle3Draft
 from eaglekit.engine.kv import KVCache, attend, group_mask
 from eaglekit.engine.sampling import Sampling, sample
 from eaglekit.engine.spec import SpecConfig
+from eaglekit.engine.target_fast import SMALL_ROWS, default_kernels, kernel_for_rows, linear
 from eaglekit.engine.tree import Tree, cache_mask, causal_block, chain_tree, select_tree, tree_from_parents
 
 
@@ -36,15 +38,24 @@ class Proposal:
 
 
 class DraftRunner(nn.Module):
-    """An EAGLE-3 draft behind the drafter interface (catch_up / propose)."""
+    """An EAGLE-3 draft behind the drafter interface (catch_up / propose).
+
+    `attention` / `matvec` / `small_rows` pick kernels for the draft's few-row steps as the fast
+    target runner does (`target_fast.default_kernels`; None = what was measured fastest there).
+    """
 
     needs_aux = True
 
-    def __init__(self, draft: Eagle3Draft, *, spec: SpecConfig, sampling: Sampling, max_len: int):
+    def __init__(self, draft: Eagle3Draft, *, spec: SpecConfig, sampling: Sampling, max_len: int,
+                 attention: str | None = None, matvec: bool | None = None, small_rows: int = SMALL_ROWS):
         super().__init__()
         cfg = draft.config
         p = next(draft.parameters())
         self.draft, self.spec, self.sampling, self.max_len = draft, spec, sampling, max_len
+        weight_bytes = sum(t.numel() * t.element_size() for t in draft.parameters())
+        default_attention, default_matvec = default_kernels(1, weight_bytes)
+        self.attention, self.small_rows = attention or default_attention, small_rows
+        self.linear = partial(linear, max_rows=small_rows if (default_matvec if matvec is None else matvec) else 0)
         self.samples_chain = spec.mode == "chain" and not sampling.greedy   # drafts ~ q, q returned
         self.cache = KVCache(1, cfg.num_key_value_heads, max_len, cfg.head_dim, dtype=p.dtype, device=p.device)
         self.register_buffer("vocab_map", draft.draft_to_target(torch.arange(cfg.draft_vocab_size, device=p.device)),
@@ -54,10 +65,15 @@ class DraftRunner(nn.Module):
 
     def step(self, tokens, hidden, positions, slots, mask):
         """One draft forward over T rows: tokens [T], hidden [T, H], positions/slots [T] -> [T, H]."""
-        q, k, v, residual = self.draft.attention_pieces(tokens[None], hidden[None], positions[None])
+        q, k, v, residual = self.draft.attention_pieces(tokens[None], hidden[None], positions[None], self.linear)
         k_all, v_all = self.cache.write(slots, k, v)
         mask = group_mask(mask, q.shape[1] // k.shape[1])
-        return self.draft.finish(attend(q, k_all, v_all, mask), residual)[0]
+        kind = kernel_for_rows(self.attention, tokens.shape[0], self.small_rows)
+        return self.draft.finish(attend(q, k_all, v_all, mask, kind), residual, self.linear)[0]
+
+    def logits(self, hidden):
+        """[T, H] draft outputs -> [T, Vd] float32 draft-vocab logits."""
+        return self.draft.logits(hidden, self.linear).float()
 
     def catch_up(self, tokens, aux, start, last):
         """Draft entries for committed positions start .. start+T-1 (rows after `last` are padding).
@@ -70,7 +86,7 @@ class DraftRunner(nn.Module):
         """
         T = tokens.shape[0]
         rows = torch.arange(T, device=tokens.device)
-        hidden = self.draft.fuse(aux[None])[0]
+        hidden = self.draft.fuse(aux[None], self.linear)[0]
         mask = cache_mask(causal_block(T, tokens.device), start, start, self.max_len)
         out = self.step(tokens, hidden, start + rows, start + rows, mask)
         self.last_hidden.copy_(out.index_select(0, torch.as_tensor(last, device=out.device).view(1)))
@@ -86,7 +102,7 @@ class DraftRunner(nn.Module):
         hidden = self.last_hidden
         drafts, qs = [], []
         for i in range(k):
-            logits = self.draft.logits(hidden)[0].float()                     # [Vd]
+            logits = self.logits(hidden)[0]                                   # [Vd]
             if self.sampling.greedy:
                 choice = torch.argmax(logits).view(1)
             else:
@@ -109,7 +125,7 @@ class DraftRunner(nn.Module):
         """EAGLE-2 dynamic tree (papers.md §3.3): expand the K best frontier nodes per level."""
         K, D, dev = self.spec.top_k, self.spec.depth, root.device
         R = self.spec.draft_region
-        logp = self.draft.logits(self.last_hidden)[0].float().log_softmax(-1)  # [Vd]
+        logp = self.logits(self.last_hidden)[0].log_softmax(-1)                # [Vd]
         value, ids = torch.topk(logp, K)
         front_tok, front_val = self.vocab_map[ids], value                      # [K]
         front_id = torch.arange(K, device=dev)                                 # candidate index
@@ -126,7 +142,7 @@ class DraftRunner(nn.Module):
             slots = n + base + torch.arange(K, device=dev)
             positions = (n + level - 1) * torch.ones(K, dtype=torch.long, device=dev)
             out = self.step(front_tok, front_hidden, positions, slots, cache_mask(front_anc, n, n, self.max_len))
-            child_logp, child_ids = torch.topk(self.draft.logits(out).float().log_softmax(-1), K)  # [K, K]
+            child_logp, child_ids = torch.topk(self.logits(out).log_softmax(-1), K)  # [K, K]
             cand_val = (front_val.unsqueeze(1) + child_logp).flatten()         # [K*K]
             cand_tok = self.vocab_map[child_ids].flatten()
             toks.append(cand_tok)

@@ -1,14 +1,18 @@
 """The engine: plain and speculative decoding of one sequence, on one target runner.
 
-A speculation cycle is two fixed-shape steps and one host decision:
+A speculation cycle has two halves:
 
     verify   one target forward over the proposed tree (chain = a path) at positions n + depth,
              written at cache slots n .. n+N-1; greedy acceptance on the device, or the device half
              of lossless sampling
-    (host)   read the accepted path and the bonus token (the one sync per cycle); at T > 0 walk
-             the tree with the host's random numbers; check stop tokens and max tokens
     advance  move the accepted path's KV to slots n .. n+a (compaction), catch the draft up over
              the a+1 committed positions, propose the next tree from the new root
+
+Greedy decoding runs both halves as one fixed-shape `cycle` step that also writes the emitted
+tokens and the accepted count into device buffers; the host replays `cycles` of them back to back
+and then reads those buffers once (one small device-to-host copy) to check stop tokens and length.
+Tokens past a stop token are dropped; the extra cycles only cost time. Sampling keeps a host
+decision between the halves (the tree is walked with the host's random numbers), one sync a cycle.
 
 Plain decoding (the baseline) is the `decode` step: one token per target forward, run `chunk`
 times between host checks for a stop token. On CUDA every step is compiled and captured in a CUDA
@@ -78,11 +82,12 @@ class Engine:
         graphs: capture CUDA graphs (default: on CUDA).
         compile: torch.compile the steps (default: on CUDA).
         decode_chunk: plain decoding steps between host checks for a stop token.
+        cycle_chunk: greedy speculation cycles between host checks.
     """
 
     def __init__(self, target, *, drafter=None, spec: SpecConfig | None = None, sampling: Sampling = Sampling(),
                  stop_token_ids=(), graphs: bool | None = None, compile: bool | None = None,
-                 compile_mode: str = COMPILE_MODE, decode_chunk: int = 8):
+                 compile_mode: str = COMPILE_MODE, decode_chunk: int = 8, cycle_chunk: int = 4):
         self.target, self.drafter, self.spec, self.sampling = target, drafter, spec, sampling
         self.stop_ids = set(int(t) for t in stop_token_ids)
         self.device = next(target.parameters()).device
@@ -99,11 +104,12 @@ class Engine:
                 raise EaglekitError(f"the draft reads aux layers {wanted}, the target runner captures "
                                     f"{list(target.aux_layer_ids)}",
                                     hint="build the runner with aux_layer_ids=draft.config.aux_layer_ids")
-        self.L, self.chunk = target.max_len, decode_chunk
+        self.L, self.chunk, self.cycle_chunk = target.max_len, decode_chunk, cycle_chunk
         long = dict(dtype=torch.long, device=self.device)
         self.tok = torch.zeros(1, 1, **long)          # plain: the last token, fed to the next step
         self.pos = torch.zeros(1, **long)             # plain: its position
-        self.out = torch.zeros(self.L + 1, **long)    # plain: out[p] = token chosen at position p
+        depth = spec.max_depth if spec is not None else 0
+        self.out = torch.zeros(self.L + depth + 2, **long)  # out[p] = the token chosen after position p
         self.one = torch.ones(1, 1, dtype=torch.bool, device=self.device)
         self.decode = Step(compiled(self._decode_step, self.compile, compile_mode), use_graph=self.graphs,
                            name="decode")
@@ -119,7 +125,8 @@ class Engine:
         self.tree = Tree(tokens=torch.zeros(N, **long), parents=torch.zeros(N, **long),
                          depth=torch.zeros(N, **long), anc=torch.zeros(N, N, dtype=torch.bool, device=self.device))
         self.acc = torch.zeros(D + 3, **long)          # [count, bonus, path (D + 1)]
-        self.result = torch.zeros(2 * D + 4, **long)  # greedy: acc, then the tokens on the path
+        self.cycle_index = torch.zeros(1, **long)     # greedy: cycles run since the prefill
+        self.counts = torch.zeros(self.L + 1, **long)  # greedy: counts[c] = drafts accepted in cycle c
         self.aux_rows = torch.zeros(N, max(self.target.aux_width, 1), device=self.device,
                                     dtype=next(self.target.parameters()).dtype)
         # A sampled chain verifies with the full draft distribution q; deterministic drafts (trees,
@@ -133,10 +140,18 @@ class Engine:
         elif not self.sampling.greedy:
             self.tables = torch.zeros(3 * N, device=self.device, dtype=torch.float64)
         self.propose = compiled(self._propose, self.compile, compile_mode)
-        self.verify = Step(compiled(self._verify_step, self.compile, compile_mode), use_graph=self.graphs,
-                           name="verify")
-        self.advance = Step(compiled(self._advance_step, self.compile, compile_mode), use_graph=self.graphs,
-                            name="advance")
+        if self.sampling.greedy:
+            self.cycle = Step(compiled(self._cycle_step, self.compile, compile_mode), use_graph=self.graphs,
+                              name="cycle")
+        else:
+            self.verify = Step(compiled(self._verify_step, self.compile, compile_mode), use_graph=self.graphs,
+                               name="verify")
+            self.advance = Step(compiled(self._advance_step, self.compile, compile_mode), use_graph=self.graphs,
+                                name="advance")
+
+    def speculation_steps(self) -> list[Step]:
+        """The captured steps speculation replays: one greedy cycle, or verify and advance (sampling)."""
+        return [self.cycle] if self.sampling.greedy else [self.verify, self.advance]
 
     def warmup(self, speculative: bool = True) -> None:
         """Compile and capture the steps a mode needs (once; `generate` calls it). No-op without graphs.
@@ -146,7 +161,7 @@ class Engine:
         """
         if not self.graphs:
             return
-        steps = [self.verify, self.advance] if speculative and self.drafter is not None else [self.decode]
+        steps = self.speculation_steps() if speculative and self.drafter is not None else [self.decode]
         for step in steps:
             if step.graph is None:
                 self.pos.zero_()
@@ -154,6 +169,8 @@ class Engine:
                 if self.drafter is not None:
                     for t in (self.n, self.acc, self.tree.tokens, self.tree.parents, self.tree.depth):
                         t.zero_()
+                    if self.sampling.greedy:
+                        self.cycle_index.zero_()
                     self.tree.anc.copy_(torch.eye(self.tree.size, dtype=torch.bool))   # no empty mask row
                 step.capture()
 
@@ -210,6 +227,8 @@ class Engine:
         if self.drafter.needs_aux:
             self.drafter.catch_up(torch.cat([x[1:], root]), aux, 0, len(ids) - 1)
         self.n.fill_(len(ids))
+        if self.sampling.greedy:
+            self.cycle_index.zero_()
         self.propose(root)
         return root
 
@@ -225,7 +244,6 @@ class Engine:
         if self.sampling.greedy:
             count, path, bonus = greedy_accept(tree, torch.argmax(logits, -1), D)
             self.acc.copy_(torch.cat([count, bonus, path]))
-            self.result.copy_(torch.cat([self.acc, tree.tokens[path]]))
         elif self.sampled_chain:
             q = torch.zeros(self.spec.k, logits.shape[-1], device=self.device)
             q.index_copy_(1, self.drafter.vocab_map, self.q)                   # draft ids -> target ids
@@ -236,12 +254,8 @@ class Engine:
             self.tables.copy_(torch.cat([p_node.double(), residual.double(), tree.parents.double()]))
 
     def _accept(self, rng: random.Random) -> tuple[int, list[int]]:
-        """The host decision: accepted draft count and the emitted tokens (accepted + bonus)."""
+        """The host decision at T > 0: accepted draft count and the emitted tokens (accepted + bonus)."""
         D = self.spec.max_depth
-        if self.sampling.greedy:
-            res = self.result.tolist()
-            count, bonus = res[0], res[1]
-            return count, res[D + 4: D + 4 + count] + [bonus]
         tokens = self.tree.tokens.tolist()
         tables = self.tables.tolist()
         if self.sampled_chain:
@@ -255,6 +269,14 @@ class Engine:
         self.acc.copy_(torch.tensor([count, bonus] + path, dtype=torch.long))
         return count, [tokens[i] for i in path[1:count + 1]] + [bonus]
 
+    def _emitted(self) -> torch.Tensor:
+        """[D + 1] the tokens after positions n .. n+D on the accepted path: row i < count is the
+        accepted draft i+1, row count the bonus (later rows repeat it; the next cycle overwrites them)."""
+        rows = torch.arange(self.spec.max_depth + 1, device=self.device)
+        count, bonus, path = self.acc[0:1], self.acc[1:2], self.acc[2:]
+        after = torch.cat([path[1:], path[-1:]])                               # row i reads node i+1
+        return torch.where(rows < count, self.tree.tokens[after], bonus)
+
     def _advance_step(self) -> None:
         D = self.spec.max_depth
         n, count, bonus, path = self.n, self.acc[0:1], self.acc[1:2], self.acc[2:]
@@ -262,13 +284,22 @@ class Engine:
         if self.spec.mode == "tree":                                           # a chain is in place
             self.target.move_kv(n + path, n + rows)
         if self.drafter.needs_aux:
-            after = torch.cat([path[1:], path[-1:]])                           # row i reads token i+1
-            tokens = torch.where(rows < count, self.tree.tokens[after], bonus)
-            self.drafter.catch_up(tokens, self.aux_rows[path], n, count)
+            self.drafter.catch_up(self._emitted(), self.aux_rows[path], n, count)
         self.n.add_(count + 1)
         self._propose(bonus)
 
+    def _cycle_step(self) -> None:
+        """Greedy: verify, record the emitted tokens and the accepted count, advance (no host sync)."""
+        rows = torch.arange(self.spec.max_depth + 1, device=self.device)
+        self._verify_step()
+        self.out.index_copy_(0, self.n + rows, self._emitted())
+        self.counts.index_copy_(0, self.cycle_index, self.acc[0:1])
+        self.cycle_index.add_(1)
+        self._advance_step()
+
     def _speculate(self, ids: list[int], max_new_tokens: int, rng: random.Random) -> Generation:
+        if self.sampling.greedy:
+            return self._speculate_greedy(ids, max_new_tokens)
         out: list[int] = []
         accepts: list[int] = []
         reason = extend(out, [int(self._prefill_speculation(ids))], max_new_tokens, self.stop_ids)
@@ -279,6 +310,29 @@ class Engine:
             reason = extend(out, emitted, max_new_tokens, self.stop_ids)
             if reason is None:
                 self.advance()
+        return Generation(tokens=out, finish_reason=reason, seconds=0.0, accept_lengths=accepts)
+
+    def _speculate_greedy(self, ids: list[int], max_new_tokens: int) -> Generation:
+        """Replay `cycle_chunk` cycles, then read their counts and tokens in one copy. A chunk never
+        runs past max_new_tokens by more than one cycle: it takes at most remaining // (D + 1) cycles."""
+        D = self.spec.max_depth
+        out: list[int] = []
+        accepts: list[int] = []
+        reason = extend(out, [int(self._prefill_speculation(ids))], max_new_tokens, self.stop_ids)
+        n = len(ids)                                                           # the root's position
+        while reason is None:
+            cycles = max(1, min(self.cycle_chunk, (max_new_tokens - len(out)) // (D + 1)))
+            for _ in range(cycles):
+                self.cycle()
+            first = len(accepts)
+            read = torch.cat([self.counts[first:first + cycles], self.out[n:n + cycles * (D + 1)]]).tolist()
+            counts, tokens = read[:cycles], read[cycles:]
+            for count in counts:
+                accepts.append(count)
+                reason = extend(out, tokens[:count + 1], max_new_tokens, self.stop_ids)
+                tokens, n = tokens[count + 1:], n + count + 1
+                if reason is not None:
+                    break
         return Generation(tokens=out, finish_reason=reason, seconds=0.0, accept_lengths=accepts)
 
     # ---- entry point ----------------------------------------------------------------------

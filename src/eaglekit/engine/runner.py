@@ -28,7 +28,7 @@ RUNNERS = ("auto", "fast", "generic")
 
 def make_target_runner(model: nn.Module, *, max_len: int, batch_size: int = 1, aux_layer_ids=(),
                        runner: str = "auto", attention: str | None = None,
-                       matvec: bool | None = None) -> FastTarget | HFTarget:
+                       matvec: bool | None = None, small_rows: int | None = None) -> FastTarget | HFTarget:
     """Build the target runner for an HF causal LM.
 
     Args:
@@ -40,6 +40,7 @@ def make_target_runner(model: nn.Module, *, max_len: int, batch_size: int = 1, a
         attention: the FAST runner's attention kernels (`kv.ATTENTION_KINDS`); None = its default.
         matvec: the FAST runner's one-token linears as fusible reductions (`target_fast.linear`);
             None = its default.
+        small_rows: the FAST runner's most tokens per forward for those forms; None = its default.
     """
     if runner not in RUNNERS:
         raise EaglekitError(f"unknown runner {runner!r}", hint=f"use one of {RUNNERS}")
@@ -49,7 +50,8 @@ def make_target_runner(model: nn.Module, *, max_len: int, batch_size: int = 1, a
         if reason:
             log.info("target runner: generic (%s)", reason)
     kwargs = dict(max_len=max_len, batch_size=batch_size, aux_layer_ids=aux_layer_ids)
-    kernels = {name: value for name, value in (("attention", attention), ("matvec", matvec)) if value is not None}
+    kernels = {name: value for name, value in (("attention", attention), ("matvec", matvec), ("small_rows", small_rows))
+               if value is not None}
     if runner == "fast":
         built = FastTarget(model, **kwargs, **kernels)
     elif kernels:

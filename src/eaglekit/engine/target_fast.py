@@ -61,6 +61,7 @@ def fast_unsupported_reason(model, max_len: int) -> str | None:
 
 
 LAUNCH_BOUND_BYTES = 2 * 2**30   # below this many weight bytes a batch-1 step is kernel launches, not bandwidth
+SMALL_ROWS = 16                  # forwards of at most this many tokens use the fused small-row forms
 
 
 def default_kernels(batch_size: int, weight_bytes: int) -> tuple[str, bool]:
@@ -70,10 +71,18 @@ def default_kernels(batch_size: int, weight_bytes: int) -> tuple[str, bool]:
     `matvec` linears) took SmolLM2 from 1.18 ms/token (matmul attention, cuBLAS) and 1.43 (cuDNN SDPA)
     to 0.93. A large model at batch 1 is bandwidth-bound, and batched generation is compute-heavier:
     both keep SDPA and cuBLAS, the kernels they were measured with (8B shape: 68 % of the floor).
+    The fused forms apply to forwards of at most `small_rows` tokens (a decode step, a chain's
+    verify, a draft step); larger ones (prefill, a big tree's verify) use matmul attention and cuBLAS.
     """
     if batch_size == 1 and weight_bytes < LAUNCH_BOUND_BYTES:
         return "reduce", True
     return "sdpa", False
+
+
+def kernel_for_rows(attention: str, rows: int, small_rows: int) -> str:
+    """The attention kind a forward of `rows` tokens uses: "reduce" only for small forwards (its
+    broadcast form re-reads the cache for every query row), "matmul" above."""
+    return "matmul" if attention == "reduce" and rows > small_rows else attention
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -98,10 +107,10 @@ def fused(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
                                      for m in linears]))
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, matvec: bool) -> torch.Tensor:
-    """x [B, T, K] -> [B, T, N] with weight [N, K]: `matvec_linear` for one-row steps inside
-    torch.compile when `matvec`, else F.linear (eager runs: CPU, prefill)."""
-    if matvec and torch.compiler.is_compiling():
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, max_rows: int = 0) -> torch.Tensor:
+    """x [..., K] -> [..., N] with weight [N, K]: `matvec_linear` inside torch.compile when x has at
+    most `max_rows` rows (0 = never), else F.linear (eager runs: CPU, prefill; large forwards)."""
+    if max_rows and x.numel() // x.shape[-1] <= max_rows and torch.compiler.is_compiling():
         return matvec_linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
@@ -109,7 +118,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, mat
 def matvec_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """F.linear as a broadcast product and a sum (float32): Inductor generates the reduction kernel
     itself and fuses the neighbouring pointwise work into it (bias, residual add, SwiGLU), where
-    cuBLAS would be one more launch of a latency-bound GEMV. Unfused it would materialize [N, K]."""
+    cuBLAS would be one more launch of a latency-bound GEMV. Unfused it would materialize [R, N, K];
+    fused, each of the R rows re-reads W (from L2 for a few rows)."""
     y = (x.unsqueeze(-2).float() * weight.float()).sum(-1)                 # [B, T, N]
     return (y if bias is None else y + bias.float()).to(x.dtype)
 
@@ -119,9 +129,9 @@ def frozen(t: torch.Tensor) -> nn.Parameter:
 
 
 class FastLayer(nn.Module):
-    def __init__(self, layer: nn.Module, cfg, cache: KVCache, attention: str, matvec: bool):
+    def __init__(self, layer: nn.Module, cfg, cache: KVCache, attention: str, matvec: bool, small_rows: int):
         super().__init__()
-        self.attention, self.matvec = attention, matvec
+        self.attention, self.matvec, self.small_rows = attention, matvec, small_rows
         attn, mlp = layer.self_attn, layer.mlp
         self.nh, self.nkv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.d = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.nh
@@ -139,8 +149,8 @@ class FastLayer(nn.Module):
     def forward(self, x, cos, sin, slots, mask):
         """x [B, T, H]; cos/sin [B, 1, T, d]; slots [T]; mask [B|1, 1, g*T, L] (grouped) -> [B, T, H]."""
         B, T, _ = x.shape
-        matvec = self.matvec and B * T == 1
-        qkv = linear(rms_norm(x, self.ln1, self.eps), self.wqkv, self.bqkv, matvec)
+        rows = self.small_rows if self.matvec and B * T <= self.small_rows else 0   # linear(): 0 = F.linear
+        qkv = linear(rms_norm(x, self.ln1, self.eps), self.wqkv, self.bqkv, rows)
         q, k, v = qkv.split([self.nh * self.d, self.nkv * self.d, self.nkv * self.d], dim=-1)
         q, k, v = q.view(B, T, self.nh, self.d), k.view(B, T, self.nkv, self.d), v.view(B, T, self.nkv, self.d)
         if self.q_norm is not None:                    # Qwen3: RMSNorm per head before rope
@@ -149,16 +159,17 @@ class FastLayer(nn.Module):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         k_all, v_all = self.cache.write(slots, k, v)
-        out = attend(q, k_all, v_all, mask, self.attention).transpose(1, 2).reshape(B, T, self.nh * self.d)
-        x = x + linear(out, self.wo, self.bo, matvec)
+        kind = kernel_for_rows(self.attention, T, self.small_rows)
+        out = attend(q, k_all, v_all, mask, kind).transpose(1, 2).reshape(B, T, self.nh * self.d)
+        x = x + linear(out, self.wo, self.bo, rows)
         h = rms_norm(x, self.ln2, self.eps)
-        if matvec:                       # two reductions of one shape: Inductor fuses them with the SwiGLU
+        if rows:                         # two reductions of one shape: Inductor fuses them with the SwiGLU
             inter = self.w13.shape[0] // 2
             b13 = (None, None) if self.b13 is None else self.b13.split(inter)
-            gate, up = (linear(h, w, b, True) for w, b in zip(self.w13.split(inter), b13))
+            gate, up = (linear(h, w, b, rows) for w, b in zip(self.w13.split(inter), b13))
         else:
             gate, up = F.linear(h, self.w13, self.b13).chunk(2, dim=-1)
-        return x + linear(F.silu(gate) * up, self.w2, self.b2, matvec)
+        return x + linear(F.silu(gate) * up, self.w2, self.b2, rows)
 
 
 class FastTarget(nn.Module):
@@ -167,13 +178,15 @@ class FastTarget(nn.Module):
     `forward(input_ids, positions, slots, mask)` writes the new tokens' keys/values at `slots` and
     returns logits [B, T, V] and aux states [B, T, A] (outputs of the aux layers, concatenated).
     `attention` (`kv.ATTENTION_KINDS`) and `matvec` (`linear`) pick kernels for the same math;
-    None takes what was measured fastest for the shape (`default_kernels`).
+    None takes what was measured fastest for the shape (`default_kernels`). `small_rows`: the most
+    tokens per forward that use the matvec and reduce forms (a chain's verify, not a 60-node tree's).
     """
 
     kind = "fast"
 
     def __init__(self, model: nn.Module, *, max_len: int, batch_size: int = 1, aux_layer_ids=(),
-                 check: bool = True, attention: str | None = None, matvec: bool | None = None):
+                 check: bool = True, attention: str | None = None, matvec: bool | None = None,
+                 small_rows: int = SMALL_ROWS):
         super().__init__()
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         default_attention, default_matvec = default_kernels(batch_size, weight_bytes)
@@ -196,8 +209,9 @@ class FastTarget(nn.Module):
         store, caches = stacked_caches(len(layers), batch_size, cfg.num_key_value_heads, max_len, head_dim,
                                        dtype=p.dtype, device=p.device)
         self.register_buffer("kv_store", store, persistent=False)            # [2, layers, B, h, L, d]
-        self.attention, self.matvec = attention, matvec
-        self.layers = nn.ModuleList(FastLayer(layer, cfg, cache, attention, matvec) for layer, cache in zip(layers, caches))
+        self.attention, self.matvec, self.small_rows = attention, matvec, small_rows
+        self.layers = nn.ModuleList(FastLayer(layer, cfg, cache, attention, matvec, small_rows)
+                                    for layer, cache in zip(layers, caches))
         decoder = model.get_decoder()
         self.embed = model.get_input_embeddings().weight
         self.norm = decoder.norm.weight
