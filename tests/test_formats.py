@@ -103,6 +103,7 @@ def test_eagle_export_refuses_ids_eagle_cannot_capture(tiny_target_dir, tmp_path
 
 def test_export_refuses_existing_output_and_unknown_format(native_ckpt, tmp_path):
     (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "config.json").write_text("{}")  # an empty folder holds nothing to lose: it is reused
     with pytest.raises(EaglekitError, match="already exists"):
         export_draft(native_ckpt, "sglang", tmp_path / "out")
     with pytest.raises(EaglekitError, match="unknown format"):

@@ -2,13 +2,24 @@
 
 Every stage writes one folder holding its outputs and a `manifest.json` with the resolved config,
 the fingerprints of the target it was made for, the input fingerprints and counts. A later stage
-reads the manifest and refuses an input made for another target or tokenizer.
+reads the manifest and refuses an input made for another target, tokenizer or weights.
+
+One rule keeps two runs from mixing and an unfinished folder from passing as finished:
+
+- a writer holds the folder's writer lock (`writer_lock`) from before its first change to the
+  folder (an `--overwrite` deletion included) until its manifest is written;
+- the manifest is written last and atomically: a folder without one, or whose manifest says
+  `complete: false` (training that stopped early), is unfinished;
+- readers go through `read_manifest` / `require_finished`, which say what to run for an
+  unfinished folder and refuse it unless the user asked for it (`--allow-unfinished`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -19,6 +30,8 @@ from typing import Any, Iterator
 
 from eaglekit import __version__
 from eaglekit.errors import EaglekitError
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 # Aux layer ids inside eaglekit always mean "output of 0-based decoder layer i" (pre final norm).
@@ -59,28 +72,117 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             tmp_path.unlink()
 
 
+# A reader probing a lock holds it for microseconds; a writer that meets one waits that long.
+LOCK_WAIT_S = 0.5
+
+
+def _try_flock(fd: int, kind: int, wait_s: float) -> bool:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, kind | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+
+
+def _writer_name(stage: str | None) -> str:
+    return f"`eaglekit {stage}`" if stage else "eaglekit process"
+
+
 @contextmanager
-def atomic_dir(out: str | os.PathLike, *, overwrite: bool = False) -> Iterator[Path]:
-    """Yield an empty temporary folder; move it to `out` only if the block succeeds."""
+def writer_lock(folder: str | os.PathLike, *, stage: str | None = None) -> Iterator[Path]:
+    """Hold `folder` (created if missing) as its only writer; refuse while another process holds it.
+
+    The lock is an flock on the folder itself, so the kernel releases it when the writer dies, even
+    by SIGKILL. Take it before the first change to the folder, an `--overwrite` deletion included:
+    deleting first would pull the folder from under a run still writing there.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        if not _try_flock(fd, fcntl.LOCK_EX, LOCK_WAIT_S):
+            raise EaglekitError(f"another {_writer_name(stage)} is writing to {folder}",
+                                hint="wait for it to finish, or use another --out")
+        yield folder
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def being_written(folder: str | os.PathLike) -> bool:
+    """Whether some process holds `folder`'s writer lock right now."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        return not _try_flock(fd, fcntl.LOCK_SH, 0.0)
+    finally:
+        os.close(fd)
+
+
+def clear_folder(folder: str | os.PathLike) -> None:
+    """Empty a folder whose writer lock the caller holds; the manifest goes first, so no reader
+    trusts what is left while the rest is deleted. The folder itself stays (it carries the lock)."""
+    folder = Path(folder)
+    (folder / MANIFEST).unlink(missing_ok=True)
+    for child in folder.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+
+def has_content(folder: Path) -> bool:
+    return folder.is_dir() and any(folder.iterdir())
+
+
+@contextmanager
+def atomic_dir(out: str | os.PathLike, *, overwrite: bool = False, stage: str | None = None) -> Iterator[Path]:
+    """Yield an empty temporary folder; move it to `out` only if the block succeeds.
+
+    The writer lock of `out` is held throughout, so a second writer is refused instead of racing
+    this one to the final rename; an empty `out` (left by a killed writer) counts as absent.
+    """
     out = Path(out)
-    if out.exists() and not overwrite:
+    if has_content(out) and not overwrite and not being_written(out):
         raise EaglekitError(f"output folder {out} already exists", hint="pass --overwrite or another --out")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    created = not out.exists()
+    try:
+        with writer_lock(out, stage=stage):
+            if has_content(out) and not overwrite:
+                raise EaglekitError(f"output folder {out} already exists", hint="pass --overwrite or another --out")
+            with _temporary_dir_beside(out) as tmp:
+                yield tmp
+                _move_into_place(tmp, out)
+    finally:
+        if created and out.is_dir() and not has_content(out):
+            out.rmdir()  # nothing was written: leave no empty folder behind
+
+
+@contextmanager
+def _temporary_dir_beside(out: Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         yield tmp
-        os.chmod(tmp, 0o755)
-        if out.exists():
-            # Two renames: the old folder is never deleted before the new one is in place.
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _move_into_place(tmp: Path, out: Path) -> None:
+    os.chmod(tmp, 0o755)
+    if has_content(out):
+        # Two renames: the old folder is never deleted before the new one is in place.
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)  # over the empty folder that carried the lock
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
@@ -133,10 +235,16 @@ def write_manifest(out_dir: str | os.PathLike, *, stage: str, config: dict, targ
 
 
 def read_manifest(folder: str | os.PathLike, *, stage: str | None = None) -> dict:
-    """Read `folder/manifest.json`; with `stage`, refuse a folder written by another stage."""
+    """Read `folder/manifest.json`; with `stage`, refuse a folder written by another stage.
+
+    A folder without a manifest is unfinished (its writer is still running, or stopped before the
+    end): the error says which, and what to run.
+    """
     folder = Path(folder)
     if not folder.exists():
         raise EaglekitError(f"no such folder: {folder}", hint="check the path")
+    if not (folder / MANIFEST).is_file() and folder.is_dir():
+        raise unfinished_folder_error(folder, stage)
     manifest = read_json(folder / MANIFEST, what="manifest")
     if stage is not None and manifest.get("stage") != stage:
         raise EaglekitError(
@@ -146,12 +254,75 @@ def read_manifest(folder: str | os.PathLike, *, stage: str | None = None) -> dic
     return manifest
 
 
+def unfinished_folder_error(folder: Path, stage: str | None) -> EaglekitError:
+    """The error for a folder without a manifest, saying whether a writer is still at work."""
+    command = f"`eaglekit {stage}`" if stage else "the eaglekit command that writes it"
+    if being_written(folder):
+        return EaglekitError(f"{folder} is still being written (another process holds its writer lock; "
+                             "no manifest yet)", hint=f"wait for {command} to finish, then run this again")
+    if not has_content(folder):
+        return EaglekitError(f"{folder} is empty: no manifest.json", hint=f"pass the output folder of {command}")
+    return EaglekitError(f"{folder} has no manifest.json: {command} did not finish writing it (killed or failed)",
+                         hint=f"rerun {command} with the same --out: it resumes or rewrites the folder")
+
+
+def unfinished_reason(manifest: dict | None) -> str | None:
+    """Why the artifact a manifest describes is unfinished, or None; follows `source_manifest`
+    (an export or import of an unfinished draft is unfinished too)."""
+    while manifest:
+        if manifest.get("complete") is False:
+            steps = manifest.get("steps") or {}
+            where = f" at step {steps['done']} of {steps['total']}" if "done" in steps and "total" in steps else ""
+            return f"its `eaglekit {manifest.get('stage')}` run stopped{where} (manifest: complete false)"
+        manifest = manifest.get("source_manifest")
+    return None
+
+
+def check_finished(manifest: dict | None, folder: str | os.PathLike, *, allow_unfinished: bool = False) -> str | None:
+    """Refuse an unfinished artifact unless `allow_unfinished`; returns the reason when it is one.
+
+    Callers that go on with an unfinished artifact record the returned reason in their outputs.
+    """
+    reason = unfinished_reason(manifest)
+    if reason is None:
+        return None
+    stage = (manifest or {}).get("stage")
+    if not allow_unfinished:
+        running = " and is still being written" if being_written(folder) else ""
+        raise EaglekitError(
+            f"{folder} is unfinished{running}: {reason}",
+            hint="let the run finish (a killed `eaglekit train` continues with the same command plus --resume), "
+                 "or pass --allow-unfinished to use it anyway (every output then says so)")
+    log.warning("using the unfinished %s artifact %s (--allow-unfinished): %s", stage, folder, reason)
+    return reason
+
+
+def require_finished(folder: str | os.PathLike, *, stage: str | None = None,
+                     allow_unfinished: bool = False) -> dict:
+    """The manifest of a finished folder of `stage`; refuses a missing, unfinished or other-stage one."""
+    manifest = read_manifest(folder, stage=stage)
+    check_finished(manifest, folder, allow_unfinished=allow_unfinished)
+    return manifest
+
+
+# What a target fingerprint identifies, in the words of the refusal.
+FINGERPRINT_PARTS = (("config_hash", "target model config"), ("tokenizer_hash", "tokenizer and chat template"),
+                     ("weights_hash", "target weights"))
+
+
 def check_same_target(expected: dict, found: dict | None, *, what: str) -> None:
-    """Refuse an artifact made for another target model or another tokenizer / chat template."""
+    """Refuse an artifact made for another target model, tokenizer / chat template, or weights.
+
+    An artifact recorded before eaglekit fingerprinted weights has no `weights_hash`: that part
+    cannot be checked, and a warning says so.
+    """
     if found is None:
         raise EaglekitError(f"{what} records no target fingerprint", hint="regenerate it with eaglekit")
-    for key, label in (("config_hash", "target model config"),
-                       ("tokenizer_hash", "tokenizer and chat template")):
+    for key, label in FINGERPRINT_PARTS:
+        if key == "weights_hash" and (found.get(key) is None or expected.get(key) is None):
+            log.warning("%s records no weights fingerprint (made by an older eaglekit): its target weights "
+                        "cannot be checked, only config and tokenizer", what)
+            continue
         if expected.get(key) != found.get(key):
             raise EaglekitError(
                 f"{what} was made for another {label}: {found.get(key)} != {expected.get(key)} "

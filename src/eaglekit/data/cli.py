@@ -164,9 +164,10 @@ def run_synthesize(args: argparse.Namespace) -> int:
 def run_generate(args: argparse.Namespace) -> int:
     from eaglekit.data.generators import make_generator
     from eaglekit.data.local_backend import LocalBackend
-    from eaglekit.data.regenerate import GenerateConfig, generate_conversations
+    from eaglekit.data.regenerate import GenerateConfig, generate_conversations, load_prompts
     from eaglekit.engine.sampling import Sampling
     from eaglekit.errors import EaglekitError
+    from eaglekit.target.chat import check_template_masks
 
     sampling = Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     config = GenerateConfig(max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed,
@@ -179,12 +180,14 @@ def run_generate(args: argparse.Namespace) -> int:
 
         worker = parse_worker(args.worker)
         exit_with_parent()
+    load_prompts(args.prompts, config.splits, config.limit)  # bad or empty prompts fail before any model loads
     if args.backend == "openai":
         from eaglekit.data.openai_backend import OpenAIBackend, OpenAIClient
 
         if not args.server_url:
             raise EaglekitError("--backend openai needs --server-url", hint="e.g. --server-url http://127.0.0.1:8000")
         tokenizer, target_fp = target_without_weights(args.target)
+        check_template_masks(tokenizer)
         client = OpenAIClient(args.server_url, api_key=os.environ.get(args.api_key_env), timeout=args.timeout,
                               max_retries=args.max_retries)
         backend = OpenAIBackend(client, model=args.model, tokenizer=tokenizer, max_new_tokens=args.max_new_tokens,
@@ -195,6 +198,7 @@ def run_generate(args: argparse.Namespace) -> int:
         from eaglekit.target.load import resolve_device
 
         target = load_target(args.target, device=resolve_device(args.device), dtype=args.dtype)
+        check_template_masks(target.tokenizer)
         generator = make_generator(args.backend, target.model, target.stop_token_ids, sampling, seed=args.seed,
                                    batch_size=args.batch_size)
         context = args.context_length or getattr(target.config, "max_position_embeddings", None)
@@ -213,6 +217,7 @@ def run_generate_parallel(args: argparse.Namespace, config) -> int:
     """`--devices`: one `eaglekit generate --worker I/N` process per device, merged into --out."""
     from eaglekit.data.parallel import check_device_flag, generate_parallel, parse_devices
     from eaglekit.errors import EaglekitError
+    from eaglekit.target.chat import check_template_masks
 
     if args.backend == "openai":
         raise EaglekitError("--devices runs the target on this host; --backend openai sends the prompts to a server",
@@ -221,7 +226,8 @@ def run_generate_parallel(args: argparse.Namespace, config) -> int:
         raise EaglekitError("--devices and --worker do not go together", hint="--devices starts the workers itself")
     devices = parse_devices(args.devices)
     check_device_flag(args.device, devices)
-    _, target_fp = target_without_weights(args.target)
+    tokenizer, target_fp = target_without_weights(args.target)
+    check_template_masks(tokenizer)
     manifest = generate_parallel(args.prompts, args.out, devices=devices, worker_argv=worker_argv(args),
                                  target_fp=target_fp, config=config, shard_size=args.shard_size,
                                  overwrite=args.overwrite)
@@ -252,7 +258,7 @@ def target_without_weights(spec: str) -> tuple[object, dict]:
     source = resolve_target(spec)
     target_config = load_config(source)
     tokenizer = load_tokenizer(source, generation_eos_ids(source, target_config))
-    return tokenizer, target_fingerprint(target_config, tokenizer, name=source.name)
+    return tokenizer, target_fingerprint(target_config, tokenizer, source)
 
 
 def print_generated(out: str, manifest: dict) -> None:

@@ -14,6 +14,7 @@ text with the target's tokenizer, and each answer records which way it was count
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import http.client
 import json
@@ -38,6 +39,15 @@ CONTEXT_WORDS = ("context length", "maximum context", "context_length", "too lon
                  "exceeds", "maximum model length")
 
 
+def redact_url(url: str) -> str:
+    """The URL with any `user:password@` replaced by `***@`, for logs and errors."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"***@{host}"))
+
+
 class ServerError(Exception):
     def __init__(self, status: int, body: str):
         super().__init__(f"HTTP {status}: {body[:500]}")
@@ -59,11 +69,15 @@ class OpenAIClient:
                  backoff: float = 0.5):
         url = urllib.parse.urlsplit(base_url.rstrip("/"))
         if url.scheme not in ("http", "https") or not url.hostname:
-            raise EaglekitError(f"bad server URL {base_url!r}", hint="e.g. http://127.0.0.1:8000")
+            raise EaglekitError(f"bad server URL {redact_url(base_url)!r}", hint="e.g. http://127.0.0.1:8000")
         self.scheme, self.host, self.port = url.scheme, url.hostname, url.port
         self.prefix = url.path[:-3] if url.path.endswith("/v1") else url.path
         self.api_key, self.timeout, self.max_retries, self.backoff = api_key, timeout, max_retries, backoff
-        self.base_url = base_url
+        # Credentials in the URL are sent as HTTP basic auth (an API key wins) and never printed.
+        self.basic_auth = (base64.b64encode(f"{urllib.parse.unquote(url.username)}:"
+                                            f"{urllib.parse.unquote(url.password or '')}".encode()).decode()
+                           if url.username else None)
+        self.base_url = redact_url(base_url)  # for messages only
         self._local = threading.local()
 
     def _connection(self) -> http.client.HTTPConnection:
@@ -84,6 +98,8 @@ class OpenAIClient:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
+        elif self.basic_auth:
+            headers["Authorization"] = f"Basic {self.basic_auth}"
         payload = None if body is None else json.dumps(body).encode()
         for attempt in range(self.max_retries + 1):
             try:

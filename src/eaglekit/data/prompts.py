@@ -65,6 +65,9 @@ def build_prompts(sources: list[SourceSpec], out: str | Path, *, filters: Filter
     malformed: list[str] = []
     for spec in sources:
         report = read_source(spec)
+        if report.records == 0:
+            raise EaglekitError(f"{spec.location} holds no records (empty or whitespace only)",
+                                hint="pass a file with prompt records, or drop the source")
         check_malformed(spec, report, strict)
         malformed += report.malformed
         kept, stats = filter_and_dedup(report, filters, tokenizer, seen)
@@ -99,7 +102,7 @@ def write_prompt_folder(out: str | Path, by_split: dict[str, list[Prompt]], *, c
                         counts: dict, malformed: list[str] = (), target: dict | None = None,
                         overwrite: bool = False, extra: dict | None = None) -> dict:
     """Write train/validation JSONL, malformed.txt and the manifest into `out`, atomically."""
-    with atomic_dir(out, overwrite=overwrite) as tmp:
+    with atomic_dir(out, overwrite=overwrite, stage="prompts") as tmp:
         for split in SPLITS:
             write_jsonl(tmp / f"{split}.jsonl", (p.to_json() for p in by_split.get(split, [])))
         (tmp / "malformed.txt").write_text("".join(line + "\n" for line in malformed), encoding="utf-8")

@@ -151,7 +151,7 @@ def _read_jsonl(path: Path, _spec: SourceSpec) -> Iterator[tuple[str, Any]]:
             try:
                 yield f"{path}:{lineno}", json.loads(line)
             except json.JSONDecodeError as err:
-                yield f"{path}:{lineno}", MalformedRecord(f"invalid JSON ({err.msg} at column {err.colno})")
+                yield f"{path}:{lineno}", MalformedRecord(f"invalid JSON ({err.msg.removesuffix(' at')} at column {err.colno})")
 
 
 def _lines(f, path: Path) -> Iterator[str]:

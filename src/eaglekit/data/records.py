@@ -29,6 +29,16 @@ class MalformedRecord(ValueError):
     """A record that does not fit the expected schema; the reader adds file and line."""
 
 
+def check_unicode(text: str) -> None:
+    """Refuse text that is not valid Unicode: a lone surrogate (JSON `"\\ud83d"`, half of an emoji)
+    passes `json.loads` but breaks hashing, tokenizers and writing the file back."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise MalformedRecord(f"invalid Unicode: a lone surrogate {text[err.start]!r} at character {err.start} "
+                              "(half of an escaped emoji or other character)") from None
+
+
 @dataclass
 class Prompt:
     """User turns of one conversation; the target writes every answer."""
@@ -37,6 +47,11 @@ class Prompt:
     source: str
     turns: list[str]
     system: str | None = None
+
+    def __post_init__(self) -> None:
+        for text in (self.id, self.source, *self.turns, self.system):
+            if isinstance(text, str):
+                check_unicode(text)
 
     def to_json(self) -> dict:
         obj = {"id": self.id, "source": self.source, "turns": self.turns}

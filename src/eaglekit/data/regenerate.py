@@ -13,20 +13,15 @@ worker of `eaglekit generate --devices` (`eaglekit.data.parallel`), whose run.js
 
 from __future__ import annotations
 
-import fcntl
 import logging
-import os
-import shutil
 import sys
 import time
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
-from eaglekit.artifacts import (MANIFEST, read_json, read_manifest, sha256_file, sha256_json, write_json,
-                                write_manifest)
+from eaglekit.artifacts import (MANIFEST, clear_folder, read_json, read_manifest, sha256_file, sha256_json,
+                                write_json, write_manifest, writer_lock)
 from eaglekit.data.folder import JsonlShards, read_prompt_folder
 from eaglekit.data.readers import SourceSpec, read_source
 from eaglekit.data.records import Conversation, Prompt
@@ -77,6 +72,9 @@ def load_prompts(location: str, splits: tuple[str, ...], limit: int | None) -> t
         inputs = {"prompts": spec.fingerprint()}
     if limit is not None:
         by_split = {s: p[:limit] for s, p in by_split.items()}
+    if not any(by_split.values()):
+        raise EaglekitError(f"{location} holds no prompts (splits {', '.join(by_split)})",
+                            hint="the file is empty or whitespace only: pass prompts, one record a line")
     return by_split, inputs
 
 
@@ -133,40 +131,24 @@ def generate_conversations(prompts: str, out: str | Path, *, backend, target_fp:
         index, count = worker
         by_split = {s: p[index::count] for s, p in by_split.items()}
         identity["data_parallel"] = {"worker": index, "workers": count}
-    finished = finished_manifest(out, identity, overwrite)
-    if finished is not None:
-        return finished
-    with writer_lock(out):
+    with writer_lock(out, stage="generate"):  # before --overwrite deletes anything
+        if overwrite:
+            clear_folder(out)
+        finished = finished_manifest(out, identity)
+        if finished is not None:
+            return finished
         check_resume(out, identity)
         return _run(out, by_split, backend, identity, config, shard_size)
 
 
-def finished_manifest(out: Path, identity: dict, overwrite: bool) -> dict | None:
+def finished_manifest(out: Path, identity: dict) -> dict | None:
     """The manifest of a finished folder made from `identity` (None if unfinished or new); refuse another's."""
-    if overwrite and out.exists():
-        shutil.rmtree(out)
     if not (out / MANIFEST).is_file():
         return None
     # Rerunning a finished command is a no-op (a pipeline killed right after this stage reruns it).
     check_resume(out, identity, finished=True)
     log.info("%s is already complete: nothing to do", out)
     return read_manifest(out, stage="generate")
-
-
-@contextmanager
-def writer_lock(out: Path) -> Iterator[None]:
-    """Hold `out` (created if missing) for this process only; refuse when another writer holds it."""
-    out.mkdir(parents=True, exist_ok=True)
-    lock = os.open(out, os.O_RDONLY)  # flock on the folder itself: released by the kernel even on SIGKILL
-    try:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise EaglekitError(f"another `eaglekit generate` is writing to {out}",
-                                hint="wait for it, or use another --out") from None
-        yield
-    finally:
-        os.close(lock)
 
 
 def check_resume(out: Path, identity: dict, finished: bool = False) -> None:

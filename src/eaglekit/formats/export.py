@@ -106,7 +106,7 @@ def export_draft(ckpt: str | Path, fmt: str, out: str | Path, *, target: str | N
     tensors = to_format(cast(native, DTYPES[dtype]), fmt, same_vocab=cfg.draft_vocab_size == cfg.vocab_size)
     config = format_config(cfg, fmt, facts, speculative_tokens, extra={"target": fingerprint})
 
-    with atomic_dir(out, overwrite=overwrite) as tmp:
+    with atomic_dir(out, overwrite=overwrite, stage="export") as tmp:
         with atomic_path(tmp / WEIGHTS) as path:
             save_file(tensors, str(path), metadata={"format": "pt"})
         write_json(tmp / CONFIG, config)

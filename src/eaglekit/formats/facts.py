@@ -23,7 +23,7 @@ class TargetFacts:
 
     @cached_property
     def fingerprint(self) -> dict:
-        return target_fingerprint(self.full_config, self.tokenizer, name=self.source.name)
+        return target_fingerprint(self.full_config, self.tokenizer, self.source)
 
     @property
     def num_layers(self) -> int:

@@ -102,7 +102,7 @@ def import_draft(path: str | Path, out: str | Path, *, target: str | None = None
         fingerprint = facts.fingerprint
     tensors = {k: v.contiguous() for k, v in native_tensors(reading).items()}
 
-    with atomic_dir(out, overwrite=overwrite) as tmp:
+    with atomic_dir(out, overwrite=overwrite, stage="import") as tmp:
         with atomic_path(tmp / WEIGHTS) as file:
             save_file(tensors, str(file), metadata={"format": "pt"})
         write_json(tmp / CONFIG, cfg.to_hf_dict())

@@ -224,3 +224,27 @@ def prompt_ids(tokenizer, messages: list[dict], **template_kwargs) -> list[int]:
     check_messages(messages)
     text = render(tokenizer, messages, add_generation_prompt=True, **template_kwargs)
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+# Two short turns: enough to show whether the template marks where each answer starts and ends.
+MASK_PROBE = ({"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4."},
+              {"role": "user", "content": "And 3 + 3?"}, {"role": "assistant", "content": "6."})
+
+
+def check_template_masks(tokenizer, **template_kwargs) -> None:
+    """Refuse a chat template whose assistant turns cannot be masked, before answers are paid for.
+
+    Features, vocab and training learn only from the assistant's tokens; a template without
+    assistant markers (or without an end-of-turn special token) would be refused by them after
+    generation has run.
+    """
+    try:
+        tokenized = tokenize_conversation(tokenizer, list(MASK_PROBE), **template_kwargs)
+    except EaglekitError as err:
+        raise EaglekitError(f"the target's chat template cannot mark the assistant's tokens: {err.message}",
+                            hint="training needs to know which tokens the assistant wrote: use the model's chat "
+                                 "template (an instruct model), or fix it so each assistant turn ends with a "
+                                 f"special token ({err.hint})") from err
+    if not any(tokenized.loss_mask):
+        raise EaglekitError("the target's chat template marks no assistant token in a two-turn conversation",
+                            hint="use the model's chat template (an instruct model)")

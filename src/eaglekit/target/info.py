@@ -82,6 +82,7 @@ class TargetInfo:
     aux_layer_convention: str
     config_hash: str
     tokenizer_hash: str
+    weights_hash: str
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -107,7 +108,7 @@ def target_info(spec: str | TargetSource, *, tokenizer=None, config=None) -> Tar
     cfg = text_config(config)
     num_layers = cfg.num_hidden_layers
     ids = default_aux_layer_ids(num_layers)
-    fp = target_fingerprint(config, tokenizer, name=source.name)
+    fp = target_fingerprint(config, tokenizer, source)
     heads = cfg.num_attention_heads
     return TargetInfo(
         name=source.name,
@@ -131,4 +132,5 @@ def target_info(spec: str | TargetSource, *, tokenizer=None, config=None) -> Tar
         aux_layer_convention="output of 0-based decoder layer i (pre final norm)",
         config_hash=fp["config_hash"],
         tokenizer_hash=fp["tokenizer_hash"],
+        weights_hash=fp["weights_hash"],
     )

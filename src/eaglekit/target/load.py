@@ -48,7 +48,7 @@ class Target:
         return next(self.model.parameters()).device
 
     def fingerprint(self) -> dict:
-        return target_fingerprint(self.model.config, self.tokenizer, name=self.source.name)
+        return target_fingerprint(self.model.config, self.tokenizer, self.source)
 
 
 def text_config(config):
@@ -96,14 +96,21 @@ def architecture_name(config) -> str:
     return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type, type(config).__name__)
 
 
-def target_fingerprint(config, tokenizer, name: str = "") -> dict:
-    """Identity of a target for manifests: refused when a later stage sees another target."""
+def target_fingerprint(config, tokenizer, source: TargetSource) -> dict:
+    """Identity of a target for manifests: refused when a later stage sees another target.
+
+    Config and tokenizer are hashed whole, the weights by a sample of their files (`weights.py`),
+    so a fine-tune with the same config is another target.
+    """
+    from eaglekit.target.weights import weights_fingerprint
+
     cfg = text_config(config)
     return {
-        "name": name,
+        "name": source.name,
         "architecture": architecture_name(config),
         "config_hash": config_fingerprint(config),
         "tokenizer_hash": tokenizer_fingerprint(tokenizer),
+        "weights_hash": weights_fingerprint(source),
         "num_layers": cfg.num_hidden_layers,
         "hidden_size": cfg.hidden_size,
         "vocab_size": cfg.vocab_size,

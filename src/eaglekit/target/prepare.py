@@ -6,10 +6,10 @@ Loading a prepared folder skips GGUF dequantization, and other engines (vLLM) ca
 from __future__ import annotations
 
 import logging
-import shutil
+import os
 from pathlib import Path
 
-from eaglekit.artifacts import write_manifest
+from eaglekit.artifacts import atomic_dir, has_content, write_manifest
 from eaglekit.errors import EaglekitError
 from eaglekit.target.load import Target, load_target, text_config
 
@@ -18,6 +18,10 @@ log = logging.getLogger(__name__)
 
 def prepare_target(spec: str, out: str | Path, *, dtype: str = "float32", overwrite: bool = False) -> dict:
     """Load `spec` and save it as a Hugging Face folder; check the folder reloads to the same target.
+
+    The folder is built beside `out` under `out`'s writer lock and moved into place whole. Its
+    manifest records the source's fingerprint and the sample hash of the weights written, so the
+    folder keeps the source's weights fingerprint while its files are unchanged (`weights.py`).
 
     Args:
         spec: `smollm2`, a .gguf file or an HF folder.
@@ -29,27 +33,35 @@ def prepare_target(spec: str, out: str | Path, *, dtype: str = "float32", overwr
         The manifest written to `out/manifest.json`.
     """
     out = Path(out)
-    if out.exists() and any(out.iterdir()) and not overwrite:
+    if has_content(out) and not overwrite:
         raise EaglekitError(f"{out} exists and is not empty", hint="pass --overwrite or another --out")
     target = load_target(spec, device="cpu", dtype=dtype)
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_target(target, tmp)
-    reloaded = load_target(tmp, device="cpu", dtype=dtype)
-    before, after = target.fingerprint(), reloaded.fingerprint()
-    for key in ("config_hash", "tokenizer_hash"):
-        if before[key] != after[key]:
-            raise EaglekitError(f"the prepared folder does not reload to the same target ({key} "
-                                f"{before[key]} != {after[key]})", hint="report this model")
-    cfg = text_config(target.model.config)
-    manifest = write_manifest(tmp, stage="target", config={"source": spec, "dtype": dtype},
-                              target=before, counts={"parameters": sum(p.numel() for p in target.model.parameters()),
-                                                     "num_layers": cfg.num_hidden_layers})
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
+    with atomic_dir(out, overwrite=overwrite, stage="target prepare") as tmp:
+        save_target(target, tmp)
+        reloaded = load_target(tmp, device="cpu", dtype=dtype)
+        before, after = target.fingerprint(), reloaded.fingerprint()
+        for key in ("config_hash", "tokenizer_hash"):
+            if before[key] != after[key]:
+                raise EaglekitError(f"the prepared folder does not reload to the same target ({key} "
+                                    f"{before[key]} != {after[key]})", hint="report this model")
+        cfg = text_config(target.model.config)
+        manifest = write_manifest(tmp, stage="target", config={"source": spec, "dtype": dtype},
+                                  target=before, counts={"parameters": sum(p.numel() for p in target.model.parameters()),
+                                                         "num_layers": cfg.num_hidden_layers},
+                                  extra={"weights_files_hash": after["weights_hash"]})
+        give_normal_permissions(tmp)
     log.info("prepared %s -> %s", spec, out)
     return manifest
+
+
+def give_normal_permissions(folder: Path) -> None:
+    """Files as `open` would create them (0666 less the umask): transformers writes weights 0600,
+    which another user serving the folder (a vLLM container) cannot read."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in folder.iterdir():
+        if path.is_file():
+            os.chmod(path, 0o666 & ~mask)
 
 
 def save_target(target: Target, out: Path) -> None:

@@ -89,7 +89,7 @@ def load_target_parts(spec: str | Path | TargetSource) -> TargetParts:
         if emb_name in tensors and (tied or head_name in tensors):
             embedding = tensors[emb_name].float()
             lm_head = embedding if tied else tensors[head_name].float()
-            return TargetParts(source, config, tokenizer, target_fingerprint(config, tokenizer, name=source.name),
+            return TargetParts(source, config, tokenizer, target_fingerprint(config, tokenizer, source),
                                stop_token_ids(gen_eos, tokenizer), embedding, lm_head)
         log.info("embedding %r / lm_head %r not found by name in %s; loading the whole target",
                  emb_name, head_name, source.path)
