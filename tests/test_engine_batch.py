@@ -1,9 +1,12 @@
-"""Batched plain generation equals the engine's plain decoding and HF generate, row by row."""
+"""Batched plain generation equals the engine's plain decoding and HF generate, row by row; rows
+are refilled as answers end (continuous batching); the KV cache's three write forms."""
 
 import pytest
 import torch
 
 from eaglekit.engine import Engine, Sampling, generate_batch, make_target_runner
+from eaglekit.engine.batch import BatchDecoder, Request
+from eaglekit.engine.kv import Refill, write_slots
 from eaglekit.errors import EaglekitError
 from engine_tiny import one_thread, peaked_model  # noqa: F401 (fixture)
 
@@ -42,3 +45,77 @@ def test_generate_batch_refuses_bad_input():
     with pytest.raises(EaglekitError, match="empty prompt"):
         generate_batch(model, [[]], max_new_tokens=4, stop_token_ids=[2])
     assert generate_batch(model, [], max_new_tokens=4, stop_token_ids=[2]) == []
+
+
+def singles_of(model, prompts, new, stops=(), max_len=96):
+    engine = Engine(make_target_runner(model, max_len=max_len), stop_token_ids=list(stops))
+    return [engine.generate(p, n, speculative=False) for p, n in zip(prompts, new)]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma"])   # FAST and GENERIC runners
+def test_continuous_batching_refills_rows_and_equals_batch_one_decoding(arch):
+    """More prompts than rows, each with its own limit: a row that ends takes the next prompt while the
+    other row goes on, and every answer equals plain batch-1 decoding."""
+    model = peaked_model(arch)
+    prompts = PROMPTS + [[9, 8, 7, 6, 5, 4, 3, 2], [100, 200]]
+    limits = [24, 3, 5, 2, 4, 1, 6]
+    stop = singles_of(model, prompts[:1], [24])[0].tokens[9]       # ends some answers early (below)
+    for stops in ([], [stop]):
+        ref = singles_of(model, prompts, limits, stops)
+        runner = make_target_runner(model, max_len=64, batch_size=2)
+        decoder = BatchDecoder(runner, sampling=Sampling(), graphs=False, compile=False, chunk=1)
+        queue = iter([Request(p, n, key=i) for i, (p, n) in enumerate(zip(prompts, limits))])
+        got = dict((r.key, c) for r, c in decoder.serve(lambda: next(queue, None), stops))
+        assert [got[i].tokens for i in range(len(prompts))] == [g.tokens for g in ref]
+        assert [got[i].finish_reason for i in range(len(prompts))] == [g.finish_reason for g in ref]
+        assert decoder.refills == len(prompts)
+        if not stops:   # static batches of two would run 23 + 4 + 3 + 5 steps; refilled rows end within the longest
+            assert decoder.steps == 23
+
+
+def test_served_follow_ups_and_chunks_of_steps():
+    """A request queued after an answer came back (a conversation's next turn) is served in the same
+    run; several steps between host checks do not let an ended row run on."""
+    model = peaked_model("qwen2")
+    first = [[5, 17, 99, 3], [45, 200, 7, 8, 9, 10, 11], [300]]
+    ref_first = singles_of(model, first, [7, 3, 5])
+    follow = {i: first[i] + ref_first[i].tokens + [42, 43] for i in range(3)}
+    ref_follow = singles_of(model, list(follow.values()), [4, 4, 4])
+    runner = make_target_runner(model, max_len=64, batch_size=2)
+    decoder = BatchDecoder(runner, sampling=Sampling(), graphs=False, compile=False, chunk=5)
+    queue = [Request(p, n, key=("first", i)) for i, (p, n) in enumerate(zip(first, [7, 3, 5]))]
+    got = {}
+    for request, completion in decoder.serve(lambda: queue.pop(0) if queue else None, []):
+        got[request.key] = completion.tokens
+        kind, i = request.key
+        if kind == "first":
+            queue.append(Request(follow[i], 4, key=("follow", i)))
+    assert [got[("first", i)] for i in range(3)] == [g.tokens for g in ref_first]
+    assert [got[("follow", i)] for i in range(3)] == [g.tokens for g in ref_follow]
+
+
+def test_batch_decoder_refuses_what_a_row_cannot_hold():
+    model = peaked_model("llama")
+    decoder = BatchDecoder(make_target_runner(model, max_len=16, batch_size=2), sampling=Sampling(), graphs=False,
+                           compile=False)
+    with pytest.raises(EaglekitError, match="16 slots"):
+        decoder.run([[1, 2, 3]], 14, [])
+    with pytest.raises(EaglekitError, match="stop ids"):
+        decoder.run([[1, 2, 3]], 4, range(20))
+    assert [len(c.tokens) for c in decoder.run([[1, 2, 3]] * 3, 13, [])] == [13] * 3
+
+
+def test_kv_writes_same_slots_own_slots_and_refills():
+    store = torch.zeros(3, 2, 6, 4)                                   # [B, h, L, d]
+    new = torch.arange(3 * 2 * 2 * 4, dtype=torch.float).view(3, 2, 2, 4)
+    same = write_slots(store.clone(), torch.tensor([1, 4]), new)
+    assert torch.equal(same[:, :, [1, 4]], new) and same[:, :, [0, 2, 3, 5]].abs().sum() == 0
+    own = write_slots(store.clone(), torch.tensor([[0, 1], [3, 2], [5, 4]]), new)
+    assert torch.equal(own[1, :, 3], new[1, :, 0]) and torch.equal(own[1, :, 2], new[1, :, 1])
+    assert torch.equal(own[2, :, 5], new[2, :, 0]) and own[2, :, :4].abs().sum() == 0
+    cache = store.clone()
+    part = new[:2]
+    back = write_slots(cache, Refill(torch.tensor([2, 0]), torch.tensor([[0, 1], [1, 0]])), part)
+    assert back is part                                              # a new prompt attends to itself only
+    assert torch.equal(cache[2, :, :2], part[0]) and torch.equal(cache[0, :, 1], part[1, :, 0])
+    assert cache[1].abs().sum() == 0                                 # the other row is untouched

@@ -1,29 +1,46 @@
-"""Batched plain generation: many prompts, static KV cache, one CUDA graph for the decode step.
+"""Continuous batching: B rows decode together, and a row whose answer ended takes the next prompt.
 
     from eaglekit.engine.batch import generate_batch
-    completions = generate_batch(target, prompts, max_new_tokens=512,
-                                 sampling=Sampling(temperature=0.7, top_p=0.9), batch_size=32)
+    completions = generate_batch(target, prompts, max_new_tokens=2048, batch_size=256)
     completions[i].tokens, completions[i].finish_reason
 
-Prompts are sorted by length and decoded `batch_size` at a time, left-padded to the longest in the
-batch; every row writes the same cache slot each step, its own position is slot - padding. Rows
-that finished keep computing (static shapes) and are ignored. The runner is the engine's target
-runner (FAST when the config allows, else GENERIC), so output equals the engine's plain decoding.
+`BatchDecoder` holds B rows of L cache slots. A row holds one sequence at slots 0..n-1, so a
+token's slot is its position and nothing is padded. The decode step (fixed shape: one CUDA graph)
+advances every live row by one token at its own slot (`kv.write_slots` with [B, 1] slots) and
+marks on the device the rows that ended (a stop token, or the row's own token limit); an ended row
+stops advancing. The host looks every `chunk` steps: it hands out the answers of the rows that
+ended and refills those rows with the next prompts at once, in one eager prefill written into
+their rows only (`kv.Refill`); the other rows' caches are untouched. Answers are as long as each
+request allows (its own max_new_tokens), never cut to a batch's longest, and a batch never waits
+for its longest answer.
 
-Shapes: B batch rows, P padded prompt length, L cache slots, V vocab.
+`serve` takes requests from a function, so a caller can queue a conversation's next turn as soon
+as its answer comes back (`data.local_backend`); `run` answers a list. The runner is the engine's
+target runner (FAST when the config allows, else GENERIC): greedy output equals the engine's
+plain batch-1 decoding.
+
+Shapes: B rows, R refilled rows, P prompt length (padded within a refill), L cache slots, V vocab,
+S stop ids.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from typing import Callable, Iterator
 
 import torch
 
 from eaglekit.engine.graphs import COMPILE_MODE, Step, compiled
+from eaglekit.engine.kv import Refill
 from eaglekit.engine.runner import make_target_runner
 from eaglekit.engine.sampling import Sampling, next_token
 from eaglekit.errors import EaglekitError
 from eaglekit.target.load import Target
+
+log = logging.getLogger(__name__)
+MAX_STOP_IDS = 8          # stop ids the device compares against (padded with -1)
+PREFILL_TOKENS = 16384    # prompt tokens (padding included) per refill forward
 
 
 @dataclass
@@ -32,6 +49,15 @@ class Completion:
 
     tokens: list[int]
     finish_reason: str
+
+
+@dataclass
+class Request:
+    """One prompt to answer: its token ids, its own length limit, and a key handed back with the answer."""
+
+    ids: list[int]
+    max_new_tokens: int
+    key: object = None
 
 
 def padded_mask(pad: torch.Tensor, query_slots: torch.Tensor, max_len: int) -> torch.Tensor:
@@ -46,67 +72,158 @@ def padded_mask(pad: torch.Tensor, query_slots: torch.Tensor, max_len: int) -> t
 
 
 class BatchDecoder:
-    """Static buffers and the captured decode step for `batch_size` rows of `max_len` slots."""
+    """Static buffers and the captured decode step for the runner's B rows of L slots.
+
+    Args:
+        runner: a target runner (`engine.runner.make_target_runner`) built with batch_size = B.
+        sampling: greedy (temperature 0) or sampling settings.
+        graphs, compile: capture the decode step in a CUDA graph / torch.compile it.
+        chunk: decode steps between host checks.
+        prefill_tokens: prompt tokens per refill forward (more refills are split into several).
+    """
 
     def __init__(self, runner, *, sampling: Sampling, graphs: bool, compile: bool, chunk: int = 16,
-                 compile_mode: str = COMPILE_MODE):
-        self.runner, self.sampling, self.chunk = runner, sampling, chunk
+                 compile_mode: str = COMPILE_MODE, prefill_tokens: int = PREFILL_TOKENS):
+        self.runner, self.sampling, self.chunk, self.prefill_tokens = runner, sampling, chunk, prefill_tokens
         B, L = runner.batch_size, runner.max_len
+        self.B, self.L = B, L
         self.device = next(runner.parameters()).device
         long = dict(dtype=torch.long, device=self.device)
-        self.tok = torch.zeros(B, 1, **long)       # last chosen token of every row
-        self.slot = torch.zeros(1, **long)         # the cache slot the next step writes
-        self.pad = torch.zeros(B, **long)          # left padding of every row
-        self.out = torch.zeros(B, L + 1, **long)   # out[b, s] = token chosen at slot s
+        self.tok = torch.zeros(B, 1, **long)       # the token each row feeds next (its last chosen one)
+        self.pos = torch.zeros(B, **long)          # its slot = its position
+        self.last = torch.zeros(B, **long)         # the slot of the row's last allowed token
+        self.live = torch.zeros(B, dtype=torch.bool, device=self.device)   # False: ended or empty
+        self.out = torch.zeros(B, L, **long)       # out[b, s] = the token at slot s of row b
+        self.stops = torch.full((MAX_STOP_IDS,), -1, **long)
+        self.cols = torch.arange(L, **long)
+        self.steps = self.refills = 0              # counters since the last `serve` started
         self.step = Step(compiled(self._step, compile, compile_mode), use_graph=graphs, name="batch decode")
-        if graphs:
-            self.prefill([[1, 2, 3]] * B)
-            self.step.capture()
+        self.step.capture()                        # on dummy state: every row empty
 
     def _step(self) -> None:
-        mask = padded_mask(self.pad, self.slot, self.runner.max_len)
-        logits, _ = self.runner(self.tok, (self.slot - self.pad).view(-1, 1), self.slot, mask)
-        chosen = next_token(logits[:, -1], self.sampling)                    # [B]
-        self.out.index_copy_(1, self.slot, chosen.view(-1, 1))
-        self.tok.copy_(chosen.view(-1, 1))
-        self.slot.add_(1)
+        B, L = self.B, self.L
+        pos, live = self.pos, self.live
+        mask = (self.cols.view(1, L) <= pos.view(B, 1)).view(B, 1, 1, L)           # each row: its slots 0..pos
+        logits, _ = self.runner(self.tok, pos.view(B, 1), pos.view(B, 1), mask)      # writes slot pos of each row
+        chosen = torch.where(live, next_token(logits[:, -1], self.sampling), self.tok.view(B))   # [B]
+        nxt = pos + live.long()                                                      # ended rows stay put
+        self.out.scatter_(1, nxt.view(B, 1), chosen.view(B, 1))
+        ended = (chosen.view(B, 1) == self.stops.view(1, -1)).any(-1) | (nxt >= self.last)
+        self.live.copy_(live & ~ended)
+        self.tok.copy_(chosen.view(B, 1))
+        self.pos.copy_(nxt)
 
-    def prefill(self, prompts: list[list[int]]) -> list[int]:
-        """Left-pad and run the prompts (eager); returns every row's first new token."""
-        P = max(len(p) for p in prompts)
-        ids = torch.tensor([[0] * (P - len(p)) + list(p) for p in prompts], dtype=torch.long, device=self.device)
-        pad = torch.tensor([P - len(p) for p in prompts], dtype=torch.long, device=self.device)
-        slots = torch.arange(P, device=self.device)
-        positions = (slots.view(1, P) - pad.view(-1, 1)).clamp(min=0)
-        logits, _ = self.runner(ids, positions, slots, padded_mask(pad, slots, self.runner.max_len), last_only=True)
-        first = next_token(logits[:, -1], self.sampling)
-        self.pad.copy_(pad)
-        self.tok.copy_(first.view(-1, 1))
-        self.slot.fill_(P)
-        return first.tolist()
+    # ---- refilling rows ----------------------------------------------------------------------
+
+    def refill(self, rows: list[int], requests: list[Request]) -> None:
+        """Prefill the requests' prompts into these rows (eager, in forwards of about `prefill_tokens`)."""
+        order = sorted(range(len(rows)), key=lambda i: len(requests[i].ids))   # similar lengths pad little
+        group: list[int] = []
+        for i in order:
+            longest = len(requests[i].ids)
+            if group and (len(group) + 1) * longest > self.prefill_tokens:
+                self._prefill([rows[j] for j in group], [requests[j] for j in group])
+                group = []
+            group.append(i)
+        if group:
+            self._prefill([rows[j] for j in group], [requests[j] for j in group])
+
+    def _prefill(self, rows: list[int], requests: list[Request]) -> None:
+        """One forward over R left-padded prompts, each written at slots 0..n-1 of its own row."""
+        dev = self.device
+        lengths = torch.tensor([len(r.ids) for r in requests], device=dev)                 # [R]
+        P = int(lengths.max())
+        ids = torch.tensor([[0] * (P - len(r.ids)) + r.ids for r in requests], device=dev)  # [R, P]
+        pad = P - lengths
+        cols = torch.arange(P, device=dev)
+        slots = (cols.view(1, P) - pad.view(-1, 1)).remainder(P)      # prompt at 0..n-1, padding at n..P-1 [R, P]
+        positions = (cols.view(1, P) - pad.view(-1, 1)).clamp(min=0)
+        rows_t = torch.tensor(rows, device=dev)
+        logits, _ = self.runner(ids, positions, Refill(rows_t, slots), padded_mask(pad, cols, P), last_only=True)
+        first = next_token(logits[:, -1], self.sampling)                                      # [R]
+        budget = torch.tensor([r.max_new_tokens for r in requests], device=dev)
+        self.tok[rows_t] = first.view(-1, 1)
+        self.pos[rows_t] = lengths
+        self.last[rows_t] = lengths + budget - 1
+        self.out[rows_t, lengths] = first
+        stopped = (first.view(-1, 1) == self.stops.view(1, -1)).any(-1)
+        self.live[rows_t] = ~stopped & (budget > 1)
+        self.refills += len(rows)
+
+    # ---- the host loop -----------------------------------------------------------------------
+
+    def check(self, request: Request) -> None:
+        """Refuse a request the rows cannot hold."""
+        if not request.ids:
+            raise EaglekitError("an empty prompt was given", hint="every prompt needs at least one token")
+        if request.max_new_tokens < 1:
+            raise EaglekitError(f"max_new_tokens is {request.max_new_tokens}", hint="ask for at least one token")
+        if len(request.ids) + request.max_new_tokens > self.L:
+            raise EaglekitError(f"a prompt of {len(request.ids)} tokens + max_new_tokens {request.max_new_tokens} "
+                                f"exceeds the decoder's {self.L} slots per row",
+                                hint="build the decoder with a larger max_len, or shorten the prompt")
+
+    def set_stop_ids(self, stop_ids) -> None:
+        ids = sorted(set(int(t) for t in stop_ids))
+        if len(ids) > MAX_STOP_IDS:
+            raise EaglekitError(f"{len(ids)} stop ids, the batch decoder compares at most {MAX_STOP_IDS}",
+                                hint="pass fewer stop token ids")
+        self.stops.fill_(-1)
+        self.stops[:len(ids)] = torch.tensor(ids, dtype=torch.long, device=self.device)
 
     @torch.no_grad()
-    def run(self, prompts: list[list[int]], max_new_tokens: int, stop_ids: set[int]) -> list[Completion]:
-        """Decode one batch (exactly batch_size prompts) until every row stopped or hit the limit."""
-        P = max(len(p) for p in prompts)
-        outs: list[list[int]] = [[t] for t in self.prefill(prompts)]
-        reasons: list[str | None] = [("stop" if o[0] in stop_ids else None) for o in outs]
-        made = 1
-        while made < max_new_tokens and any(r is None for r in reasons):
-            steps = min(self.chunk, max_new_tokens - made)
-            for _ in range(steps):
+    def serve(self, take: Callable[[], Request | None], stop_ids) -> Iterator[tuple[Request, Completion]]:
+        """Answer requests until `take()` returns None and every row has ended.
+
+        `take` is asked whenever a row is free; a request it returns after an answer was yielded
+        (a conversation's next turn) is served in the same run. Answers come back as they end.
+        """
+        self.set_stop_ids(stop_ids)
+        self.live.zero_()
+        self.steps = self.refills = 0
+        held: list[Request | None] = [None] * self.B          # the request each row answers
+        start = [0] * self.B                                   # where its answer starts (= prompt length)
+        free = list(range(self.B - 1, -1, -1))                 # popped from the end: row 0 first
+        while True:
+            rows, new = [], []
+            while free and (request := take()) is not None:
+                self.check(request)
+                rows.append(free.pop())
+                new.append(request)
+            if new:
+                self.refill(rows, new)
+                for row, request in zip(rows, new):
+                    held[row], start[row] = request, len(request.ids)
+            if not any(r is not None for r in held):
+                return
+            for _ in range(self.chunk):
                 self.step()
-            start = P + made - 1
-            new = self.out[:, start:start + steps].tolist()
-            made += steps
-            for row, tokens in enumerate(new):
-                for token in tokens:
-                    if reasons[row] is not None:
-                        break
-                    outs[row].append(token)
-                    if token in stop_ids:
-                        reasons[row] = "stop"
-        return [Completion(tokens=o[:max_new_tokens], finish_reason=r or "length") for o, r in zip(outs, reasons)]
+            self.steps += self.chunk
+            yield from self._collect(held, start, free)
+
+    def _collect(self, held: list, start: list[int], free: list[int]) -> Iterator[tuple[Request, Completion]]:
+        """Hand out the answers of the rows that ended; their rows become free."""
+        live = self.live.tolist()                                                   # the one sync per chunk
+        ended = [b for b in range(self.B) if held[b] is not None and not live[b]]
+        if not ended:
+            return
+        index = torch.tensor(ended, device=self.device)
+        ends = self.pos[index].tolist()
+        outs = self.out[index, :max(ends) + 1].cpu()                                # [E, <= L]
+        stops = set(int(t) for t in self.stops.tolist() if t >= 0)
+        for i, b in enumerate(ended):
+            tokens = outs[i, start[b]:ends[i] + 1].tolist()
+            request, held[b] = held[b], None
+            free.append(b)
+            yield request, Completion(tokens=tokens, finish_reason="stop" if tokens[-1] in stops else "length")
+
+    def run(self, prompts: list[list[int]], max_new_tokens: int, stop_ids) -> list[Completion]:
+        """Answer every prompt (any number of them); completions in the order given."""
+        requests = iter([Request(list(p), max_new_tokens, key=i) for i, p in enumerate(prompts)])
+        results: list[Completion | None] = [None] * len(prompts)
+        for request, completion in self.serve(lambda: next(requests, None), stop_ids):
+            results[request.key] = completion
+        return results
 
 
 @torch.no_grad()
@@ -114,7 +231,7 @@ def generate_batch(target, prompts: list[list[int]], *, max_new_tokens: int, sam
                    stop_token_ids=None, batch_size: int = 32, runner: str = "auto", graphs: bool | None = None,
                    compile: bool | None = None, seed: int | None = None, max_len: int | None = None,
                    progress: bool = False) -> list[Completion]:
-    """Generate an answer for every prompt with plain batched decoding (the fast path for data).
+    """Generate an answer for every prompt with continuous batching (the fast path for data).
 
     Args:
         target: a loaded `eaglekit.target.Target` (or an HF causal LM, then pass stop_token_ids).
@@ -127,7 +244,7 @@ def generate_batch(target, prompts: list[list[int]], *, max_new_tokens: int, sam
         graphs, compile: CUDA graphs / torch.compile (default: on when the model is on CUDA).
         seed: seeds sampling.
         max_len: cache slots per row (default: longest prompt + max_new_tokens, rounded up to 64).
-        progress: show a tqdm bar over batches.
+        progress: show a tqdm bar over answers.
 
     Returns:
         One `Completion` per prompt, in the order given.
@@ -142,29 +259,21 @@ def generate_batch(target, prompts: list[list[int]], *, max_new_tokens: int, sam
     if any(len(p) == 0 for p in prompts):
         raise EaglekitError("an empty prompt was given", hint="every prompt needs at least one token")
     longest = max(len(p) for p in prompts)
-    needed = longest + max_new_tokens
-    max_len = max_len or -(-needed // 64) * 64
-    if needed > max_len:
-        raise EaglekitError(f"the longest prompt ({longest}) + max_new_tokens ({max_new_tokens}) exceeds max_len {max_len}",
-                            hint="raise max_len or shorten the prompts")
+    max_len = max_len or -(-(longest + max_new_tokens) // 64) * 64
     cuda = next(model.parameters()).device.type == "cuda"
     graphs = cuda if graphs is None else graphs
     compile = cuda if compile is None else compile
-    batch_size = min(batch_size, len(prompts))
     if seed is not None:
         torch.manual_seed(seed)
-    built = make_target_runner(model, max_len=max_len, batch_size=batch_size, runner=runner)
+    built = make_target_runner(model, max_len=max_len, batch_size=min(batch_size, len(prompts)), runner=runner)
     decoder = BatchDecoder(built, sampling=sampling, graphs=graphs, compile=compile)
-    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+    requests = iter([Request(list(p), max_new_tokens, key=i) for i, p in enumerate(prompts)])
     results: list[Completion | None] = [None] * len(prompts)
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    answers = decoder.serve(lambda: next(requests, None), stop_token_ids)
     if progress:
         from tqdm import tqdm
 
-        batches = tqdm(batches, desc="generate", unit="batch")
-    for rows in batches:
-        filled = rows + [rows[0]] * (batch_size - len(rows))    # static shape: repeat a prompt
-        done = decoder.run([prompts[i] for i in filled], max_new_tokens, set(int(t) for t in stop_token_ids))
-        for i, completion in zip(rows, done):
-            results[i] = completion
+        answers = tqdm(answers, total=len(prompts), desc="generate", unit="answer")
+    for request, completion in answers:
+        results[request.key] = completion
     return results

@@ -2,14 +2,51 @@
 
 Slot s of a cache holds the key/value of the token the engine wrote there; which slots are visible
 is decided by the attention mask alone (`tree.cache_mask`), so rejected draft tokens need no
-clearing, and compaction is one gather. Shapes: B batch, h kv heads, L slots, d head dim.
+clearing, and compaction is one gather. A write names its slots in one of three forms
+(`write_slots`): [T] the same slots in every row (one sequence, or rows in step), [B, T] each row
+its own (continuous batching: rows at different lengths), or a `Refill` (new prompts written into
+some rows only, the others untouched). Shapes: B batch, h kv heads, L slots, d head dim.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+@dataclass(frozen=True)
+class Refill:
+    """Where the prompts of new sequences go in a batch cache: the tokens of row rows[i] at
+    slots[i]. Nothing is cached before a new sequence, so its prompt attends only to itself: the
+    write returns the new keys/values, and the mask is over the T new tokens ([R, 1, T, T]).
+
+    rows:  [R] distinct cache rows
+    slots: [R, T] the slot of each token (its position; padding goes to slots the row writes later)
+    """
+
+    rows: torch.Tensor
+    slots: torch.Tensor
+
+
+def write_slots(cache: torch.Tensor, slots, new: torch.Tensor) -> torch.Tensor:
+    """Store new [B', h, T, d] in cache [B, h, L, d]; return what attention reads.
+
+    slots [T]: the same slots in every row, [B, T]: each row its own (B' = B); both return the
+    whole cache. A `Refill`: rows.shape[0] = B' rows of the cache, returns `new` itself.
+    """
+    if isinstance(slots, Refill):
+        R, T = slots.slots.shape
+        cache[slots.rows.view(R, 1), :, slots.slots] = new.transpose(1, 2)     # indexed as [R, T, h, d]
+        return new
+    if slots.dim() == 1:
+        cache.index_copy_(2, slots, new)
+    else:
+        B, h, T, d = new.shape
+        cache.scatter_(2, slots.view(B, 1, T, 1).expand(B, h, T, d), new)
+    return cache
 
 
 class KVCache(nn.Module):
@@ -28,11 +65,10 @@ class KVCache(nn.Module):
         self.register_buffer("k", k, persistent=False)
         self.register_buffer("v", v, persistent=False)
 
-    def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        """Store k/v [B, h, T, d] at slots [T]; return the whole cache (k, v)."""
-        self.k.index_copy_(2, slots, k)
-        self.v.index_copy_(2, slots, v)
-        return self.k, self.v
+    def write(self, slots, k: torch.Tensor, v: torch.Tensor):
+        """Store k/v [B', h, T, d] at slots ([T], [B, T] or a `Refill`, see `write_slots`); return
+        what attention reads: the whole cache (k, v), or the new k/v for a Refill."""
+        return write_slots(self.k, slots, k), write_slots(self.v, slots, v)
 
 
 def stacked_caches(layers: int, batch_size: int, heads: int, max_len: int, head_dim: int, *, dtype, device):

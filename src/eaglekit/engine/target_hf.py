@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from eaglekit.engine.kv import move_slots
+from eaglekit.engine.kv import move_slots, write_slots
 from eaglekit.engine.target_fast import sliding_window
 from eaglekit.errors import EaglekitError
 from eaglekit.target.capture import aux_hooks, concat_aux, decoder_layers
@@ -37,7 +37,7 @@ class EngineCacheLayer(CacheLayerMixin):
         self.owner = owner
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        B, heads = key_states.shape[:2]
+        B, heads = self.owner.rows or key_states.shape[0], key_states.shape[1]   # a Refill writes fewer rows
         L = self.owner.max_len
         self.keys = key_states.new_zeros(B, heads, L, key_states.shape[-1])
         self.values = value_states.new_zeros(B, value_states.shape[1], L, value_states.shape[-1])
@@ -47,10 +47,8 @@ class EngineCacheLayer(CacheLayerMixin):
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        slots = self.owner.slots
-        self.keys.index_copy_(2, slots, key_states)
-        self.values.index_copy_(2, slots, value_states)
-        return self.keys, self.values
+        slots = self.owner.slots                       # [T], [B, T] or a kv.Refill
+        return write_slots(self.keys, slots, key_states), write_slots(self.values, slots, value_states)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.owner.max_len, 0
@@ -70,9 +68,9 @@ class EngineCacheLayer(CacheLayerMixin):
 class EngineCache(Cache):
     """A cache whose write slots the engine sets (`slots`) before every forward."""
 
-    def __init__(self, num_layers: int, max_len: int):
-        self.max_len = max_len
-        self.slots: torch.Tensor | None = None   # [T] where this forward's tokens go
+    def __init__(self, num_layers: int, max_len: int, batch_size: int | None = None):
+        self.max_len, self.rows = max_len, batch_size   # rows: not `batch_size`, a property of Cache
+        self.slots: torch.Tensor | None = None   # [T] / [B, T] / kv.Refill: where this forward's tokens go
         self.length = 0                          # informational; masks decide what is visible
         super().__init__(layers=[EngineCacheLayer(self) for _ in range(num_layers)])
 
@@ -95,7 +93,7 @@ class HFTarget(nn.Module):
         self.aux_layer_ids = check_aux_layer_ids(list(aux_layer_ids), num_layers) if aux_layer_ids else []
         self.max_len, self.batch_size = max_len, batch_size
         self.hidden_size, self.vocab_size = cfg.hidden_size, model.get_output_embeddings().weight.shape[0]
-        self.cache = EngineCache(num_layers, max_len)
+        self.cache = EngineCache(num_layers, max_len, batch_size)
         self.dtype = next(model.parameters()).dtype
         # Hooks stay for the runner's life (hook registration cannot sit inside a compiled step);
         # `close()` removes them.
