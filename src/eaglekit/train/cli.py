@@ -25,6 +25,9 @@ def register(sub) -> None:
     src.add_argument("--val-data", help="held-out conversations (online) or features (offline)")
     src.add_argument("--val-fraction", type=float, default=0.05, help="else hold out this share, split by id")
     src.add_argument("--val-max-samples", type=int, default=None, help="validate on at most this many samples")
+    src.add_argument("--train-fraction", type=float, default=1.0,
+                     help="train on this hash-stable share of the training samples (a smaller share is a subset "
+                          "of a larger one; validation is unchanged): the slices of a data-scaling curve")
     src.add_argument("--allow-partial-features", action="store_true",
                      help="train on the finished shards of a capture that is still running")
     src.add_argument("--out", required=True, help="output folder (the draft checkpoint + trainer state)")
@@ -74,7 +77,8 @@ def config_from_args(args: argparse.Namespace):
 
     return TrainConfig(
         target=args.target, out=args.out, features=args.features, data=args.data, val_data=args.val_data,
-        val_fraction=args.val_fraction, allow_partial_features=args.allow_partial_features, vocab=args.vocab,
+        val_fraction=args.val_fraction, train_fraction=args.train_fraction,
+        allow_partial_features=args.allow_partial_features, vocab=args.vocab,
         init_from=args.init_from,
         draft_vocab_size=args.draft_vocab_size, allow_smaller_vocab=args.allow_smaller_vocab,
         aux_layer_ids=tuple(args.aux_layer_ids) if args.aux_layer_ids else None,

@@ -19,6 +19,7 @@ class TrainConfig:
     data: str | None = None               # online: a conversations folder / .jsonl
     val_data: str | None = None           # held-out conversations (online) or features (offline)
     val_fraction: float = 0.05            # else: this share of the samples, split by id hash
+    train_fraction: float = 1.0           # train on this hash-stable share of the training samples (nested)
     allow_partial_features: bool = False
     vocab: str | None = None              # a vocab.safetensors (else built from the training split)
     init_from: str | None = None          # a native draft: its weights and vocab start the run (max_steps=0: validate it)
@@ -68,6 +69,8 @@ class TrainConfig:
             raise EaglekitError(f"unknown precision {self.precision!r}", hint="use auto, fp32 or bf16")
         if not 0 <= self.val_fraction < 1:
             raise EaglekitError(f"val_fraction {self.val_fraction} must be in [0, 1)", hint="e.g. 0.05")
+        if not 0 < self.train_fraction <= 1:
+            raise EaglekitError(f"train_fraction {self.train_fraction} must be in (0, 1]", hint="e.g. 0.25")
         if self.init_from and self.vocab:
             raise EaglekitError("--init-from brings its own vocab; drop --vocab", hint="the draft's d2t is its vocab")
         if self.max_steps is not None and self.max_steps < 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass, field
 
@@ -39,6 +40,32 @@ def split_members(ids: list[str], fraction: float) -> tuple[list[int], list[int]
     for i, sid in enumerate(ids):
         (val if is_validation(sid, fraction) else train).append(i)
     return train, val
+
+
+def in_train_share(sample_id: str, fraction: float) -> bool:
+    """`--train-fraction`: whether a sample is in the hash-stable share `fraction` of the training
+    data. The hash is salted, so the share is independent of the validation split, and a smaller
+    share is a subset of a larger one (the nested slices of a data-scaling curve)."""
+    if fraction >= 1:
+        return True
+    digest = hashlib.sha256(b"eaglekit-train-share:" + sample_id.encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
+def train_share(ids: list[str], members: list[int], fraction: float) -> list[int]:
+    """The members (indices into `ids`) inside the `--train-fraction` share."""
+    kept = [i for i in members if in_train_share(ids[i], fraction)]
+    if not kept:
+        raise EaglekitError(f"--train-fraction {fraction} keeps none of the {len(members)} training samples",
+                            hint="use a larger fraction or more data")
+    return kept
+
+
+def counting_masks(pairs, tally: dict):
+    """Pass (input_ids, loss_mask) pairs through, adding their assistant tokens to tally["assistant_tokens"]."""
+    for ids, mask in pairs:
+        tally["assistant_tokens"] += int(torch.as_tensor(mask).sum())
+        yield ids, mask
 
 
 def initial_draft(cfg: TrainConfig) -> Eagle3Draft | None:
@@ -116,6 +143,9 @@ def prepare_online(cfg: TrainConfig, dist: Dist) -> Run:
         train_samples, val_samples = [samples[i] for i in t_idx], [samples[i] for i in v_idx]
     if not train_samples:
         raise EaglekitError("no training conversations left after the validation split", hint="add data")
+    if cfg.train_fraction < 1:
+        train_samples = [train_samples[i] for i in train_share([s.id for s in train_samples],
+                                                               list(range(len(train_samples))), cfg.train_fraction)]
     start = initial_draft(cfg)
     vocab = choose_vocab(cfg, ((s.input_ids, s.loss_mask) for s in train_samples), tcfg.vocab_size,
                          target.stop_token_ids, start)
@@ -125,7 +155,9 @@ def prepare_online(cfg: TrainConfig, dist: Dist) -> Run:
                         head.weight.detach().float().cpu() if head is not None else None, start)
     train = OnlineSource(target.model, train_samples, aux, vocab)
     val = OnlineSource(target.model, val_samples, aux, vocab) if val_samples else None
-    counts.update(train_samples=len(train_samples), val_samples=len(val_samples))
+    counts.update(train_samples=len(train_samples), val_samples=len(val_samples),
+                  train_tokens=sum(s.length for s in train_samples),
+                  train_assistant_tokens=int(sum(int(s.loss_mask.sum()) for s in train_samples)))
     return Run(fp, aux, vocab, draft, train, val, inputs={"data": data_fp, "val_data": val_fp}, counts=counts)
 
 
@@ -150,8 +182,11 @@ def prepare_offline(cfg: TrainConfig, dist: Dist) -> Run:
         t_idx, v_idx = split_members(store.ids, cfg.val_fraction)
     if not t_idx:
         raise EaglekitError("no training samples left after the validation split", hint="add data")
+    if cfg.train_fraction < 1:
+        t_idx = train_share(store.ids, t_idx, cfg.train_fraction)
     train_set = set(t_idx)
-    masks = (tm for i, tm in enumerate(store.token_masks()) if i in train_set)
+    tally = {"assistant_tokens": 0}
+    masks = counting_masks((tm for i, tm in enumerate(store.token_masks()) if i in train_set), tally)
     start = initial_draft(cfg)
     vocab = choose_vocab(cfg, masks, tcfg.vocab_size, parts.stop_token_ids, start)
     draft = build_draft(cfg, parts.config, aux, vocab, parts.embedding, parts.lm_head, start)
@@ -159,7 +194,8 @@ def prepare_offline(cfg: TrainConfig, dist: Dist) -> Run:
     val = OfflineSource(val_store, v_idx, vocab) if v_idx else None
     lengths = store.lengths
     counts = {"train_samples": len(t_idx), "val_samples": len(v_idx),
-              "tokens": sum(lengths[i] for i in t_idx)}
+              "tokens": sum(lengths[i] for i in t_idx), "train_tokens": sum(lengths[i] for i in t_idx),
+              "train_assistant_tokens": tally["assistant_tokens"]}
     inputs = {"features": store_fingerprint(store)}
     if val_store is not store:
         inputs["val_data"] = store_fingerprint(val_store)

@@ -1,0 +1,69 @@
+"""The data-scaling recipe section and train's --train-fraction share (the real run is in test_report.py)."""
+
+import pytest
+import yaml
+
+from eaglekit.cli import main
+from eaglekit.errors import EaglekitError
+from eaglekit.features.conversations import is_validation
+from eaglekit.pipeline.recipe import load_recipe
+from eaglekit.pipeline.scaling import ScalingPlan, scaling_plan, verdict
+from eaglekit.train.config import TrainConfig
+from eaglekit.train.setup import in_train_share, train_share
+
+
+def test_train_shares_are_nested_stable_and_independent_of_validation():
+    ids = [f"conv-{i}" for i in range(4000)]
+    shares = {f: {i for i in ids if in_train_share(i, f)} for f in (0.125, 0.25, 0.5, 1.0)}
+    assert shares[0.125] <= shares[0.25] <= shares[0.5] <= shares[1.0] == set(ids)
+    for f, members in shares.items():
+        assert abs(len(members) / len(ids) - f) < 0.03, f
+    # the same ids in another order (or among more data) land in the same shares
+    assert {i for i in reversed(ids + ["new-1", "new-2"]) if in_train_share(i, 0.25)} - {"new-1", "new-2"} == shares[0.25]
+    # a salted hash: the share is not the validation split's low end
+    val = {i for i in ids if is_validation(i, 0.25)}
+    assert abs(len(val & shares[0.25]) / len(val) - 0.25) < 0.05
+    with pytest.raises(EaglekitError, match="keeps none"):
+        train_share(["a"], [0], 1e-9)
+    with pytest.raises(EaglekitError, match="train_fraction"):
+        TrainConfig(target="t", out="o", features="f", train_fraction=0)
+
+
+def recipe_with(tmp_path, **scaling_and_train):
+    train = scaling_and_train.pop("train", {"epochs": 1})
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump({"target": "smollm2", "train": train, **scaling_and_train}))
+    return load_recipe(str(path))
+
+
+def test_scaling_section_is_checked(tmp_path):
+    assert scaling_plan(recipe_with(tmp_path)) is None
+    plan = scaling_plan(recipe_with(tmp_path, scaling={"fractions": [0.125, 0.25, 0.5, 1], "steps": 50}))
+    assert plan == ScalingPlan((0.125, 0.25, 0.5, 1.0), 50, True)
+    bad = [({"fractions": [0.5]}, "at least two"), ({"fractions": [0.5, 0.25]}, "increase"),
+           ({"fractions": [0.5, 1.5]}, "increase within"), ({"fractions": [0, 1]}, "increase within"),
+           ({"fractions": [0.5, 1], "steps": 0}, "steps"), ({"fractions": [0.5, 1], "every": 2}, "unknown keys"),
+           ({"fractions": [0.5, 1], "bench": "yes"}, "bench"), ([0.5, 1], "must be a section")]
+    for section, message in bad:
+        with pytest.raises(EaglekitError, match=message):
+            scaling_plan(recipe_with(tmp_path, scaling=section))
+    with pytest.raises(EaglekitError, match="init-from"):
+        scaling_plan(recipe_with(tmp_path, scaling={"fractions": [0.5, 1]}, train={"init-from": "d"}))
+    # override syntax, as on the command line
+    recipe = load_recipe("quick", ["scaling.fractions=[0.25, 0.5, 1.0]", "scaling.steps=30"])
+    assert scaling_plan(recipe) == ScalingPlan((0.25, 0.5, 1.0), 30, True)
+
+
+def test_a_bad_scaling_section_stops_the_run_before_any_stage(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", "--recipe", "quick", "--out", str(out), "scaling.fractions=[1.0, 0.5]"]) == 2
+    assert "scaling.fractions must increase" in capsys.readouterr().err
+    assert not (out / "pipeline.json").exists()
+
+
+def test_verdict_reads_the_two_largest_slices():
+    rows = [{"fraction": f, "status": "done", "walk_tau": t, "steps": 10} for f, t in ((0.25, 1.5), (0.5, 1.7), (1.0, 1.9))]
+    assert "still rising" in verdict(rows) and "+0.200" in verdict(rows)
+    rows[-1]["walk_tau"] = 1.72
+    assert "flat within 0.05" in verdict(rows)
+    assert verdict(rows[:1]) is None
