@@ -25,6 +25,7 @@ STAGE_CLIS = (
     "eaglekit.data.cli",
     "eaglekit.engine.cli",
     "eaglekit.bench.cli",
+    "eaglekit.report.cli",
 )
 
 
