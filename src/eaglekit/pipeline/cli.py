@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe, args.overrides)
     state = run_pipeline(recipe, args.out, stop_before=args.stop_before)
     for name, stage in state["stages"].items():
-        print(f"{name:<14} {stage['status']:<8} {stage['seconds']:>8.1f} s  exit {stage['exit_code']}")
+        print(f"{name:<18} {stage['status']:<8} {stage['seconds']:>8.1f} s  exit {stage['exit_code']}")
     print(state["summary"])
     if state.get("stopped_before"):
         return 0

@@ -11,7 +11,9 @@
       export/<fmt>/  `eaglekit export`
       doctor/        `eaglekit doctor --json` on the vLLM export, with the live probe
       bench/         `eaglekit bench`
+      scaling/       with `scaling: {fractions: [...]}`: one draft per nested slice of the data (pipeline/scaling.py)
       pipeline.json  which stages finished, with the exact command of each
+      report.html    `eaglekit report`: the page a person looks at, rewritten at the end of every run
 
 Each stage runs through its own subcommand (the same code path as running it alone). A stage
 recorded as finished with the same command is skipped; a stage that was interrupted is run again
@@ -28,9 +30,11 @@ import sys
 import time
 from pathlib import Path
 
-from eaglekit.artifacts import read_json, write_json
+from eaglekit.artifacts import read_json, write_json, writer_lock
 from eaglekit.errors import EaglekitError
 from eaglekit.pipeline.recipe import to_flags
+from eaglekit.pipeline.scaling import run_scaling, scaling_plan, scaling_summary
+from eaglekit.report.html import write_report
 
 log = logging.getLogger(__name__)
 STATE = "pipeline.json"
@@ -77,7 +81,7 @@ class Pipeline:
 
 
 STAGES = ("target", "prompts", "synthesize", "generate", "features", "val-prompts", "val-generate", "val-features",
-          "train", "export-sglang", "export-vllm", "export-eagle", "doctor", "bench")
+          "train", "export-sglang", "export-vllm", "export-eagle", "doctor", "bench", "scaling")
 
 
 class StopBefore(Exception):
@@ -159,7 +163,11 @@ def run_pipeline(recipe: dict, out: str | Path | None = None, stop_before: str |
     if stop_before and stop_before not in STAGES and not stop_before.startswith("export-"):
         raise EaglekitError(f"there is no stage named {stop_before!r}", hint=f"stages: {', '.join(STAGES)}")
     out = Path(out or recipe.get("out") or Path("runs") / recipe.get("name", "run"))
-    out.mkdir(parents=True, exist_ok=True)
+    with writer_lock(out, stage="run"):  # two `eaglekit run` into one folder would run every stage twice
+        return run_locked(recipe, out, stop_before)
+
+
+def run_locked(recipe: dict, out: Path, stop_before: str | None) -> dict:
     pipe = Pipeline(recipe, out, stop_before)
     try:
         run_stages(pipe, recipe, out)
@@ -167,15 +175,33 @@ def run_pipeline(recipe: dict, out: str | Path | None = None, stop_before: str |
         pipe.state["stopped_before"], pipe.state["doctor_ok"] = str(stop), None
         pipe.state["summary"] = f"stopped before stage {stop}; rerun without --stop-before to go on"
         write_json(pipe.state_path, pipe.state)
+        write_report(out)
         return pipe.state
+    except EaglekitError:
+        report_after_failure(out)
+        raise
     pipe.state.pop("stopped_before", None)
     pipe.state["doctor_ok"], pipe.state["summary"] = summarize(out)
+    pipe.state["summary"] += "".join(f"\n{line}" for line in (scaling_summary(out), f"report: {out / 'report.html'}")
+                                     if line)
     write_json(pipe.state_path, pipe.state)
+    write_report(out)
     return pipe.state
+
+
+def report_after_failure(out: Path) -> None:
+    """The report of a failed run (the failed stage marked failed); its own error must not hide the stage's."""
+    if not (out / STATE).is_file():   # refused before any stage ran: nothing to report
+        return
+    try:
+        log.info("report of the run so far: %s", write_report(out))
+    except EaglekitError as err:
+        log.error("could not write the report of %s: %s", out, err)
 
 
 def run_stages(pipe: Pipeline, recipe: dict, out: Path) -> None:
     """Every stage in order (each skipped if it finished earlier with the same command)."""
+    scaling = scaling_plan(recipe)   # checked before the first stage runs
     device = recipe.get("device")
     dev = ["--device", str(device)] if device else []
 
@@ -214,6 +240,9 @@ def run_stages(pipe: Pipeline, recipe: dict, out: Path) -> None:
     if bench:
         pipe.stage("bench", ["bench", *t, "--draft", str(draft), *to_flags(bench), *dev,
                              "--out", str(out / "bench")])
+
+    if scaling is not None:
+        run_scaling(pipe, scaling, recipe, out, t, dev, train_input)
 
 
 def summarize(out: Path) -> tuple[bool, str]:

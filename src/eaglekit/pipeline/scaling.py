@@ -1,0 +1,234 @@
+"""The data-scaling curve of `eaglekit run`: is the draft data-limited?
+
+A recipe with `scaling: {fractions: [0.125, 0.25, 0.5, 1.0]}` trains, after the main draft, one
+more draft per fraction on a growing slice of the same training samples, each under the same step
+budget, and measures each one:
+
+    runs/<name>/scaling/
+      frac-0.125/draft/   `eaglekit train --train-fraction 0.125 --max-steps N` (a full training run folder)
+      frac-0.125/bench/   `eaglekit bench` of that draft (when the recipe benches and scaling.bench is on)
+      ...
+      scaling.json        one row per slice: samples, answer tokens, steps, best walk / simulated tau,
+                          step-0 accuracy, bench tau and speedup
+      scaling.md          the same as a table
+      scaling.svg         tau and step-0 accuracy against the slice's answer tokens
+
+The slices are hash-stable and nested (train's `--train-fraction`: a sample is in a share when a
+salted hash of its id falls below it, so the 1/8 slice lies inside the 1/4 slice, and adding data
+never reshuffles them). Every slice validates on the same held-out set as the main draft and gets
+the same N optimizer steps (`scaling.steps`, default: the steps the main draft/ run took), so the
+slices differ only in how much distinct data they saw: a curve still rising at the full data says
+more data would pay. Each slice is a pipeline stage of its own (`scaling-<f>-train`,
+`scaling-<f>-bench`): finished slices are skipped on a rerun and an interrupted one resumes.
+
+Recipe keys (section `scaling`):
+    fractions   at least two increasing shares in (0, 1], e.g. [0.125, 0.25, 0.5, 1.0]
+    steps       optimizer steps of every slice (default: those of the main draft)
+    bench       bench every slice's draft with the recipe's bench section (default: true)
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from eaglekit.artifacts import atomic_path, read_json, write_json
+from eaglekit.errors import EaglekitError
+from eaglekit.pipeline.recipe import to_flags
+
+KEYS = ("fractions", "steps", "bench")
+# Train flags that set the length of a run: every slice gets the same number of steps instead.
+LENGTH_FLAGS = ("epochs", "max-steps", "time-budget-s")
+SUMMARY = "scaling.json"
+STYLE = (".title{font:600 13px sans-serif} .tick,.legend,.value{font:10px sans-serif;fill:#444} "
+         ".label{font:11px sans-serif} .plot-area{fill:#fff;stroke:#aab2ba} .grid{stroke:#e6e9ec} .tickmark{stroke:#aab2ba}")
+
+
+@dataclass(frozen=True)
+class ScalingPlan:
+    fractions: tuple[float, ...]
+    steps: int | None
+    bench: bool
+
+
+def scaling_plan(recipe: dict) -> ScalingPlan | None:
+    """The recipe's `scaling` section, checked; None without one.
+
+    Raises:
+        EaglekitError: unknown keys, fewer than two fractions, fractions outside (0, 1] or not
+            increasing, a bad step count, or train keys the slices cannot honour.
+    """
+    section = recipe.get("scaling")
+    if section is None or section is False:
+        return None
+    hint = "e.g. scaling: {fractions: [0.125, 0.25, 0.5, 1.0]}"
+    if not isinstance(section, dict):
+        raise EaglekitError(f"recipe scaling must be a section, got {section!r}", hint=hint)
+    unknown = sorted(set(section) - set(KEYS))
+    if unknown:
+        raise EaglekitError(f"recipe scaling has unknown keys {unknown}", hint=f"keys are {', '.join(KEYS)}")
+    fractions = section.get("fractions")
+    if not isinstance(fractions, list) or len(fractions) < 2 or \
+            not all(isinstance(f, (int, float)) and not isinstance(f, bool) for f in fractions):
+        raise EaglekitError(f"scaling.fractions must list at least two numbers, got {fractions!r}", hint=hint)
+    if not all(0 < f <= 1 for f in fractions) or any(b <= a for a, b in zip(fractions, fractions[1:])):
+        raise EaglekitError(f"scaling.fractions must increase within (0, 1], got {fractions}", hint=hint)
+    steps = section.get("steps")
+    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
+        raise EaglekitError(f"scaling.steps must be a whole number >= 1, got {steps!r}",
+                            hint="or leave it out: every slice then gets the main draft's steps")
+    bench = section.get("bench", True)
+    if not isinstance(bench, bool):
+        raise EaglekitError(f"scaling.bench must be true or false, got {bench!r}", hint="e.g. scaling.bench=false")
+    train = recipe.get("train") or {}
+    if train.get("init-from"):
+        raise EaglekitError("scaling with train.init-from would measure fine-tuning a trained draft, not the data",
+                            hint="drop train.init-from or the scaling section")
+    if "train-fraction" in train:
+        raise EaglekitError("train.train-fraction is set by the scaling slices", hint="drop it from the train section")
+    return ScalingPlan(tuple(float(f) for f in fractions), steps, bench)
+
+
+def slice_folder(out: Path, fraction: float) -> Path:
+    return out / "scaling" / f"frac-{fraction:g}"
+
+
+def step_budget(plan: ScalingPlan, out: Path) -> int:
+    if plan.steps is not None:
+        return plan.steps
+    steps = (read_json(out / "draft" / "manifest.json", "draft manifest").get("steps") or {}).get("done")
+    if not steps:
+        raise EaglekitError("the main draft ran 0 steps: no step budget for the scaling slices",
+                            hint="set scaling.steps")
+    return int(steps)
+
+
+def run_scaling(pipe, plan: ScalingPlan, recipe: dict, out: Path, t: list[str], dev: list[str],
+                train_input: list[str]) -> None:
+    """Train (and bench) every slice as its own stage, then write the summary files."""
+    from eaglekit.pipeline.run import StopBefore
+
+    if pipe.stop_before == "scaling":
+        raise StopBefore("scaling")
+    steps = step_budget(plan, out)
+    train = {k: v for k, v in (recipe.get("train") or {}).items() if k not in LENGTH_FLAGS}
+    bench = recipe.get("bench") if plan.bench else None
+    for fraction in plan.fractions:
+        folder = slice_folder(out, fraction)
+        draft = folder / "draft"
+        pipe.stage(f"scaling-{fraction:g}-train",
+                   ["train", *t, *train_input, *to_flags(train), "--train-fraction", f"{fraction:g}",
+                    "--max-steps", str(steps), *dev, "--out", str(draft)],
+                   resume_flag="--resume", resume_marker=draft / "trainer_state",
+                   processes=int(recipe.get("gpus") or 1))
+        if bench:
+            pipe.stage(f"scaling-{fraction:g}-bench", ["bench", *t, "--draft", str(draft), *to_flags(bench), *dev,
+                                                       "--out", str(folder / "bench")])
+    write_summary(out, plan, steps, pipe.state)
+
+
+def slice_row(out: Path, fraction: float, steps: int, state: dict) -> dict:
+    """One slice as measured: its training manifest's best validation and, if benched, the bench tau."""
+    folder = slice_folder(out, fraction)
+    entry = state["stages"].get(f"scaling-{fraction:g}-train") or {}
+    row = {"fraction": fraction, "folder": str(folder), "status": entry.get("status", "not run"),
+           "command": shlex.join(["eaglekit", *entry["argv"]]) if entry else None, "steps": steps}
+    manifest_path = folder / "draft" / "manifest.json"
+    if manifest_path.is_file():
+        m = read_json(manifest_path, "slice draft manifest")
+        best, counts = m.get("best") or {}, m.get("counts") or {}
+        row.update(samples=counts.get("train_samples"), tokens=counts.get("train_assistant_tokens"),
+                   all_tokens=counts.get("train_tokens"), steps=(m.get("steps") or {}).get("done"),
+                   best_step=best.get("step"), walk_tau=best.get("walk_accept_length"),
+                   sim_tau=best.get("sim_accept_length"), acc0=(best.get("acc") or [None])[0],
+                   device=m.get("config", {}).get("device"), date=m.get("created"))
+        if not m.get("complete") and row["status"] == "done":
+            row["status"] = "running"
+    results = folder / "bench" / "results.json"
+    if results.is_file():
+        s = read_json(results, "slice bench results")["summary"]
+        row.update(bench_tau=s["tau"], speedup=s["speedup"], bench_spec=s["spec"])
+    row["status"] = {"running": "unfinished", "done": "done", "not run": "not run"}.get(row["status"], "failed")
+    return row
+
+
+def verdict(rows: list[dict], key: str = "walk_tau", step: float = 0.05) -> str | None:
+    """One sentence on the last two finished points (the largest slices)."""
+    done = [r for r in rows if r["status"] == "done" and r.get(key) is not None]
+    if len(done) < 2:
+        return None
+    a, b = done[-2], done[-1]
+    gain = b[key] - a[key]
+    reading = ("still rising: more data of this kind should pay" if gain > step else
+               f"flat within {step}: at this step budget more data of this kind buys little")
+    return (f"{key.replace('_', ' ')} {a[key]:.3f} -> {b[key]:.3f} ({gain:+.3f}) from {a['fraction']:g} to "
+            f"{b['fraction']:g} of the data, {b['steps']} steps each: {reading}")
+
+
+def write_summary(out: Path, plan: ScalingPlan, steps: int, state: dict) -> dict:
+    """scaling.json, scaling.md and scaling.svg from the slices' own outputs."""
+    rows = [slice_row(out, f, steps, state) for f in plan.fractions]
+    first = next((r for r in rows if r.get("date")), {})
+    table = {"fractions": list(plan.fractions), "steps": steps, "rows": rows, "verdict": verdict(rows),
+             "tokens": "answer (assistant) tokens of the slice's training samples",
+             "command": " && ".join(r["command"] for r in rows if r["command"]) or None,
+             "device": first.get("device"), "date": first.get("date"),
+             "written": time.strftime("%Y-%m-%d %H:%M:%S")}
+    folder = out / "scaling"
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(folder / SUMMARY, table)
+    with atomic_path(folder / "scaling.md") as tmp:
+        tmp.write_text(markdown(table))
+    svg = plot(table)
+    if svg is not None:
+        with atomic_path(folder / "scaling.svg") as tmp:
+            tmp.write_text(svg)
+    return table
+
+
+def markdown(table: dict) -> str:
+    fmt = lambda v: "–" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))  # noqa: E731
+    lines = [f"# Data scaling: {table['steps']} steps per slice", "",
+             "| fraction | status | samples | answer tokens | best step | walk tau | sim tau | acc_0 | bench tau | speedup |",
+             "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in table["rows"]:
+        lines.append(f"| {r['fraction']:g} | {r['status']} | {fmt(r.get('samples'))} | {fmt(r.get('tokens'))} | "
+                     f"{fmt(r.get('best_step'))} | {fmt(r.get('walk_tau'))} | {fmt(r.get('sim_tau'))} | "
+                     f"{fmt(r.get('acc0'))} | {fmt(r.get('bench_tau'))} | {fmt(r.get('speedup'))} |")
+    if table.get("verdict"):
+        lines += ["", table["verdict"]]
+    return "\n".join(lines) + "\n"
+
+
+def plot(table: dict) -> str | None:
+    """tau (walk, simulated, bench) and step-0 accuracy against tokens, side by side in one SVG."""
+    from eaglekit.report.svg import H, W, Series, line_chart
+
+    done = [r for r in table["rows"] if r.get("tokens") is not None]
+    if not done:
+        return None
+    xs = [r["tokens"] for r in done]
+    taus = [Series(name, xs, [r.get(key) for r in done]) for name, key in
+            (("walk tau", "walk_tau"), ("simulated tau", "sim_tau"), ("bench tau", "bench_tau"))
+            if any(r.get(key) is not None for r in done)]
+    left = line_chart(taus, title=f"tau against data ({table['steps']} steps each)", xlabel="answer tokens",
+                      ylabel="tau", logx=True)
+    right = line_chart([Series("step-0 accuracy", xs, [r.get("acc0") for r in done])], title="step-0 accuracy",
+                       xlabel="answer tokens", ylabel="acc_0", logx=True)
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * W}" height="{H}" viewBox="0 0 {2 * W} {H}">'
+            f'<style>{STYLE}</style><rect width="{2 * W}" height="{H}" fill="#ffffff"/>'
+            f'<g>{left}</g><g transform="translate({W} 0)">{right}</g></svg>\n')
+
+
+def scaling_summary(out: Path) -> str | None:
+    """The run summary's line about the curve, if there is one."""
+    path = out / "scaling" / SUMMARY
+    if not path.is_file():
+        return None
+    table = read_json(path, "scaling summary")
+    points = ", ".join(f"{r['fraction']:g}: {r['walk_tau'] if r.get('walk_tau') is not None else r.get('sim_tau')}"
+                       for r in table["rows"])
+    return f"scaling: walk tau by share of the data {points} ({path.parent / 'scaling.md'})" + \
+        (f"\n  {table['verdict']}" if table.get("verdict") else "")
