@@ -6,8 +6,10 @@ ended. Two implementations:
 
 - `HFGenerator`: Hugging Face `generate`, batched with left padding: what a user would otherwise
   run, kept as `--backend hf` so the benchmark can compare against it.
-- `EngineGenerator`: eaglekit's own static-KV-cache batch decoder (`eaglekit.engine.batch`), CUDA
-  graphs and torch.compile on GPU: the fast path, and the default (`--backend local`).
+- `EngineGenerator`: eaglekit's own continuous-batching decoder (`eaglekit.engine.batch`), CUDA
+  graphs and torch.compile on GPU: the fast path, and the default (`--backend local`). It also
+  streams (`serve`): rows are refilled as answers end, and a conversation's next turn can be queued
+  as soon as its answer is back.
 
 Both take the engine's `Sampling` (the one vocabulary for temperature / top-p / top-k) and a
 separate `seed`: the seed is the data stage's, the engine leaves seeding to its caller.
@@ -17,10 +19,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 
+from eaglekit.engine.batch import Request
 from eaglekit.engine.sampling import Sampling
 from eaglekit.errors import EaglekitError
 from eaglekit.target.load import text_config
@@ -53,6 +58,7 @@ class HFGenerator:
     """
 
     name = "hf"
+    continuous = False   # answers a batch at a time (`generate`), as a user of HF would
 
     def __init__(self, model, stop_ids: list[int], sampling: Sampling, *, seed: int = 0):
         if not stop_ids:
@@ -84,34 +90,44 @@ class HFGenerator:
 
 
 class EngineGenerator:
-    """eaglekit's static-KV-cache batch decoder (`eaglekit.engine.batch.BatchDecoder`).
+    """eaglekit's continuous-batching decoder (`eaglekit.engine.batch.BatchDecoder`).
 
-    One decoder (runner, KV cache, captured CUDA graph) is kept for the whole run and rebuilt only
-    when a batch needs more cache slots than it has: `generate_batch` builds a new one per call,
-    which would recompile and recapture for every batch of a resumable, streamed run.
+    `serve(take)` keeps `batch_size` rows busy: a row whose answer ended is refilled at once with the
+    next request, and a caller may queue a conversation's next turn as soon as its answer comes
+    back (`LocalBackend`). One decoder (runner, KV cache, captured CUDA graph) is kept for the whole
+    run; a request that needs more cache slots than its rows hold waits until the rows drain, and
+    the decoder is then rebuilt larger (compile and capture again: logged).
 
     Args:
         model: the target.
         stop_ids: token ids that end a turn.
         sampling: sampling settings (temperature 0: greedy).
         seed: seeds torch's generator once, so a run's samples repeat.
-        batch_size: rows per decoder step (a smaller batch is filled up with repeats).
+        batch_size: rows decoded together.
         runner: "auto", "fast" or "generic" (see `eaglekit.engine.runner`).
         graphs, compile: CUDA graphs / torch.compile (default: on when the model is on CUDA).
+        attention: the FAST runner's attention kind (`engine.kv.ATTENTION_KINDS`); None: its default.
+        chunk: decode steps between host checks.
+        max_len: cache slots per row of the first decoder (default: what the first request needs,
+            at least `MIN_SLOTS`, at most the target's context, rounded up to `SLOTS`).
     """
 
     name = "engine"
-    SLOTS = 512  # cache slots are rounded up to a multiple of this, so few rebuilds happen
+    continuous = True    # `serve`: rows are refilled as answers end (LocalBackend streams to it)
+    SLOTS = 512          # cache slots are rounded up to a multiple of this, so few rebuilds happen
+    MIN_SLOTS = 2048     # room for longer later prompts (a conversation's next turn) without a rebuild
 
     def __init__(self, model, stop_ids: list[int], sampling: Sampling, *, seed: int = 0, batch_size: int = 32,
-                 runner: str = "auto", graphs: bool | None = None, compile: bool | None = None):
+                 runner: str = "auto", graphs: bool | None = None, compile: bool | None = None,
+                 attention: str | None = None, chunk: int = 16, max_len: int | None = None):
         if not stop_ids:
             raise EaglekitError("the target has no stop token", hint="set eos_token_id in generation_config.json")
         cuda = next(model.parameters()).device.type == "cuda"
         self.model, self.stop_ids, self.sampling, self.batch_size = model, list(stop_ids), sampling, batch_size
-        self.runner = runner
+        self.runner, self.attention, self.chunk, self.first_max_len = runner, attention, chunk, max_len
         self.graphs = cuda if graphs is None else graphs
         self.compile = cuda if compile is None else compile
+        self.context = getattr(text_config(model.config), "max_position_embeddings", None)
         self._decoder, self.max_len, self.builds = None, 0, 0
         torch.manual_seed(seed)
 
@@ -121,35 +137,68 @@ class EngineGenerator:
         self._decoder_for(max_prompt_tokens + max_new_tokens)
         return time.perf_counter() - start
 
+    def _slots_for(self, needed: int) -> int:
+        """Slots per row of the next decoder: rounded up, grown by half at least, within the context."""
+        if self._decoder is None and self.first_max_len:
+            return max(needed, self.first_max_len)
+        rounded = -(-max(needed, self.MIN_SLOTS) // self.SLOTS) * self.SLOTS
+        grown = max(rounded, int(self.max_len * 1.5) // self.SLOTS * self.SLOTS)
+        return max(needed, min(grown, self.context or grown))   # no slots past the target's context
+
     def _decoder_for(self, needed: int):
         if self._decoder is None or needed > self.max_len:
             from eaglekit.engine.batch import BatchDecoder
             from eaglekit.engine.runner import make_target_runner
 
-            max_len = max(-(-needed // self.SLOTS) * self.SLOTS, int(self.max_len * 1.5) // self.SLOTS * self.SLOTS)
-            limit = getattr(text_config(self.model.config), "max_position_embeddings", None)
-            max_len = max(needed, min(max_len, limit or max_len))  # no slots past the target's context
+            max_len = self._slots_for(needed)
             self._decoder = None  # free the old cache before the new one is allocated
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
             start = time.perf_counter()
-            runner = make_target_runner(self.model, max_len=max_len, batch_size=self.batch_size, runner=self.runner)
-            self._decoder = BatchDecoder(runner, sampling=self.sampling, graphs=self.graphs,
-                                         compile=self.compile)
+            kernels = {"attention": self.attention} if self.attention else {}
+            runner = make_target_runner(self.model, max_len=max_len, batch_size=self.batch_size, runner=self.runner,
+                                        **kernels)
+            self._decoder = BatchDecoder(runner, sampling=self.sampling, graphs=self.graphs, compile=self.compile,
+                                         chunk=self.chunk)
             self.max_len, self.builds = max_len, self.builds + 1
             log.info("engine batch decoder: %d rows x %d slots, %s runner, graphs=%s, compile=%s (built in %.1f s)",
                      self.batch_size, max_len, runner.kind, self.graphs, self.compile, time.perf_counter() - start)
         return self._decoder
 
-    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[Completion]:
-        out: list[Completion] = []
+    def serve(self, take) -> Iterator[tuple[Request, Completion]]:
+        """Answer the requests `take()` returns (None: no more now) as rows free up; yields
+        (request, completion) as answers end. Requests longer than the rows wait for a larger decoder."""
+        ready: deque[Request] = deque()       # taken, and fit the rows
+        later: list[Request] = []             # taken, too long for the rows: after the rebuild
+
+        def fitting() -> Request | None:
+            while True:
+                request = ready.popleft() if ready else take()
+                if request is None or len(request.ids) + request.max_new_tokens <= self.max_len:
+                    return request
+                later.append(request)
+
+        first = take()
+        if first is None:
+            return
+        ready.append(first)
+        self._decoder_for(len(first.ids) + first.max_new_tokens)
         stops = set(self.stop_ids)
-        for i in range(0, len(prompts), self.batch_size):
-            chunk = prompts[i:i + self.batch_size]
-            decoder = self._decoder_for(max(len(p) for p in chunk) + max_new_tokens)
-            filled = chunk + [chunk[0]] * (self.batch_size - len(chunk))  # static shape: repeat a prompt
-            done = decoder.run(filled, max_new_tokens, stops)[: len(chunk)]
-            out += [cut_at_stop(list(c.tokens), stops, max_new_tokens) for c in done]
+        while True:
+            for request, done in self._decoder.serve(fitting, self.stop_ids):
+                yield request, cut_at_stop(done.tokens, stops, request.max_new_tokens)
+            if not later:
+                return
+            log.info("%d requests need more than %d slots per row: rebuilding the decoder", len(later), self.max_len)
+            self._decoder_for(max(len(r.ids) + r.max_new_tokens for r in later))
+            ready.extend(later)
+            later.clear()
+
+    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[Completion]:
+        requests = iter([Request(list(p), max_new_tokens, key=i) for i, p in enumerate(prompts)])
+        out: list[Completion | None] = [None] * len(prompts)
+        for request, completion in self.serve(lambda: next(requests, None)):
+            out[request.key] = completion
         return out
 
 

@@ -1,9 +1,12 @@
-"""Answer conversations with the target itself, in batches, on this machine.
+"""Answer conversations with the target itself, on this machine, turn by turn.
 
-Scheduling is static batching over turns: a batch holds the next turn of up to `batch_size`
-conversations. A multi-turn conversation goes back to the front of the queue after each answer,
-so its next user turn follows the target's own answer and it finishes soon after it started.
-New prompts are taken in windows sorted by length, so a batch pads little.
+With the engine (a generator that streams, `continuous`), scheduling is continuous: the engine
+keeps `batch_size` rows busy and asks for the next turn whenever a row frees up; a multi-turn
+conversation goes to the front of the queue as soon as its answer is back, so its next user turn
+follows the target's own answer and it finishes soon after it started. With HF `generate`
+scheduling is static batching over turns, as a user of HF would run it: a batch holds the next
+turn of up to `batch_size` conversations, new prompts are taken in windows sorted by length so a
+batch pads little, and a multi-turn conversation goes back to the front after each answer.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from collections import deque
 from typing import Iterable, Iterator
 
 from eaglekit.data.records import Answer, Conversation
+from eaglekit.engine.batch import Request
 from eaglekit.errors import EaglekitError
 from eaglekit.target.chat import prompt_ids
 
@@ -41,6 +45,36 @@ class LocalBackend:
 
     def run(self, conversations: Iterable[Conversation]) -> Iterator[list[Conversation]]:
         """Yield lists of finished conversations (answered, or skipped when the context is full)."""
+        if getattr(self.generator, "continuous", False):
+            return self._run_continuous(conversations)
+        return self._run_static(conversations)
+
+    def _run_continuous(self, conversations: Iterable[Conversation]) -> Iterator[list[Conversation]]:
+        """Stream turns to the engine; a conversation's next turn is queued when its answer is back."""
+        source = iter(conversations)
+        next_turns: deque[Conversation] = deque()
+        finished: list[Conversation] = []
+
+        def take() -> Request | None:
+            while (conv := next_turns.popleft() if next_turns else next(source, None)) is not None:
+                ids = self._ids(conv)
+                budget = self._budget(conv, ids)
+                if budget:
+                    return Request(ids, budget, key=conv)
+                finished.append(conv)          # skipped: no room left in the context
+            return None
+
+        for request, completion in self.generator.serve(take):
+            conv = request.key
+            self._record(conv, request.ids, completion)
+            (next_turns if not conv.done else finished).append(conv)
+            if len(finished) >= self.batch_size:
+                yield finished
+                finished = []
+        if finished:
+            yield finished
+
+    def _run_static(self, conversations: Iterable[Conversation]) -> Iterator[list[Conversation]]:
         source = iter(conversations)
         queue: deque[tuple[Conversation, list[int]]] = deque()
         exhausted = False
@@ -70,15 +104,29 @@ class LocalBackend:
     def _ids(self, conv: Conversation) -> list[int]:
         return prompt_ids(self.tokenizer, conv.next_messages(), **self.template_kwargs)
 
+    def _budget(self, conv: Conversation, ids: list[int]) -> int:
+        """New tokens this turn may have; 0 (and the conversation marked skipped) when none fit."""
+        budget = min(self.max_new_tokens, self.context_length - len(ids))
+        if budget < 1:
+            conv.skipped = f"prompt of {len(ids)} tokens leaves no room in the context of {self.context_length}"
+            return 0
+        return budget
+
+    def _record(self, conv: Conversation, ids: list[int], completion) -> None:
+        tokens = completion.token_ids
+        body = tokens[:-1] if completion.finish_reason == "stop" else tokens
+        text = self.tokenizer.decode(body, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        conv.answers.append(Answer(text=text, finish_reason=completion.finish_reason, num_tokens=len(tokens),
+                                   counted_by="generator", prompt_tokens=len(ids)))
+
     def _answer(self, batch: list[tuple[Conversation, list[int]]]) -> list[tuple[Conversation, bool]]:
         """Generate the next turn of each conversation; True where more turns remain."""
         results: list[tuple[Conversation, bool]] = []
         full: list[tuple[Conversation, list[int]]] = []
         short: list[tuple[Conversation, list[int], int]] = []
         for conv, ids in batch:
-            budget = min(self.max_new_tokens, self.context_length - len(ids))
-            if budget < 1:
-                conv.skipped = f"prompt of {len(ids)} tokens leaves no room in the context of {self.context_length}"
+            budget = self._budget(conv, ids)
+            if not budget:
                 results.append((conv, False))
             elif budget == self.max_new_tokens:
                 full.append((conv, ids))
@@ -90,10 +138,6 @@ class LocalBackend:
         for rows, budget in calls:
             completions = self.generator.generate([ids for _, ids in rows], budget)
             for (conv, ids), completion in zip(rows, completions):
-                tokens = completion.token_ids
-                body = tokens[:-1] if completion.finish_reason == "stop" else tokens
-                text = self.tokenizer.decode(body, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-                conv.answers.append(Answer(text=text, finish_reason=completion.finish_reason,
-                                           num_tokens=len(tokens), counted_by="generator", prompt_tokens=len(ids)))
+                self._record(conv, ids, completion)
                 results.append((conv, not conv.done))
         return results
