@@ -270,6 +270,8 @@ def unfinished_reason(manifest: dict | None) -> str | None:
     """Why the artifact a manifest describes is unfinished, or None; follows `source_manifest`
     (an export or import of an unfinished draft is unfinished too)."""
     while manifest:
+        if manifest.get("unfinished_draft"):  # an export / import made with --allow-unfinished
+            return manifest["unfinished_draft"]
         if manifest.get("complete") is False:
             steps = manifest.get("steps") or {}
             where = f" at step {steps['done']} of {steps['total']}" if "done" in steps and "total" in steps else ""
@@ -278,22 +280,20 @@ def unfinished_reason(manifest: dict | None) -> str | None:
     return None
 
 
-def check_finished(manifest: dict | None, folder: str | os.PathLike, *, allow_unfinished: bool = False) -> str | None:
-    """Refuse an unfinished artifact unless `allow_unfinished`; returns the reason when it is one.
+def refuse_unfinished(reason: str | None, folder: str | os.PathLike, *, allow_unfinished: bool = False) -> str | None:
+    """Refuse an unfinished artifact (`reason` says why it is one) unless `allow_unfinished`.
 
-    Callers that go on with an unfinished artifact record the returned reason in their outputs.
+    Returns the reason, which a caller going on with `--allow-unfinished` records in its outputs.
     """
-    reason = unfinished_reason(manifest)
     if reason is None:
         return None
-    stage = (manifest or {}).get("stage")
     if not allow_unfinished:
         running = " and is still being written" if being_written(folder) else ""
         raise EaglekitError(
             f"{folder} is unfinished{running}: {reason}",
             hint="let the run finish (a killed `eaglekit train` continues with the same command plus --resume), "
                  "or pass --allow-unfinished to use it anyway (every output then says so)")
-    log.warning("using the unfinished %s artifact %s (--allow-unfinished): %s", stage, folder, reason)
+    log.warning("using the unfinished artifact %s (--allow-unfinished): %s", folder, reason)
     return reason
 
 
@@ -301,7 +301,7 @@ def require_finished(folder: str | os.PathLike, *, stage: str | None = None,
                      allow_unfinished: bool = False) -> dict:
     """The manifest of a finished folder of `stage`; refuses a missing, unfinished or other-stage one."""
     manifest = read_manifest(folder, stage=stage)
-    check_finished(manifest, folder, allow_unfinished=allow_unfinished)
+    refuse_unfinished(unfinished_reason(manifest), folder, allow_unfinished=allow_unfinished)
     return manifest
 
 

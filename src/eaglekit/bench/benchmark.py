@@ -16,12 +16,15 @@ from pathlib import Path
 
 import torch
 
-from eaglekit.artifacts import check_same_target, read_manifest, sha256_file, write_json, write_manifest
+from eaglekit.artifacts import (MANIFEST, atomic_path, check_same_target, refuse_unfinished, sha256_file, write_json,
+                                write_manifest, writer_lock)
 from eaglekit.bench.prompts import load_bench_prompts
 from eaglekit.bench.report import markdown, plot, summarize, turn_records
 from eaglekit.bench.run import conversation_ids, run_baselines, run_speculation
 from eaglekit.engine import DraftRunner, Engine, OracleDrafter, Sampling, SpecConfig, make_target_runner
 from eaglekit.errors import EaglekitError
+from eaglekit.formats.detect import FORMAT_LABELS, detect_format
+from eaglekit.formats.folder import DraftFolder, read_folder
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,7 @@ class BenchConfig:
     max_len: int | None = None
     warmup: int = 1
     seed: int = 0
+    allow_unfinished: bool = False               # bench a draft whose training did not finish (marked so)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -64,19 +68,45 @@ def device_name(device: str) -> str:
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
-def load_draft_for(folder: str | Path, target, device: str):
-    """A draft checkpoint, refused if its manifest names another target; in the target's dtype."""
-    from eaglekit.draft.checkpoint import load_draft
-
+def read_draft_folder(folder: str | Path, *, allow_unfinished: bool = False) -> DraftFolder:
+    """A draft folder of any format the doctor reads (eaglekit, SGLang / SpecForge, speculators, EAGLE),
+    read before any model loads, so a wrong path or an unfinished draft fails in a second."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise EaglekitError(f"no draft folder {folder}", hint="pass a draft checkpoint folder, `oracle` or `random`")
-    if (folder / "manifest.json").is_file():
-        manifest = read_manifest(folder)
-        if manifest.get("target") is not None:
-            check_same_target(target.fingerprint(), manifest["target"], what=f"draft {folder}")
+        raise EaglekitError(f"no draft folder {folder}", hint="pass a draft folder, `oracle` or `random`")
+    draft = read_folder(folder)
+    refuse_unfinished(draft.unfinished, folder, allow_unfinished=allow_unfinished)
+    return draft
+
+
+def load_draft_for(folder: str | Path | DraftFolder, target, device: str, *, allow_unfinished: bool = False):
+    """A draft of any format, converted in memory as `eaglekit import` converts it, refused if it was
+    made for another target; in the target's dtype, with the target's embedding."""
+    from eaglekit.draft import Eagle3Draft
+    from eaglekit.formats.importer import native_tensors, strict_reading
+
+    if not isinstance(folder, DraftFolder):
+        folder = read_draft_folder(folder, allow_unfinished=allow_unfinished)
+    if folder.recorded_target is not None:
+        check_same_target(target.fingerprint(), folder.recorded_target, what=f"draft {folder.path}")
+    reading = strict_reading(folder, target_num_layers=target.config.num_hidden_layers)
+    check_fits_target(reading.config, target.config, folder.path)
+    if reading.format != "native":
+        log.info("draft %s: %s, converted in memory", folder.path, reading.label)
+    draft = Eagle3Draft(reading.config)
+    draft.load_state_dict(native_tensors(reading), strict=False)  # strict_reading checked names and shapes
     dtype = next(target.model.parameters()).dtype
-    return load_draft(folder, device=device, dtype=dtype, target_embedding=target.model.get_input_embeddings().weight)
+    draft.set_target_embedding(target.model.get_input_embeddings().weight)
+    return draft.to(device=device, dtype=dtype).eval()
+
+
+def check_fits_target(cfg, target_cfg, path: Path) -> None:
+    """A draft without a recorded target must at least have the target's vocab and hidden width."""
+    for name, mine, theirs in (("vocab_size", cfg.vocab_size, target_cfg.vocab_size),
+                               ("target_hidden_size", cfg.target_hidden_size, target_cfg.hidden_size)):
+        if mine != theirs:
+            raise EaglekitError(f"draft {path} has {name} {mine}, the target {theirs}: it was made for another target",
+                                hint=f"run `eaglekit doctor {path} --target T` to see what it was made for")
 
 
 def random_draft_for(model, device: str):
@@ -111,15 +141,18 @@ def benchmark(cfg: BenchConfig, command: str = "") -> dict:
     """Run the benchmark and return the results (see module docstring for the files)."""
     from eaglekit.target.load import load_target, resolve_device
 
+    folder = None
+    if cfg.draft not in ("oracle", "random"):  # a wrong path or an unfinished draft fails before the target loads
+        folder = read_draft_folder(cfg.draft, allow_unfinished=cfg.allow_unfinished)
+    prompts = load_bench_prompts(cfg.prompts, cfg.limit)
     device = resolve_device(cfg.device)
     target = load_target(cfg.target, device=device, dtype=cfg.dtype)
-    prompts = load_bench_prompts(cfg.prompts, cfg.limit)
     specs = list(SWEEP) if cfg.sweep else [cfg.spec]
     draft = None
     if cfg.draft == "random":
         draft = random_draft_for(target.model, device)
-    elif cfg.draft != "oracle":
-        draft = load_draft_for(cfg.draft, target, device)
+    elif folder is not None:
+        draft = load_draft_for(folder, target, device)
     max_len = cache_slots(cfg, target.tokenizer, prompts, specs)
     aux = list(draft.config.aux_layer_ids) if draft is not None else []
     runner = make_target_runner(target.model, max_len=max_len, aux_layer_ids=aux, runner=cfg.runner)
@@ -153,6 +186,8 @@ def benchmark(cfg: BenchConfig, command: str = "") -> dict:
         config={**cfg.to_dict(), "spec": specs[best].to_dict(), "runner": runner.kind, "max_len": max_len,
                 "graphs": engine.graphs, "compile": engine.compile, "dtype": str(runner_dtype(runner))},
         torch=torch.__version__, seconds=round(time.time() - start, 1))
+    result["summary"]["draft_format"] = FORMAT_LABELS[detect_format(folder.config)] if folder else cfg.draft
+    result["summary"]["unfinished_draft"] = folder.unfinished if folder else None
     result["config"] = {"target": cfg.target, "draft": cfg.draft, "sampling": "greedy" if cfg.sampling.greedy
                         else f"T={cfg.sampling.temperature} top_p={cfg.sampling.top_p} top_k={cfg.sampling.top_k}",
                         "max_new_tokens": cfg.max_new_tokens}
@@ -168,9 +203,13 @@ def runner_dtype(runner) -> torch.dtype:
 
 
 def write_outputs(result: dict, cfg: BenchConfig, out: str | Path, json_path: str | None = None) -> dict:
-    """Write results.json, report.md, acceptance.png and manifest.json into `out`."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    """Write results.json, report.md, acceptance.png and manifest.json (last) into `out`, holding its writer lock."""
+    with writer_lock(out, stage="bench"):
+        (Path(out) / MANIFEST).unlink(missing_ok=True)  # an earlier run's manifest must not vouch for these files
+        return _write_outputs(result, cfg, Path(out), json_path)
+
+
+def _write_outputs(result: dict, cfg: BenchConfig, out: Path, json_path: str | None) -> dict:
     why_no_plot = plot(result, out / "acceptance.png")
     if why_no_plot:
         log.warning(why_no_plot)
@@ -180,17 +219,20 @@ def write_outputs(result: dict, cfg: BenchConfig, out: str | Path, json_path: st
     if json_path:
         write_json(json_path, result)
     text = markdown(result)
-    from eaglekit.artifacts import atomic_path
-
+    unfinished = result["summary"].get("unfinished_draft")
+    if unfinished:
+        text = f"**Unfinished draft** (benched with --allow-unfinished): {unfinished}\n\n" + text
     with atomic_path(out / "report.md") as tmp:
         tmp.write_text(text + "\n")
+    s = result["summary"]
     inputs = {}
     if cfg.prompts and Path(cfg.prompts).is_file():
         inputs["prompts"] = {"path": str(cfg.prompts), "sha256": sha256_file(cfg.prompts)}
     if cfg.draft not in ("oracle", "random"):
-        inputs["draft"] = {"path": str(cfg.draft), "sha256": sha256_file(Path(cfg.draft) / "model.safetensors")}
-    s = result["summary"]
+        inputs["draft"] = {"path": str(cfg.draft), "format": s["draft_format"],
+                           "sha256": {f.name: sha256_file(f) for f in sorted(Path(cfg.draft).glob("*.safetensors"))}}
     return write_manifest(out, stage="bench", config=s["config"], target=result["target_fingerprint"], inputs=inputs,
                           counts={"prompts": s["prompts"], "turns": s["turns"], "cycles": s["cycles"]},
                           extra={"summary": {k: s[k] for k in ("tau", "speedup", "baseline_tok_s", "spec_tok_s",
-                                                               "hf_tok_s", "greedy_match", "device", "date")}})
+                                                               "hf_tok_s", "greedy_match", "device", "date")},
+                                 "unfinished_draft": s.get("unfinished_draft")})

@@ -24,6 +24,8 @@ def register(sub) -> None:
     p.add_argument("--no-hf", dest="hf", action="store_false", help="skip HF generate")
     p.add_argument("--warmup", type=int, default=1, help="untimed warm-up generations per method")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--allow-unfinished", action="store_true",
+                   help="bench a draft whose training did not finish (refused otherwise; the results say so)")
     p.add_argument("--json", help="also write the results JSON here")
     p.add_argument("--out", default="runs/bench", help="output folder (results.json, report.md, plot, manifest)")
     p.set_defaults(func=run)
@@ -45,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
                       sampling=sampling_from(args), max_new_tokens=args.max_new_tokens, limit=args.limit,
                       sweep=args.sweep, hf=args.hf, device=args.device, dtype=args.dtype, runner=args.runner,
                       graphs=args.graphs, compile=args.compile, max_len=args.max_len, warmup=args.warmup,
-                      seed=args.seed)
+                      seed=args.seed, allow_unfinished=args.allow_unfinished)
     result = benchmark(cfg, command=command_line(args))
     write_outputs(result, cfg, args.out, args.json)
     print(markdown(result))

@@ -292,12 +292,23 @@ def check_vocab(ctx: Context) -> Check:
 def check_target(ctx: Context) -> Check:
     recorded = ctx.interp.folder.recorded_target
     if not recorded:
-        return Check("target", PASS, "no target recorded (third-party draft): shapes and vocab checked instead")
-    mine = ctx.facts.fingerprint["config_hash"]
-    if recorded.get("config_hash") != mine:
+        return Check("target", WARN, "no target recorded (a third-party draft?): which model it was made for "
+                     "cannot be checked, only its shapes and vocab size",
+                     "if you know the target: `eaglekit import DRAFT --target T --out DIR` records it")
+    mine = ctx.facts.fingerprint
+    if recorded.get("config_hash") != mine["config_hash"]:
         return Check("target", FAIL, f"the draft was made for another target ({recorded.get('name')!r}, "
-                     f"config {recorded.get('config_hash')} != {mine})", "pass the target it was trained for")
-    return Check("target", PASS, f"made for this target ({recorded.get('name')})")
+                     f"config {recorded.get('config_hash')} != {mine['config_hash']})",
+                     "pass the target it was trained for")
+    if recorded.get("weights_hash") is None:
+        return Check("target", WARN, f"made for a target with this config ({recorded.get('name')}); its weights "
+                     "were not recorded (an older eaglekit), so a fine-tune of the same model passes too",
+                     "retrain, or export again with a current eaglekit, to record them")
+    if recorded["weights_hash"] != mine["weights_hash"]:
+        return Check("target", FAIL, f"the draft was made for other weights of this architecture "
+                     f"({recorded.get('name')!r}, weights {recorded['weights_hash']} != {mine['weights_hash']}): "
+                     "a fine-tune or another checkpoint of the model", "pass the target it was trained for")
+    return Check("target", PASS, f"made for this target ({recorded.get('name')}, same config and weights)")
 
 
 def check_weights(ctx: Context) -> Check:

@@ -19,6 +19,8 @@ def register(sub) -> None:
     doc.add_argument("--num-prompts", type=int, default=6, help="prompts used by the probe (default 6)")
     doc.add_argument("--device", default="cpu", help="where the target runs for the probe (default cpu)")
     doc.add_argument("--diagnose", action="store_true", help="run the diagnosis even when acceptance is fine")
+    doc.add_argument("--allow-unfinished", action="store_true",
+                     help="check a draft whose training did not finish (refused otherwise; the report says so)")
     doc.add_argument("--json", action="store_true", help="print the report as JSON")
     doc.add_argument("--out", help="also write report.json and manifest.json into this folder")
     doc.set_defaults(func=run)
@@ -30,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     report = run_doctor(args.draft, args.target, engine=args.engine, prompts=args.probe,
                         run_probe=args.probe is not None, k=args.k, max_new_tokens=args.max_new_tokens,
                         num_prompts=args.num_prompts, diagnose_always=args.diagnose,
-                        device=args.device)
+                        device=args.device, allow_unfinished=args.allow_unfinished)
     if args.out:
         write_report(report, args)
     if args.json:
@@ -46,13 +48,15 @@ def write_report(report, args: argparse.Namespace) -> None:
     """The doctor as a pipeline stage: report.json plus a manifest naming the draft and target."""
     from pathlib import Path
 
-    from eaglekit.artifacts import sha256_json, write_json, write_manifest
+    from eaglekit.artifacts import MANIFEST, sha256_json, write_json, write_manifest, writer_lock
 
     out = Path(args.out)
     data = report.to_dict()
-    write_json(out / "report.json", data)
     failed = [c["id"] for c in data["checks"] if c["status"] == "fail"]
-    write_manifest(out, stage="doctor", config={k: v for k, v in vars(args).items() if k != "func"},
-                   target=None, inputs={"draft": str(args.draft), "report": sha256_json(data)},
-                   counts={"checks": len(data["checks"]), "failed": len(failed)},
-                   extra={"ok": data["ok"], "failed_checks": failed})
+    with writer_lock(out, stage="doctor"):
+        (out / MANIFEST).unlink(missing_ok=True)  # an earlier report's manifest must not vouch for this one
+        write_json(out / "report.json", data)
+        write_manifest(out, stage="doctor", config={k: v for k, v in vars(args).items() if k != "func"},
+                       target=None, inputs={"draft": str(args.draft), "report": sha256_json(data)},
+                       counts={"checks": len(data["checks"]), "failed": len(failed)},
+                       extra={"ok": data["ok"], "failed_checks": failed, "unfinished_draft": data["unfinished_draft"]})

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from eaglekit.artifacts import refuse_unfinished
 from eaglekit.doctor.checks import FAIL, PASS, WARN, Check, Context, run_checks
 from eaglekit.doctor.engines import ENGINES, read_as
 from eaglekit.errors import EaglekitError
@@ -36,6 +37,7 @@ class Report:
     checks: list[Check]
     probe: dict | None = None
     notes: list[str] = field(default_factory=list)
+    unfinished: str | None = None       # why the draft is unfinished, when checked with --allow-unfinished
 
     @property
     def ok(self) -> bool:
@@ -44,7 +46,7 @@ class Report:
     def to_dict(self) -> dict:
         return {"ok": self.ok, "draft": self.draft, "target": self.target, "engine": self.engine,
                 "format": self.format, "checks": [c.to_dict() for c in self.checks], "probe": self.probe,
-                "notes": self.notes}
+                "notes": self.notes, "unfinished_draft": self.unfinished}
 
 
 def load_prompts(spec: str | None, limit: int) -> list[list[dict]]:
@@ -93,7 +95,7 @@ def training_tau(manifest: dict | None, k: int) -> tuple[float | None, str]:
 
 def run_doctor(draft: str | Path, target: str, *, engine: str | None = None, prompts: str | None = None,
                run_probe: bool = False, k: int = 3, max_new_tokens: int = 64, num_prompts: int = 6,
-               diagnose_always: bool = False, device: str = "cpu") -> Report:
+               diagnose_always: bool = False, device: str = "cpu", allow_unfinished: bool = False) -> Report:
     """Check a draft folder against a target as `engine` would serve it.
 
     Args:
@@ -107,9 +109,13 @@ def run_doctor(draft: str | Path, target: str, *, engine: str | None = None, pro
         num_prompts: how many prompts the probe uses.
         diagnose_always: run the diagnosis even when acceptance is fine.
         device: where the target runs for the probe (the replay itself runs on the CPU).
+        allow_unfinished: check a draft whose training did not finish (refused otherwise); the
+            report then says so in a `finished` check.
     """
+    folder = read_folder(draft)
+    unfinished = refuse_unfinished(folder.unfinished, draft, allow_unfinished=allow_unfinished)
     facts = target_facts(target)
-    interp = interpret(read_folder(draft), target_num_layers=facts.num_layers)
+    interp = interpret(folder, target_num_layers=facts.num_layers)
     engine = engine or NATURAL_ENGINE.get(interp.format, "sglang")
     if engine not in ENGINES:
         raise EaglekitError(f"unknown engine {engine!r}", hint=f"use one of {', '.join(ENGINES)}")
@@ -124,7 +130,10 @@ def run_doctor(draft: str | Path, target: str, *, engine: str | None = None, pro
     ctx = Context(interp=interp, reading=reading, facts=facts,
                   target_embedding=lambda: loaded().model.get_input_embeddings().weight.detach().cpu())
     report = Report(draft=str(draft), target=str(target), engine=engine, format=interp.label,
-                    checks=run_checks(ctx), notes=list(interp.notes))
+                    checks=run_checks(ctx), notes=list(interp.notes), unfinished=unfinished)
+    if unfinished:
+        report.checks.insert(0, Check("finished", WARN, f"the draft is unfinished: {unfinished}; checked anyway "
+                                      "(--allow-unfinished)", "finish training (--resume) before serving it"))
     if run_probe:
         report.probe = live_probe(ctx, loaded(), prompts, k, max_new_tokens, num_prompts, diagnose_always)
         report.checks.append(Check("probe", report.probe["status"], report.probe["message"],

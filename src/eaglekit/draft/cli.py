@@ -24,7 +24,9 @@ def register(sub) -> None:
 
 
 def run_vocab(args: argparse.Namespace) -> int:
-    from eaglekit.artifacts import write_manifest
+    from pathlib import Path
+
+    from eaglekit.artifacts import MANIFEST, write_manifest, writer_lock
     from eaglekit.draft.vocab import build_draft_vocab, count_assistant_tokens
     from eaglekit.train.target_parts import load_target_parts
 
@@ -47,9 +49,11 @@ def run_vocab(args: argparse.Namespace) -> int:
     counts = count_assistant_tokens(pairs, vocab_size)
     vocab = build_draft_vocab(counts, args.draft_vocab_size, always_include=parts.stop_token_ids,
                               allow_smaller=args.allow_smaller_vocab)
-    vocab.save(args.out)
-    write_manifest(args.out, stage="vocab", config={"draft_vocab_size": args.draft_vocab_size,
-                                                    "allow_smaller_vocab": args.allow_smaller_vocab},
-                   target=parts.fingerprint, inputs=inputs, counts=vocab.summary())
+    with writer_lock(args.out, stage="vocab"):
+        (Path(args.out) / MANIFEST).unlink(missing_ok=True)  # the manifest is written last, over the new vocab
+        vocab.save(args.out)
+        write_manifest(args.out, stage="vocab", config={"draft_vocab_size": args.draft_vocab_size,
+                                                        "allow_smaller_vocab": args.allow_smaller_vocab},
+                       target=parts.fingerprint, inputs=inputs, counts=vocab.summary())
     print(json.dumps(vocab.summary()))
     return 0

@@ -47,25 +47,29 @@ def register(sub) -> None:
     p = sub.add_parser("speculate", help="answer one prompt with speculative decoding (prints text, tau, tok/s)")
     p.add_argument("prompt", help="the user message")
     p.add_argument("--target", default="smollm2", help="smollm2, an HF model folder or a .gguf file")
-    p.add_argument("--draft", required=True, help="a draft checkpoint folder, or `random`")
+    p.add_argument("--draft", required=True, help="a draft folder (eaglekit, SGLang, speculators or EAGLE), or `random`")
+    p.add_argument("--allow-unfinished", action="store_true",
+                   help="use a draft whose training did not finish (refused otherwise; the output says so)")
     p.add_argument("--seed", type=int, default=0)
     add_engine_args(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from eaglekit.bench.benchmark import load_draft_for, random_draft_for
+    from eaglekit.bench.benchmark import load_draft_for, random_draft_for, read_draft_folder
     from eaglekit.engine import DraftRunner, Engine, make_target_runner
     from eaglekit.target.chat import prompt_ids
     from eaglekit.target.load import load_target, resolve_device
 
+    # A wrong path or an unfinished draft fails before the target loads.
+    folder = None if args.draft == "random" else read_draft_folder(args.draft, allow_unfinished=args.allow_unfinished)
     device = resolve_device(args.device)
     target = load_target(args.target, device=device, dtype=args.dtype)
     spec, sampling = spec_from(args), sampling_from(args)
-    if args.draft == "random":
+    if folder is None:
         draft = random_draft_for(target.model, device)
     else:
-        draft = load_draft_for(args.draft, target, device)
+        draft = load_draft_for(folder, target, device)
     ids = prompt_ids(target.tokenizer, [{"role": "user", "content": args.prompt}])
     max_len = args.max_len or -(-(len(ids) + args.max_new_tokens + spec.headroom) // 128) * 128
     runner = make_target_runner(target.model, max_len=max_len, aux_layer_ids=list(draft.config.aux_layer_ids),
@@ -76,4 +80,6 @@ def run(args: argparse.Namespace) -> int:
     print(target.tokenizer.decode(gen.tokens, skip_special_tokens=True))
     print(f"\n[{len(gen.tokens)} tokens, {len(gen.tokens) / gen.seconds:.1f} tok/s, tau {gen.tau:.2f}, "
           f"{spec.label()}, {runner.kind} runner, {gen.finish_reason}]")
+    if folder is not None and folder.unfinished:
+        print(f"[unfinished draft: {folder.unfinished}]")
     return 0

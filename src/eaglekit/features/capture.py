@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from eaglekit.artifacts import MANIFEST, atomic_path, read_manifest, write_json, write_manifest
+from eaglekit.artifacts import MANIFEST, atomic_path, read_manifest, write_json, write_manifest, writer_lock
 from eaglekit.errors import EaglekitError
 from eaglekit.features.batch import pack_by_tokens, pad_stack
 from eaglekit.features.conversations import Sample
@@ -83,9 +83,15 @@ def done_shards(out: Path, plan: list[list[int]], samples: list[Sample]) -> dict
     return done
 
 
-def capture_features(target, samples: list[Sample], out: str | Path, *, aux_layer_ids: list[int], topk: int = 32,
-                     shard_tokens: int = 262144, batch_tokens: int = 8192, config: dict | None = None,
-                     inputs: dict | None = None, overwrite: bool = False, progress: bool = True) -> dict:
+def capture_features(target, samples: list[Sample], out: str | Path, **kwargs) -> dict:
+    """`capture_into` holding `out`'s writer lock: a second capture into the same folder is refused."""
+    with writer_lock(out, stage="features"):
+        return capture_into(target, samples, Path(out), **kwargs)
+
+
+def capture_into(target, samples: list[Sample], out: str | Path, *, aux_layer_ids: list[int], topk: int = 32,
+                 shard_tokens: int = 262144, batch_tokens: int = 8192, config: dict | None = None,
+                 inputs: dict | None = None, overwrite: bool = False, progress: bool = True) -> dict:
     """Capture (or finish capturing) the offline features of `samples` into `out`.
 
     Args:
@@ -177,7 +183,7 @@ def topk_mass(out: Path, files: list[str]) -> float:
 
 
 def clear_store(out: Path) -> None:
-    for path in list(out.glob("shard-*.safetensors")) + [out / INDEX, out / MANIFEST]:
+    for path in [out / MANIFEST, out / INDEX] + list(out.glob("shard-*.safetensors")):  # the manifest first
         path.unlink(missing_ok=True)
 
 

@@ -16,6 +16,8 @@ def register(sub) -> None:
     exp.add_argument("--dtype", default="bfloat16", help="dtype of the exported weights (default bfloat16)")
     exp.add_argument("--speculative-tokens", type=int, default=3, help="draft tokens per step (vLLM config)")
     exp.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    exp.add_argument("--allow-unfinished", action="store_true",
+                     help="export a draft whose training did not finish (refused otherwise; the export says so)")
     exp.set_defaults(func=run_export)
 
     imp = sub.add_parser("import", help="read a SGLang/EAGLE/ModelOpt/speculators draft into a native checkpoint")
@@ -31,11 +33,14 @@ def run_export(args: argparse.Namespace) -> int:
     from eaglekit.formats.export import export_draft
 
     manifest = export_draft(args.checkpoint, args.format, args.out, target=args.target, dtype=args.dtype,
-                            speculative_tokens=args.speculative_tokens, overwrite=args.overwrite)
+                            speculative_tokens=args.speculative_tokens, overwrite=args.overwrite,
+                            allow_unfinished=args.allow_unfinished)
     ids = manifest["aux_layer_ids"]
     print(f"exported {args.checkpoint} -> {args.out} ({args.format}, {args.dtype}, "
           f"{manifest['counts']['tensors']} tensors; aux layers {ids['eaglekit']} written as {ids['written']}); "
           "reload check passed")
+    if manifest["unfinished_draft"]:
+        print(f"warning: the draft is unfinished ({manifest['unfinished_draft']}); its export says so")
     return 0
 
 

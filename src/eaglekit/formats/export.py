@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from eaglekit.artifacts import atomic_dir, atomic_path, check_same_target, sha256_file, write_json, write_manifest
+from eaglekit.artifacts import (atomic_dir, atomic_path, check_same_target, refuse_unfinished, sha256_file,
+                                write_json, write_manifest)
 from eaglekit.draft.checkpoint import CONFIG, WEIGHTS
 from eaglekit.draft.config import DraftConfig
 from eaglekit.errors import EaglekitError
@@ -72,7 +73,8 @@ def verify_export(folder: Path, fmt: str, expected: dict[str, torch.Tensor], cfg
 
 
 def export_draft(ckpt: str | Path, fmt: str, out: str | Path, *, target: str | None = None,
-                 dtype: str = "bfloat16", speculative_tokens: int = 3, overwrite: bool = False) -> dict:
+                 dtype: str = "bfloat16", speculative_tokens: int = 3, overwrite: bool = False,
+                 allow_unfinished: bool = False) -> dict:
     """Export a draft checkpoint for an engine and verify it before reporting success.
 
     Args:
@@ -83,6 +85,8 @@ def export_draft(ckpt: str | Path, fmt: str, out: str | Path, *, target: str | N
             the verifier in the vLLM config.
         dtype: dtype of the exported float weights (default bfloat16).
         speculative_tokens: draft tokens per step written into the vLLM config.
+        allow_unfinished: export a draft whose training did not finish (refused otherwise); the
+            export's manifest and config then record why it is unfinished.
 
     Returns:
         The manifest written to `out/manifest.json`.
@@ -93,6 +97,7 @@ def export_draft(ckpt: str | Path, fmt: str, out: str | Path, *, target: str | N
     facts = target_facts(target) if target else None
     reading = read_strict(ckpt, facts)
     source_manifest = reading.folder.manifest or {}
+    unfinished = refuse_unfinished(reading.folder.unfinished, ckpt, allow_unfinished=allow_unfinished)
     fingerprint = reading.folder.recorded_target
     if facts is not None:
         if fingerprint is not None:
@@ -104,7 +109,8 @@ def export_draft(ckpt: str | Path, fmt: str, out: str | Path, *, target: str | N
 
     native = native_tensors(reading)
     tensors = to_format(cast(native, DTYPES[dtype]), fmt, same_vocab=cfg.draft_vocab_size == cfg.vocab_size)
-    config = format_config(cfg, fmt, facts, speculative_tokens, extra={"target": fingerprint})
+    marks = {"unfinished": unfinished} if unfinished else {}  # travels with the config to any engine's folder
+    config = format_config(cfg, fmt, facts, speculative_tokens, extra={"target": fingerprint, **marks})
 
     with atomic_dir(out, overwrite=overwrite, stage="export") as tmp:
         with atomic_path(tmp / WEIGHTS) as path:
@@ -121,7 +127,7 @@ def export_draft(ckpt: str | Path, fmt: str, out: str | Path, *, target: str | N
                                                                 if t.is_floating_point())},
             extra={"aux_layer_ids": {"eaglekit": list(cfg.aux_layer_ids),
                                      "written": to_engine_convention(cfg.aux_layer_ids, fmt)},
-                   "source_manifest": source_manifest or None},
+                   "source_manifest": source_manifest or None, "unfinished_draft": unfinished},
         )
     log.info("exported %s -> %s (%s, %s)", ckpt, out, fmt, dtype)
     return manifest

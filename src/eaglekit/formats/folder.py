@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from eaglekit.artifacts import MANIFEST, read_json
+from eaglekit.artifacts import MANIFEST, read_json, unfinished_reason
 from eaglekit.errors import EaglekitError
 from eaglekit.target.source import validate_safetensors
 
@@ -30,6 +30,12 @@ class DraftFolder:
         """The `eaglekit` block eaglekit writes into every config it produces, if any."""
         block = self.config.get("eaglekit")
         return block if isinstance(block, dict) else None
+
+    @property
+    def unfinished(self) -> str | None:
+        """Why the draft is unfinished (training stopped early), from its manifest or its config's
+        `eaglekit` block (an export of an unfinished draft carries the mark), else None."""
+        return unfinished_reason(self.manifest) or (self.eaglekit or {}).get("unfinished")
 
     @property
     def recorded_target(self) -> dict | None:

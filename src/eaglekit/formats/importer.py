@@ -20,7 +20,7 @@ from eaglekit.draft.checkpoint import CONFIG, WEIGHTS, load_draft
 from eaglekit.errors import EaglekitError
 from eaglekit.formats.detect import Interpretation, interpret
 from eaglekit.formats.facts import TargetFacts, target_facts
-from eaglekit.formats.folder import read_folder
+from eaglekit.formats.folder import DraftFolder, read_folder
 from eaglekit.formats.names import NATIVE_TENSORS, VOCAB_MAPS
 from eaglekit.target.info import check_aux_layer_ids
 
@@ -28,13 +28,19 @@ log = logging.getLogger(__name__)
 
 
 def read_strict(path: str | Path, facts: TargetFacts | None) -> Interpretation:
-    """Read a draft folder and refuse anything that would not convert faithfully.
+    """Read a draft folder and refuse anything that would not convert faithfully (`strict_reading`)."""
+    return strict_reading(read_folder(path), target_num_layers=facts.num_layers if facts else None)
+
+
+def strict_reading(folder: DraftFolder, *, target_num_layers: int | None) -> Interpretation:
+    """A draft folder of any format read into native names, refusing anything that would not convert faithfully.
 
     Raises:
         EaglekitError: unknown tensor names, missing tensors, or config fields that contradict
             each other (the doctor explains each of these in detail).
     """
-    reading = interpret(read_folder(path), target_num_layers=facts.num_layers if facts else None)
+    path = folder.path
+    reading = interpret(folder, target_num_layers=target_num_layers)
     problems = list(reading.conflicts)
     if reading.unknown:
         problems.append(f"tensors with no EAGLE-3 meaning {reading.unknown[:6]}")
@@ -115,7 +121,8 @@ def import_draft(path: str | Path, out: str | Path, *, target: str | None = None
             inputs={"draft": {"path": str(path), "sha256": {f.name: sha256_file(f)
                                                             for f in sorted(Path(path).glob("*.safetensors"))}}},
             counts={"tensors": len(tensors)},
-            extra={"notes": reading.notes, "source_manifest": reading.folder.manifest},
+            extra={"notes": reading.notes, "source_manifest": reading.folder.manifest,
+                   "unfinished_draft": reading.folder.unfinished},
         )
     log.info("imported %s (%s) -> %s", path, reading.label, out)
     return manifest

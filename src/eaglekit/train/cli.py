@@ -68,6 +68,7 @@ def register(sub) -> None:
     r.add_argument("--save-every", type=int, default=200, help="write the resume state every N steps")
     r.add_argument("--log-every", type=int, default=10)
     r.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped")
+    r.add_argument("--overwrite", action="store_true", help="delete the run in --out and start over")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_train)
 
@@ -89,7 +90,7 @@ def config_from_args(args: argparse.Namespace):
         min_lr_ratio=args.min_lr_ratio, schedule=args.schedule, warmup_steps=args.warmup_steps,
         weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm, val_every=args.val_every,
         val_max_samples=args.val_max_samples, save_every=args.save_every, log_every=args.log_every,
-        seed=args.seed, device=args.device, precision=args.precision, resume=args.resume,
+        seed=args.seed, device=args.device, precision=args.precision, resume=args.resume, overwrite=args.overwrite,
         progress=not args.no_progress)
 
 

@@ -8,7 +8,7 @@ from eaglekit.errors import EaglekitError
 from eaglekit.train.optim import SCHEDULES
 
 # Settings that may differ between a run and its resumption without changing a single number.
-RESUME_FREE = ("resume", "progress", "out")
+RESUME_FREE = ("resume", "overwrite", "progress", "out")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +52,7 @@ class TrainConfig:
     device: str = "auto"                  # auto: cuda if available
     precision: str = "auto"               # auto: bf16 autocast on cuda, fp32 on cpu
     resume: bool = False
+    overwrite: bool = False               # empty --out (under its writer lock) and start over
     progress: bool = True
     extra: dict = field(default_factory=dict)
 
@@ -71,6 +72,8 @@ class TrainConfig:
             raise EaglekitError(f"val_fraction {self.val_fraction} must be in [0, 1)", hint="e.g. 0.05")
         if not 0 < self.train_fraction <= 1:
             raise EaglekitError(f"train_fraction {self.train_fraction} must be in (0, 1]", hint="e.g. 0.25")
+        if self.resume and self.overwrite:
+            raise EaglekitError("--resume continues the run in --out, --overwrite deletes it", hint="pass one of them")
         if self.init_from and self.vocab:
             raise EaglekitError("--init-from brings its own vocab; drop --vocab", hint="the draft's d2t is its vocab")
         if self.max_steps is not None and self.max_steps < 0:

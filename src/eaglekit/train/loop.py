@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from eaglekit.artifacts import AUX_CONVENTION, write_manifest
+from eaglekit.artifacts import AUX_CONVENTION, clear_folder, write_manifest, writer_lock
 from eaglekit.draft.checkpoint import save_draft
 from eaglekit.errors import EaglekitError
 from eaglekit.train import distributed
@@ -102,7 +103,8 @@ class Trainer:
                                     hint="start without --resume, or pass the folder of the run to continue")
             return
         if self.out.exists() and any(self.out.iterdir()):
-            raise EaglekitError(f"{self.out} is not empty", hint="pass --resume to continue that run, or a new --out")
+            raise EaglekitError(f"{self.out} is not empty", hint="pass --resume to continue that run, --overwrite to "
+                                                                  "delete it and start over, or a new --out")
 
     def warmup_steps(self) -> int:
         if self.cfg.warmup_steps is not None:
@@ -342,5 +344,19 @@ class Trainer:
 
 def train(cfg: TrainConfig) -> dict:
     """Train a draft; returns the final manifest (empty on ranks other than 0)."""
-    return Trainer(cfg).fit()
+    with run_folder(cfg):
+        return Trainer(cfg).fit()
+
+
+@contextlib.contextmanager
+def run_folder(cfg: TrainConfig):
+    """Rank 0 holds --out's writer lock for the whole run, so a second run into it is refused instead
+    of mixing weights, manifest, trainer state and log; --overwrite empties it under the lock."""
+    if int(os.environ.get("RANK", "0")) != 0:  # the other DDP ranks write nothing of their own
+        yield
+        return
+    with writer_lock(cfg.out, stage="train"):
+        if cfg.overwrite:
+            clear_folder(cfg.out)
+        yield
 
