@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from eaglekit.artifacts import MANIFEST, check_same_target, read_manifest, sha256_file
+from eaglekit.artifacts import check_same_target, read_manifest, sha256_file
 from eaglekit.errors import EaglekitError
 from eaglekit.target.chat import tokenize_conversation
 
@@ -43,10 +43,7 @@ def conversation_files(path: str | Path) -> tuple[list[Path], dict | None]:
         return [path], None
     if not path.is_dir():
         raise EaglekitError(f"no such conversations file or folder: {path}", hint="check the path")
-    if not (path / MANIFEST).is_file():
-        raise EaglekitError(f"{path} has no manifest.json: the generate stage has not finished (or was killed)",
-                            hint="rerun `eaglekit generate` to completion, or pass a .jsonl file")
-    manifest = read_manifest(path, stage="generate")
+    manifest = read_manifest(path, stage="generate")  # says what to run for an unfinished folder
     files = sorted(path.glob("conversations-*.jsonl"))
     if not files:
         raise EaglekitError(f"{path} holds no conversations-*.jsonl shards", hint="is this a generate folder?")

@@ -19,10 +19,12 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from eaglekit.pipeline.keys import check_recipe_keys
     from eaglekit.pipeline.recipe import load_recipe
     from eaglekit.pipeline.run import run_pipeline
 
     recipe = load_recipe(args.recipe, args.overrides)
+    check_recipe_keys(recipe)  # a misspelled key fails now, not after the data stages
     state = run_pipeline(recipe, args.out, stop_before=args.stop_before)
     for name, stage in state["stages"].items():
         print(f"{name:<18} {stage['status']:<8} {stage['seconds']:>8.1f} s  exit {stage['exit_code']}")

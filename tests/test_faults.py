@@ -1,0 +1,328 @@
+"""The faults and bad inputs eaglekit survives, one test each (the list with outcomes: docs/reliability.md).
+
+Every test plants one fault as a user meets it (a second run into a folder in use, a killed
+training run's draft, a fine-tune passed as the target, a broken emoji escape, an empty file ...)
+and checks the clear refusal or the exact recovery. Each fails on the code before issue 14.
+A running writer is stood in for by holding the folder's writer lock, as the stage itself does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from eaglekit.artifacts import write_manifest, writer_lock
+from eaglekit.cli import main
+from eaglekit.draft.checkpoint import save_draft
+from eaglekit.errors import EaglekitError
+from eaglekit.target import load_target
+from engine_tiny import one_thread, random_draft  # noqa: F401 (fixture)
+from tiny import save_tiny_target
+
+PROMPTS = ["What is the capital of France?", "Count from one to ten.", "Write a haiku about rain."]
+
+
+def prompt_file(folder: Path, lines: list[str] | None = None) -> Path:
+    path = folder / "prompts.jsonl"
+    rows = lines if lines is not None else [json.dumps({"id": f"p{i}", "turns": [t]}) for i, t in enumerate(PROMPTS)]
+    path.write_text("".join(line + "\n" for line in rows), encoding="utf-8")
+    return path
+
+
+def generate(prompts: Path, target: Path, out: Path, *extra: str) -> int:
+    return main(["generate", "--prompts", str(prompts), "--target", str(target), "--out", str(out),
+                 "--backend", "hf", "--max-new-tokens", "4", *extra])
+
+
+@pytest.fixture(scope="module")
+def targets(tmp_path_factory) -> dict[str, Path]:
+    """A tiny target and its "fine-tune": the same config and tokenizer, other weights."""
+    root = tmp_path_factory.mktemp("targets")
+    return {"base": save_tiny_target(root / "base", seed=0), "tuned": save_tiny_target(root / "tuned", seed=1)}
+
+
+def draft_folder(target_dir: Path, out: Path, **manifest_extra) -> Path:
+    """A native draft for `target_dir` with a train manifest (finished unless told otherwise)."""
+    target = load_target(target_dir)
+    folder = save_draft(random_draft(target.model, aux=[1, 3, 4]), out)
+    write_manifest(folder, stage="train", config={}, target=target.fingerprint(), extra=manifest_extra)
+    return folder
+
+
+KILLED = {"complete": False, "steps": {"done": 40, "total": 300}}  # what a killed `eaglekit train` leaves
+
+
+# ---- two runs into one folder --------------------------------------------------------------------
+
+
+def test_a_second_train_into_a_folder_in_use_is_refused(targets, tmp_path, capsys):
+    out = tmp_path / "run"
+    with writer_lock(out, stage="train"):  # the first run, still loading its data
+        code = main(["train", "--target", str(targets["base"]), "--features", str(tmp_path / "feat"),
+                     "--out", str(out), "--device", "cpu"])
+    assert code == 2 and "another `eaglekit train` is writing to" in capsys.readouterr().err
+    assert not any(out.iterdir())
+
+
+def test_a_finished_train_folder_needs_resume_or_overwrite(targets, tmp_path, capsys):
+    from eaglekit.features.capture import capture_features
+    from tiny_conversations import greedy_samples
+
+    target = load_target(targets["base"])
+    feat = tmp_path / "feat"
+    capture_features(target, greedy_samples(target.model, target.tokenizer, 8, max_new_tokens=12), feat,
+                     aux_layer_ids=[1, 3, 4], topk=8, progress=False)
+    argv = ["train", "--target", str(targets["base"]), "--features", str(feat), "--out", str(tmp_path / "run"),
+            "--draft-vocab-size", "64", "--allow-smaller-vocab", "--ttt-steps", "2", "--max-steps", "2",
+            "--batch-tokens", "400", "--val-fraction", "0.25", "--device", "cpu", "--no-progress"]
+    assert main(argv) == 0
+    first = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert main(argv) == 2 and "--overwrite to delete it and start over" in capsys.readouterr().err
+    assert main(argv + ["--overwrite", "--seed", "1"]) == 0
+    again = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert again["complete"] and again["config"]["seed"] == 1 != first["config"]["seed"]
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    events = [(r["event"], r["step"]) for r in log]
+    assert len(events) == len(set(events))  # one run's log, not two runs' lines mixed
+
+
+def test_generate_overwrite_takes_the_lock_before_deleting(targets, tmp_path, capsys):
+    prompts = prompt_file(tmp_path)
+    out = tmp_path / "gen"
+    assert generate(prompts, targets["base"], out) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with writer_lock(out, stage="generate"):  # a run still writing there
+        assert generate(prompts, targets["base"], out, "--overwrite", "--seed", "3") == 2
+    assert "another `eaglekit generate` is writing to" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing deleted
+    assert generate(prompts, targets["base"], out, "--overwrite", "--seed", "3") == 0  # once it is free
+
+
+def test_writers_of_every_kind_refuse_a_folder_in_use(targets, tmp_path, capsys):
+    draft = draft_folder(targets["base"], tmp_path / "draft")
+    prompts = prompt_file(tmp_path)
+    cases = {
+        "export": ["export", str(draft), "--format", "sglang", "--out", "{out}"],
+        "import": ["import", str(draft), "--out", "{out}"],
+        "prompts": ["prompts", "build", "--source", str(prompts), "--out", "{out}"],
+        "target prepare": ["target", "prepare", "--target", str(targets["base"]), "--out", "{out}"],
+    }
+    for stage, argv in cases.items():
+        out = tmp_path / stage.replace(" ", "-")
+        with writer_lock(out, stage=stage):
+            assert main([a.format(out=out) for a in argv]) == 2, stage
+        assert "is writing to" in capsys.readouterr().err, stage
+        assert not any(out.iterdir()), f"{stage} wrote into a folder in use"
+
+
+def test_features_and_run_refuse_a_folder_in_use(targets, tmp_path, capsys):
+    from eaglekit.features.capture import capture_features
+
+    with writer_lock(tmp_path / "feat", stage="features"):
+        with pytest.raises(EaglekitError, match="another `eaglekit features` is writing"):
+            capture_features(load_target(targets["base"]), [], tmp_path / "feat", aux_layer_ids=[1, 3, 4])
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"name: r\ntarget: {targets['base']}\n")
+    with writer_lock(tmp_path / "runs", stage="run"):
+        assert main(["run", "--recipe", str(recipe), "--out", str(tmp_path / "runs"), "--stop-before", "prompts"]) == 2
+    assert "another `eaglekit run` is writing to" in capsys.readouterr().err
+    assert not (tmp_path / "runs" / "target").exists()
+
+
+def test_a_folder_without_manifest_says_it_is_unfinished_and_what_to_run(tmp_path, targets):
+    from eaglekit.features.conversations import read_conversations
+
+    out = tmp_path / "gen"
+    out.mkdir()
+    (out / "conversations-00000.jsonl").write_text("")  # a generate that was killed
+    with pytest.raises(EaglekitError, match="did not finish writing it") as err:
+        read_conversations(out)
+    assert "rerun `eaglekit generate` with the same --out" in str(err.value)
+    with writer_lock(out, stage="generate"), pytest.raises(EaglekitError, match="still being written"):
+        read_conversations(out)
+
+
+# ---- an unfinished draft -------------------------------------------------------------------------
+
+
+def test_an_unfinished_draft_is_refused_by_export_doctor_bench_and_speculate(targets, tmp_path, capsys):
+    draft = draft_folder(targets["base"], tmp_path / "draft", **KILLED)
+    target = str(targets["base"])
+    missing_target = str(tmp_path / "no-target")  # refused before the target is even looked at
+    for argv in (["export", str(draft), "--format", "vllm", "--out", str(tmp_path / "e")],
+                 ["doctor", str(draft), "--target", target],
+                 ["bench", "--draft", str(draft), "--target", missing_target, "--out", str(tmp_path / "b")],
+                 ["speculate", "hi", "--draft", str(draft), "--target", missing_target]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "is unfinished: its `eaglekit train` run stopped at step 40 of 300" in err, argv
+        assert "--allow-unfinished" in err and "--resume" in err, argv
+    assert not (tmp_path / "e").exists() and not (tmp_path / "b").exists()
+
+
+def test_allow_unfinished_marks_every_output(targets, tmp_path, capsys):
+    from eaglekit.doctor.run import run_doctor
+
+    draft = draft_folder(targets["base"], tmp_path / "draft", **KILLED)
+    target = str(targets["base"])
+    assert main(["export", str(draft), "--format", "sglang", "--out", str(tmp_path / "e"), "--allow-unfinished"]) == 0
+    manifest = json.loads((tmp_path / "e" / "manifest.json").read_text())
+    config = json.loads((tmp_path / "e" / "config.json").read_text())
+    assert "step 40 of 300" in manifest["unfinished_draft"] and "step 40" in config["eaglekit"]["unfinished"]
+    # The export carries the mark: it is as unfinished as its source, for every reader.
+    with pytest.raises(EaglekitError, match="is unfinished"):
+        run_doctor(tmp_path / "e", target)
+    report = run_doctor(tmp_path / "e", target, allow_unfinished=True)
+    assert report.checks[0].id == "finished" and report.checks[0].status == "warn"
+    assert report.to_dict()["unfinished_draft"]
+    prompts = prompt_file(tmp_path)
+    assert main(["bench", "--draft", str(draft), "--target", target, "--prompts", str(prompts), "--limit", "1",
+                 "--max-new-tokens", "4", "--mode", "chain", "--k", "2", "--no-hf", "--out", str(tmp_path / "b"),
+                 "--allow-unfinished"]) == 0
+    assert json.loads((tmp_path / "b" / "manifest.json").read_text())["unfinished_draft"]
+    assert (tmp_path / "b" / "report.md").read_text().startswith("**Unfinished draft**")
+    assert main(["speculate", "hi", "--draft", str(draft), "--target", target, "--mode", "chain", "--k", "2",
+                 "--max-new-tokens", "4", "--allow-unfinished"]) == 0
+    assert "[unfinished draft: its `eaglekit train` run stopped at step 40 of 300" in capsys.readouterr().out
+
+
+# ---- the target fingerprint covers the weights ---------------------------------------------------
+
+
+def test_data_made_for_a_fine_tune_with_the_same_config_is_refused(targets, tmp_path):
+    from eaglekit.features.conversations import read_conversations
+    from tiny_conversations import write_generate_folder
+
+    base, tuned = load_target(targets["base"]).fingerprint(), load_target(targets["tuned"]).fingerprint()
+    assert base["config_hash"] == tuned["config_hash"] and base["tokenizer_hash"] == tuned["tokenizer_hash"]
+    assert base["weights_hash"] != tuned["weights_hash"]
+    rows = [{"id": "a", "source": "s", "split": "train", "meta": {},
+             "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}]
+    folder = write_generate_folder(tmp_path / "conv", rows, base)
+    with pytest.raises(EaglekitError, match="was made for another target weights"):
+        read_conversations(folder, target_fingerprint=tuned)
+
+
+def test_the_doctor_fails_target_for_other_weights_and_never_passes_an_unrecorded_one(targets, tmp_path):
+    from eaglekit.doctor.run import run_doctor
+
+    draft = draft_folder(targets["base"], tmp_path / "draft")
+    check = {c.id: c for c in run_doctor(draft, str(targets["tuned"])).checks}["target"]
+    assert check.status == "fail" and "other weights" in check.message
+    check = {c.id: c for c in run_doctor(draft, str(targets["base"])).checks}["target"]
+    assert check.status == "pass"
+    (draft / "manifest.json").unlink()  # a third-party draft: no target recorded
+    check = {c.id: c for c in run_doctor(draft, str(targets["base"])).checks}["target"]
+    assert check.status == "warn" and "no target recorded" in check.message
+
+
+def test_a_prepared_folder_is_its_source_until_its_weights_change(targets, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from eaglekit.target.prepare import prepare_target
+
+    source = load_target(targets["base"]).fingerprint()
+    prepare_target(str(targets["base"]), tmp_path / "t", dtype="bfloat16")  # other bytes, same model
+    assert without_name(load_target(tmp_path / "t").fingerprint()) == without_name(source)
+    weights = tmp_path / "t" / "model.safetensors"
+    tensors = load_file(str(weights))
+    name = next(n for n in tensors if n.endswith("q_proj.weight"))
+    tensors[name] = tensors[name] + 0.01  # fine-tuned in place
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    assert load_target(tmp_path / "t").fingerprint()["weights_hash"] != source["weights_hash"]
+
+
+def without_name(fingerprint: dict) -> dict:
+    return {k: v for k, v in fingerprint.items() if k != "name"}
+
+
+@pytest.mark.slow
+def test_the_gguf_and_its_prepared_folder_share_one_fingerprint(smollm2_dir):
+    from eaglekit.formats.facts import target_facts
+
+    gguf, prepared = target_facts("smollm2").fingerprint, target_facts(str(smollm2_dir)).fingerprint
+    assert without_name(gguf) == without_name(prepared) and gguf["weights_hash"]
+
+
+# ---- text input ----------------------------------------------------------------------------------
+
+
+def test_a_lone_surrogate_is_a_malformed_record(targets, tmp_path, capsys):
+    lines = [json.dumps({"id": "ok", "turns": ["What is 2 + 2?"]}),
+             '{"id": "emoji", "turns": ["a broken emoji \\ud83d here"]}']
+    prompts = prompt_file(tmp_path, lines)
+    assert main(["prompts", "build", "--source", str(prompts), "--out", str(tmp_path / "p"),
+                 "--validation-fraction", "0"]) == 0
+    manifest = json.loads((tmp_path / "p" / "manifest.json").read_text())
+    assert manifest["counts"]["train"] == 1 and manifest["counts"]["malformed"] == 1
+    assert "lone surrogate '\\ud83d'" in (tmp_path / "p" / "malformed.txt").read_text()
+    # generate reads one file strictly, as for any malformed record: refused, nothing written
+    assert generate(prompts, targets["base"], tmp_path / "gen") == 2
+    assert "lone surrogate" in capsys.readouterr().err and not (tmp_path / "gen").exists()
+
+
+@pytest.mark.parametrize("content", ["", "\n  \n\t\n"])
+def test_an_empty_prompts_file_is_an_error(content, targets, tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(content)
+    assert generate(prompts, targets["base"], tmp_path / "gen") == 2
+    assert "holds no prompts" in capsys.readouterr().err and not (tmp_path / "gen").exists()
+    assert main(["prompts", "build", "--source", str(prompts), "--out", str(tmp_path / "p")]) == 2
+    assert "holds no records" in capsys.readouterr().err and not (tmp_path / "p").exists()
+
+
+def test_generate_refuses_a_template_it_cannot_mask_before_generating(targets, tmp_path, capsys):
+    target = tmp_path / "plain"
+    shutil.copytree(targets["base"], target)
+    (target / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
+    assert generate(prompt_file(tmp_path), target, tmp_path / "gen") == 2
+    err = capsys.readouterr().err
+    assert "chat template cannot mark the assistant's tokens" in err and not (tmp_path / "gen").exists()
+
+
+def test_a_torn_json_line_is_reported_once_with_its_column(tmp_path):
+    from eaglekit.data.readers import SourceSpec, read_source
+
+    path = prompt_file(tmp_path, [json.dumps({"turns": ["fine"]}), '{"turns": ["cut here'])
+    report = read_source(SourceSpec.parse(str(path)))
+    # json says "Invalid control character at" (the line's newline inside the open string): one "at"
+    assert report.malformed == [f"{path}:2: invalid JSON (Invalid control character at column 21)"]
+
+
+def test_server_url_credentials_are_never_printed(caplog):
+    from eaglekit.data.openai_backend import OpenAIClient
+
+    client = OpenAIClient("http://user:s3cret@127.0.0.1:9", max_retries=1, backoff=0.0, timeout=2)
+    with caplog.at_level(logging.WARNING), pytest.raises(EaglekitError) as err:
+        client.request("GET", "/v1/models")
+    assert "http://***@127.0.0.1:9" in str(err.value)
+    assert "s3cret" not in str(err.value) + caplog.text and "user" not in str(err.value)
+    assert client.basic_auth is not None  # sent as basic auth, not dropped
+
+
+def test_target_prepare_writes_files_readable_by_others(targets, tmp_path):
+    from eaglekit.target.prepare import prepare_target
+
+    old = os.umask(0o022)
+    try:
+        prepare_target(str(targets["base"]), tmp_path / "t")
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "t").iterdir()}
+    assert set(modes.values()) == {0o644}, modes
+
+
+def test_a_misspelled_recipe_key_is_refused_before_anything_runs(targets, tmp_path, capsys):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"name: r\ntarget: {targets['base']}\n")
+    assert main(["run", "--recipe", str(recipe), "--out", str(tmp_path / "runs"), "--stop-before", "prompts",
+                 "train.epochz=3"]) == 2
+    err = capsys.readouterr().err
+    assert "train.epochz is not an option of `eaglekit train`" in err and "did you mean train.epochs?" in err
+    assert not (tmp_path / "runs").exists()
