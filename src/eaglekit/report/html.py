@@ -174,7 +174,9 @@ def training_section(data: RunData) -> str:
     svg = line_chart(series, title="accept length tau (training's prediction; measured levels dashed)",
                      xlabel="optimizer step", ylabel="tau (tokens per target forward)", hlines=hlines) \
         if any(v is not None for s in series for v in s.ys) else None
-    out.append(figure("tau", part, "Simulated and walk tau on validation", svg, "no training log"))
+    measured = [f for f in data.doctor.source.files[:1] + data.bench.source.files if hlines]
+    extra = ("measured levels from " + ", ".join(f"<code>{escape(f)}</code>" for f in measured) + ";") if measured else ""
+    out.append(figure("tau", part, "Simulated and walk tau on validation", svg, "no training log", extra))
     out.append("</div>")
     out.append(training_table(d))
     return "\n".join(out)

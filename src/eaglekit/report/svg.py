@@ -18,6 +18,7 @@ PALETTE = ("#3b7dd8", "#d8843b", "#3ba55c", "#c8413b", "#8a5cc8", "#8c6d31", "#d
            "#b8a400")
 W, H = 560, 300
 LEFT, RIGHT, TOP, BOTTOM = 62, 14, 30, 46
+MAX_MARKERS = 150   # points of a series drawn as markers with a hover title
 
 
 @dataclass
@@ -181,7 +182,9 @@ def line_chart(series: list[Series], *, title: str, xlabel: str, ylabel: str, lo
             out.append(f'<polyline class="series" data-series="{escape(s.name)}" fill="none" stroke="{color}" '
                        f'stroke-width="2"{dash} points="{path}"/>')
         radius = 3 if len(pts) <= 60 else 1.6
-        for px, py, x, y, label in pts:
+        # Long curves (a training log of thousands of steps) keep their line and their end points only.
+        marked = pts if len(pts) <= MAX_MARKERS else [pts[0], pts[-1]]
+        for px, py, x, y, label in marked:
             tip = f"{s.name}: {fmt_num(x)} → {y:.4g}" + (f" ({label})" if label else "")
             out.append(f'<circle class="point" cx="{px:.1f}" cy="{py:.1f}" r="{radius}" fill="{color}">'
                        f'<title>{escape(tip)}</title></circle>')
