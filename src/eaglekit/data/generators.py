@@ -106,7 +106,8 @@ class EngineGenerator:
         batch_size: rows decoded together.
         runner: "auto", "fast" or "generic" (see `eaglekit.engine.runner`).
         graphs, compile: CUDA graphs / torch.compile (default: on when the model is on CUDA).
-        attention: the FAST runner's attention kind (`engine.kv.ATTENTION_KINDS`); None: its default.
+        attention: the FAST runner's attention kind (`engine.kv.ATTENTION_KINDS`); None: "flex" on
+            CUDA, else the runner's default (`engine.batch.batch_runner`).
         chunk: decode steps between host checks.
         max_len: cache slots per row of the first decoder (default: what the first request needs,
             at least `MIN_SLOTS`, at most the target's context, rounded up to `SLOTS`).
@@ -147,22 +148,21 @@ class EngineGenerator:
 
     def _decoder_for(self, needed: int):
         if self._decoder is None or needed > self.max_len:
-            from eaglekit.engine.batch import BatchDecoder
-            from eaglekit.engine.runner import make_target_runner
+            from eaglekit.engine.batch import BatchDecoder, batch_runner
 
             max_len = self._slots_for(needed)
             self._decoder = None  # free the old cache before the new one is allocated
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
             start = time.perf_counter()
-            kernels = {"attention": self.attention} if self.attention else {}
-            runner = make_target_runner(self.model, max_len=max_len, batch_size=self.batch_size, runner=self.runner,
-                                        **kernels)
+            runner = batch_runner(self.model, max_len=max_len, batch_size=self.batch_size, runner=self.runner,
+                                  attention=self.attention)
             self._decoder = BatchDecoder(runner, sampling=self.sampling, graphs=self.graphs, compile=self.compile,
                                          chunk=self.chunk)
-            self.max_len, self.builds = max_len, self.builds + 1
-            log.info("engine batch decoder: %d rows x %d slots, %s runner, graphs=%s, compile=%s (built in %.1f s)",
-                     self.batch_size, max_len, runner.kind, self.graphs, self.compile, time.perf_counter() - start)
+            self.max_len, self.builds = runner.max_len, self.builds + 1
+            log.info("engine batch decoder: %d rows x %d slots, %s runner (%s attention), graphs=%s, compile=%s "
+                     "(built in %.1f s)", self.batch_size, runner.max_len, runner.kind,
+                     getattr(runner, "attention", "the model's"), self.graphs, self.compile, time.perf_counter() - start)
         return self._decoder
 
     def serve(self, take) -> Iterator[tuple[Request, Completion]]:

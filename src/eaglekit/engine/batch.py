@@ -31,9 +31,11 @@ from typing import Callable, Iterator
 
 import torch
 
+from eaglekit.engine.flex import BLOCK
 from eaglekit.engine.graphs import COMPILE_MODE, Step, compiled
 from eaglekit.engine.kv import Refill
 from eaglekit.engine.runner import make_target_runner
+from eaglekit.engine.target_fast import fast_unsupported_reason
 from eaglekit.engine.sampling import Sampling, next_token
 from eaglekit.errors import EaglekitError
 from eaglekit.target.load import Target
@@ -58,6 +60,20 @@ class Request:
     ids: list[int]
     max_new_tokens: int
     key: object = None
+
+
+def batch_runner(model, *, max_len: int, batch_size: int, runner: str = "auto", attention: str | None = None):
+    """The target runner for a BatchDecoder. On CUDA the FAST runner attends with "flex" unless
+    told otherwise: rows at different lengths then read only their own cache blocks, where a dense
+    kernel reads all L slots of every row (`engine.flex`; slots rounded up to its block)."""
+    cuda = next(model.parameters()).device.type == "cuda"
+    fast = runner == "fast" or (runner == "auto" and fast_unsupported_reason(model, max_len) is None)
+    if attention is None and cuda and fast:
+        attention = "flex"
+    if attention == "flex":
+        max_len = -(-max_len // BLOCK) * BLOCK
+    kernels = {"attention": attention} if attention else {}
+    return make_target_runner(model, max_len=max_len, batch_size=batch_size, runner=runner, **kernels)
 
 
 def padded_mask(pad: torch.Tensor, query_slots: torch.Tensor, max_len: int) -> torch.Tensor:
@@ -230,7 +246,7 @@ class BatchDecoder:
 def generate_batch(target, prompts: list[list[int]], *, max_new_tokens: int, sampling: Sampling = Sampling(),
                    stop_token_ids=None, batch_size: int = 32, runner: str = "auto", graphs: bool | None = None,
                    compile: bool | None = None, seed: int | None = None, max_len: int | None = None,
-                   progress: bool = False) -> list[Completion]:
+                   attention: str | None = None, progress: bool = False) -> list[Completion]:
     """Generate an answer for every prompt with continuous batching (the fast path for data).
 
     Args:
@@ -244,6 +260,7 @@ def generate_batch(target, prompts: list[list[int]], *, max_new_tokens: int, sam
         graphs, compile: CUDA graphs / torch.compile (default: on when the model is on CUDA).
         seed: seeds sampling.
         max_len: cache slots per row (default: longest prompt + max_new_tokens, rounded up to 64).
+        attention: the FAST runner's attention kind (default: "flex" on CUDA, see `batch_runner`).
         progress: show a tqdm bar over answers.
 
     Returns:
@@ -265,7 +282,8 @@ def generate_batch(target, prompts: list[list[int]], *, max_new_tokens: int, sam
     compile = cuda if compile is None else compile
     if seed is not None:
         torch.manual_seed(seed)
-    built = make_target_runner(model, max_len=max_len, batch_size=min(batch_size, len(prompts)), runner=runner)
+    built = batch_runner(model, max_len=max_len, batch_size=min(batch_size, len(prompts)), runner=runner,
+                         attention=attention)
     decoder = BatchDecoder(built, sampling=sampling, graphs=graphs, compile=compile)
     requests = iter([Request(list(p), max_new_tokens, key=i) for i, p in enumerate(prompts)])
     results: list[Completion | None] = [None] * len(prompts)

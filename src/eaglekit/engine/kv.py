@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eaglekit.engine.flex import attend_flex
+
 
 @dataclass(frozen=True)
 class Refill:
@@ -140,5 +142,6 @@ def attend_reduce(q, k, v, mask):
 
 
 # Same math, different kernels; which is fastest depends on the device and the shapes
-# (scripts/gpu/bench_engine.py parts a and p measure them side by side).
-ATTENTION_KINDS = {"sdpa": attend_sdpa, "matmul": attend_matmul, "reduce": attend_reduce}
+# (scripts/gpu/bench_engine.py parts a and p measure them side by side). "flex" reads only the
+# cache blocks a row can see (`engine.flex`): batched decoding with rows at different lengths.
+ATTENTION_KINDS = {"sdpa": attend_sdpa, "matmul": attend_matmul, "reduce": attend_reduce, "flex": attend_flex}

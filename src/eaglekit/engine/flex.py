@@ -1,0 +1,67 @@
+"""Attention that reads only the cache blocks a row can see (FlexAttention), for batched decoding.
+
+In continuous batching (`engine.batch`) row b sees its slots 0..n_b, and the n_b differ widely: a
+dense kernel over all L slots reads every row's whole cache, a block-sparse one reads about
+sum(n_b). The block structure is derived from the boolean mask itself (any mask works: a prefix, a
+tree), in blocks of `BLOCK` slots: blocks no query sees are skipped, blocks every query sees
+whole are read without the mask, the rest apply it element by element.
+
+Only inside torch.compile (Inductor generates the block-sparse kernel); eager runs (prefill, CPU)
+compute the same math with SDPA and the dense mask.
+
+Shapes: B batch, h kv heads, R query rows (grouped queries folded in), L slots (a multiple of
+BLOCK), d head dim, NB = L / BLOCK.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+import torch.nn.functional as F
+
+BLOCK = 128   # FlexAttention's default sparse block; L must be a multiple of it
+
+
+def block_mask_of(mask: torch.Tensor):
+    """[B, 1, R, L] bool -> a FlexAttention BlockMask over the same pattern (one query block)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    B, _, R, L = mask.shape
+    NB = L // BLOCK
+    tiles = mask.view(B, R, NB, BLOCK)
+    seen = tiles.any(-1).any(1)                         # [B, NB] some query sees a slot of the block
+    whole = tiles.all(-1).all(1)                        # [B, NB] every query sees all of it
+    partial = seen & ~whole
+
+    def count(blocks: torch.Tensor) -> torch.Tensor:
+        return blocks.sum(-1).to(torch.int32).view(B, 1, 1)
+
+    def listed(blocks: torch.Tensor) -> torch.Tensor:   # the blocks' indices first, in order
+        order = torch.argsort(blocks.to(torch.int32), dim=-1, descending=True, stable=True)
+        return order.to(torch.int32).view(B, 1, 1, NB)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return mask[b if B > 1 else 0, 0, q_idx, kv_idx]       # a [1, ...] mask serves every row
+
+    return BlockMask.from_kv_blocks(count(partial), listed(partial), count(whole), listed(whole),
+                                    BLOCK_SIZE=BLOCK, mask_mod=mask_mod, seq_lengths=(R, L), **NO_Q_BLOCKS)
+
+
+def _no_q_blocks() -> dict:
+    """Skip the transposed block lists (only the backward pass reads them) where this torch can."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    return {"compute_q_blocks": False} if "compute_q_blocks" in inspect.signature(BlockMask.from_kv_blocks).parameters else {}
+
+
+NO_Q_BLOCKS = _no_q_blocks()
+
+
+def attend_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """q [B, h, R, d], k/v [B, h, L, d], mask [B, 1, R, L] bool -> [B, h, R, d]."""
+    if not torch.compiler.is_compiling():
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return flex_attention(q, k, v, block_mask=block_mask_of(mask))
