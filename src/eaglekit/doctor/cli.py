@@ -1,4 +1,4 @@
-"""`eaglekit doctor DRAFT --target T [--engine E] [--probe [PROMPTS]] [--json]`."""
+"""`eaglekit doctor DRAFT [--target T] [--engine E] [--probe [PROMPTS]] [--json]`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 def register(sub) -> None:
     doc = sub.add_parser("doctor", help="check a draft folder against a target as an engine would serve it")
     doc.add_argument("draft", help="any draft folder: eaglekit, SGLang, EAGLE, ModelOpt or speculators (vLLM)")
-    doc.add_argument("--target", required=True, help="smollm2, an HF model folder or a .gguf file")
+    doc.add_argument("--target", default="smollm2", help="smollm2 (default), an HF model folder or a .gguf file")
     doc.add_argument("--engine", choices=("sglang", "vllm", "eagle"),
                      help="the engine to check for (default: the one the folder's format is made for)")
     doc.add_argument("--probe", nargs="?", const="builtin", metavar="PROMPTS",
