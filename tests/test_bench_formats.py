@@ -86,6 +86,31 @@ def test_bench_on_an_export_says_which_format_it_read(oracle, tmp_path):
     assert summary["draft_format"] == "speculators (vLLM's native format)" and summary["greedy_match"] == 1.0
     assert summary["tau"] > 1.15
     assert json.loads((out / "manifest.json").read_text())["inputs"]["draft"]["format"] == summary["draft_format"]
+    timing = summary["timing"]
+    assert timing["plain_tok_s_before"] > 0 and timing["plain_tok_s_after"] > 0 and timing["drift"] >= 0
+
+
+def test_a_machine_that_changes_speed_mid_bench_is_said(tiny_target_dir):
+    """The plain pass after the speculative runs brackets them with the one before; a wide gap is a warning."""
+    from dataclasses import replace
+
+    from eaglekit.bench.run import Turn, bracket_plain
+    from eaglekit.engine import Engine, OracleDrafter, Sampling, SpecConfig, make_target_runner
+    from eaglekit.target.chat import prompt_ids
+
+    target = load_target(tiny_target_dir)
+    spec = SpecConfig(mode="chain", k=2)
+    runner = make_target_runner(target.model, max_len=128, aux_layer_ids=[], runner="auto")
+    drafter = OracleDrafter([], spec=spec, vocab_size=runner.vocab_size, max_len=128, device="cpu")
+    engine = Engine(runner, drafter=drafter, spec=spec, sampling=Sampling(), stop_token_ids=target.stop_token_ids,
+                    graphs=False, compile=False)
+    ids = prompt_ids(target.tokenizer, [{"role": "user", "content": "Count from one to ten."}])
+    plain = engine.generate(ids, 16, speculative=False, seed=0)
+    slow = replace(plain, seconds=plain.seconds * 4)  # the first pass ran while the machine was loaded
+    turns = [Turn("a", 0, ids, plain=slow)]
+    timing = bracket_plain(engine, turns, max_new_tokens=16, seed=0)
+    assert timing["drift"] > 1 and "not trustworthy" in timing["warning"]
+    assert plain.seconds < turns[0].plain.seconds < slow.seconds  # the baseline: the mean of both passes
 
 
 def test_a_bad_draft_path_fails_before_the_target_loads(tmp_path, capsys):

@@ -20,7 +20,7 @@ from eaglekit.artifacts import (MANIFEST, atomic_path, check_same_target, refuse
                                 write_manifest, writer_lock)
 from eaglekit.bench.prompts import load_bench_prompts
 from eaglekit.bench.report import markdown, plot, summarize, turn_records
-from eaglekit.bench.run import conversation_ids, run_baselines, run_speculation
+from eaglekit.bench.run import bracket_plain, conversation_ids, run_baselines, run_speculation
 from eaglekit.engine import DraftRunner, Engine, OracleDrafter, Sampling, SpecConfig, make_target_runner
 from eaglekit.errors import EaglekitError
 from eaglekit.formats.detect import FORMAT_LABELS, detect_format
@@ -171,14 +171,14 @@ def benchmark(cfg: BenchConfig, command: str = "") -> dict:
     engine, oracle = engine_for(specs[0])
     turns = run_baselines(engine, target, prompts, max_new_tokens=cfg.max_new_tokens, hf=cfg.hf, seed=cfg.seed,
                           warmup=cfg.warmup)
-    sweep = []
     for i, spec in enumerate(specs):
         if i:
             engine, oracle = engine_for(spec)
         run_speculation(engine, turns, spec.label(), max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
                         oracle=oracle, warmup=cfg.warmup)
-        result = summarize(turns, spec.label(), spec.max_depth, cfg.sampling.greedy)
-        sweep.append({**result["summary"], "config": spec.to_dict()})
+    timing = bracket_plain(engine, turns, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
+    sweep = [{**summarize(turns, spec.label(), spec.max_depth, cfg.sampling.greedy)["summary"], "config": spec.to_dict()}
+             for spec in specs]
     best = max(range(len(specs)), key=lambda i: sweep[i]["spec_tok_s"])
     result = summarize(turns, specs[best].label(), specs[best].max_depth, cfg.sampling.greedy)
     result["summary"].update(
@@ -186,6 +186,7 @@ def benchmark(cfg: BenchConfig, command: str = "") -> dict:
         config={**cfg.to_dict(), "spec": specs[best].to_dict(), "runner": runner.kind, "max_len": max_len,
                 "graphs": engine.graphs, "compile": engine.compile, "dtype": str(runner_dtype(runner))},
         torch=torch.__version__, seconds=round(time.time() - start, 1))
+    result["summary"]["timing"] = timing
     result["summary"]["draft_format"] = FORMAT_LABELS[detect_format(folder.config)] if folder else cfg.draft
     result["summary"]["unfinished_draft"] = folder.unfinished if folder else None
     result["config"] = {"target": cfg.target, "draft": cfg.draft, "sampling": "greedy" if cfg.sampling.greedy
@@ -222,6 +223,9 @@ def _write_outputs(result: dict, cfg: BenchConfig, out: Path, json_path: str | N
     unfinished = result["summary"].get("unfinished_draft")
     if unfinished:
         text = f"**Unfinished draft** (benched with --allow-unfinished): {unfinished}\n\n" + text
+    timing = result["summary"].get("timing") or {}
+    if timing.get("warning"):
+        text = f"**Warning**: {timing['warning']}.\n\n" + text
     with atomic_path(out / "report.md") as tmp:
         tmp.write_text(text + "\n")
     s = result["summary"]
@@ -234,5 +238,5 @@ def _write_outputs(result: dict, cfg: BenchConfig, out: Path, json_path: str | N
     return write_manifest(out, stage="bench", config=s["config"], target=result["target_fingerprint"], inputs=inputs,
                           counts={"prompts": s["prompts"], "turns": s["turns"], "cycles": s["cycles"]},
                           extra={"summary": {k: s[k] for k in ("tau", "speedup", "baseline_tok_s", "spec_tok_s",
-                                                               "hf_tok_s", "greedy_match", "device", "date")},
+                                                               "hf_tok_s", "greedy_match", "device", "date", "timing")},
                                  "unfinished_draft": s.get("unfinished_draft")})

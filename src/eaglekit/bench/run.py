@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -137,3 +137,34 @@ def run_speculation(engine: Engine, turns: list[Turn], label: str, *, max_new_to
         turn.spec[label] = gen
         log.info("%s turn %d [%s]: tau %.2f, %.1f tok/s", turn.prompt_id, turn.turn, label, gen.tau,
                  len(gen.tokens) / gen.seconds)
+
+
+# Plain decoding this much faster or slower after the speculative runs than before: ratios untrustworthy.
+DRIFT_WARN = 0.10
+
+
+def bracket_plain(engine: Engine, turns: list[Turn], *, max_new_tokens: int, seed: int | None) -> dict:
+    """Time plain decoding of every turn again, after the speculative runs.
+
+    On a loaded machine the speed drifts between passes (two identical benches once gave 0.89x and
+    0.60x). The plain runs before and after bracket the speculative ones in time, so each turn's
+    baseline becomes the mean of the two; how far the two passes differ says how far the ratios
+    can be trusted.
+    """
+    before_s = after_s = 0.0
+    before_tokens = after_tokens = 0
+    for turn in turns:
+        again = engine.generate(turn.ids, max_new_tokens, speculative=False, seed=seed)
+        before_s, before_tokens = before_s + turn.plain.seconds, before_tokens + len(turn.plain.tokens)
+        after_s, after_tokens = after_s + again.seconds, after_tokens + len(again.tokens)
+        turn.plain = replace(turn.plain, seconds=(turn.plain.seconds + again.seconds) / 2)
+    before, after = before_tokens / max(before_s, 1e-9), after_tokens / max(after_s, 1e-9)
+    drift = abs(after - before) / max(min(before, after), 1e-9)
+    timing = {"plain_tok_s_before": round(before, 2), "plain_tok_s_after": round(after, 2), "drift": round(drift, 3),
+              "baseline": "mean of the plain pass before and the one after the speculative runs"}
+    if drift > DRIFT_WARN:
+        timing["warning"] = (f"plain decoding ran at {before:.1f} tok/s before the speculative runs and {after:.1f} "
+                             f"after ({drift:.0%} apart): the machine's speed changed during the bench, so its "
+                             "speedups are not trustworthy; rerun on a quiet machine")
+        log.warning(timing["warning"])
+    return timing
