@@ -69,8 +69,9 @@ def test_continuous_batching_refills_rows_and_equals_batch_one_decoding(arch):
         assert [got[i].tokens for i in range(len(prompts))] == [g.tokens for g in ref]
         assert [got[i].finish_reason for i in range(len(prompts))] == [g.finish_reason for g in ref]
         assert decoder.refills == len(prompts)
-        if not stops:   # static batches of two would run 23 + 4 + 3 + 5 steps; refilled rows end within the longest
-            assert decoder.steps == 23
+        if not stops:   # static batches of two would run 23 + 4 + 3 + 5 steps; refilled rows end with the
+            assert decoder.steps <= 23 + 2   # longest, give or take the round a prefill waits behind the steps
+            assert decoder.stats()["answer_tokens"] == sum(limits)
 
 
 def test_served_follow_ups_and_chunks_of_steps():

@@ -112,7 +112,8 @@ class BatchDecoder:
         self.out = torch.zeros(B, L, **long)       # out[b, s] = the token at slot s of row b
         self.stops = torch.full((MAX_STOP_IDS,), -1, **long)
         self.cols = torch.arange(L, **long)
-        self.steps = self.refills = 0              # counters since the last `serve` started
+        self.stop_set: set[int] = set()
+        self.steps = self.refills = self.tokens = 0   # counters since the last `serve` started (`stats`)
         self.step = Step(compiled(self._step, compile, compile_mode), use_graph=graphs, name="batch decode")
         self.step.capture()                        # on dummy state: every row empty
 
@@ -145,26 +146,34 @@ class BatchDecoder:
             self._prefill([rows[j] for j in group], [requests[j] for j in group])
 
     def _prefill(self, rows: list[int], requests: list[Request]) -> None:
-        """One forward over R left-padded prompts, each written at slots 0..n-1 of its own row."""
-        dev = self.device
-        lengths = torch.tensor([len(r.ids) for r in requests], device=dev)                 # [R]
-        P = int(lengths.max())
-        ids = torch.tensor([[0] * (P - len(r.ids)) + r.ids for r in requests], device=dev)  # [R, P]
-        pad = P - lengths
-        cols = torch.arange(P, device=dev)
+        """One forward over R left-padded prompts, each written at slots 0..n-1 of its own row.
+
+        Queued without a sync (inputs built on the host, copied asynchronously), so it runs behind
+        the decode steps queued before it."""
+        lengths = [len(r.ids) for r in requests]
+        P = max(lengths)
+        ids = self._upload([[0] * (P - len(r.ids)) + r.ids for r in requests])         # [R, P]
+        n, budget, rows_t = (self._upload(x) for x in (lengths, [r.max_new_tokens for r in requests], rows))
+        pad = P - n                                                                     # [R]
+        cols = torch.arange(P, device=self.device)
         slots = (cols.view(1, P) - pad.view(-1, 1)).remainder(P)      # prompt at 0..n-1, padding at n..P-1 [R, P]
         positions = (cols.view(1, P) - pad.view(-1, 1)).clamp(min=0)
-        rows_t = torch.tensor(rows, device=dev)
         logits, _ = self.runner(ids, positions, Refill(rows_t, slots), padded_mask(pad, cols, P), last_only=True)
-        first = next_token(logits[:, -1], self.sampling)                                      # [R]
-        budget = torch.tensor([r.max_new_tokens for r in requests], device=dev)
+        first = next_token(logits[:, -1], self.sampling)                                # [R]
         self.tok[rows_t] = first.view(-1, 1)
-        self.pos[rows_t] = lengths
-        self.last[rows_t] = lengths + budget - 1
-        self.out[rows_t, lengths] = first
+        self.pos[rows_t] = n
+        self.last[rows_t] = n + budget - 1
+        self.out[rows_t, n] = first
         stopped = (first.view(-1, 1) == self.stops.view(1, -1)).any(-1)
         self.live[rows_t] = ~stopped & (budget > 1)
         self.refills += len(rows)
+
+    def _upload(self, values: list) -> torch.Tensor:
+        """A host list as a long tensor on the device, copied without waiting for the queued work."""
+        t = torch.tensor(values, dtype=torch.long)
+        if self.device.type != "cuda":
+            return t
+        return t.pin_memory().to(self.device, non_blocking=True)
 
     # ---- the host loop -----------------------------------------------------------------------
 
@@ -184,6 +193,7 @@ class BatchDecoder:
         if len(ids) > MAX_STOP_IDS:
             raise EaglekitError(f"{len(ids)} stop ids, the batch decoder compares at most {MAX_STOP_IDS}",
                                 hint="pass fewer stop token ids")
+        self.stop_set = set(ids)                                # the host's copy: reading the device's would sync
         self.stops.fill_(-1)
         self.stops[:len(ids)] = torch.tensor(ids, dtype=torch.long, device=self.device)
 
@@ -193,45 +203,70 @@ class BatchDecoder:
 
         `take` is asked whenever a row is free; a request it returns after an answer was yielded
         (a conversation's next turn) is served in the same run. Answers come back as they end.
+
+        One round: read which rows ended (the one sync), queue `chunk` decode steps, queue the
+        prefill of the requests taken last round behind them, then hand out the answers and take
+        requests for the free rows while the GPU works. A freed row so waits a round for its
+        prefill, and the host's work (and the eager prefill's launches) hide behind the steps.
         """
         self.set_stop_ids(stop_ids)
         self.live.zero_()
-        self.steps = self.refills = 0
+        self.steps = self.refills = self.tokens = 0
         held: list[Request | None] = [None] * self.B          # the request each row answers
-        start = [0] * self.B                                   # where its answer starts (= prompt length)
         free = list(range(self.B - 1, -1, -1))                 # popped from the end: row 0 first
+        waiting = self._take(take, free)                        # (row, request): prefilled next round
         while True:
-            rows, new = [], []
-            while free and (request := take()) is not None:
-                self.check(request)
-                rows.append(free.pop())
-                new.append(request)
-            if new:
-                self.refill(rows, new)
-                for row, request in zip(rows, new):
-                    held[row], start[row] = request, len(request.ids)
-            if not any(r is not None for r in held):
+            ended = self._ended(held, free)                    # sync; the ended rows' answers are copied
+            busy = any(r is not None for r in held)
+            if busy:
+                for _ in range(self.chunk):
+                    self.step()
+                self.steps += self.chunk
+            if waiting:
+                self.refill([row for row, _ in waiting], [r for _, r in waiting])
+                for row, request in waiting:
+                    held[row] = request
+            elif not busy and not ended:
                 return
-            for _ in range(self.chunk):
-                self.step()
-            self.steps += self.chunk
-            yield from self._collect(held, start, free)
+            yield from self._answers(ended)
+            waiting = self._take(take, free)
 
-    def _collect(self, held: list, start: list[int], free: list[int]) -> Iterator[tuple[Request, Completion]]:
-        """Hand out the answers of the rows that ended; their rows become free."""
-        live = self.live.tolist()                                                   # the one sync per chunk
-        ended = [b for b in range(self.B) if held[b] is not None and not live[b]]
-        if not ended:
-            return
-        index = torch.tensor(ended, device=self.device)
-        ends = self.pos[index].tolist()
-        outs = self.out[index, :max(ends) + 1].cpu()                                # [E, <= L]
-        stops = set(int(t) for t in self.stops.tolist() if t >= 0)
-        for i, b in enumerate(ended):
-            tokens = outs[i, start[b]:ends[i] + 1].tolist()
-            request, held[b] = held[b], None
+    def _take(self, take: Callable[[], Request | None], free: list[int]) -> list[tuple[int, Request]]:
+        """Requests for the free rows, as many as `take` has now."""
+        taken = []
+        while free and (request := take()) is not None:
+            self.check(request)
+            taken.append((free.pop(), request))
+        return taken
+
+    def _ended(self, held: list, free: list[int]) -> list[tuple[Request, list[int]]]:
+        """(request, row tokens up to its last one) of every row that ended since the last look; frees them."""
+        live = self.live.cpu().tolist()                        # the sync of the round (the GIL is released)
+        rows = [b for b in range(self.B) if held[b] is not None and not live[b]]
+        if not rows:
+            return []
+        index = torch.tensor(rows, device=self.device)
+        ends = self.pos[index].cpu()
+        outs = self.out[index, :int(ends.max()) + 1].cpu()     # [E, <= L], copied before the next steps run
+        ended = []
+        for i, b in enumerate(rows):
+            ended.append((held[b], outs[i, :int(ends[i]) + 1]))
+            held[b] = None
             free.append(b)
-            yield request, Completion(tokens=tokens, finish_reason="stop" if tokens[-1] in stops else "length")
+        return ended
+
+    def _answers(self, ended: list) -> Iterator[tuple[Request, Completion]]:
+        for request, row in ended:
+            tokens = row[len(request.ids):].tolist()           # the answer starts at the prompt's length
+            self.tokens += len(tokens)
+            yield request, Completion(tokens=tokens, finish_reason="stop" if tokens[-1] in self.stop_set else "length")
+
+    def stats(self) -> dict:
+        """Steps, refills and answer tokens of the last `serve`; occupancy = the share of row-steps that
+        made a token (the rest: rows that ended or wait for their prefill, computed and ignored)."""
+        made = self.tokens - self.refills                      # a refill's first token comes from its prefill
+        return {"rows": self.B, "slots": self.L, "chunk": self.chunk, "steps": self.steps, "refills": self.refills,
+                "answer_tokens": self.tokens, "occupancy": round(made / max(self.steps * self.B, 1), 4)}
 
     def run(self, prompts: list[list[int]], max_new_tokens: int, stop_ids) -> list[Completion]:
         """Answer every prompt (any number of them); completions in the order given."""
