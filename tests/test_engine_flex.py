@@ -52,3 +52,35 @@ def test_flex_runner_decodes_like_the_default_one():
     got = [BatchDecoder(r, sampling=Sampling(), graphs=False, compile=False).run(PROMPTS, 12, [])
            for r in (flex, dense)]
     assert [c.tokens for c in got[0]] == [c.tokens for c in got[1]]
+
+
+def test_decode_step_traces_whole_with_flex(monkeypatch):
+    """Dynamo and AOT autograd trace the batch decode step in one graph with flex attention (the block
+    mask built from the in-graph mask), and it decodes as eager does; only Inductor's CUDA kernels are
+    left to the GPU (its CPU template takes no in-graph buffers in a mask)."""
+    from eaglekit.engine.batch import Request
+    from eaglekit.engine.graphs import Step
+
+    model = peaked_model("llama")
+    limits = [20, 6, 12]
+    eager = BatchDecoder(batch_runner(model, max_len=BLOCK, batch_size=2, attention="flex"), sampling=Sampling(),
+                         graphs=False, compile=False, chunk=4)
+    queue = iter([Request(p, n, key=i) for i, (p, n) in enumerate(zip(PROMPTS, limits))])
+    ref = {r.key: c.tokens for r, c in eager.serve(lambda: next(queue, None), [])}
+    traced = BatchDecoder(batch_runner(model, max_len=BLOCK, batch_size=2, attention="flex"), sampling=Sampling(),
+                          graphs=False, compile=False, chunk=4)
+    import eaglekit.engine.flex as flex
+
+    built = {}                                             # one value set again and again: no recompiles
+
+    def counted(mask):
+        built["rows"] = mask.shape[0]
+        return block_mask_of(mask)
+
+    monkeypatch.setattr(flex, "block_mask_of", counted)
+    torch._dynamo.reset()
+    traced.step = Step(torch.compile(traced._step, backend="aot_eager", fullgraph=True, dynamic=False),
+                       use_graph=False, name="traced")
+    queue = iter([Request(p, n, key=i) for i, (p, n) in enumerate(zip(PROMPTS, limits))])
+    assert {r.key: c.tokens for r, c in traced.serve(lambda: next(queue, None), [])} == ref
+    assert built == {"rows": 2}                                # the traced step took the flex path

@@ -30,7 +30,7 @@ def test_bench_generate_smoke(tmp_path, tiny_target_dir):
         assert r["batch_size"] == 4 and r["answer_tokens"] > 0 and r["tokens_per_s"] > 0
     assert engine["all"]["prompts"] == 12 and engine["same"]["prompts"] == hf["prompts"] == 4
     # Same greedy tokens from both backends on the same prompts (fp32 on CPU), so the comparison is like for like.
-    assert engine["agreement_with_hf"]["identical"] == 1.0
+    assert engine["agreement_with_hf"]["identical"] == 1.0 and engine["same_as_eager"]["identical"] == 1.0
     assert engine["same"]["answer_tokens"] == hf["answer_tokens"]
     decoder = engine["all"]["decoder"]
     assert decoder["refills"] == 12 and decoder["answer_tokens"] == engine["all"]["answer_tokens"]

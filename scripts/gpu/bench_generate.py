@@ -166,7 +166,7 @@ def decoder_figures(result: dict, stats: dict, folder: Path, lengths: dict[str, 
 
 
 def run_engine(variant: str, target, files: dict[str, Path], out: Path, args, lengths: dict[str, int],
-               max_len: int) -> dict:
+               max_len: int, runs=("same", "all")) -> dict:
     """Build and warm one engine variant, then the like-for-like run and the long run."""
     cuda = args.device.startswith("cuda")
     if cuda:
@@ -179,8 +179,11 @@ def run_engine(variant: str, target, files: dict[str, Path], out: Path, args, le
     generator.generate([[target.stop_token_ids[0]] * 8] * min(args.batch_size, 64), 4)   # warm the prefill path
     sync(args.device)
     result = {"variant": variant, "build_s": round(build, 2), "build_and_warmup_s": round(time.perf_counter() - start, 2),
-              "decoder_slots": generator.max_len, "runner": generator._decoder.runner.kind}
-    for name in ("same", "all"):
+              "decoder_slots": generator.max_len, "runner": generator._decoder.runner.kind,
+              "same_as_eager": same_as_eager(generator, target, files["same"], args)}
+    print(json.dumps({"engine": variant, "build_s": result["build_s"], "same_as_eager": result["same_as_eager"]}),
+          flush=True)
+    for name in runs:
         folder = out / "runs" / f"engine-{variant}-{name}"
         run = stage_run(generator, target, files[name], folder, args)
         run["decoder"] = decoder_figures(run, generator._decoder.stats(), folder, lengths, target, args.device)
@@ -192,6 +195,24 @@ def run_engine(variant: str, target, files: dict[str, Path], out: Path, args, le
     del generator
     free_memory(args.device)
     return result
+
+
+def same_as_eager(generator: EngineGenerator, target, prompts_file: Path, args, n: int = 16) -> dict:
+    """Share of n greedy answers (new tokens each) the built decoder gives exactly as an eager,
+    uncompiled batch decoder with SDPA does: a check of the compiled kernels, apart from HF's numerics."""
+    from eaglekit.engine.batch import BatchDecoder, batch_runner
+
+    new = min(64, args.max_new_tokens)
+    rows = [json.loads(line) for line in prompts_file.read_text().splitlines()[:n]]
+    ids = [prompt_ids(target.tokenizer, Prompt.from_json(r).messages()) for r in rows]
+    fast = [c.token_ids for c in generator.generate(ids, new)]
+    eager = BatchDecoder(batch_runner(target.model, max_len=max(map(len, ids)) + new, batch_size=len(ids),
+                                      attention="sdpa" if generator._decoder.runner.kind == "fast" else None),
+                         sampling=Sampling(), graphs=False, compile=False)
+    slow = [c.tokens for c in eager.run(ids, new, target.stop_token_ids)]
+    del eager
+    free_memory(args.device)
+    return {"answers": len(ids), "new_tokens": new, "identical": round(sum(a == b for a, b in zip(fast, slow)) / len(ids), 3)}
 
 
 def run_hf(target, files: dict[str, Path], out: Path, args) -> dict:
@@ -221,23 +242,25 @@ def agreement(a: Path, b: Path) -> dict:
 
 
 def engine_variants(target, files, out, args, lengths, max_len) -> tuple[dict, dict]:
-    """Each --attention variant; one that fails is recorded and --on-error measured instead."""
+    """Each --attention variant; one that fails is recorded and --on-error measured instead (on the
+    like-for-like prompts only: a dense kernel over every row's slots is slow on a long run)."""
     results, errors = {}, {}
-    todo = [v for v in args.attention.split(",") if v]
+    todo = [(v, ("same", "all")) for v in args.attention.split(",") if v]
     while todo:
-        variant = todo.pop(0)
+        variant, runs = todo.pop(0)
         try:
-            results[variant] = run_engine(variant, target, files, out, args, lengths, max_len)
+            results[variant] = run_engine(variant, target, files, out, args, lengths, max_len, runs)
         except Exception as err:       # a benchmark records a failed variant and goes on
             errors[variant] = f"{type(err).__name__}: {err}"[:2000]
             print(f"engine variant {variant!r} failed:\n{traceback.format_exc()[-4000:]}", file=sys.stderr, flush=True)
             free_memory(args.device)
-            if args.on_error and args.on_error not in results and args.on_error not in todo + list(errors):
-                todo.append(args.on_error)
+            if args.on_error and args.on_error not in [*results, *errors, *(v for v, _ in todo)]:
+                todo.append((args.on_error, ("same",)))
     return results, errors
 
 
 def main(argv=None) -> int:
+    began = time.perf_counter()
     args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -260,6 +283,7 @@ def main(argv=None) -> int:
               "config": {"batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens, "sampling": "greedy",
                          "chunk": args.chunk, "attention": args.attention},
               "engine": engines, "engine_errors": errors, "hf": hf}
+    report["wall_s"] = round(time.perf_counter() - began, 1)
     if hf:
         for variant, r in engines.items():
             r["speedup_same_over_hf"] = round(r["same"]["tokens_per_s"] / hf["tokens_per_s"], 2)
@@ -273,7 +297,8 @@ def print_table(report: dict) -> None:
     env, cfg = report["environment"], report["config"]
     print(f"\ngenerate benchmark: {report['target']['name']} ({report['dtype']}) on {env.get('gpu', 'cpu')}, "
           f"batch {cfg['batch_size']}, max {cfg['max_new_tokens']} new tokens, greedy, first turns of "
-          f"{report['prompts']['count']} prompts (mean {report['prompts']['mean_prompt_tokens']} tokens), {env['date']}")
+          f"{report['prompts']['count']} prompts (mean {report['prompts']['mean_prompt_tokens']} tokens), {env['date']}, "
+          f"{report['wall_s']:.0f} s in all")
     for variant, error in report["engine_errors"].items():
         print(f"engine variant {variant!r} FAILED: {error.splitlines()[0][:300]}")
     print(f"{'run':<22} {'prompts':>7} {'tokens':>9} {'tok/answer':>10} {'at max':>6} {'seconds':>8} {'tokens/s':>9} "
@@ -287,8 +312,9 @@ def print_table(report: dict) -> None:
               f"{100 * at_max:>5.0f}% {r['seconds']:>8.1f} {r['tokens_per_s']:>9.0f} {extra} {build:>7.1f}")
 
     for variant, r in report["engine"].items():
-        row(f"engine {variant}", r["all"], r["build_and_warmup_s"], r["all"]["decoder"])
-        row(f"engine {variant} (same)", r["same"], 0.0, r["same"]["decoder"])
+        if "all" in r:
+            row(f"engine {variant}", r["all"], r["build_and_warmup_s"], r["all"]["decoder"])
+        row(f"engine {variant} (same)", r["same"], 0.0 if "all" in r else r["build_and_warmup_s"], r["same"]["decoder"])
     if report["hf"]:
         row("hf generate (same)", report["hf"], report["hf"]["build_and_warmup_s"])
     for variant, r in report["engine"].items():
@@ -298,8 +324,11 @@ def print_table(report: dict) -> None:
                   f"{r['speedup_same_over_hf']:.2f}x; identical answers {100 * a['identical']:.1f} %, "
                   f"same first 100 characters {100 * a['first_100_chars']:.1f} %")
     for variant, r in report["engine"].items():
-        print(f"engine {variant}: {r['all']['tokens_per_s']:,.0f} answer tokens/s over {r['all']['prompts']} prompts "
-              f"({r['all']['decoder']['rows']} rows x {r['all']['decoder']['slots']} slots)")
+        run = r.get("all", r["same"])
+        print(f"engine {variant}: {run['tokens_per_s']:,.0f} answer tokens/s over {run['prompts']} prompts "
+              f"({run['decoder']['rows']} rows x {run['decoder']['slots']} slots); compiled = eager on "
+              f"{100 * r['same_as_eager']['identical']:.0f} % of {r['same_as_eager']['answers']} answers "
+              f"({r['same_as_eager']['new_tokens']} tokens)")
 
 
 if __name__ == "__main__":
