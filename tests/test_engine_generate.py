@@ -212,14 +212,14 @@ def test_graph_mode_paths_with_a_fake_cuda_graph(monkeypatch):
     target = make_target_runner(model, max_len=L, aux_layer_ids=AUX)
     reference = plain_outputs(Engine(target), PROMPTS[:2])
     draft = DraftRunner(random_draft(model), spec=TREE, sampling=Sampling(), max_len=L)
-    engine = Engine(target, drafter=draft, spec=TREE)
+    engine = Engine(target, drafter=draft, spec=TREE, prefill_chunk=5)
     engine.graphs = True
-    for step in (engine.decode, engine.cycle):
+    for step in (engine.prefill, engine.decode, engine.proposal, engine.cycle):
         step.use_graph = True
     for prompt, ref in zip(PROMPTS[:2], reference):
         assert engine.generate(prompt, NEW, speculative=False).tokens == ref
         assert engine.generate(prompt, NEW).tokens == ref
-    assert all(step.graph is not None for step in (engine.decode, engine.cycle))
+    assert all(step.graph is not None for step in (engine.prefill, engine.decode, engine.proposal, engine.cycle))
     sampling = Sampling(temperature=0.8)                 # sampling replays verify and advance instead
     eager = Engine(target, drafter=DraftRunner(random_draft(model), spec=TREE, sampling=sampling, max_len=L),
                    spec=TREE, sampling=sampling).generate(PROMPTS[0], NEW, seed=1)
@@ -272,6 +272,28 @@ def test_compiled_draft_runner_cycle_equals_plain_decoding():
     target = make_target_runner(model, max_len=L, aux_layer_ids=AUX)
     ref = Engine(target).generate(PROMPTS[0], NEW, speculative=False).tokens
     draft = DraftRunner(random_draft(model), spec=CHAIN, sampling=Sampling(), max_len=L)
-    assert (draft.attention, draft.linear.keywords["max_rows"]) == ("reduce", 16)
+    from eaglekit.engine.target_fast import SMALL_ROWS
+
+    assert (draft.attention, draft.linear.keywords["max_rows"]) == ("reduce", SMALL_ROWS)
     gen = Engine(target, drafter=draft, spec=CHAIN, compile=True, cycle_chunk=3).generate(PROMPTS[0], NEW)
     assert gen.tokens == ref and len(gen.accept_lengths) >= NEW // (CHAIN.k + 1)
+
+
+@pytest.mark.parametrize("chunk", [4, 7, 64])
+def test_chunked_prefill_gives_the_same_answers(chunk):
+    """The prompt prefilled in pieces (as the captured prefill step does on GPU; 64 > the prompt, so
+    one padded piece) gives the whole-prompt prefill's tokens, plain and speculative (the draft's
+    catch-up reads the pieces' aux states), and a prompt near the cache's end pads past it safely."""
+    model = peaked_model("llama")
+    target = make_target_runner(model, max_len=L, aux_layer_ids=AUX)
+    reference = plain_outputs(Engine(target))
+    draft = DraftRunner(random_draft(model), spec=CHAIN, sampling=Sampling(), max_len=L)
+    whole = Engine(target, drafter=draft, spec=CHAIN)
+    pieces = Engine(target, drafter=draft, spec=CHAIN, prefill_chunk=chunk)
+    for prompt, ref in zip(PROMPTS, reference):
+        assert pieces.generate(prompt, NEW, speculative=False).tokens == ref
+        spec = pieces.generate(prompt, NEW)
+        assert spec.tokens == ref and spec.accept_lengths == whole.generate(prompt, NEW).accept_lengths
+    long_prompt = (PROMPTS[0] * 20)[:L - 4]
+    assert (pieces.generate(long_prompt, 3, speculative=False).tokens
+            == Engine(target).generate(long_prompt, 3, speculative=False).tokens)

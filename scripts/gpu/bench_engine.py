@@ -310,8 +310,10 @@ def oracle_and_random(args, model, ids, draft, variant: str) -> dict:
                                          "efficiency": speedup / eng["tau"], "match": eng["ids"] == plain["ids"],
                                          "oracle_rounds": rounds, "cycle_ms": cycle_ms,
                                          "cycle_in_plain_steps": cycle_ms / (1000 * plain["seconds"] / plain["tokens"])}
+        save_partial(args, out)
         if "s" in args.parts_list:
             out[f"oracle {spec.label()}"]["profile"] = profile_cycle(args, engine, ids)
+            save_partial(args, out)
         if args.oracle_only or draft is None:
             continue
         drafter = DraftRunner(draft, spec=spec, sampling=Sampling(), max_len=max_len)
@@ -321,9 +323,16 @@ def oracle_and_random(args, model, ids, draft, variant: str) -> dict:
         out[f"random {spec.label()}"] = {**strip(eng), "speedup": eng["tok_s"] / plain["tok_s"],
                                          "match": eng["ids"] == plain["ids"], "cycle_ms": cycle_ms,
                                          "cycle_in_plain_steps": cycle_ms / (1000 * plain["seconds"] / plain["tokens"])}
+        save_partial(args, out)
         if "s" in args.parts_list:
             out[f"random {spec.label()}"]["profile"] = profile_cycle(args, engine, ids)
+            save_partial(args, out)
     return out
+
+
+def save_partial(args, out: dict) -> None:
+    """What a part measured so far, so that a run cut short at its time limit still returns it."""
+    Path(args.out, "partial.json").write_text(json.dumps(out, indent=2, default=str))
 
 
 def replay_ms(fn, device, repeats: int = 50) -> float:
@@ -357,20 +366,24 @@ def profile_cycle(args, engine: Engine, ids, cycles: int = 32) -> dict:
     gen = engine.generate(ids, args.new_tokens)                             # compiled, captured; a real state
     with_host_ms = 1000 * gen.seconds / max(len(gen.accept_lengths), 1)
     engine.generate(ids, 2 * (D + 1))                                      # a state with the cache in use
+    engine.root.copy_(engine.acc[1:2])                                     # the proposal step drafts from the bonus
     rows = torch.arange(D + 1, device=engine.device)
     count, bonus, path = engine.acc[0:1], engine.acc[1:2], engine.acc[2:]
     pieces = {"compaction": (lambda: engine.target.move_kv(engine.n + path, engine.n + rows))
               if engine.spec.mode == "tree" else None,
               "catch_up": (lambda: engine.drafter.catch_up(engine._emitted(), engine.aux_rows[path], engine.n, count))
               if engine.drafter.needs_aux else None,
-              "propose": lambda: engine._propose(bonus)}
+              "propose": engine.proposal}                 # the engine's captured first proposal: no new compile
     out = {"cycle_graph_ms": replay_ms(engine.cycle, engine.device), "cycle_with_host_ms": with_host_ms,
            "cycle_kernels": kernels_per_call(args, engine.cycle), "pieces": {}}
     for name, fn in pieces.items():
         if fn is None:
             continue
-        step = Step(compiled(fn, engine.compile, args.compile_mode), use_graph=engine.graphs, name=name)
-        step.capture()
+        if name == "propose":
+            step = fn
+        else:
+            step = Step(compiled(fn, engine.compile, args.compile_mode), use_graph=engine.graphs, name=name)
+            step.capture()
         out["pieces"][name] = {"ms": replay_ms(step, engine.device), "kernels": kernels_per_call(args, step)}
     draft_ms = sum(piece["ms"] for piece in out["pieces"].values())
     draft_kernels = sum(piece["kernels"] or 0 for piece in out["pieces"].values())

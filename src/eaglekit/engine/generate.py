@@ -16,7 +16,9 @@ decision between the halves (the tree is walked with the host's random numbers),
 
 Plain decoding (the baseline) is the `decode` step: one token per target forward, run `chunk`
 times between host checks for a stop token. On CUDA every step is compiled and captured in a CUDA
-graph (graphs.py); on CPU the same code runs eagerly.
+graph (graphs.py); on CPU the same code runs eagerly. The prompt is prefilled the same way in both
+modes: on CUDA in `prefill_chunk`-token pieces, each a replay of one captured (uncompiled) graph,
+since an eager forward of a small model is tens of milliseconds of launches; elsewhere at once.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from eaglekit.engine.sampling import Sampling, next_token, target_probs
 from eaglekit.engine.spec import SpecConfig
 from eaglekit.engine.tree import Tree, cache_mask, causal_block
 from eaglekit.errors import EaglekitError
+
+PREFILL_CHUNK = 128      # prompt tokens per captured prefill step (CUDA graphs)
 
 
 @dataclass
@@ -83,11 +87,14 @@ class Engine:
         compile: torch.compile the steps (default: on CUDA).
         decode_chunk: plain decoding steps between host checks for a stop token.
         cycle_chunk: greedy speculation cycles between host checks.
+        prefill_chunk: prompt tokens per prefill step, 0 = the whole prompt in one eager forward
+            (default: PREFILL_CHUNK with graphs, else 0).
     """
 
     def __init__(self, target, *, drafter=None, spec: SpecConfig | None = None, sampling: Sampling = Sampling(),
                  stop_token_ids=(), graphs: bool | None = None, compile: bool | None = None,
-                 compile_mode: str = COMPILE_MODE, decode_chunk: int = 8, cycle_chunk: int = 4):
+                 compile_mode: str = COMPILE_MODE, decode_chunk: int = 8, cycle_chunk: int = 4,
+                 prefill_chunk: int | None = None):
         self.target, self.drafter, self.spec, self.sampling = target, drafter, spec, sampling
         self.stop_ids = set(int(t) for t in stop_token_ids)
         self.device = next(target.parameters()).device
@@ -113,8 +120,22 @@ class Engine:
         self.one = torch.ones(1, 1, dtype=torch.bool, device=self.device)
         self.decode = Step(compiled(self._decode_step, self.compile, compile_mode), use_graph=self.graphs,
                            name="decode")
+        self.prefill_chunk = (PREFILL_CHUNK if self.graphs else 0) if prefill_chunk is None else prefill_chunk
+        if self.prefill_chunk:
+            self._init_prefill()
         if drafter is not None:
             self._init_speculation(compile_mode)
+
+    def _init_prefill(self) -> None:
+        C, dtype = self.prefill_chunk, next(self.target.parameters()).dtype
+        long = dict(dtype=torch.long, device=self.device)
+        self.chunk_ids = torch.zeros(C, **long)       # one piece of the prompt, zero-padded
+        self.chunk_start = torch.zeros(1, **long)     # its first position
+        self.chunk_last = torch.zeros(1, **long)      # index of its last real token
+        self.prefill_logits = torch.zeros(self.target.vocab_size, dtype=dtype, device=self.device)
+        self.prefill_aux = torch.zeros(self.L + C, max(self.target.aux_width, 1), dtype=dtype, device=self.device)
+        # Not compiled: a compile per engine costs more than fusing a 128-row forward gains.
+        self.prefill = Step(self._prefill_chunk_step, use_graph=self.graphs, name="prefill")
 
     # ---- static buffers and steps of speculation ------------------------------------------
 
@@ -139,7 +160,9 @@ class Engine:
             self.tables = torch.zeros(2 * self.spec.k + 1, device=self.device, dtype=torch.float64)
         elif not self.sampling.greedy:
             self.tables = torch.zeros(3 * N, device=self.device, dtype=torch.float64)
-        self.propose = compiled(self._propose, self.compile, compile_mode)
+        self.root = torch.zeros(1, **long)           # the first root, after the prefill
+        self.proposal = Step(compiled(self._propose_root_step, self.compile, compile_mode), use_graph=self.graphs,
+                             name="proposal")
         if self.sampling.greedy:
             self.cycle = Step(compiled(self._cycle_step, self.compile, compile_mode), use_graph=self.graphs,
                               name="cycle")
@@ -150,8 +173,9 @@ class Engine:
                                 name="advance")
 
     def speculation_steps(self) -> list[Step]:
-        """The captured steps speculation replays: one greedy cycle, or verify and advance (sampling)."""
-        return [self.cycle] if self.sampling.greedy else [self.verify, self.advance]
+        """The captured steps speculation replays: the first proposal, then one greedy cycle, or
+        verify and advance (sampling)."""
+        return [self.proposal] + ([self.cycle] if self.sampling.greedy else [self.verify, self.advance])
 
     def warmup(self, speculative: bool = True) -> None:
         """Compile and capture the steps a mode needs (once; `generate` calls it). No-op without graphs.
@@ -162,12 +186,16 @@ class Engine:
         if not self.graphs:
             return
         steps = self.speculation_steps() if speculative and self.drafter is not None else [self.decode]
+        steps = ([self.prefill] if self.prefill_chunk else []) + steps
         for step in steps:
             if step.graph is None:
                 self.pos.zero_()
                 self.tok.zero_()
+                if self.prefill_chunk:
+                    for t in (self.chunk_ids, self.chunk_start, self.chunk_last):
+                        t.zero_()
                 if self.drafter is not None:
-                    for t in (self.n, self.acc, self.tree.tokens, self.tree.parents, self.tree.depth):
+                    for t in (self.n, self.acc, self.root, self.tree.tokens, self.tree.parents, self.tree.depth):
                         t.zero_()
                     if self.sampling.greedy:
                         self.cycle_index.zero_()
@@ -177,13 +205,34 @@ class Engine:
     # ---- plain decoding -------------------------------------------------------------------
 
     def _prefill(self, ids: list[int]):
-        """Eager target forward over the prompt at slots 0..P-1 -> ids [P], last logits [V], aux [P, A]."""
-        P = len(ids)
+        """Target forward over the prompt at slots 0..P-1 -> ids [P], last logits [V], aux [P, A]:
+        at once (eager), or in `prefill_chunk` pieces, each a replay of the prefill step."""
+        P, C = len(ids), self.prefill_chunk
         x = torch.tensor(ids, dtype=torch.long, device=self.device)
-        pos = torch.arange(P, device=self.device)
-        logits, aux = self.target(x[None], pos[None], pos, cache_mask(causal_block(P, self.device), 0, 0, self.L),
-                                  last_only=True)
-        return x, logits[0, -1], (aux[0] if aux is not None else None)
+        if not C:
+            pos = torch.arange(P, device=self.device)
+            logits, aux = self.target(x[None], pos[None], pos,
+                                      cache_mask(causal_block(P, self.device), 0, 0, self.L), last_only=True)
+            return x, logits[0, -1], (aux[0] if aux is not None else None)
+        for start in range(0, P, C):
+            piece = x[start:start + C]
+            self.chunk_ids.copy_(torch.nn.functional.pad(piece, (0, C - piece.shape[0])))
+            self.chunk_start.fill_(start)
+            self.chunk_last.fill_(piece.shape[0] - 1)
+            self.prefill()
+        return x, self.prefill_logits, (self.prefill_aux[:P] if self.target.aux_width else None)
+
+    def _prefill_chunk_step(self) -> None:
+        """One piece of the prompt: positions start .. start+C-1 (padding rows past the cache clamp to
+        its last slot; their outputs are never read), logits of the last real row, every row's aux."""
+        C = self.prefill_chunk
+        rows = self.chunk_start + torch.arange(C, device=self.device)
+        pos = rows.clamp(max=self.L - 1)
+        mask = cache_mask(causal_block(C, self.device), self.chunk_start, self.chunk_start, self.L)
+        logits, aux = self.target(self.chunk_ids[None], pos[None], pos, mask)
+        self.prefill_logits.copy_(logits[0].index_select(0, self.chunk_last)[0])
+        if aux is not None:
+            self.prefill_aux.index_copy_(0, rows, aux[0])
 
     def _prefill_plain(self, ids: list[int]) -> torch.Tensor:
         _, logits, _ = self._prefill(ids)
@@ -214,6 +263,9 @@ class Engine:
 
     # ---- speculative decoding -------------------------------------------------------------
 
+    def _propose_root_step(self) -> None:
+        self._propose(self.root)
+
     def _propose(self, root: torch.Tensor) -> None:
         proposal = self.drafter.propose(root, self.n)
         for name in ("tokens", "parents", "depth", "anc"):
@@ -229,7 +281,8 @@ class Engine:
         self.n.fill_(len(ids))
         if self.sampling.greedy:
             self.cycle_index.zero_()
-        self.propose(root)
+        self.root.copy_(root)
+        self.proposal()
         return root
 
     def _verify_step(self) -> None:
