@@ -124,7 +124,9 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def free_memory(device: str) -> None:
+def free_memory(device: str, compiled: bool = False) -> None:
+    if compiled:
+        torch._dynamo.reset()      # compiled steps hold their decoder (and its KV cache) alive
     gc.collect()
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
@@ -193,7 +195,7 @@ def run_engine(variant: str, target, files: dict[str, Path], out: Path, args, le
         raise EaglekitError(f"the decoder was rebuilt during the runs ({generator.builds} builds)",
                             hint="the timings include a compile: raise max_len")
     del generator
-    free_memory(args.device)
+    free_memory(args.device, compiled=True)
     return result
 
 
@@ -253,7 +255,8 @@ def engine_variants(target, files, out, args, lengths, max_len) -> tuple[dict, d
         except Exception as err:       # a benchmark records a failed variant and goes on
             errors[variant] = f"{type(err).__name__}: {err}"[:2000]
             print(f"engine variant {variant!r} failed:\n{traceback.format_exc()[-4000:]}", file=sys.stderr, flush=True)
-            free_memory(args.device)
+        if variant in errors:          # out of the except block: its traceback no longer holds the decoder
+            free_memory(args.device, compiled=True)
             if args.on_error and args.on_error not in [*results, *errors, *(v for v, _ in todo)]:
                 todo.append((args.on_error, ("same",)))
     return results, errors

@@ -110,13 +110,13 @@ class EngineGenerator:
             CUDA, else the runner's default (`engine.batch.batch_runner`).
         chunk: decode steps between host checks.
         max_len: cache slots per row of the first decoder (default: what the first request needs,
-            at least `MIN_SLOTS`, at most the target's context, rounded up to `SLOTS`).
+            rounded up to `SLOTS`, at least `MIN_SLOTS` with flex attention, at most the target's context).
     """
 
     name = "engine"
     continuous = True    # `serve`: rows are refilled as answers end (LocalBackend streams to it)
     SLOTS = 512          # cache slots are rounded up to a multiple of this, so few rebuilds happen
-    MIN_SLOTS = 2048     # room for longer later prompts (a conversation's next turn) without a rebuild
+    MIN_SLOTS = 2048     # with flex attention: room for longer later prompts (a next turn) without a rebuild
 
     def __init__(self, model, stop_ids: list[int], sampling: Sampling, *, seed: int = 0, batch_size: int = 32,
                  runner: str = "auto", graphs: bool | None = None, compile: bool | None = None,
@@ -139,10 +139,15 @@ class EngineGenerator:
         return time.perf_counter() - start
 
     def _slots_for(self, needed: int) -> int:
-        """Slots per row of the next decoder: rounded up, grown by half at least, within the context."""
+        """Slots per row of the next decoder: rounded up, grown by half at least, within the context.
+        Spare slots cost only memory when attention reads each row's own blocks ("flex"), but a
+        step's time where it reads them all: then there are none beyond the rounding."""
         if self._decoder is None and self.first_max_len:
             return max(needed, self.first_max_len)
-        rounded = -(-max(needed, self.MIN_SLOTS) // self.SLOTS) * self.SLOTS
+        from eaglekit.engine.batch import batch_attention
+
+        floor = self.MIN_SLOTS if batch_attention(self.model, needed, self.runner, self.attention) == "flex" else 0
+        rounded = -(-max(needed, floor) // self.SLOTS) * self.SLOTS
         grown = max(rounded, int(self.max_len * 1.5) // self.SLOTS * self.SLOTS)
         return max(needed, min(grown, self.context or grown))   # no slots past the target's context
 

@@ -62,14 +62,18 @@ class Request:
     key: object = None
 
 
-def batch_runner(model, *, max_len: int, batch_size: int, runner: str = "auto", attention: str | None = None):
-    """The target runner for a BatchDecoder. On CUDA the FAST runner attends with "flex" unless
-    told otherwise: rows at different lengths then read only their own cache blocks, where a dense
-    kernel reads all L slots of every row (`engine.flex`; slots rounded up to its block)."""
+def batch_attention(model, max_len: int, runner: str = "auto", attention: str | None = None) -> str | None:
+    """The attention kind a BatchDecoder's runner gets: "flex" for the FAST runner on CUDA unless told
+    otherwise (rows at different lengths then read only their own cache blocks, where a dense kernel
+    reads all L slots of every row, `engine.flex`); None leaves the runner's own default."""
     cuda = next(model.parameters()).device.type == "cuda"
     fast = runner == "fast" or (runner == "auto" and fast_unsupported_reason(model, max_len) is None)
-    if attention is None and cuda and fast:
-        attention = "flex"
+    return "flex" if attention is None and cuda and fast else attention
+
+
+def batch_runner(model, *, max_len: int, batch_size: int, runner: str = "auto", attention: str | None = None):
+    """The target runner for a BatchDecoder (`batch_attention`; with flex, slots rounded up to its block)."""
+    attention = batch_attention(model, max_len, runner, attention)
     if attention == "flex":
         max_len = -(-max_len // BLOCK) * BLOCK
     kernels = {"attention": attention} if attention else {}
