@@ -151,16 +151,16 @@ def atomic_dir(out: str | os.PathLike, *, overwrite: bool = False, stage: str | 
     if has_content(out) and not overwrite and not being_written(out):
         raise EaglekitError(f"output folder {out} already exists", hint="pass --overwrite or another --out")
     created = not out.exists()
-    try:
-        with writer_lock(out, stage=stage):
+    with writer_lock(out, stage=stage):
+        try:
             if has_content(out) and not overwrite:
                 raise EaglekitError(f"output folder {out} already exists", hint="pass --overwrite or another --out")
             with _temporary_dir_beside(out) as tmp:
                 yield tmp
                 _move_into_place(tmp, out)
-    finally:
-        if created and out.is_dir() and not has_content(out):
-            out.rmdir()  # nothing was written: leave no empty folder behind
+        finally:
+            if created and out.is_dir() and not has_content(out):
+                out.rmdir()  # nothing was written: leave no empty folder behind (still under the lock)
 
 
 @contextmanager
