@@ -93,3 +93,41 @@ def test_bench_prompts_keep_a_line_separator_inside_a_string(tmp_path):
                     + json.dumps({"id": "b", "turns": ["three"]}) + "\n", encoding="utf-8")
     prompts = load_bench_prompts(path)
     assert [p.turns for p in prompts] == [["one\u2028two"], ["three"]]
+
+
+def test_bench_says_plainly_what_a_cycle_costs(tmp_path, tiny_target_dir, prompts_file):
+    """Every bench states faster or SLOWER and the cycle's cost in plain steps (report and JSON);
+    the verdict names the largest part of the cycle once it has a profile."""
+    from eaglekit.bench.report import verdict
+
+    out, result = run_bench(tmp_path, tiny_target_dir, prompts_file, "random", "--mode", "chain", "--k", "3",
+                            "--no-hf", "--limit", "2")
+    s = result["summary"]
+    assert s["cycle"]["plain_steps"] > 0 and s["cycle"]["cycle_ms"] > s["cycle"]["plain_step_ms"] > 0
+    word = "SLOWER" if s["speedup"] < 1 else "faster"
+    assert word in s["verdict"] and f"{s['cycle']['plain_steps']:.2f} plain steps" in s["verdict"]
+    assert s["verdict"] in (out / "report.md").read_text()
+    assert result["cycle_profile"] is None                    # CPU: no CUDA graphs, no split
+    profile = {"pieces": {"propose": {"ms": 2.0}, "verify": {"ms": 1.3}, "catch_up": {"ms": 0.1}},
+               "host_ms": 0.3, "largest": "propose"}
+    text = verdict({"speedup": 0.8, "spec": "tree", "tau": 3.2, "cycle": {"plain_steps": 4.0}}, profile)
+    assert text.startswith("Speculation is SLOWER than plain decoding: 0.80x")
+    assert "Largest part of the cycle: propose 2.000 ms (54 %)" in text
+
+
+def test_cycle_profile_splits_a_real_cycle():
+    """The profile's pieces (eager on CPU) add up with the derived verify to the cycle's time."""
+    from engine_tiny import AUX, PROMPTS, peaked_model, random_draft
+
+    from eaglekit.engine import DraftRunner, Engine, Sampling, SpecConfig, make_target_runner
+    from eaglekit.engine.profile import cycle_profile
+
+    model = peaked_model("llama")
+    target = make_target_runner(model, max_len=96, aux_layer_ids=AUX)
+    spec = SpecConfig(mode="tree", depth=3, top_k=3, total_tokens=10)
+    engine = Engine(target, drafter=DraftRunner(random_draft(model), spec=spec, sampling=Sampling(), max_len=96),
+                    spec=spec)
+    profile = cycle_profile(engine, PROMPTS[0], 12)
+    assert set(profile["pieces"]) == {"compaction", "catch_up", "propose", "verify"}
+    assert all(p["ms"] >= 0 for p in profile["pieces"].values()) and profile["cycle_graph_ms"] > 0
+    assert profile["largest"] in {*profile["pieces"], "host"}

@@ -9,10 +9,9 @@ it is done, so a run cut short still returns what it measured):
     c  SmolLM2 with the oracle draft (chain and tree): speedup vs the ideal (tau at equal cost),
        and a random draft (real draft cost, no acceptance): cost of one cycle
     o  the same oracle measurement on the Llama-shaped 8B model of part b
-    s  (with c or o) where one speculative cycle's time goes: each piece of the cycle (verify,
-       compaction, draft catch-up, proposal) captured and replayed alone, the fused cycle graph,
-       and the host's share (a chunk of cycles with its one read, against the graphs alone), with
-       kernel counts; for every engine of parts c / o
+    s  (with c or o) where one speculative cycle's time goes (eaglekit.engine.profile): the draft's
+       pieces (compaction, catch-up, proposal) captured and replayed alone, verify as the rest of the
+       fused cycle graph, and the host's share, with kernel counts; for every engine of parts c / o
     d  a trained draft (--draft DIR): tau and speedup on --prompts (as `eaglekit bench`)
     e  SmolLM2 batched generation (`generate_batch`) vs HF generate at the same batch size
     p  profile of SmolLM2's captured plain decode step: kernels per step, top kernels, busy share
@@ -335,77 +334,19 @@ def save_partial(args, out: dict) -> None:
     Path(args.out, "partial.json").write_text(json.dumps(out, indent=2, default=str))
 
 
-def replay_ms(fn, device, repeats: int = 50) -> float:
-    """Median-free mean of `repeats` back-to-back calls of fn, one sync at the end (ms per call)."""
-    fn()
-    sync(device)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    sync(device)
-    return 1000 * (time.perf_counter() - start) / repeats
-
-
 def decode_step_ms(engine: Engine, ids) -> float:
     """One plain decode step replayed back to back (the graph alone, no host check)."""
+    from eaglekit.engine.profile import replay_ms
+
     engine.generate(ids, 16, speculative=False)                             # leaves a valid state
     return replay_ms(engine.decode, engine.device)
 
 
-def profile_cycle(args, engine: Engine, ids, cycles: int = 32) -> dict:
-    """Where one greedy speculative cycle's time goes. The draft's pieces are compiled and captured
-    alone and replayed on the state a real cycle left (they do not advance `n`, so replays repeat
-    the same work): compaction (tree KV moves), catch-up (the draft over the committed rows),
-    propose (the draft's chain or tree). Verify (the target forward + acceptance) is the fused
-    cycle minus those pieces (its own compile would cost a minute per engine). `cycle_graph_ms` is
-    the fused cycle replayed back to back; `cycle_with_host_ms` is what generate spends per cycle
-    (chunks of cycles, each with its one read, and the prefill); the difference is the host's share."""
-    from eaglekit.engine.graphs import Step, compiled
+def profile_cycle(args, engine: Engine, ids) -> dict:
+    """Where one speculative cycle's time goes (`eaglekit.engine.profile.cycle_profile`)."""
+    from eaglekit.engine.profile import cycle_profile
 
-    D = engine.spec.max_depth
-    gen = engine.generate(ids, args.new_tokens)                             # compiled, captured; a real state
-    with_host_ms = 1000 * gen.seconds / max(len(gen.accept_lengths), 1)
-    engine.generate(ids, 2 * (D + 1))                                      # a state with the cache in use
-    engine.root.copy_(engine.acc[1:2])                                     # the proposal step drafts from the bonus
-    rows = torch.arange(D + 1, device=engine.device)
-    count, bonus, path = engine.acc[0:1], engine.acc[1:2], engine.acc[2:]
-    pieces = {"compaction": (lambda: engine.target.move_kv(engine.n + path, engine.n + rows))
-              if engine.spec.mode == "tree" else None,
-              "catch_up": (lambda: engine.drafter.catch_up(engine._emitted(), engine.aux_rows[path], engine.n, count))
-              if engine.drafter.needs_aux else None,
-              "propose": engine.proposal}                 # the engine's captured first proposal: no new compile
-    out = {"cycle_graph_ms": replay_ms(engine.cycle, engine.device), "cycle_with_host_ms": with_host_ms,
-           "cycle_kernels": kernels_per_call(args, engine.cycle), "pieces": {}}
-    for name, fn in pieces.items():
-        if fn is None:
-            continue
-        if name == "propose":
-            step = fn
-        else:
-            step = Step(compiled(fn, engine.compile, args.compile_mode), use_graph=engine.graphs, name=name)
-            step.capture()
-        out["pieces"][name] = {"ms": replay_ms(step, engine.device), "kernels": kernels_per_call(args, step)}
-    draft_ms = sum(piece["ms"] for piece in out["pieces"].values())
-    draft_kernels = sum(piece["kernels"] or 0 for piece in out["pieces"].values())
-    out["pieces"]["verify (cycle - pieces)"] = {
-        "ms": out["cycle_graph_ms"] - draft_ms,
-        "kernels": out["cycle_kernels"] - draft_kernels if out["cycle_kernels"] is not None else None}
-    out["host_ms"] = with_host_ms - out["cycle_graph_ms"]
-    return out
-
-
-def kernels_per_call(args, fn, calls: int = 8) -> float | None:
-    """Device kernels launched per call of fn (CUDA graphs are traced kernel by kernel)."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    if torch.device(args.device).type != "cuda":
-        return None
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        sync(args.device)
-    return sum(e.count for e in prof.key_averages() if e.device_type == DeviceType.CUDA) / calls
+    return cycle_profile(engine, ids, args.new_tokens)
 
 
 def part_d(args) -> dict:

@@ -19,7 +19,7 @@ import torch
 from eaglekit.artifacts import (MANIFEST, atomic_path, check_same_target, refuse_unfinished, sha256_file, write_json,
                                 write_manifest, writer_lock)
 from eaglekit.bench.prompts import load_bench_prompts
-from eaglekit.bench.report import markdown, plot, summarize, turn_records
+from eaglekit.bench.report import markdown, plot, summarize, turn_records, verdict
 from eaglekit.bench.run import bracket_plain, conversation_ids, run_baselines, run_speculation
 from eaglekit.engine import DraftRunner, Engine, OracleDrafter, Sampling, SpecConfig, make_target_runner
 from eaglekit.errors import EaglekitError
@@ -28,11 +28,12 @@ from eaglekit.formats.folder import DraftFolder, read_folder
 
 log = logging.getLogger(__name__)
 
-# Shapes tried by --sweep (EAGLE-2/3 use trees of depth 6-8, top-k 10, 60 tokens on 7-8B targets).
-SWEEP = (SpecConfig(mode="chain", k=3), SpecConfig(mode="chain", k=5), SpecConfig(mode="chain", k=7),
+# Shapes tried by --sweep (EAGLE-2/3 use trees of depth 6-8, top-k 10, 60 tokens on 7-8B targets). Four:
+# on a GPU each costs one compile of its cycle (~40-60 s for SmolLM2), so a sweep of 8 prompts stays
+# within a few minutes; any other shape is one `--mode/--k/--depth/--top-k/--total-tokens` run away.
+SWEEP = (SpecConfig(mode="chain", k=3), SpecConfig(mode="chain", k=5),
          SpecConfig(mode="tree", depth=4, top_k=4, total_tokens=16),
-         SpecConfig(mode="tree", depth=5, top_k=8, total_tokens=32),
-         SpecConfig(mode="tree", depth=6, top_k=10, total_tokens=60))
+         SpecConfig(mode="tree", depth=6, top_k=8, total_tokens=32))
 
 
 @dataclass
@@ -169,11 +170,13 @@ def benchmark(cfg: BenchConfig, command: str = "") -> dict:
 
     start = time.time()
     engine, oracle = engine_for(specs[0])
+    engines = [engine]
     turns = run_baselines(engine, target, prompts, max_new_tokens=cfg.max_new_tokens, hf=cfg.hf, seed=cfg.seed,
                           warmup=cfg.warmup)
     for i, spec in enumerate(specs):
         if i:
             engine, oracle = engine_for(spec)
+            engines.append(engine)
         run_speculation(engine, turns, spec.label(), max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
                         oracle=oracle, warmup=cfg.warmup)
     timing = bracket_plain(engine, turns, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
@@ -181,6 +184,10 @@ def benchmark(cfg: BenchConfig, command: str = "") -> dict:
              for spec in specs]
     best = max(range(len(specs)), key=lambda i: sweep[i]["spec_tok_s"])
     result = summarize(turns, specs[best].label(), specs[best].max_depth, cfg.sampling.greedy)
+    profile = slow_cycle_profile(engines[best], result["summary"], turns[0].ids, cfg.max_new_tokens)
+    result["summary"]["verdict"] = verdict(result["summary"], profile)
+    result["cycle_profile"] = profile
+    log.info(result["summary"]["verdict"])
     result["summary"].update(
         device=device_name(device), date=time.strftime("%Y-%m-%d %H:%M:%S"), command=command,
         config={**cfg.to_dict(), "spec": specs[best].to_dict(), "runner": runner.kind, "max_len": max_len,
@@ -197,6 +204,16 @@ def benchmark(cfg: BenchConfig, command: str = "") -> dict:
     result["turns"] = turn_records(turns)
     result["target_fingerprint"] = target.fingerprint()
     return result
+
+
+def slow_cycle_profile(engine: Engine, summary: dict, prompt_ids: list[int], max_new_tokens: int) -> dict | None:
+    """Where the cycle's time goes, when speculation was slower than plain decoding and the cycle
+    is the fused greedy one in CUDA graphs (elsewhere the split would measure eager launches)."""
+    if summary["speedup"] >= 1 or not engine.sampling.greedy or not engine.graphs:
+        return None
+    from eaglekit.engine.profile import cycle_profile
+
+    return cycle_profile(engine, prompt_ids, max_new_tokens)
 
 
 def runner_dtype(runner) -> torch.dtype:

@@ -70,6 +70,7 @@ def summarize(turns: list[Turn], label: str, max_depth: int, greedy: bool) -> di
     summary["baseline_vs_hf"] = (round(rate(summary["baseline_tok_s"], summary["hf_tok_s"]), 3)
                                  if summary["hf_tok_s"] else None)
     summary["efficiency"] = round(summary["speedup"] / summary["tau"], 3)   # 1.0 = speedup equals tau
+    summary["cycle"] = cycle_cost(turns, label)
     if greedy:
         summary["greedy_match"] = round(sum(t.spec[label].tokens == t.plain.tokens for t in turns) / len(turns), 4)
         if turns[0].hf is not None:
@@ -77,6 +78,37 @@ def summarize(turns: list[Turn], label: str, max_depth: int, greedy: bool) -> di
     else:
         summary["greedy_match"] = None
     return {"summary": summary, "prompts": rows}
+
+
+def cycle_cost(turns: list[Turn], label: str) -> dict:
+    """What one speculative cycle costs in plain decoding steps: wall ms per cycle over wall ms per
+    plain token (prefill included in both, as a user sees it). speedup = tau / plain_steps."""
+    spec_s = sum(t.spec[label].seconds for t in turns)
+    cycles = sum(len(t.spec[label].accept_lengths) for t in turns)
+    plain_s, plain_tokens = sum(t.plain.seconds for t in turns), sum(len(t.plain.tokens) for t in turns)
+    cycle_ms, step_ms = 1000 * spec_s / max(cycles, 1), 1000 * plain_s / max(plain_tokens, 1)
+    return {"cycle_ms": round(cycle_ms, 4), "plain_step_ms": round(step_ms, 4),
+            "plain_steps": round(cycle_ms / step_ms, 3) if step_ms else None}
+
+
+def verdict(summary: dict, profile: dict | None = None) -> str:
+    """One plain sentence: faster or slower than plain decoding, what a cycle costs, and (when the
+    cycle was profiled) which part of it costs most."""
+    cycle = summary.get("cycle") or {}
+    speed = summary["speedup"]
+    head = (f"Speculation is SLOWER than plain decoding: {speed:.2f}x" if speed < 1
+            else f"Speculation is {speed:.2f}x faster than plain decoding")
+    text = (f"{head} ({summary['spec']}): a cycle costs {cycle.get('plain_steps') or 0:.2f} plain steps "
+            f"and commits tau {summary['tau']:.2f} tokens.")
+    if profile:
+        parts = {**{name: p["ms"] for name, p in profile["pieces"].items()}, "host": profile["host_ms"]}
+        total = max(sum(max(v, 0.0) for v in parts.values()), 1e-9)
+        worst = profile["largest"]
+        text += (f" Largest part of the cycle: {worst} {parts[worst]:.3f} ms ({100 * parts[worst] / total:.0f} %); "
+                 + ", ".join(f"{k} {v:.3f}" for k, v in parts.items()) + " ms.")
+    elif speed < 1:
+        text += " Run it on a GPU (CUDA graphs) for the split of the cycle into verify, draft and host time."
+    return text
 
 
 def turn_records(turns: list[Turn]) -> list[dict]:
@@ -98,7 +130,7 @@ def markdown(result: dict) -> str:
     s = result["summary"]
     lines = [f"# eaglekit bench: {result['config']['target']} + {result['config']['draft']}", "",
              f"{s['spec']}, {result['config']['sampling']}, max {result['config']['max_new_tokens']} new tokens, "
-             f"{s['device']}, {s['date']}", "",
+             f"{s['device']}, {s['date']}", "", f"**{s['verdict']}**" if s.get("verdict") else "", "",
              "| prompt | turns | tokens | HF tok/s | plain tok/s | spec tok/s | speedup | tau | greedy match |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: |"]
     fmt = lambda x: "–" if x is None else (f"{x:.2f}" if isinstance(x, float) else str(x))  # noqa: E731

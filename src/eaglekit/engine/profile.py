@@ -1,0 +1,90 @@
+"""Where a greedy speculative cycle's time goes, as numbers (used by `eaglekit bench` when
+speculation is slower than plain decoding, and by scripts/gpu/bench_engine.py part s).
+
+The draft's pieces of a cycle are captured alone and replayed on the state a real cycle left (none
+of them advances the committed length, so every replay repeats the same work):
+
+    compaction   the accepted path's KV moved into place (trees; a chain is in place)
+    catch_up     the draft over the committed rows
+    propose      the draft's next chain or tree (the engine's own captured first-proposal step)
+
+`verify` (the target forward and greedy acceptance) is the fused cycle graph minus those pieces:
+compiling it alone would cost another minute per engine. `host_ms` is what `generate` spends per
+cycle beyond the graph: the chunked host reads and the prefill, spread over the cycles.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from eaglekit.engine.generate import Engine
+from eaglekit.engine.graphs import Step, compiled
+
+
+def replay_ms(fn, device: torch.device, repeats: int = 50) -> float:
+    """Mean ms of `repeats` back-to-back calls of fn, one sync at the end (after one warm call)."""
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    import time
+
+    fn()
+    sync()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    sync()
+    return 1000 * (time.perf_counter() - start) / repeats
+
+
+def kernels_per_call(fn, device: torch.device, calls: int = 8) -> float | None:
+    """Device kernels launched per call of fn (CUDA graphs are traced kernel by kernel); None off CUDA."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    if device.type != "cuda":
+        return None
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize(device)
+    return sum(e.count for e in prof.key_averages() if e.device_type == DeviceType.CUDA) / calls
+
+
+@torch.no_grad()
+def cycle_profile(engine: Engine, prompt_ids: list[int], max_new_tokens: int) -> dict:
+    """Time the pieces of one greedy cycle of `engine` (see the module docstring), in ms.
+
+    Returns cycle_graph_ms, cycle_with_host_ms, host_ms, cycle_kernels and pieces {name: {ms, kernels}},
+    verify included (derived), plus `largest`: the costliest piece.
+    """
+    if engine.drafter is None or not engine.sampling.greedy:
+        raise ValueError("cycle_profile needs a greedy speculative engine")
+    D = engine.spec.max_depth
+    gen = engine.generate(prompt_ids, max_new_tokens)                      # compiled, captured
+    with_host_ms = 1000 * gen.seconds / max(len(gen.accept_lengths), 1)
+    engine.generate(prompt_ids, 2 * (D + 1))                               # a state with the cache in use
+    engine.root.copy_(engine.acc[1:2])                                     # the proposal drafts from the bonus
+    rows = torch.arange(D + 1, device=engine.device)
+    count, path = engine.acc[0:1], engine.acc[2:]
+    pieces = {}
+    if engine.spec.mode == "tree":
+        pieces["compaction"] = lambda: engine.target.move_kv(engine.n + path, engine.n + rows)
+    if engine.drafter.needs_aux:
+        pieces["catch_up"] = lambda: engine.drafter.catch_up(engine._emitted(), engine.aux_rows[path], engine.n, count)
+    out = {"cycle_graph_ms": replay_ms(engine.cycle, engine.device), "cycle_with_host_ms": with_host_ms,
+           "cycle_kernels": kernels_per_call(engine.cycle, engine.device), "pieces": {}}
+    steps = {name: Step(compiled(fn, engine.compile), use_graph=engine.graphs, name=name) for name, fn in pieces.items()}
+    for step in steps.values():
+        step.capture()
+    steps["propose"] = engine.proposal                                     # captured already: no new compile
+    for name, step in steps.items():
+        out["pieces"][name] = {"ms": replay_ms(step, engine.device), "kernels": kernels_per_call(step, engine.device)}
+    draft_ms = sum(p["ms"] for p in out["pieces"].values())
+    kernels = [p["kernels"] for p in out["pieces"].values()]
+    out["pieces"]["verify"] = {"ms": max(out["cycle_graph_ms"] - draft_ms, 0.0),
+                               "kernels": None if out["cycle_kernels"] is None else out["cycle_kernels"] - sum(kernels)}
+    out["host_ms"] = with_host_ms - out["cycle_graph_ms"]
+    parts = {**{name: p["ms"] for name, p in out["pieces"].items()}, "host": out["host_ms"]}
+    out["largest"] = max(parts, key=parts.get)
+    return out
