@@ -35,10 +35,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eaglekit.artifacts import (MANIFEST, atomic_path, clear_folder, read_json, read_manifest, write_json,
-                                write_manifest, writer_lock)
-from eaglekit.data.regenerate import (SHARD_PREFIX, GenerateConfig, check_resume, conversation_counts,
-                                      finished_manifest, load_prompts)
+from eaglekit.artifacts import MANIFEST, atomic_path, read_json, read_manifest, write_json, write_manifest
+from eaglekit.data.regenerate import (SHARD_PREFIX, GenerateConfig, conversation_counts, generate_folder,
+                                      load_prompts)
 from eaglekit.errors import EaglekitError
 
 log = logging.getLogger(__name__)
@@ -136,13 +135,9 @@ def generate_parallel(prompts: str, out: str | Path, *, devices: list[str], work
     _, inputs = load_prompts(prompts, config.splits, config.limit)  # bad prompts fail here, before any worker
     identity = {"target": target_fp, "config": config.to_json(), "inputs": inputs,
                 "data_parallel": {"workers": len(devices)}}
-    with writer_lock(out, stage="generate"):  # before --overwrite deletes anything
-        if overwrite:
-            clear_folder(out)
-        finished = finished_manifest(out, identity)
+    with generate_folder(out, identity, overwrite) as finished:
         if finished is not None:
             return finished
-        check_resume(out, identity)
         start = time.perf_counter()
         todo = [i for i in range(len(devices)) if not (worker_dir(out, i) / MANIFEST).is_file()]
         if len(todo) < len(devices):

@@ -17,8 +17,10 @@ import logging
 import sys
 import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from eaglekit.artifacts import (MANIFEST, clear_folder, read_json, read_manifest, sha256_file, sha256_json,
                                 write_json, write_manifest, writer_lock)
@@ -131,14 +133,23 @@ def generate_conversations(prompts: str, out: str | Path, *, backend, target_fp:
         index, count = worker
         by_split = {s: p[index::count] for s, p in by_split.items()}
         identity["data_parallel"] = {"worker": index, "workers": count}
-    with writer_lock(out, stage="generate"):  # before --overwrite deletes anything
+    with generate_folder(out, identity, overwrite) as finished:
+        if finished is not None:
+            return finished
+        return _run(out, by_split, backend, identity, config, shard_size)
+
+
+@contextmanager
+def generate_folder(out: Path, identity: dict, overwrite: bool) -> Iterator[dict | None]:
+    """Hold the folder's writer lock (taken before --overwrite deletes anything) and yield its
+    finished manifest, or None once a resume is known to continue the same work."""
+    with writer_lock(out, stage="generate"):
         if overwrite:
             clear_folder(out)
         finished = finished_manifest(out, identity)
-        if finished is not None:
-            return finished
-        check_resume(out, identity)
-        return _run(out, by_split, backend, identity, config, shard_size)
+        if finished is None:
+            check_resume(out, identity)
+        yield finished
 
 
 def finished_manifest(out: Path, identity: dict) -> dict | None:
