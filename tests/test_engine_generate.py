@@ -2,7 +2,6 @@
 (chain and tree, FAST and GENERIC runners, random / oracle / partly wrong drafts), stop tokens,
 KV compaction, and sampling (reproducible, and the target's distribution on a tiny vocabulary)."""
 
-import random
 
 import pytest
 import torch
@@ -220,7 +219,7 @@ def test_graph_mode_paths_with_a_fake_cuda_graph(monkeypatch):
         assert engine.generate(prompt, NEW, speculative=False).tokens == ref
         assert engine.generate(prompt, NEW).tokens == ref
     assert all(step.graph is not None for step in (engine.prefill, engine.decode, engine.proposal, engine.cycle))
-    sampling = Sampling(temperature=0.8)                 # sampling replays verify and advance instead
+    sampling = Sampling(temperature=0.8)                 # sampling accepts on the device too
     eager = Engine(target, drafter=DraftRunner(random_draft(model), spec=TREE, sampling=sampling, max_len=L),
                    spec=TREE, sampling=sampling).generate(PROMPTS[0], NEW, seed=1)
     engine = Engine(target, drafter=DraftRunner(random_draft(model), spec=TREE, sampling=sampling, max_len=L),
@@ -229,7 +228,7 @@ def test_graph_mode_paths_with_a_fake_cuda_graph(monkeypatch):
     for step in engine.speculation_steps():
         step.use_graph = True
     assert engine.generate(PROMPTS[0], NEW, seed=1).tokens == eager.tokens
-    assert all(step.graph is not None for step in (engine.verify, engine.advance))
+    assert all(step.graph is not None for step in (engine.proposal, engine.cycle))
 
 
 def test_settle_oracle_replays_the_engines_own_output():

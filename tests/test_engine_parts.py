@@ -1,13 +1,11 @@
 """Pure engine parts on hand-built inputs: tree masks and positions, EAGLE-2 rerank, greedy
 acceptance, cache masks, and statistical tests that sampling verification is lossless."""
 
-import random
-
 import pytest
 import torch
 
-from eaglekit.engine.accept import (chain_sampling_tables, greedy_accept, tree_sampling_tables,
-                                    walk_chain_sampling, walk_tree_sampling)
+from eaglekit.engine.accept import (chain_sampling_accept, chain_sampling_tables, greedy_accept,
+                                    tree_sampling_accept, tree_sampling_tables)
 from eaglekit.engine.sampling import Sampling, target_probs
 from eaglekit.engine.spec import SpecConfig
 from eaglekit.engine.tree import cache_mask, chain_tree, select_tree, tree_from_parents
@@ -176,7 +174,6 @@ def toy_tree(context: tuple):
 
 def run_tree_trials(trials: int, seed: int) -> torch.Tensor:
     torch.manual_seed(seed)
-    rng = random.Random(seed)
     counts = torch.zeros(V ** LENGTH, dtype=torch.float64)
     for _ in range(trials):
         context: tuple = ()
@@ -184,8 +181,11 @@ def run_tree_trials(trials: int, seed: int) -> torch.Tensor:
             tree, contexts = toy_tree(context)
             probs = torch.stack([p_target(c) for c in contexts]).float()
             p_node, residual = tree_sampling_tables(tree, probs)
-            count, path, bonus = walk_tree_sampling(tree.parents.tolist(), p_node.tolist(), residual.tolist(), rng, 3)
+            uniform = torch.rand(tree.size, dtype=torch.float64)
+            count, path, bonus = tree_sampling_accept(tree, p_node, residual, uniform, 3)
+            count, path, bonus = int(count), path.tolist(), int(bonus)
             assert all(tree.parents[path[i + 1]] == path[i] for i in range(count))
+            assert path[count + 1:] == [path[count]] * (3 - count)             # padded with the last node
             context = context + tuple(tree.tokens[path[1:count + 1]].tolist()) + (bonus,)
         counts[sum(t * V ** (LENGTH - 1 - i) for i, t in enumerate(context[:LENGTH]))] += 1
     return counts
@@ -193,7 +193,6 @@ def run_tree_trials(trials: int, seed: int) -> torch.Tensor:
 
 def run_chain_trials(trials: int, seed: int, k: int = 3) -> torch.Tensor:
     torch.manual_seed(seed)
-    rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     counts = torch.zeros(V ** LENGTH, dtype=torch.float64)
     for _ in range(trials):
@@ -209,8 +208,9 @@ def run_chain_trials(trials: int, seed: int, k: int = 3) -> torch.Tensor:
             tokens = torch.tensor([0] + drafts)
             probs = torch.stack([p_target(context + tuple(drafts[:i])) for i in range(k + 1)]).float()
             ratio, residual, bonus = chain_sampling_tables(tokens, probs, torch.stack(qs).float())
-            count, path, out = walk_chain_sampling(ratio.tolist(), residual.tolist(), int(bonus), rng)
-            assert path[:count + 1] == list(range(count + 1))
+            count, path, out = chain_sampling_accept(ratio, residual, bonus, torch.rand(k, dtype=torch.float64))
+            count, path, out = int(count), path.tolist(), int(out)
+            assert path == list(range(count + 1)) + [count] * (k - count)
             context = context + tuple(drafts[:count]) + (out,)
         counts[sum(t * V ** (LENGTH - 1 - i) for i, t in enumerate(context[:LENGTH]))] += 1
     return counts

@@ -1,9 +1,9 @@
 """Verification: which drafted tokens the target accepts, and the token it adds (papers.md §3.1, §3.4).
 
-Greedy acceptance runs on the device without a host sync. Sampling is split in two: the device
-computes a few numbers per node (the probabilities that decide acceptance, and one token sampled in
-advance from each node's residual distribution); the host then walks the tree with its own random
-numbers. Both give `(count, path, bonus)`:
+Every rule runs on the device without a host sync, at fixed shapes, so it lives inside the engine's
+captured cycle. Sampling is two steps: a few numbers per node (the probabilities that decide
+acceptance, and one token sampled in advance from each node's residual distribution), then the walk
+down the tree with one uniform draw per node. All give `(count, path, bonus)`:
 
     count: number of accepted drafts a (tau contribution a + 1)
     path:  node indices root-first, [0, i_1 .. i_a], padded with i_a to max_depth + 1 entries
@@ -13,8 +13,6 @@ Shapes: N tree nodes, V target vocabulary, k chain drafts, D max depth.
 """
 
 from __future__ import annotations
-
-import random
 
 import torch
 
@@ -83,34 +81,42 @@ def _children_of(tree: Tree, vocab: int) -> torch.Tensor:
     return removed[:N]
 
 
-def walk_tree_sampling(parents: list[int], p_node: list[float], residual: list[int],
-                       rng: random.Random, max_depth: int) -> tuple[int, list[int], int]:
-    """Host half: from the root, try each child in order; accept it with probability p / (mass left).
+def tree_sampling_accept(tree: Tree, p_node: torch.Tensor, residual: torch.Tensor, uniform: torch.Tensor,
+                         max_depth: int):
+    """The walk from the root: try each child in order and accept it with probability
+    p / (mass left), where the mass left is 1 minus the p of its earlier (rejected) siblings.
 
     Rejecting child x sets p(x) = 0 and renormalizes, so the next sibling y is accepted with
     p(y) / (1 - p(x) - ...). When every child is rejected (or the node is a leaf) the emitted token
-    is the node's presampled residual token. This keeps the target distribution exactly.
+    is the node's presampled residual token. This keeps the target distribution exactly. Each node
+    has its own uniform draw, used only if the walk reaches it.
+
+    Args:
+        tree: the verified tree.
+        p_node, residual: [N] from `tree_sampling_tables`.
+        uniform: [N] float64 draws in [0, 1).
+        max_depth: D.
 
     Returns:
-        count, path (padded to max_depth + 1), bonus.
+        count [1], path [D + 1] (padded with its last node), bonus [1].
     """
-    children: dict[int, list[int]] = {}
-    for i, p in enumerate(parents):
-        if p >= 0:
-            children.setdefault(p, []).append(i)
-    cur, path = 0, [0]
-    while True:
-        left = 1.0
-        for child in children.get(cur, []):
-            if left > 0 and rng.random() * left < p_node[child]:
-                cur = child
-                path.append(child)
-                break
-            left -= p_node[child]
-        else:
-            break
-    count = len(path) - 1
-    return count, path + [path[-1]] * (max_depth + 1 - len(path)), residual[cur]
+    N = tree.size
+    idx = torch.arange(N, device=p_node.device)
+    p = p_node.double()
+    earlier = (tree.parents.unsqueeze(1) == tree.parents.unsqueeze(0)) & (idx.unsqueeze(0) < idx.unsqueeze(1))
+    left = 1 - (earlier.double() * p.unsqueeze(0)).sum(1)                 # [N] mass left when j is tried
+    accept = (left > 0) & (uniform * left < p) & (tree.parents >= 0)
+    cur = torch.zeros(1, dtype=torch.long, device=p_node.device)
+    alive = torch.ones(1, dtype=torch.bool, device=p_node.device)
+    path = [cur]
+    for _ in range(max_depth):
+        chosen = accept & (tree.parents == cur)                            # accepted children of cur
+        first = torch.argmax(chosen.int()).view(1)                         # the first of them in order
+        alive = alive & chosen.any().view(1)
+        cur = torch.where(alive, first, cur)
+        path.append(cur)
+    path = torch.cat(path)
+    return tree.depth[cur], path, residual[cur]
 
 
 # ---- sampling on a chain with the full draft distribution q ----------------------------------
@@ -137,11 +143,18 @@ def chain_sampling_tables(tokens: torch.Tensor, probs: torch.Tensor, q: torch.Te
     return ratio, sample(left), sample(probs[k:])
 
 
-def walk_chain_sampling(ratio: list[float], residual: list[int], bonus: int,
-                        rng: random.Random) -> tuple[int, list[int], int]:
-    """Host half: accept d_i with probability min(1, p/q); on rejection emit the residual token."""
-    k = len(ratio)
-    for i, r in enumerate(ratio):
-        if rng.random() >= r:
-            return i, list(range(i + 1)) + [i] * (k - i), residual[i]
-    return k, list(range(k + 1)), bonus
+def chain_sampling_accept(ratio: torch.Tensor, residual: torch.Tensor, bonus: torch.Tensor, uniform: torch.Tensor):
+    """Accept d_i with probability min(1, p/q) until the first rejection, which emits that
+    position's residual token; all k accepted emit the bonus token.
+
+    Args:
+        ratio, residual [k], bonus [1]: from `chain_sampling_tables`.
+        uniform: [k] float64 draws in [0, 1).
+
+    Returns:
+        count [1], path [k + 1] (0..count, padded with count), bonus [1].
+    """
+    k = ratio.shape[0]
+    count = torch.cumprod((uniform < ratio.double()).long(), 0).sum().view(1)
+    path = torch.arange(k + 1, device=ratio.device).clamp(max=count)
+    return count, path, torch.cat([residual, bonus.view(1)])[count]

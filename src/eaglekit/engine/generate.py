@@ -1,18 +1,17 @@
 """The engine: plain and speculative decoding of one sequence, on one target runner.
 
-A speculation cycle has two halves:
+A speculation cycle is one fixed-shape `cycle` step with two halves:
 
     verify   one target forward over the proposed tree (chain = a path) at positions n + depth,
-             written at cache slots n .. n+N-1; greedy acceptance on the device, or the device half
-             of lossless sampling
+             written at cache slots n .. n+N-1; acceptance on the device (greedy, or lossless
+             sampling with one uniform draw per node), the emitted tokens and the accepted count
+             written into device buffers
     advance  move the accepted path's KV to slots n .. n+a (compaction), catch the draft up over
              the a+1 committed positions, propose the next tree from the new root
 
-Greedy decoding runs both halves as one fixed-shape `cycle` step that also writes the emitted
-tokens and the accepted count into device buffers; the host replays `cycles` of them back to back
-and then reads those buffers once (one small device-to-host copy) to check stop tokens and length.
-Tokens past a stop token are dropped; the extra cycles only cost time. Sampling keeps a host
-decision between the halves (the tree is walked with the host's random numbers), one sync a cycle.
+The host replays `cycle_chunk` cycles back to back and then reads those buffers once (one small
+device-to-host copy) to check stop tokens and length. Tokens past a stop token are dropped; the
+extra cycles only cost time.
 
 Plain decoding (the baseline) is the `decode` step: one token per target forward, run `chunk`
 times between host checks for a stop token. On CUDA every step is compiled and captured in a CUDA
@@ -23,14 +22,13 @@ since an eager forward of a small model is tens of milliseconds of launches; els
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from eaglekit.engine.accept import (chain_sampling_tables, greedy_accept, tree_sampling_tables,
-                                    walk_chain_sampling, walk_tree_sampling)
+from eaglekit.engine.accept import (chain_sampling_accept, chain_sampling_tables, greedy_accept,
+                                    tree_sampling_accept, tree_sampling_tables)
 from eaglekit.engine.graphs import COMPILE_MODE, Step, compiled
 from eaglekit.engine.sampling import Sampling, next_token, target_probs
 from eaglekit.engine.spec import SpecConfig
@@ -86,7 +84,7 @@ class Engine:
         graphs: capture CUDA graphs (default: on CUDA).
         compile: torch.compile the steps (default: on CUDA).
         decode_chunk: plain decoding steps between host checks for a stop token.
-        cycle_chunk: greedy speculation cycles between host checks.
+        cycle_chunk: speculation cycles between host checks.
         prefill_chunk: prompt tokens per prefill step, 0 = the whole prompt in one eager forward
             (default: PREFILL_CHUNK with graphs, else 0).
     """
@@ -146,8 +144,8 @@ class Engine:
         self.tree = Tree(tokens=torch.zeros(N, **long), parents=torch.zeros(N, **long),
                          depth=torch.zeros(N, **long), anc=torch.zeros(N, N, dtype=torch.bool, device=self.device))
         self.acc = torch.zeros(D + 3, **long)          # [count, bonus, path (D + 1)]
-        self.cycle_index = torch.zeros(1, **long)     # greedy: cycles run since the prefill
-        self.counts = torch.zeros(self.L + 1, **long)  # greedy: counts[c] = drafts accepted in cycle c
+        self.cycle_index = torch.zeros(1, **long)     # cycles run since the prefill
+        self.counts = torch.zeros(self.L + 1, **long)  # counts[c] = drafts accepted in cycle c
         self.aux_rows = torch.zeros(N, max(self.target.aux_width, 1), device=self.device,
                                     dtype=next(self.target.parameters()).dtype)
         # A sampled chain verifies with the full draft distribution q; deterministic drafts (trees,
@@ -157,25 +155,15 @@ class Engine:
         if self.sampled_chain:
             vd = self.drafter.vocab_map.shape[0]
             self.q = torch.zeros(self.spec.k, vd, device=self.device)
-            self.tables = torch.zeros(2 * self.spec.k + 1, device=self.device, dtype=torch.float64)
-        elif not self.sampling.greedy:
-            self.tables = torch.zeros(3 * N, device=self.device, dtype=torch.float64)
         self.root = torch.zeros(1, **long)           # the first root, after the prefill
         self.proposal = Step(compiled(self._propose_root_step, self.compile, compile_mode), use_graph=self.graphs,
                              name="proposal")
-        if self.sampling.greedy:
-            self.cycle = Step(compiled(self._cycle_step, self.compile, compile_mode), use_graph=self.graphs,
-                              name="cycle")
-        else:
-            self.verify = Step(compiled(self._verify_step, self.compile, compile_mode), use_graph=self.graphs,
-                               name="verify")
-            self.advance = Step(compiled(self._advance_step, self.compile, compile_mode), use_graph=self.graphs,
-                                name="advance")
+        self.cycle = Step(compiled(self._cycle_step, self.compile, compile_mode), use_graph=self.graphs,
+                          name="cycle")
 
     def speculation_steps(self) -> list[Step]:
-        """The captured steps speculation replays: the first proposal, then one greedy cycle, or
-        verify and advance (sampling)."""
-        return [self.proposal] + ([self.cycle] if self.sampling.greedy else [self.verify, self.advance])
+        """The captured steps speculation replays: the first proposal, then the cycle."""
+        return [self.proposal, self.cycle]
 
     def warmup(self, speculative: bool = True) -> None:
         """Compile and capture the steps a mode needs (once; `generate` calls it). No-op without graphs.
@@ -195,10 +183,9 @@ class Engine:
                     for t in (self.chunk_ids, self.chunk_start, self.chunk_last):
                         t.zero_()
                 if self.drafter is not None:
-                    for t in (self.n, self.acc, self.root, self.tree.tokens, self.tree.parents, self.tree.depth):
+                    for t in (self.n, self.acc, self.root, self.cycle_index, self.tree.tokens, self.tree.parents,
+                              self.tree.depth):
                         t.zero_()
-                    if self.sampling.greedy:
-                        self.cycle_index.zero_()
                     self.tree.anc.copy_(torch.eye(self.tree.size, dtype=torch.bool))   # no empty mask row
                 step.capture()
 
@@ -279,8 +266,7 @@ class Engine:
         if self.drafter.needs_aux:
             self.drafter.catch_up(torch.cat([x[1:], root]), aux, 0, len(ids) - 1)
         self.n.fill_(len(ids))
-        if self.sampling.greedy:
-            self.cycle_index.zero_()
+        self.cycle_index.zero_()
         self.root.copy_(root)
         self.proposal()
         return root
@@ -296,31 +282,17 @@ class Engine:
         logits = logits[0]
         if self.sampling.greedy:
             count, path, bonus = greedy_accept(tree, torch.argmax(logits, -1), D)
-            self.acc.copy_(torch.cat([count, bonus, path]))
         elif self.sampled_chain:
             q = torch.zeros(self.spec.k, logits.shape[-1], device=self.device)
             q.index_copy_(1, self.drafter.vocab_map, self.q)                   # draft ids -> target ids
             ratio, residual, bonus = chain_sampling_tables(tree.tokens, target_probs(logits, self.sampling), q)
-            self.tables.copy_(torch.cat([ratio.double(), residual.double(), bonus.double()]))
+            uniform = torch.rand(self.spec.k, device=self.device, dtype=torch.float64)
+            count, path, bonus = chain_sampling_accept(ratio, residual, bonus, uniform)
         else:
             p_node, residual = tree_sampling_tables(tree, target_probs(logits, self.sampling))
-            self.tables.copy_(torch.cat([p_node.double(), residual.double(), tree.parents.double()]))
-
-    def _accept(self, rng: random.Random) -> tuple[int, list[int]]:
-        """The host decision at T > 0: accepted draft count and the emitted tokens (accepted + bonus)."""
-        D = self.spec.max_depth
-        tokens = self.tree.tokens.tolist()
-        tables = self.tables.tolist()
-        if self.sampled_chain:
-            k = self.spec.k
-            count, path, bonus = walk_chain_sampling(tables[:k], [int(t) for t in tables[k:2 * k]],
-                                                     int(tables[2 * k]), rng)
-        else:
-            N = self.spec.num_nodes
-            count, path, bonus = walk_tree_sampling([int(p) for p in tables[2 * N:]], tables[:N],
-                                                    [int(t) for t in tables[N:2 * N]], rng, D)
-        self.acc.copy_(torch.tensor([count, bonus] + path, dtype=torch.long))
-        return count, [tokens[i] for i in path[1:count + 1]] + [bonus]
+            uniform = torch.rand(N, device=self.device, dtype=torch.float64)
+            count, path, bonus = tree_sampling_accept(tree, p_node, residual, uniform, D)
+        self.acc.copy_(torch.cat([count, bonus, path]))
 
     def _emitted(self) -> torch.Tensor:
         """[D + 1] the tokens after positions n .. n+D on the accepted path: row i < count is the
@@ -342,7 +314,7 @@ class Engine:
         self._propose(bonus)
 
     def _cycle_step(self) -> None:
-        """Greedy: verify, record the emitted tokens and the accepted count, advance (no host sync)."""
+        """Verify, record the emitted tokens and the accepted count, advance (no host sync)."""
         rows = torch.arange(self.spec.max_depth + 1, device=self.device)
         self._verify_step()
         self.out.index_copy_(0, self.n + rows, self._emitted())
@@ -350,22 +322,7 @@ class Engine:
         self.cycle_index.add_(1)
         self._advance_step()
 
-    def _speculate(self, ids: list[int], max_new_tokens: int, rng: random.Random) -> Generation:
-        if self.sampling.greedy:
-            return self._speculate_greedy(ids, max_new_tokens)
-        out: list[int] = []
-        accepts: list[int] = []
-        reason = extend(out, [int(self._prefill_speculation(ids))], max_new_tokens, self.stop_ids)
-        while reason is None:
-            self.verify()
-            count, emitted = self._accept(rng)
-            accepts.append(count)
-            reason = extend(out, emitted, max_new_tokens, self.stop_ids)
-            if reason is None:
-                self.advance()
-        return Generation(tokens=out, finish_reason=reason, seconds=0.0, accept_lengths=accepts)
-
-    def _speculate_greedy(self, ids: list[int], max_new_tokens: int) -> Generation:
+    def _speculate(self, ids: list[int], max_new_tokens: int) -> Generation:
         """Replay `cycle_chunk` cycles, then read their counts and tokens in one copy. A chunk never
         runs past max_new_tokens by more than one cycle: it takes at most remaining // (D + 1) cycles."""
         D = self.spec.max_depth
@@ -399,7 +356,7 @@ class Engine:
             prompt_ids: the prompt's token ids (already rendered with the chat template).
             max_new_tokens: length limit.
             speculative: draft and verify (needs a drafter); False decodes plainly.
-            seed: seeds the device sampler and the host's acceptance draws (sampling only).
+            seed: seeds the device's sampling and acceptance draws (sampling only).
         """
         speculative = speculative and self.drafter is not None
         headroom = self.spec.headroom if speculative else 0
@@ -410,11 +367,10 @@ class Engine:
         self.warmup(speculative)
         if seed is not None:
             torch.manual_seed(seed)
-        rng = random.Random(seed)
         self._sync()
         start = time.perf_counter()
         if speculative:
-            gen = self._speculate(prompt_ids, max_new_tokens, rng)
+            gen = self._speculate(prompt_ids, max_new_tokens)
         else:
             gen = self._plain(prompt_ids, max_new_tokens)
         self._sync()
