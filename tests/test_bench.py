@@ -131,3 +131,18 @@ def test_cycle_profile_splits_a_real_cycle():
     assert set(profile["pieces"]) == {"compaction", "catch_up", "propose", "verify"}
     assert all(p["ms"] >= 0 for p in profile["pieces"].values()) and profile["cycle_graph_ms"] > 0
     assert profile["largest"] in {*profile["pieces"], "host"}
+
+
+def test_speculation_shape_follows_the_device_unless_given():
+    """An unset --mode / --k: a 32-node tree on CUDA, a chain of 3 on a CPU; flags always win."""
+    import argparse
+
+    from eaglekit.engine.cli import add_engine_args, spec_from
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    assert spec_from(parser.parse_args(["--device", "cpu"])).to_dict() == {"mode": "chain", "k": 3}
+    assert spec_from(parser.parse_args(["--device", "cuda"])).to_dict() == {"mode": "tree", "depth": 6, "top_k": 8,
+                                                                             "total_tokens": 32}
+    assert spec_from(parser.parse_args(["--device", "cpu", "--mode", "tree"])).num_nodes == 32
+    assert spec_from(parser.parse_args(["--device", "cuda", "--mode", "chain"])).k == 5
