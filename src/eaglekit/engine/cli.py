@@ -34,8 +34,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 def spec_from(args):
     """The flags' speculation shape; an unset --mode / --k follows the device. On a CPU every verified
-    row and draft step is real compute: on a quiet 2-core machine (2026-12-01, SmolLM2 fp32, random
-    draft) a chain-3 cycle cost 2.3 plain steps and a 16-node tree 3.2, so a CPU drafts a short chain.
+    row and draft step is real compute: on a quiet 2-core machine (docs/results/2026-12-01-cpu, SmolLM2
+    fp32, random draft) a chain-3 cycle cost 2.44 plain steps and a 16-node tree 3.37, so a CPU drafts
+    a short chain.
     On CUDA a cycle is one graph and a 32-node tree verifies for about what a chain does."""
     from eaglekit.engine.spec import SpecConfig
     from eaglekit.target.load import resolve_device
