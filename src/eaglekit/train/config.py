@@ -1,10 +1,12 @@
-"""`TrainConfig`: every setting of a training run, resolved, recorded in the manifest and the resume state."""
+"""`TrainConfig`: every setting of a training run, resolved, recorded in the manifest and the resume
+state, and declared once: its fields generate `eaglekit train`'s flags (eaglekit.options)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
 from eaglekit.errors import EaglekitError
+from eaglekit.options import int_tuple, option
 from eaglekit.train.optim import SCHEDULES
 
 # Settings that may differ between a run and its resumption without changing a single number.
@@ -13,47 +15,65 @@ RESUME_FREE = ("resume", "overwrite", "progress", "out")
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    target: str
-    out: str
-    features: str | None = None           # offline: an `eaglekit features` folder
-    data: str | None = None               # online: a conversations folder / .jsonl
-    val_data: str | None = None           # held-out conversations (online) or features (offline)
-    val_fraction: float = 0.05            # else: this share of the samples, split by id hash
-    train_fraction: float = 1.0           # train on this hash-stable share of the training samples (nested)
-    allow_partial_features: bool = False
-    vocab: str | None = None              # a vocab.safetensors (else built from the training split)
-    init_from: str | None = None          # a native draft: its weights and vocab start the run (max_steps=0: validate it)
-    draft_vocab_size: int = 32000
-    allow_smaller_vocab: bool = False
-    aux_layer_ids: tuple[int, ...] | None = None   # online only (offline: the features' ids)
-    target_device_map: str | None = None  # online, one process: shard a large target over the GPUs ("auto")
-    ttt_steps: int = 7
-    step_decay: float = 0.8
-    lm_head_init: str = "target"          # "target": the target's rows of the draft vocab; "random"
-    max_length: int = 2048
-    batch_tokens: int = 8192              # rows x padded length per micro-batch
-    max_batch_size: int = 64
-    grad_accum: int = 1
-    epochs: float = 1.0
-    max_steps: int | None = None          # overrides epochs
-    time_budget_s: float | None = None    # stop (and size the schedule) to fit this wall-clock budget
-    lr: float = 3e-4
-    min_lr_ratio: float = 0.05
-    schedule: str = "cosine"
-    warmup_steps: int | None = None       # default: 2% of the steps
-    weight_decay: float = 0.0
+    """Every setting of a training run; the `option` fields are also `eaglekit train`'s flags (train/cli.py)."""
+
+    # inputs
+    target: str = option(help="smollm2, an HF model folder or a .gguf file", group="inputs", cli_default="smollm2")
+    features: str | None = option(None, "offline: feature folder from `eaglekit features`", group="inputs")
+    data: str | None = option(None, "online: conversations folder or .jsonl (target runs per batch)", group="inputs")
+    val_data: str | None = option(None, "held-out conversations (online) or features (offline)", group="inputs")
+    val_fraction: float = option(0.05, "else hold out this share, split by id", group="inputs")
+    val_max_samples: int | None = option(None, "validate on at most this many samples", group="inputs")
+    train_fraction: float = option(1.0, "train on this hash-stable share of the training samples (a smaller share "
+                                        "is a subset of a larger one; validation is unchanged): the slices of a "
+                                        "data-scaling curve", group="inputs")
+    allow_partial_features: bool = option(False, "train on the finished shards of a capture that is still running",
+                                          group="inputs")
+    out: str = option(help="output folder (the draft checkpoint + trainer state)", group="inputs", required=True)
+    # draft
+    vocab: str | None = option(None, "vocab.safetensors or folder from `eaglekit vocab` (default: built from the "
+                                     "data)", group="draft")
+    init_from: str | None = option(None, "start from this native draft (weights and vocab); with --max-steps 0 "
+                                         "only validate it", group="draft")
+    draft_vocab_size: int = option(32000, "rows of the draft lm_head (default 32000)", group="draft")
+    allow_smaller_vocab: bool = option(False, "if the data has fewer distinct tokens than --draft-vocab-size, keep "
+                                              "them all", group="draft")
+    aux_layer_ids: tuple[int, ...] | None = option(None, "online: comma-separated target layers (offline: the "
+                                                         "features' ids)", group="draft", parse=int_tuple)
+    target_device_map: str | None = option(None, "online, one process: shard a target too large for one GPU over "
+                                                 "all GPUs (e.g. auto)", group="draft")
+    lm_head_init: str = option("target", "start lm_head from the target's rows of the draft vocab (default) or "
+                                         "randomly", group="draft", choices=("target", "random"))
+    # training
+    ttt_steps: int = option(7, "unrolled draft steps (default 7)", group="training")
+    step_decay: float = option(0.8, "loss weight of step j is decay**j", group="training")
+    max_length: int = option(2048, "online: truncate conversations", group="training")
+    batch_tokens: int = option(8192, "rows x padded length per micro-batch", group="training")
+    max_batch_size: int = option(64, "rows per micro-batch at most", group="training")
+    grad_accum: int = option(1, "micro-batches per optimizer step and rank", group="training")
+    epochs: float = option(1.0, "passes over the training samples", group="training")
+    max_steps: int | None = option(None, "optimizer steps (overrides --epochs)", group="training")
+    time_budget_s: float | None = option(None, "fit the run into this many seconds (stops, and sizes the "
+                                               "schedule, to fit)", group="training")
+    lr: float = option(3e-4, "peak learning rate", group="training")
+    min_lr_ratio: float = option(0.05, "final learning rate / peak", group="training")
+    schedule: str = option("cosine", "learning-rate schedule", group="training", choices=SCHEDULES)
+    warmup_steps: int | None = option(None, "default: 2%% of the steps", group="training")
+    weight_decay: float = option(0.0, "AdamW weight decay", group="training")
     betas: tuple[float, float] = (0.9, 0.95)
-    max_grad_norm: float = 0.5
-    val_every: int = 200
-    val_max_samples: int | None = None
-    save_every: int = 200
-    log_every: int = 10
-    seed: int = 0
-    device: str = "auto"                  # auto: cuda if available
-    precision: str = "auto"               # auto: bf16 autocast on cuda, fp32 on cpu
-    resume: bool = False
-    overwrite: bool = False               # empty --out (under its writer lock) and start over
-    progress: bool = True
+    max_grad_norm: float = option(0.5, "gradient clipping norm", group="training")
+    seed: int = option(0, "seed of the initialization and the data order", group="training")
+    device: str = option("auto", "auto, cpu, cuda", group="training")
+    precision: str = option("auto", "auto: bf16 autocast on GPU, fp32 on CPU", group="training",
+                            choices=("auto", "fp32", "bf16"))
+    # reporting
+    val_every: int = option(200, "validate every N steps (and at the end)", group="reporting")
+    save_every: int = option(200, "write the resume state every N steps", group="reporting")
+    log_every: int = option(10, "log every N steps", group="reporting")
+    resume: bool = option(False, "continue the run in --out exactly where it stopped", group="reporting")
+    overwrite: bool = option(False, "delete the run in --out and start over (under its writer lock)",
+                             group="reporting")
+    progress: bool = option(True, "no progress bar", group="reporting")
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
