@@ -297,35 +297,34 @@ def oracle_and_random(args, model, ids, draft, variant: str) -> dict:
     step_ms = decode_step_ms(plain_engine_, ids)
     reference = ids + plain["ids"]
     out = {"kernels": variant, "plain": strip(plain), "plain_step_ms": step_ms}
+    plain_ms = 1000 * plain["seconds"] / plain["tokens"]
+
+    def record(name: str, engine: Engine, oracle_rounds: int | None = None) -> None:
+        """Time `engine` against plain decoding, keep the entry (and part s's profile) as it is made;
+        an oracle's entry adds its ideal (tau) and the efficiency reached."""
+        eng = engine_spec(engine, ids, new, args.repeats)
+        cycle_ms = 1000 * eng["seconds"] / max(eng["cycles"], 1)
+        speedup = eng["tok_s"] / plain["tok_s"]
+        out[name] = {**strip(eng), "speedup": speedup, "match": eng["ids"] == plain["ids"],
+                     "cycle_ms": cycle_ms, "cycle_in_plain_steps": cycle_ms / plain_ms}
+        if oracle_rounds is not None:
+            out[name].update(ideal=eng["tau"], efficiency=speedup / eng["tau"], oracle_rounds=oracle_rounds)
+        save_partial(args, out)
+        if "s" in args.parts_list:
+            out[name]["profile"] = profile_cycle(args, engine, ids)
+            save_partial(args, out)
+
     for spec in SMOKE_SPECS if args.smoke else (CHAIN, TREE):
         oracle = OracleDrafter(reference, spec=spec, vocab_size=runner.vocab_size, max_len=max_len, device=args.device)
         engine = Engine(runner, drafter=oracle, spec=spec, compile=args.compile, compile_mode=args.compile_mode)
         settled, rounds = settle_oracle(engine, oracle, ids, plain["ids"], new)   # bf16: see settle_oracle
         oracle.set_reference(ids + settled)
-        eng = engine_spec(engine, ids, new, args.repeats)
-        speedup = eng["tok_s"] / plain["tok_s"]
-        cycle_ms = 1000 * eng["seconds"] / max(eng["cycles"], 1)
-        out[f"oracle {spec.label()}"] = {**strip(eng), "speedup": speedup, "ideal": eng["tau"],
-                                         "efficiency": speedup / eng["tau"], "match": eng["ids"] == plain["ids"],
-                                         "oracle_rounds": rounds, "cycle_ms": cycle_ms,
-                                         "cycle_in_plain_steps": cycle_ms / (1000 * plain["seconds"] / plain["tokens"])}
-        save_partial(args, out)
-        if "s" in args.parts_list:
-            out[f"oracle {spec.label()}"]["profile"] = profile_cycle(args, engine, ids)
-            save_partial(args, out)
+        record(f"oracle {spec.label()}", engine, oracle_rounds=rounds)
         if args.oracle_only or draft is None:
             continue
         drafter = DraftRunner(draft, spec=spec, sampling=Sampling(), max_len=max_len)
-        engine = Engine(runner, drafter=drafter, spec=spec, compile=args.compile, compile_mode=args.compile_mode)
-        eng = engine_spec(engine, ids, new, args.repeats)
-        cycle_ms = 1000 * eng["seconds"] / max(eng["cycles"], 1)
-        out[f"random {spec.label()}"] = {**strip(eng), "speedup": eng["tok_s"] / plain["tok_s"],
-                                         "match": eng["ids"] == plain["ids"], "cycle_ms": cycle_ms,
-                                         "cycle_in_plain_steps": cycle_ms / (1000 * plain["seconds"] / plain["tokens"])}
-        save_partial(args, out)
-        if "s" in args.parts_list:
-            out[f"random {spec.label()}"]["profile"] = profile_cycle(args, engine, ids)
-            save_partial(args, out)
+        record(f"random {spec.label()}", Engine(runner, drafter=drafter, spec=spec, compile=args.compile,
+                                                 compile_mode=args.compile_mode))
     return out
 
 

@@ -302,14 +302,15 @@ class Engine:
         after = torch.cat([path[1:], path[-1:]])                               # row i reads node i+1
         return torch.where(rows < count, self.tree.tokens[after], bonus)
 
-    def _advance_step(self) -> None:
+    def _advance_step(self, emitted: torch.Tensor) -> None:
+        """Compaction, the draft's catch-up over the committed rows (`emitted`, see `_emitted`), next proposal."""
         D = self.spec.max_depth
         n, count, bonus, path = self.n, self.acc[0:1], self.acc[1:2], self.acc[2:]
         rows = torch.arange(D + 1, device=self.device)
         if self.spec.mode == "tree":                                           # a chain is in place
             self.target.move_kv(n + path, n + rows)
         if self.drafter.needs_aux:
-            self.drafter.catch_up(self._emitted(), self.aux_rows[path], n, count)
+            self.drafter.catch_up(emitted, self.aux_rows[path], n, count)
         self.n.add_(count + 1)
         self._propose(bonus)
 
@@ -317,10 +318,11 @@ class Engine:
         """Verify, record the emitted tokens and the accepted count, advance (no host sync)."""
         rows = torch.arange(self.spec.max_depth + 1, device=self.device)
         self._verify_step()
-        self.out.index_copy_(0, self.n + rows, self._emitted())
+        emitted = self._emitted()
+        self.out.index_copy_(0, self.n + rows, emitted)
         self.counts.index_copy_(0, self.cycle_index, self.acc[0:1])
         self.cycle_index.add_(1)
-        self._advance_step()
+        self._advance_step(emitted)
 
     def _speculate(self, ids: list[int], max_new_tokens: int) -> Generation:
         """Replay `cycle_chunk` cycles, then read their counts and tokens in one copy. A chunk never

@@ -15,6 +15,8 @@ cycle beyond the graph: the chunked host reads and the prefill, spread over the 
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from eaglekit.engine.generate import Engine
@@ -23,18 +25,18 @@ from eaglekit.engine.graphs import Step, compiled
 
 def replay_ms(fn, device: torch.device, repeats: int = 50) -> float:
     """Mean ms of `repeats` back-to-back calls of fn, one sync at the end (after one warm call)."""
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    import time
-
     fn()
-    sync()
+    _sync(device)
     start = time.perf_counter()
     for _ in range(repeats):
         fn()
-    sync()
+    _sync(device)
     return 1000 * (time.perf_counter() - start) / repeats
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def kernels_per_call(fn, device: torch.device, calls: int = 8) -> float | None:
