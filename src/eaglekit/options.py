@@ -85,7 +85,6 @@ def add_options(parser: argparse.ArgumentParser, cls, groups: dict[str, str]) ->
                                required=meta["required"], help=meta["help"], **extra)
 
 
-def options_from_args(cls, args: argparse.Namespace, **given):
-    """`cls` built from the parsed flags of its `option` fields (plus `given` values)."""
-    values = {f.name: getattr(args, f.name) for f in fields(cls) if _KEY in f.metadata}
-    return cls(**values, **given)
+def options_from_args(cls, args: argparse.Namespace):
+    """`cls` built from the parsed flags of its `option` fields."""
+    return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if _KEY in f.metadata})
