@@ -237,12 +237,12 @@ def _write_outputs(result: dict, cfg: BenchConfig, out: Path, json_path: str | N
     if json_path:
         write_json(json_path, result)
     text = markdown(result)
-    unfinished = result["summary"].get("unfinished_draft")
-    if unfinished:
-        text = f"**Unfinished draft** (benched with --allow-unfinished): {unfinished}\n\n" + text
     timing = result["summary"].get("timing") or {}
     if timing.get("warning"):
         text = f"**Warning**: {timing['warning']}.\n\n" + text
+    unfinished = result["summary"].get("unfinished_draft")
+    if unfinished:  # first of all: what was measured is not a finished draft
+        text = f"**Unfinished draft** (benched with --allow-unfinished): {unfinished}\n\n" + text
     with atomic_path(out / "report.md") as tmp:
         tmp.write_text(text + "\n")
     s = result["summary"]
