@@ -103,7 +103,8 @@ def test_bench_says_plainly_what_a_cycle_costs(tmp_path, tiny_target_dir, prompt
     out, result = run_bench(tmp_path, tiny_target_dir, prompts_file, "random", "--mode", "chain", "--k", "3",
                             "--no-hf", "--limit", "2")
     s = result["summary"]
-    assert s["cycle"]["plain_steps"] > 0 and s["cycle"]["cycle_ms"] > s["cycle"]["plain_step_ms"] > 0
+    cycle = s["cycle"]                                        # no speed asserted: only that it is what it says
+    assert cycle["plain_steps"] == pytest.approx(cycle["cycle_ms"] / cycle["plain_step_ms"], rel=1e-2)
     word = "SLOWER" if s["speedup"] < 1 else "faster"
     assert word in s["verdict"] and f"{s['cycle']['plain_steps']:.2f} plain steps" in s["verdict"]
     assert s["verdict"] in (out / "report.md").read_text()
