@@ -95,6 +95,9 @@ def add_local_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--batch-size", type=int, default=32, help="sequences per generation call")
     group.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1")
     group.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16")
+    group.add_argument("--attention", default="auto", choices=("auto", "flex", "sdpa", "matmul"),
+                       help="the engine's attention kernel (auto: flex on CUDA, each row reads only its own cache "
+                            "blocks; sdpa where flex does not compile)")
 
 
 def run_build(args: argparse.Namespace) -> int:
@@ -143,7 +146,8 @@ def run_synthesize(args: argparse.Namespace) -> int:
     pre = pre_query_template(target.tokenizer, args.system)
     sampling = Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     stops = sorted(set(target.stop_token_ids) | {pre.end_of_turn_id})
-    generator = make_generator(args.backend, target.model, stops, sampling, seed=args.seed, batch_size=args.batch_size)
+    generator = make_generator(args.backend, target.model, stops, sampling, seed=args.seed, batch_size=args.batch_size,
+                               attention=args.attention)
     new, stats = synthesize(target.tokenizer, generator, pre, need,
                             existing=[p for v in (existing or {}).values() for p in v], batch_size=args.batch_size,
                             max_new_tokens=args.max_new_tokens, min_chars=args.min_chars,
@@ -200,7 +204,7 @@ def run_generate(args: argparse.Namespace) -> int:
         target = load_target(args.target, device=resolve_device(args.device), dtype=args.dtype)
         check_template_masks(target.tokenizer)
         generator = make_generator(args.backend, target.model, target.stop_token_ids, sampling, seed=args.seed,
-                                   batch_size=args.batch_size)
+                                   batch_size=args.batch_size, attention=args.attention)
         context = args.context_length or getattr(target.config, "max_position_embeddings", None)
         if not context:
             raise EaglekitError("the target's config gives no context length", hint="pass --context-length")
@@ -242,7 +246,8 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
     argv += ["generate", "--prompts", args.prompts, "--target", args.target, "--backend", args.backend,
              "--max-new-tokens", str(args.max_new_tokens), "--temperature", str(args.temperature),
              "--top-p", str(args.top_p), "--top-k", str(args.top_k), "--seed", str(args.seed), "--splits", args.splits,
-             "--shard-size", str(args.shard_size), "--batch-size", str(args.batch_size), "--dtype", args.dtype]
+             "--shard-size", str(args.shard_size), "--batch-size", str(args.batch_size), "--dtype", args.dtype,
+             "--attention", args.attention]
     for flag, value in (("--limit", args.limit), ("--context-length", args.context_length)):
         if value is not None:
             argv += [flag, str(value)]

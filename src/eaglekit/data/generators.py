@@ -208,10 +208,15 @@ class EngineGenerator:
 
 
 def make_generator(backend: str, model, stop_ids: list[int], sampling: Sampling, *, seed: int = 0,
-                   batch_size: int = 32):
-    """A token-level generator: `local` and `engine` are eaglekit's batch decoder, `hf` is HF generate."""
+                   batch_size: int = 32, attention: str = "auto"):
+    """A token-level generator: `local` and `engine` are eaglekit's batch decoder, `hf` is HF generate.
+    `attention`: the engine's kernel ("auto": its default, `engine.batch.batch_attention`)."""
     if backend in ("local", "engine"):
-        return EngineGenerator(model, stop_ids, sampling, seed=seed, batch_size=batch_size)
+        return EngineGenerator(model, stop_ids, sampling, seed=seed, batch_size=batch_size,
+                               attention=None if attention == "auto" else attention)
+    if attention != "auto":
+        raise EaglekitError(f"--attention {attention} is a setting of eaglekit's engine, not of backend {backend!r}",
+                            hint="drop --attention, or use --backend local")
     if backend == "hf":
         return HFGenerator(model, stop_ids, sampling, seed=seed)
     raise EaglekitError(f"unknown local backend {backend!r}", hint="use local, engine or hf")

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The product path on this host's GPUs: `eaglekit run --recipe smollm2-h200` from prompt files to a
+# verified draft, then the measurements that belong to it, in ONE background process (setsid), so
+# that the run outlives each <= 10-minute device call and no stage is cut at a call's boundary.
+# After setup.sh, from the repo root:
+#   bash scripts/gpu/recipe_gpu.sh start PROMPTS_DIR EVAL_DIR   # launch the session, return at once
+#   bash scripts/gpu/recipe_gpu.sh wait SECONDS                 # follow it; pack what exists into $OUT
+# The session, in order (each step timed in $W/session.log):
+#   1. eaglekit run --recipe smollm2-h200 on every prompt file of PROMPTS_DIR (weights below), bench
+#      stage on MT-bench (EVAL_DIR/mt_bench.jsonl), tree d6/k8/32;
+#   2. eaglekit bench chain k=5 on MT-bench with the new draft;
+#   3. eaglekit bench tree on prompts the recipe never saw or tuned on (HumanEval + Alpaca, 20 each);
+#   4. bench_generate.py: the engine's batch decoder beside HF generate at the same batch.
+# Env: W (work folder, /root/work), GPUS (1), TRAIN_S (train.time-budget-s), LIMIT (MT-bench prompts).
+set -u
+VERB=${1:?start or wait}
+W=${W:-/root/work}
+RUN=$W/run
+LOG=$W/session.log
+mkdir -p "$W"
+stamp() { echo "[recipe_gpu $(date +%H:%M:%S)] $*" >> "$LOG"; }
+quiet() { grep --line-buffered -v "it/s\]\|s/it\]\|s/it$\|it/s$" ; }
+
+session() {
+  local prompts=$1 eval=$2 t=$EAGLEKIT_SMOLLM2_DIR t0
+  # Chat, code and role play at full weight; the large templated sets (FLAN CoT, P3 prompts, GSM8K,
+  # task-oriented dialogues) down-weighted so that they do not drown the conversations.
+  local w="\"$prompts/flan_cot.jsonl,weight=0.3\", \"$prompts/t0_train.jsonl,weight=0.2\", \"$prompts/gsm8k_train.jsonl,weight=0.5\", \"$prompts/sgd_dialogues.jsonl,weight=0.1\""
+  local full=""
+  for f in "$prompts"/*.jsonl; do
+    case $(basename "$f") in flan_cot.jsonl|t0_train.jsonl|gsm8k_train.jsonl|sgd_dialogues.jsonl) ;; *) full+="\"$f\", " ;; esac
+  done
+  t0=$(date +%s); stamp "pipeline starts"
+  python3 -m eaglekit run --recipe smollm2-h200 --out "$RUN" gpus="${GPUS:-1}" target="$t" \
+    "prompts.source=[$full$w]" "train.time-budget-s=${TRAIN_S:-480}" train.no-progress=true \
+    "bench.prompts=$eval/mt_bench.jsonl" "bench.limit=${LIMIT:-40}" 2>&1 | quiet >> "$LOG"
+  stamp "pipeline exit ${PIPESTATUS[0]} after $(( $(date +%s) - t0 )) s"
+  t0=$(date +%s)
+  python3 -m eaglekit bench --target "$t" --draft "$RUN/draft" --prompts "$eval/mt_bench.jsonl" --limit "${LIMIT:-40}" \
+    --max-new-tokens 256 --no-hf --mode chain --k 5 --out "$W/bench-chain" 2>&1 | quiet | tail -30 >> "$LOG"
+  stamp "bench chain 5 done after $(( $(date +%s) - t0 )) s"
+  t0=$(date +%s)
+  python3 - "$eval" "$W/heldout.jsonl" <<'PY'
+import itertools, json, sys
+from pathlib import Path
+ev, out = Path(sys.argv[1]), Path(sys.argv[2])
+lines = [l for name in ("humaneval.jsonl", "alpaca.jsonl") for l in itertools.islice(open(ev / name), 20)]
+out.write_text("".join(lines))
+PY
+  python3 -m eaglekit bench --target "$t" --draft "$RUN/draft" --prompts "$W/heldout.jsonl" \
+    --max-new-tokens 256 --no-hf --mode tree --depth 6 --top-k 8 --total-tokens 32 --out "$W/bench-heldout" \
+    2>&1 | quiet | tail -30 >> "$LOG"
+  stamp "bench held-out tree done after $(( $(date +%s) - t0 )) s"
+  t0=$(date +%s)
+  python3 scripts/gpu/bench_generate.py --target "$t" --prompts "$prompts" --num-prompts 1024 --hf-prompts 512 \
+    --batch-size 512 --max-new-tokens 512 --out "$W/bench-generate" 2>&1 | quiet | tail -30 >> "$LOG"
+  stamp "bench_generate done after $(( $(date +%s) - t0 )) s"
+  stamp "session done"
+}
+
+pack() {  # what exists so far, in one archive (files back from $OUT: at most 8)
+  local files=()
+  for f in pipeline.json report.html prompts/manifest.json conversations/manifest.json draft/manifest.json \
+           draft/log.jsonl draft/config.json doctor/report.json bench/results.json bench/report.md; do
+    [[ -e $RUN/$f ]] && files+=("run/$f")
+  done
+  for f in bench-chain/results.json bench-chain/report.md bench-heldout/results.json bench-heldout/report.md \
+           bench-generate/bench_generate.json; do
+    [[ -e $W/$f ]] && files+=("$f")
+  done
+  tar -czf "$OUT/results.tar.gz" -C "$W" "${files[@]}" 2>/dev/null
+  cp "$LOG" "$OUT/session.log"
+  nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader > "$OUT/gpu.txt" 2>/dev/null
+}
+
+case $VERB in
+  start)
+    : "${EAGLEKIT_SMOLLM2_DIR:?run setup.sh first}"
+    PROMPTS=${2:?prompts folder}; EVAL=${3:?eval folder}
+    export -f session stamp quiet; export W RUN LOG
+    setsid nohup bash -c "session '$PROMPTS' '$EVAL'" > "$W/session.out" 2>&1 < /dev/null &
+    stamp "session launched (pid $!)"; sleep 2; cat "$LOG" ;;
+  wait)
+    OUT=${OUT:?OUT is the folder that comes back}
+    end=$(( $(date +%s) + ${2:?seconds} ))
+    while (( $(date +%s) < end )) && ! grep -q "session done" "$LOG"; do sleep 10; done
+    pack; tail -40 "$LOG" ;;
+  *) echo "unknown verb $VERB (start, wait)"; exit 2 ;;
+esac
