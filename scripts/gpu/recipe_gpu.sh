@@ -34,7 +34,15 @@ session() {
   python3 -m eaglekit run --recipe smollm2-h200 --out "$RUN" gpus="${GPUS:-1}" target="$t" \
     "prompts.source=[$full$w]" "train.time-budget-s=${TRAIN_S:-480}" train.no-progress=true \
     "bench.prompts=$eval/mt_bench.jsonl" "bench.limit=${LIMIT:-40}" 2>&1 | quiet >> "$LOG"
-  stamp "pipeline exit ${PIPESTATUS[0]} after $(( $(date +%s) - t0 )) s"
+  local code=${PIPESTATUS[0]}
+  stamp "pipeline exit $code after $(( $(date +%s) - t0 )) s"
+  if [[ $code != 0 ]] && grep -q "stage generate failed" "$LOG"; then   # flex attention did not compile here?
+    stamp "generate failed: the pipeline again with generate.attention=sdpa (said so in the results)"
+    python3 -m eaglekit run --recipe smollm2-h200 --out "$RUN" gpus="${GPUS:-1}" target="$t" \
+      "prompts.source=[$full$w]" "train.time-budget-s=${TRAIN_S:-480}" train.no-progress=true generate.attention=sdpa \
+      "bench.prompts=$eval/mt_bench.jsonl" "bench.limit=${LIMIT:-40}" 2>&1 | quiet >> "$LOG"
+    stamp "pipeline (sdpa) exit ${PIPESTATUS[0]} after $(( $(date +%s) - t0 )) s"
+  fi
   t0=$(date +%s)
   python3 -m eaglekit bench --target "$t" --draft "$RUN/draft" --prompts "$eval/mt_bench.jsonl" --limit "${LIMIT:-40}" \
     --max-new-tokens 256 --no-hf --mode chain --k 5 --out "$W/bench-chain" 2>&1 | quiet | tail -30 >> "$LOG"
