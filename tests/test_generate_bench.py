@@ -38,3 +38,16 @@ def test_bench_generate_smoke(tmp_path, tiny_target_dir):
     assert engine["speedup_same_over_hf"] > 0 and report["environment"]["command"]
     assert proc.stdout.strip().splitlines()[-1].startswith("engine flex:")
     assert (out / "runs" / "engine-flex-all" / "manifest.json").is_file()
+
+
+def test_bench_generate_reads_jsonl_with_unicode_line_separators(tmp_path):
+    """A 4096-prompt H200 run failed reading back an answer holding U+2028 (str.splitlines splits there)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_generate", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = [{"id": "a", "text": "one\u2028two\x85three\x1cfour"}, {"id": "b", "text": "plain"}]
+    path = tmp_path / "conversations-00000.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    assert module.read_rows(tmp_path) == rows

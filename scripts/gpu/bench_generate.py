@@ -205,7 +205,7 @@ def same_as_eager(generator: EngineGenerator, target, prompts_file: Path, args, 
     from eaglekit.engine.batch import BatchDecoder, batch_runner
 
     new = min(64, args.max_new_tokens)
-    rows = [json.loads(line) for line in prompts_file.read_text().splitlines()[:n]]
+    rows = [json.loads(line) for line in jsonl_lines(prompts_file)[:n]]
     ids = [prompt_ids(target.tokenizer, Prompt.from_json(r).messages()) for r in rows]
     fast = [c.token_ids for c in generator.generate(ids, new)]
     eager = BatchDecoder(batch_runner(target.model, max_len=max(map(len, ids)) + new, batch_size=len(ids),
@@ -230,8 +230,14 @@ def run_hf(target, files: dict[str, Path], out: Path, args) -> dict:
     return run
 
 
+def jsonl_lines(path: Path) -> list[str]:
+    """The lines of a JSONL file, split at \\n only: str.splitlines() also splits at U+2028 and other
+    separators that JSON strings hold unescaped (a 4096-prompt run failed on one)."""
+    return [line for line in path.read_text(encoding="utf-8").split("\n") if line]
+
+
 def read_rows(folder: Path) -> list[dict]:
-    return [json.loads(line) for p in sorted(folder.glob("conversations-*.jsonl")) for line in p.read_text().splitlines()]
+    return [json.loads(line) for p in sorted(folder.glob("conversations-*.jsonl")) for line in jsonl_lines(p)]
 
 
 def agreement(a: Path, b: Path) -> dict:
