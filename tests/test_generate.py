@@ -258,3 +258,11 @@ def test_resume_after_sigkill_loses_nothing_and_repeats_nothing(tmp_path, tiny_t
 
 def read_lines(folder: Path) -> list[bytes]:
     return [line for p in sorted(folder.glob("conversations-*.jsonl")) for line in p.read_bytes().splitlines()]
+
+
+def test_attention_is_a_setting_of_the_engine_backend_only():
+    from eaglekit.data.generators import make_generator
+    from eaglekit.engine.sampling import Sampling
+
+    with pytest.raises(EaglekitError, match="--attention sdpa is a setting of eaglekit's engine"):
+        make_generator("hf", None, [1], Sampling(), attention="sdpa")
