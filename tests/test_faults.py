@@ -166,6 +166,19 @@ def test_an_unfinished_draft_is_refused_by_export_doctor_bench_and_speculate(tar
     assert not (tmp_path / "e").exists() and not (tmp_path / "b").exists()
 
 
+def test_train_refuses_to_init_from_an_unfinished_draft(targets, tmp_path):
+    from eaglekit.train.config import TrainConfig
+    from eaglekit.train.setup import initial_draft
+
+    draft = draft_folder(targets["base"], tmp_path / "draft", **KILLED)
+    cfg = dict(target=str(targets["base"]), data=str(tmp_path / "conversations"), out=str(tmp_path / "again"),
+               init_from=str(draft))
+    with pytest.raises(EaglekitError, match="is unfinished: its `eaglekit train` run stopped at step 40") as err:
+        initial_draft(TrainConfig(**cfg))
+    assert "--resume" in err.value.hint and "--allow-unfinished" in err.value.hint
+    assert initial_draft(TrainConfig(**cfg, allow_unfinished=True)) is not None
+
+
 def test_allow_unfinished_marks_every_output(targets, tmp_path, capsys):
     from eaglekit.doctor.run import run_doctor
 

@@ -35,6 +35,8 @@ class TrainConfig:
                                      "data)", group="draft")
     init_from: str | None = option(None, "start from this native draft (weights and vocab); with --max-steps 0 "
                                          "only validate it", group="draft")
+    allow_unfinished: bool = option(False, "--init-from a draft whose training did not finish (refused otherwise)",
+                                    group="draft")
     draft_vocab_size: int = option(32000, "rows of the draft lm_head (default 32000)", group="draft")
     allow_smaller_vocab: bool = option(False, "if the data has fewer distinct tokens than --draft-vocab-size, keep "
                                               "them all", group="draft")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from pathlib import Path
 from dataclasses import dataclass, field
 
 import torch
@@ -72,8 +73,12 @@ def initial_draft(cfg: TrainConfig) -> Eagle3Draft | None:
     """The `--init-from` draft (its weights and vocab start the run), read once; None without it."""
     if not cfg.init_from:
         return None
+    from eaglekit.artifacts import refuse_unfinished
     from eaglekit.draft.checkpoint import load_draft
+    from eaglekit.formats.folder import read_folder
 
+    if Path(cfg.init_from).is_dir():   # a killed run's checkpoint is not a draft to build on (--resume it)
+        refuse_unfinished(read_folder(cfg.init_from).unfinished, cfg.init_from, allow_unfinished=cfg.allow_unfinished)
     return load_draft(cfg.init_from)
 
 
