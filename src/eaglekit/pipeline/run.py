@@ -34,6 +34,7 @@ from eaglekit.artifacts import read_json, write_json, writer_lock
 from eaglekit.errors import EaglekitError
 from eaglekit.pipeline.recipe import to_flags
 from eaglekit.pipeline.scaling import run_scaling, scaling_plan, scaling_summary
+from eaglekit.progress import duration
 from eaglekit.report.html import write_report
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ class Pipeline:
         self.stop_before = stop_before
         self.state_path = out / STATE
         self.state = read_json(self.state_path, "pipeline state") if self.state_path.is_file() else {"stages": {}}
+        self.started = time.time()
 
     def stage(self, name: str, argv: list[str], *, resume_flag: str | None = None, resume_marker: Path | None = None,
               ok_codes=(0,), processes: int = 1) -> int:
@@ -63,7 +65,8 @@ class Pipeline:
             return done["exit_code"]
         if done and done["argv"] == argv and resume_flag and resume_marker is not None and resume_marker.exists():
             argv = argv + [resume_flag]
-        log.info("[%s] %s", name, shlex.join(["eaglekit", *argv]))
+        log.info("[%s] %s (the run so far: %s)", name, shlex.join(["eaglekit", *argv]),
+                 duration(time.time() - self.started))
         self.record(name, argv, "running", None, 0.0)
         start = time.time()
         code = run_eaglekit(argv, processes)
@@ -71,7 +74,7 @@ class Pipeline:
         if code not in ok_codes:
             self.record(name, argv, "failed", code, seconds)
             raise EaglekitError(f"stage {name} failed (exit {code}): {shlex.join(['eaglekit', *argv])}",
-                                hint=f"fix the cause and rerun `eaglekit run`; finished stages are skipped")
+                                hint="fix the cause and rerun `eaglekit run`; finished stages are skipped")
         self.record(name, argv[:-1] if argv[-1:] == [resume_flag] else argv, "done", code, seconds)
         return code
 
