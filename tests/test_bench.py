@@ -30,7 +30,7 @@ def run_bench(tmp_path, target, prompts, draft, *extra):
 
 def test_bench_oracle_tree_multi_turn(tmp_path, tiny_target_dir, prompts_file):
     out, result = run_bench(tmp_path, tiny_target_dir, prompts_file, "oracle",
-                            "--mode", "tree", "--depth", "3", "--top-k", "2", "--total-tokens", "6")
+                            "--mode", "tree", "--depth", "3", "--tree-top-k", "2", "--total-tokens", "6")
     s = result["summary"]
     for key in ("tau", "speedup", "baseline_tok_s", "spec_tok_s", "hf_tok_s", "per_position_acceptance",
                 "greedy_match", "device", "date", "command", "config"):
@@ -147,3 +147,13 @@ def test_speculation_shape_follows_the_device_unless_given():
                                                                              "total_tokens": 32}
     assert spec_from(parser.parse_args(["--device", "cpu", "--mode", "tree"])).num_nodes == 32
     assert spec_from(parser.parse_args(["--device", "cuda", "--mode", "chain"])).k == 5
+
+
+def test_top_k_is_sampling_in_every_subcommand_and_the_tree_width_has_its_own_flag(tmp_path, capsys):
+    """`--top-k` means the same as in `eaglekit generate`; given with greedy decoding (where it once
+    was the tree's width) it is refused before any model loads, naming --tree-top-k."""
+    for argv in (["bench", "--draft", "oracle", "--target", str(tmp_path / "none"), "--top-k", "8"],
+                 ["speculate", "hi", "--draft", "random", "--target", str(tmp_path / "none"), "--top-k", "8"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "--top-k 8 is a sampling setting" in err and "--tree-top-k 8" in err, argv

@@ -56,7 +56,7 @@ lines = [l for name in ("humaneval.jsonl", "alpaca.jsonl") for l in itertools.is
 out.write_text("".join(lines))
 PY
   python3 -m eaglekit bench --target "$t" --draft "$RUN/draft" --prompts "$W/heldout.jsonl" \
-    --max-new-tokens 256 --no-hf --mode tree --depth 6 --top-k 8 --total-tokens 32 --out "$W/bench-heldout" \
+    --max-new-tokens 256 --no-hf --mode tree --depth 6 --tree-top-k 8 --total-tokens 32 --out "$W/bench-heldout" \
     2>&1 | quiet | tail -30 >> "$LOG"
   stamp "bench held-out tree done after $(( $(date +%s) - t0 )) s"
   t0=$(date +%s)

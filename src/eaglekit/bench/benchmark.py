@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 # Shapes tried by --sweep (EAGLE-2/3 use trees of depth 6-8, top-k 10, 60 tokens on 7-8B targets). Four:
 # on a GPU each costs one compile of its cycle (~40-60 s for SmolLM2), so a sweep of 8 prompts stays
-# within a few minutes; any other shape is one `--mode/--k/--depth/--top-k/--total-tokens` run away.
+# within a few minutes; any other shape is one `--mode/--k/--depth/--tree-top-k/--total-tokens` run away.
 SWEEP = (SpecConfig(mode="chain", k=3), SpecConfig(mode="chain", k=5),
          SpecConfig(mode="tree", depth=4, top_k=4, total_tokens=16),
          SpecConfig(mode="tree", depth=6, top_k=8, total_tokens=32))

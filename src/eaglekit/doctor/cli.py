@@ -14,7 +14,7 @@ def register(sub) -> None:
                      help="the engine to check for (default: the one the folder's format is made for)")
     doc.add_argument("--probe", nargs="?", const="builtin", metavar="PROMPTS",
                      help="run the live probe on a prompts file (no value: built-in prompts)")
-    doc.add_argument("-k", type=int, default=3, help="draft tokens per step in the probe (default 3)")
+    doc.add_argument("-k", "--k", type=int, default=3, help="draft tokens per step in the probe (default 3; --k as in bench)")
     doc.add_argument("--max-new-tokens", type=int, default=64, help="continuation length per prompt (default 64)")
     doc.add_argument("--num-prompts", type=int, default=6, help="prompts used by the probe (default 6)")
     doc.add_argument("--device", default="cpu", help="where the target runs for the probe (default cpu)")

@@ -15,13 +15,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="chain of k drafts or EAGLE-2 tree (default: tree on CUDA, chain on a CPU)")
     g.add_argument("--k", type=int, help="chain: drafts per cycle (default: 5 on CUDA, 3 on a CPU)")
     g.add_argument("--depth", type=int, default=6, help="tree: levels (most drafts accepted per cycle)")
-    g.add_argument("--top-k", type=int, default=8, help="tree: children per expanded node and frontier width")
+    g.add_argument("--tree-top-k", type=int, default=8, help="tree: children per expanded node and frontier width")
     g.add_argument("--total-tokens", type=int, default=32, help="tree: nodes verified per cycle, root included")
     g = p.add_argument_group("generation")
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-p", type=float, default=1.0, help="sampling: nucleus")
-    g.add_argument("--sample-top-k", type=int, default=0, help="sampling: keep the k most likely tokens (0 = off)")
+    g.add_argument("--top-k", type=int, default=0,
+                   help="sampling: keep the k most likely tokens (0 = off), as in `eaglekit generate`")
     g = p.add_argument_group("runtime")
     g.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1")
     g.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16")
@@ -44,13 +45,17 @@ def spec_from(args):
     cuda = resolve_device(args.device).startswith("cuda")
     mode = args.mode or ("tree" if cuda else "chain")
     k = args.k or (5 if cuda else 3)
-    return SpecConfig(mode=mode, k=k, depth=args.depth, top_k=args.top_k, total_tokens=args.total_tokens)
+    return SpecConfig(mode=mode, k=k, depth=args.depth, top_k=args.tree_top_k, total_tokens=args.total_tokens)
 
 
 def sampling_from(args):
     from eaglekit.engine.sampling import Sampling
+    from eaglekit.errors import EaglekitError
 
-    return Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.sample_top_k)
+    if args.top_k and args.temperature == 0:   # --top-k was the tree's width here before 2026-12-01
+        raise EaglekitError(f"--top-k {args.top_k} is a sampling setting, and decoding is greedy (--temperature 0)",
+                            hint=f"for the tree's width pass --tree-top-k {args.top_k}; to sample, set --temperature")
+    return Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
 
 
 def register(sub) -> None:
@@ -71,11 +76,11 @@ def run(args: argparse.Namespace) -> int:
     from eaglekit.target.chat import prompt_ids
     from eaglekit.target.load import load_target, resolve_device
 
-    # A wrong path or an unfinished draft fails before the target loads.
+    # Bad options, a wrong path or an unfinished draft fail before the target loads.
+    spec, sampling = spec_from(args), sampling_from(args)
     folder = None if args.draft == "random" else read_draft_folder(args.draft, allow_unfinished=args.allow_unfinished)
     device = resolve_device(args.device)
     target = load_target(args.target, device=device, dtype=args.dtype)
-    spec, sampling = spec_from(args), sampling_from(args)
     if folder is None:
         draft = random_draft_for(target.model, device)
     else:
