@@ -52,6 +52,14 @@ def test_a_turn_longer_than_the_rows_waits_for_a_larger_decoder(tiny):
     assert small.builds == 2 and small.max_len > 48
 
 
+def test_cache_slots_give_every_turn_one_cache(tiny):
+    """`generate --cache-slots`: the first decoder holds that many slots, so no later turn rebuilds it."""
+    sized = make_generator("engine", tiny.model, tiny.stop_token_ids, Sampling(), batch_size=2, cache_slots=512)
+    got, _ = answer(tiny, sized)
+    ref, _ = answer(tiny, make_generator("engine", tiny.model, tiny.stop_token_ids, Sampling(), batch_size=2))
+    assert got == ref and sized.builds == 1 and sized.max_len == 512
+
+
 def test_context_limit_on_the_streamed_path(tiny):
     """A turn with no room left in the context ends its conversation as context_length; the rest go on."""
     got, _ = answer(tiny, make_generator("engine", tiny.model, tiny.stop_token_ids, Sampling(), batch_size=2),

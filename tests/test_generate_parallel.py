@@ -101,7 +101,8 @@ def test_devices_refused_beside_other_settings(tmp_path, tiny_target_dir, capsys
 def test_every_content_flag_reaches_the_workers_and_recipes_can_set_devices():
     parser = build_parser()
     gen = parser._subparsers._group_actions[0].choices["generate"]
-    args = parser.parse_args(["generate", "--prompts", "p", "--out", "o", "--limit", "3", "--context-length", "64"])
+    args = parser.parse_args(["generate", "--prompts", "p", "--out", "o", "--limit", "3", "--context-length", "64",
+                              "--cache-slots", "256"])
     passed = set(worker_argv(args))
     reached = {a.dest for a in gen._actions if set(a.option_strings) & passed}
     server = {"server_url", "model", "concurrency", "api_key_env", "timeout", "max_retries", "no_check_template"}

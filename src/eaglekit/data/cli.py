@@ -98,6 +98,10 @@ def add_local_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--attention", default="auto", choices=("auto", "flex", "sdpa", "matmul"),
                        help="the engine's attention kernel (auto: flex on CUDA, each row reads only its own cache "
                             "blocks; sdpa where flex does not compile)")
+    group.add_argument("--cache-slots", type=int,
+                       help="KV slots per row of the engine's cache (default: what the first prompts need, grown "
+                            "when a longer one comes, each growth a rebuild; with flex attention spare slots cost "
+                            "only memory, so a multi-turn run sets its context length here)")
 
 
 def run_build(args: argparse.Namespace) -> int:
@@ -147,7 +151,7 @@ def run_synthesize(args: argparse.Namespace) -> int:
     sampling = Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     stops = sorted(set(target.stop_token_ids) | {pre.end_of_turn_id})
     generator = make_generator(args.backend, target.model, stops, sampling, seed=args.seed, batch_size=args.batch_size,
-                               attention=args.attention)
+                               attention=args.attention, cache_slots=args.cache_slots)
     new, stats = synthesize(target.tokenizer, generator, pre, need,
                             existing=[p for v in (existing or {}).values() for p in v], batch_size=args.batch_size,
                             max_new_tokens=args.max_new_tokens, min_chars=args.min_chars,
@@ -204,7 +208,8 @@ def run_generate(args: argparse.Namespace) -> int:
         target = load_target(args.target, device=resolve_device(args.device), dtype=args.dtype)
         check_template_masks(target.tokenizer)
         generator = make_generator(args.backend, target.model, target.stop_token_ids, sampling, seed=args.seed,
-                                   batch_size=args.batch_size, attention=args.attention)
+                                   batch_size=args.batch_size, attention=args.attention,
+                                   cache_slots=args.cache_slots)
         context = args.context_length or getattr(target.config, "max_position_embeddings", None)
         if not context:
             raise EaglekitError("the target's config gives no context length", hint="pass --context-length")
@@ -248,6 +253,8 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
              "--top-p", str(args.top_p), "--top-k", str(args.top_k), "--seed", str(args.seed), "--splits", args.splits,
              "--shard-size", str(args.shard_size), "--batch-size", str(args.batch_size), "--dtype", args.dtype,
              "--attention", args.attention]
+    if args.cache_slots:
+        argv += ["--cache-slots", str(args.cache_slots)]
     for flag, value in (("--limit", args.limit), ("--context-length", args.context_length)):
         if value is not None:
             argv += [flag, str(value)]

@@ -208,15 +208,17 @@ class EngineGenerator:
 
 
 def make_generator(backend: str, model, stop_ids: list[int], sampling: Sampling, *, seed: int = 0,
-                   batch_size: int = 32, attention: str = "auto"):
+                   batch_size: int = 32, attention: str = "auto", cache_slots: int | None = None):
     """A token-level generator: `local` and `engine` are eaglekit's batch decoder, `hf` is HF generate.
-    `attention`: the engine's kernel ("auto": its default, `engine.batch.batch_attention`)."""
+    `attention`, `cache_slots`: the engine's kernel ("auto": `engine.batch.batch_attention`) and the
+    slots per row of its first cache (None: grown as prompts need)."""
     if backend in ("local", "engine"):
         return EngineGenerator(model, stop_ids, sampling, seed=seed, batch_size=batch_size,
-                               attention=None if attention == "auto" else attention)
-    if attention != "auto":
-        raise EaglekitError(f"--attention {attention} is a setting of eaglekit's engine, not of backend {backend!r}",
-                            hint="drop --attention, or use --backend local")
+                               attention=None if attention == "auto" else attention, max_len=cache_slots)
+    for flag, value in (("--attention", None if attention == "auto" else attention), ("--cache-slots", cache_slots)):
+        if value is not None:
+            raise EaglekitError(f"{flag} {value} is a setting of eaglekit's engine, not of backend {backend!r}",
+                                hint=f"drop {flag}, or use --backend local")
     if backend == "hf":
         return HFGenerator(model, stop_ids, sampling, seed=seed)
     raise EaglekitError(f"unknown local backend {backend!r}", hint="use local, engine or hf")
