@@ -14,7 +14,6 @@ worker of `eaglekit generate --devices` (`eaglekit.data.parallel`), whose run.js
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections import Counter
 from contextlib import contextmanager
@@ -81,34 +80,25 @@ def load_prompts(location: str, splits: tuple[str, ...], limit: int | None) -> t
 
 
 class Progress:
-    """Prompts/s and tokens/s: a tqdm bar on a terminal, a log line every 30 s otherwise."""
+    """Prompts/s and tokens/s of this run (`eaglekit.progress`: a bar on a terminal, else a line every
+    30 s with the time left)."""
 
     def __init__(self, total: int, done: int):
-        from tqdm import tqdm
+        from eaglekit.progress import Progress as Meter
 
-        self.start, self.tokens, self.prompts, self.last_log = time.perf_counter(), 0, 0, 0.0
-        self.total, self.done = total, done
-        self.bar = tqdm(total=total, initial=done, unit="prompt", dynamic_ncols=True,
-                        disable=not sys.stderr.isatty(), desc="generate")
+        self.tokens = 0
+        self.meter = Meter(total, done=done, desc="generate", unit="prompt")
 
     def update(self, prompts: int, tokens: int) -> None:
-        self.prompts += prompts
         self.tokens += tokens
-        self.done += prompts
-        elapsed = max(time.perf_counter() - self.start, 1e-9)
-        self.bar.update(prompts)
-        self.bar.set_postfix_str(f"{self.tokens / elapsed:,.0f} tok/s", refresh=False)
-        if self.bar.disable and elapsed - self.last_log > 30:
-            self.last_log = elapsed
-            log.info("%d/%d prompts, %.2f prompts/s, %.0f tokens/s", self.done, self.total,
-                     self.prompts / elapsed, self.tokens / elapsed)
+        elapsed = max(time.perf_counter() - self.meter.start, 1e-9)
+        self.meter.update(prompts, tok_s=f"{self.tokens / elapsed:,.0f}")
 
     def close(self) -> dict:
-        self.bar.close()
-        elapsed = time.perf_counter() - self.start
-        return {"seconds": round(elapsed, 3), "prompts": self.prompts, "tokens": self.tokens,
-                "prompts_per_s": round(self.prompts / max(elapsed, 1e-9), 3),
-                "tokens_per_s": round(self.tokens / max(elapsed, 1e-9), 1)}
+        elapsed = max(self.meter.close(), 1e-9)
+        prompts = self.meter.counted
+        return {"seconds": round(elapsed, 3), "prompts": prompts, "tokens": self.tokens,
+                "prompts_per_s": round(prompts / elapsed, 3), "tokens_per_s": round(self.tokens / elapsed, 1)}
 
 
 def generate_conversations(prompts: str, out: str | Path, *, backend, target_fp: dict, config: GenerateConfig,

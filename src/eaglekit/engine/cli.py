@@ -9,14 +9,19 @@ import argparse
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    """Speculation shape, sampling and runtime options (shared by `speculate` and `bench`)."""
+    """Speculation shape, sampling and runtime options (shared by `speculate` and `bench`); the shape's
+    defaults are `SpecConfig`'s."""
+    from eaglekit.engine.spec import SpecConfig
+
     g = p.add_argument_group("speculation")
     g.add_argument("--mode", choices=("chain", "tree"),
                    help="chain of k drafts or EAGLE-2 tree (default: tree on CUDA, chain on a CPU)")
-    g.add_argument("--k", type=int, help="chain: drafts per cycle (default: 5 on CUDA, 3 on a CPU)")
-    g.add_argument("--depth", type=int, default=6, help="tree: levels (most drafts accepted per cycle)")
-    g.add_argument("--tree-top-k", type=int, default=8, help="tree: children per expanded node and frontier width")
-    g.add_argument("--total-tokens", type=int, default=32, help="tree: nodes verified per cycle, root included")
+    g.add_argument("--k", type=int, help=f"chain: drafts per cycle (default: {SpecConfig.k} on CUDA, 3 on a CPU)")
+    g.add_argument("--depth", type=int, default=SpecConfig.depth, help="tree: levels (most drafts accepted per cycle)")
+    g.add_argument("--tree-top-k", type=int, default=SpecConfig.top_k,
+                   help="tree: children per expanded node and frontier width")
+    g.add_argument("--total-tokens", type=int, default=SpecConfig.total_tokens,
+                   help="tree: nodes verified per cycle, root included")
     g = p.add_argument_group("generation")
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -44,7 +49,7 @@ def spec_from(args):
 
     cuda = resolve_device(args.device).startswith("cuda")
     mode = args.mode or ("tree" if cuda else "chain")
-    k = args.k or (5 if cuda else 3)
+    k = args.k or (SpecConfig.k if cuda else 3)
     return SpecConfig(mode=mode, k=k, depth=args.depth, top_k=args.tree_top_k, total_tokens=args.total_tokens)
 
 

@@ -20,6 +20,7 @@ from eaglekit.features.batch import pack_by_tokens, pad_stack
 from eaglekit.features.conversations import Sample
 from eaglekit.features.store import FORMAT, INDEX, TENSORS, read_index, shard_name
 from eaglekit.features.teacher import topk_from_logits
+from eaglekit.progress import Progress
 from eaglekit.target.capture import capture_aux_states
 from eaglekit.target.source import validate_safetensors
 
@@ -138,7 +139,7 @@ def capture_into(target, samples: list[Sample], out: str | Path, *, aux_layer_id
     model = target.model
     device = model.get_input_embeddings().weight.device   # sharded targets (device_map): the first device
     started, new_tokens = time.perf_counter(), 0
-    bar = progress_bar(len(plan), len(done), "capture") if progress else None
+    bar = Progress(len(plan), done=len(done), desc="capture", unit="shard", enabled=progress)
     entries = dict(done)
     for n, members in enumerate(plan):
         name = shard_name(n)
@@ -154,11 +155,8 @@ def capture_into(target, samples: list[Sample], out: str | Path, *, aux_layer_id
         # The index is what readers trust: replaced atomically, only after the shard is whole.
         write_json(out / INDEX, {"format": FORMAT, "shards": [entries[k] for k in sorted(entries)]})
         new_tokens += sum(s.length for s in shard_samples)
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - started):.0f}")
-    if bar is not None:
-        bar.close()
+        bar.update(1, tok_s=f"{new_tokens / (time.perf_counter() - started):,.0f}")
+    bar.close()
     counts["teacher_topk_mass"] = round(topk_mass(out, sorted(entries)), 5)
     total_bytes = sum(e["bytes"] for e in entries.values())
     counts["bytes"] = total_bytes
@@ -185,9 +183,3 @@ def topk_mass(out: Path, files: list[str]) -> float:
 def clear_store(out: Path) -> None:
     for path in [out / MANIFEST, out / INDEX] + list(out.glob("shard-*.safetensors")):  # the manifest first
         path.unlink(missing_ok=True)
-
-
-def progress_bar(total: int, initial: int, desc: str):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, desc=desc, unit="shard", dynamic_ncols=True)

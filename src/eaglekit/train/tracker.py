@@ -6,6 +6,7 @@ import json
 import logging
 from pathlib import Path
 
+from eaglekit.progress import Progress
 from eaglekit.train.state import truncate_log, write_log_line
 
 log = logging.getLogger(__name__)
@@ -19,7 +20,7 @@ class Tracker:
         out: the run folder.
         total_steps: optimizer steps of the run (progress bar length).
         start_step: the step resumed from (log lines after it are dropped: they are redone).
-        progress: show a tqdm bar.
+        progress: show progress (a bar on a terminal, else a line every 30 s with the time left).
         enabled: False on ranks other than 0.
     """
 
@@ -40,10 +41,7 @@ class Tracker:
             self.tb = SummaryWriter(str(out / "tb"), purge_step=start_step or None)
         except ImportError:
             log.debug("tensorboard is not installed; logging to %s only", self.path)
-        if progress:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+        self.bar = Progress(total_steps, done=start_step, desc="train", unit="step", enabled=progress)
 
     def event(self, kind: str, step: int, **values) -> None:
         if not self.enabled:
@@ -59,14 +57,11 @@ class Tracker:
 
     def progress(self, steps: int = 1, **postfix) -> None:
         if self.bar is not None:
-            self.bar.update(steps)
-            if postfix:
-                self.bar.set_postfix(postfix, refresh=False)
+            self.bar.update(steps, **postfix)
 
     def set_total(self, total: int) -> None:
         if self.bar is not None:
-            self.bar.total = total
-            self.bar.refresh()
+            self.bar.set_total(total)
 
     def close(self) -> None:
         if self.bar is not None:
