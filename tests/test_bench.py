@@ -114,6 +114,8 @@ def test_bench_says_plainly_what_a_cycle_costs(tmp_path, tiny_target_dir, prompt
     text = verdict({"speedup": 0.8, "spec": "tree", "tau": 3.2, "cycle": {"plain_steps": 4.0}}, profile)
     assert text.startswith("Speculation is SLOWER than plain decoding: 0.80x")
     assert "Largest part of the cycle: propose 2.000 ms (54 %)" in text
+    assert "A draft pays here only above tau 4.00." in text          # tau tokens a cycle, for 4 steps' time
+    assert "pays" not in verdict({"speedup": 1.6, "spec": "tree", "tau": 3.2, "cycle": {"plain_steps": 2.0}})
 
 
 def test_cycle_profile_splits_a_real_cycle():

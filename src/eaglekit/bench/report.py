@@ -98,8 +98,11 @@ def verdict(summary: dict, profile: dict | None = None) -> str:
     speed = summary["speedup"]
     head = (f"Speculation is SLOWER than plain decoding: {speed:.2f}x" if speed < 1
             else f"Speculation is {speed:.2f}x faster than plain decoding")
-    text = (f"{head} ({summary['spec']}): a cycle costs {cycle.get('plain_steps') or 0:.2f} plain steps "
+    steps = cycle.get("plain_steps") or 0
+    text = (f"{head} ({summary['spec']}): a cycle costs {steps:.2f} plain steps "
             f"and commits tau {summary['tau']:.2f} tokens.")
+    if speed < 1 and steps:   # tau tokens a cycle for `steps` steps' time: it pays above tau = steps
+        text += f" A draft pays here only above tau {steps:.2f}."
     if profile:
         parts = {**{name: p["ms"] for name, p in profile["pieces"].items()}, "host": profile["host_ms"]}
         total = max(sum(max(v, 0.0) for v in parts.values()), 1e-9)

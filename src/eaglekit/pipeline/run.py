@@ -262,4 +262,10 @@ def summarize(out: Path) -> tuple[bool, str]:
         summary = read_json(out / "bench" / "results.json", "bench results")["summary"]
         lines.append(f"bench: tau {summary['tau']}, speedup {summary['speedup']}x over plain decoding "
                      f"({summary['spec']}, {out / 'bench' / 'report.md'})")
+        if summary.get("verdict") and summary["speedup"] < 1:
+            lines.append(summary["verdict"])
+            if str(summary.get("device", "")).startswith("cpu"):
+                lines.append("On a CPU every verified token is real compute; a draft that pays comes from more data "
+                             "and steps on a GPU: `eaglekit run --recipe smollm2-h200 'prompts.source=[FILES]'` "
+                             "(the recipe for one H200).")
     return bool(report["ok"]), "\n".join(lines)
