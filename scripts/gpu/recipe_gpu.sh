@@ -60,7 +60,7 @@ PY
     2>&1 | quiet | tail -30 >> "$LOG"
   stamp "bench held-out tree done after $(( $(date +%s) - t0 )) s"
   t0=$(date +%s)
-  python3 scripts/gpu/bench_generate.py --target "$t" --prompts "$prompts" --num-prompts 1024 --hf-prompts 512 \
+  python3 scripts/gpu/bench_generate.py --target "$t" --prompts "$prompts" --num-prompts 4096 --hf-prompts 512 \
     --batch-size 512 --max-new-tokens 512 --out "$W/bench-generate" 2>&1 | quiet | tail -30 >> "$LOG"
   stamp "bench_generate done after $(( $(date +%s) - t0 )) s"
   stamp "session done"
