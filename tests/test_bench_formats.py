@@ -59,7 +59,10 @@ def specforge_copy(sglang: Path, out: Path) -> Path:
 def speculate(capsys, target: Path, draft: Path) -> tuple[str, float]:
     assert main(["speculate", "Count from one to ten.", "--target", str(target), "--draft", str(draft),
                  *SPECULATE]) == 0
-    text, stats = capsys.readouterr().out.strip().rsplit("\n", 1)
+    out = capsys.readouterr().out.strip()
+    text, stats, plain = out.rsplit("\n", 2)
+    # The plain run of the same prompt, beside it (greedy fp32: the same tokens).
+    assert plain.startswith("[plain decoding: ") and "x (same tokens;" in plain, plain
     return text, float(stats.split("tau ")[1].split(",")[0])
 
 

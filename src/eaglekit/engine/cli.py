@@ -71,6 +71,7 @@ def register(sub) -> None:
     p.add_argument("--allow-unfinished", action="store_true",
                    help="use a draft whose training did not finish (refused otherwise; the output says so)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-plain", action="store_true", help="skip the plain decoding run beside speculation")
     add_engine_args(p)
     p.set_defaults(func=run)
 
@@ -96,10 +97,18 @@ def run(args: argparse.Namespace) -> int:
                                 runner=args.runner)
     engine = Engine(runner, drafter=DraftRunner(draft, spec=spec, sampling=sampling, max_len=max_len), spec=spec,
                     sampling=sampling, stop_token_ids=target.stop_token_ids, graphs=args.graphs, compile=args.compile)
+    engine.warmup(speculative=True)    # compile and capture apart from the timings (no-op without graphs)
+    engine.warmup(speculative=False)
     gen = engine.generate(ids, args.max_new_tokens, seed=args.seed)
     print(target.tokenizer.decode(gen.tokens, skip_special_tokens=True))
     print(f"\n[{len(gen.tokens)} tokens, {len(gen.tokens) / gen.seconds:.1f} tok/s, tau {gen.tau:.2f}, "
           f"{spec.label()}, {runner.kind} runner, {gen.finish_reason}]")
+    if not args.no_plain:   # the same prompt decoded plainly, so the gain (or loss) is in plain sight
+        plain = engine.generate(ids, args.max_new_tokens, speculative=False, seed=args.seed)
+        plain_tok_s, spec_tok_s = len(plain.tokens) / plain.seconds, len(gen.tokens) / gen.seconds
+        same = "same tokens" if plain.tokens == gen.tokens else "other tokens (sampling, or bf16 near-ties)"
+        print(f"[plain decoding: {len(plain.tokens)} tokens, {plain_tok_s:.1f} tok/s; speculation "
+              f"{spec_tok_s / plain_tok_s:.2f}x ({same}; one prompt, one run each: `eaglekit bench` measures)]")
     if folder is not None and folder.unfinished:
         print(f"[unfinished draft: {folder.unfinished}]")
     return 0
