@@ -265,7 +265,7 @@ def part_b(args, bw) -> dict:
 
 def part_c(args, smol, ids) -> dict:
     """Oracle (perfect greedy draft) and random draft, chain and tree, against plain decoding."""
-    from eaglekit.bench.benchmark import random_draft_for
+    from eaglekit.formats.load import random_draft_for
 
     return oracle_and_random(args, smol, ids, random_draft_for(smol, args.device), args.best_kernels)
 

@@ -16,15 +16,13 @@ from pathlib import Path
 
 import torch
 
-from eaglekit.artifacts import (MANIFEST, atomic_path, check_same_target, refuse_unfinished, sha256_file, write_json,
-                                write_manifest, writer_lock)
+from eaglekit.artifacts import MANIFEST, atomic_path, sha256_file, write_json, write_manifest, writer_lock
 from eaglekit.bench.prompts import load_bench_prompts
 from eaglekit.bench.report import markdown, plot, summarize, turn_records, verdict
 from eaglekit.bench.run import bracket_plain, conversation_ids, run_baselines, run_speculation
 from eaglekit.engine import DraftRunner, Engine, OracleDrafter, Sampling, SpecConfig, make_target_runner
-from eaglekit.errors import EaglekitError
 from eaglekit.formats.detect import FORMAT_LABELS, detect_format
-from eaglekit.formats.folder import DraftFolder, read_folder
+from eaglekit.formats.load import load_draft_for, random_draft_for, read_draft_folder
 
 log = logging.getLogger(__name__)
 
@@ -67,62 +65,6 @@ def device_name(device: str) -> str:
     if device.startswith("cuda"):
         return torch.cuda.get_device_name(torch.device(device))
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
-
-
-def read_draft_folder(folder: str | Path, *, allow_unfinished: bool = False) -> DraftFolder:
-    """A draft folder of any format the doctor reads (eaglekit, SGLang / SpecForge, speculators, EAGLE),
-    read before any model loads, so a wrong path or an unfinished draft fails in a second."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise EaglekitError(f"no draft folder {folder}", hint="pass a draft folder, `oracle` or `random`")
-    draft = read_folder(folder)
-    refuse_unfinished(draft.unfinished, folder, allow_unfinished=allow_unfinished)
-    return draft
-
-
-def load_draft_for(folder: str | Path | DraftFolder, target, device: str, *, allow_unfinished: bool = False):
-    """A draft of any format, converted in memory as `eaglekit import` converts it, refused if it was
-    made for another target; in the target's dtype, with the target's embedding."""
-    from eaglekit.draft import Eagle3Draft
-    from eaglekit.formats.importer import native_tensors, strict_reading
-
-    if not isinstance(folder, DraftFolder):
-        folder = read_draft_folder(folder, allow_unfinished=allow_unfinished)
-    if folder.recorded_target is not None:
-        check_same_target(target.fingerprint(), folder.recorded_target, what=f"draft {folder.path}")
-    reading = strict_reading(folder, target_num_layers=target.config.num_hidden_layers)
-    check_fits_target(reading.config, target.config, folder.path)
-    if reading.format != "native":
-        log.info("draft %s: %s, converted in memory", folder.path, reading.label)
-    draft = Eagle3Draft(reading.config)
-    draft.load_state_dict(native_tensors(reading), strict=False)  # strict_reading checked names and shapes
-    dtype = next(target.model.parameters()).dtype
-    draft.set_target_embedding(target.model.get_input_embeddings().weight)
-    return draft.to(device=device, dtype=dtype).eval()
-
-
-def check_fits_target(cfg, target_cfg, path: Path) -> None:
-    """A draft without a recorded target must at least have the target's vocab and hidden width."""
-    for name, mine, theirs in (("vocab_size", cfg.vocab_size, target_cfg.vocab_size),
-                               ("target_hidden_size", cfg.target_hidden_size, target_cfg.hidden_size)):
-        if mine != theirs:
-            raise EaglekitError(f"draft {path} has {name} {mine}, the target {theirs}: it was made for another target",
-                                hint=f"run `eaglekit doctor {path} --target T` to see what it was made for")
-
-
-def random_draft_for(model, device: str):
-    """A randomly initialized draft for an HF target model: real draft cost, no acceptance."""
-    from eaglekit.draft import DraftConfig, Eagle3Draft
-    from eaglekit.target.info import default_aux_layer_ids
-    from eaglekit.target.load import text_config
-
-    cfg = text_config(model.config)
-    config = DraftConfig.for_target(cfg, aux_layer_ids=default_aux_layer_ids(cfg.num_hidden_layers),
-                                    draft_vocab_size=min(cfg.vocab_size, 32000))
-    torch.manual_seed(0)
-    draft = Eagle3Draft(config)
-    draft.set_target_embedding(model.get_input_embeddings().weight)
-    return draft.to(device=device, dtype=next(model.parameters()).dtype).eval()
 
 
 def cache_slots(cfg: BenchConfig, tokenizer, prompts, specs) -> int:
