@@ -138,3 +138,14 @@ def test_corrupt_generation_config_is_an_error(tiny_target_dir, tmp_path):
     (broken / "generation_config.json").write_text("{ not json")
     with pytest.raises(EaglekitError, match="EOS ids"):
         load_target(str(broken))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+def test_one_device_resolver_refuses_cuda_where_there_is_none():
+    from eaglekit.target.load import resolve_device
+
+    assert resolve_device("auto") == "cpu" and resolve_device("cpu") == "cpu"
+    for name in ("cuda", "cuda:1"):
+        with pytest.raises(EaglekitError, match=f"device '{name}' asked for, but no CUDA device") as err:
+            resolve_device(name)
+        assert err.value.hint == "use --device cpu"

@@ -36,11 +36,10 @@ def run_features(args: argparse.Namespace) -> int:
     from eaglekit.features.capture import capture_features
     from eaglekit.features.conversations import read_conversations, tokenize_conversations
     from eaglekit.target.info import check_aux_layer_ids, default_aux_layer_ids
-    from eaglekit.target.load import load_target
-    from eaglekit.train.distributed import resolve_device
+    from eaglekit.target.load import load_target, resolve_device
 
     device = resolve_device(args.device)
-    target = load_target(args.target, device=str(device), dtype=args.dtype, device_map=args.device_map)
+    target = load_target(args.target, device=device, dtype=args.dtype, device_map=args.device_map)
     layers = target.config.num_hidden_layers
     aux = check_aux_layer_ids(args.aux_layer_ids or default_aux_layer_ids(layers), layers)
     rows, data_fp = read_conversations(args.data, target_fingerprint=target.fingerprint())

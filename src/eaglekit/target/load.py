@@ -57,9 +57,12 @@ def text_config(config):
 
 
 def resolve_device(device: str) -> str:
-    """"auto" -> "cuda" when a CUDA device is available, else "cpu"; any other name as given."""
+    """"auto" -> "cuda" when a CUDA device is available, else "cpu"; any other name as given, but a
+    CUDA device on a machine without one is refused here, before anything loads onto it."""
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise EaglekitError(f"device {device!r} asked for, but no CUDA device is available", hint="use --device cpu")
     return device
 
 

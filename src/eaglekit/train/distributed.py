@@ -53,17 +53,10 @@ class Dist:
             dist.destroy_process_group()
 
 
-def resolve_device(device: str) -> torch.device:
-    """`target.load.resolve_device`, refusing a CUDA device on a machine without one."""
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise EaglekitError(f"device {device!r} asked for, but no CUDA device is available", hint="use --device cpu")
-    return torch.device(target_load.resolve_device(device))
-
-
 def setup(device: str) -> Dist:
     """Join the torchrun process group if launched by torchrun; pick this rank's device."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    base = resolve_device(device)
+    base = torch.device(target_load.resolve_device(device))
     if world <= 1:
         return Dist(device=base)
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
