@@ -14,7 +14,7 @@ from eaglekit.draft.model import Eagle3Draft
 from eaglekit.draft.vocab import DraftVocab, build_draft_vocab, count_assistant_tokens
 from eaglekit.errors import EaglekitError
 from eaglekit.features.conversations import is_validation, read_conversations, tokenize_conversations
-from eaglekit.features.sources import OfflineSource, OnlineSource
+from eaglekit.train.sources import OfflineSource, OnlineSource
 from eaglekit.features.store import FeatureStore
 from eaglekit.target.info import check_aux_layer_ids, default_aux_layer_ids
 from eaglekit.train.config import TrainConfig
