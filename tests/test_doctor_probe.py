@@ -148,7 +148,7 @@ def test_replay_matches_eaglekit_engine(exports, target_dir):
 
 @pytest.mark.slow
 def test_random_draft_for_smollm2_is_caught(smollm2_dir, tmp_path):
-    """DESIGN.md's "seen working" case: a random draft served by vLLM accepts nothing (tau 1.00)."""
+    """The case users meet first: a random draft served by vLLM accepts nothing (tau 1.00)."""
     from transformers import AutoConfig
 
     from eaglekit.draft import DraftConfig

@@ -2,7 +2,7 @@
 
 tok/s of a method = mean over prompts of (tokens / seconds of all the prompt's turns), and
 speedup = spec tok/s / plain tok/s: the ratio of means of the EAGLE / Spec-Bench protocol
-(papers.md §5). tau = tokens committed per target forward in the speculation cycles, bonus
+(docs/algorithms.md §6). tau = tokens committed per target forward in the speculation cycles, bonus
 included; per-position acceptance[i] = P(the first i+1 drafts of a cycle were all accepted)
 (chain: per draft position; tree: per depth of the accepted path).
 """

@@ -78,7 +78,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Eagle3Draft(nn.Module):
-    """An EAGLE-3 draft. Parameter names are the SGLang names (DESIGN.md, Contracts)."""
+    """An EAGLE-3 draft. Parameter names are the SGLang names (docs/contracts.md)."""
 
     def __init__(self, config: DraftConfig):
         super().__init__()

@@ -1,4 +1,4 @@
-"""Verification: which drafted tokens the target accepts, and the token it adds (papers.md §3.1, §3.4).
+"""Verification: which drafted tokens the target accepts, and the token it adds (docs/algorithms.md §1, §4).
 
 Every rule runs on the device without a host sync, at fixed shapes, so it lives inside the engine's
 captured cycle. Sampling is two steps: a few numbers per node (the probabilities that decide
@@ -50,7 +50,7 @@ def greedy_accept(tree: Tree, target_argmax: torch.Tensor, max_depth: int):
 # ---- sampling on a tree with deterministic children (q one-hot) -------------------------------
 
 def tree_sampling_tables(tree: Tree, probs: torch.Tensor):
-    """Device half of tree verification at T > 0 (papers.md §3.4, EAGLE-2/3 official rule).
+    """Device half of tree verification at T > 0 (docs/algorithms.md §4, EAGLE-2/3's rule).
 
     Args:
         tree: the verified tree (children of a node carry distinct tokens).
@@ -122,7 +122,7 @@ def tree_sampling_accept(tree: Tree, p_node: torch.Tensor, residual: torch.Tenso
 # ---- sampling on a chain with the full draft distribution q ----------------------------------
 
 def chain_sampling_tables(tokens: torch.Tensor, probs: torch.Tensor, q: torch.Tensor):
-    """Device half of chain speculative sampling (papers.md §3.1).
+    """Device half of chain speculative sampling (docs/algorithms.md §1).
 
     Args:
         tokens: [k + 1] root then drafts d_1..d_k.

@@ -1,6 +1,6 @@
 """Draft runners: propose a chain or a tree each cycle, from a fixed-shape function.
 
-`DraftRunner` runs an EAGLE-3 draft with its own static KV cache (papers.md §3.2, §3.3):
+`DraftRunner` runs an EAGLE-3 draft with its own static KV cache (docs/algorithms.md §2, §3):
 
     catch_up(tokens, aux, start, last)   draft entries for newly committed positions: entry t reads
                                          (token t+1, fc(aux_t)) and is written at cache slot t
@@ -122,7 +122,7 @@ class DraftRunner(nn.Module):
         return Proposal(chain_tree(torch.cat([root.view(1)] + drafts)), q)
 
     def tree(self, root, n) -> Tree:
-        """EAGLE-2 dynamic tree (papers.md §3.3): expand the K best frontier nodes per level."""
+        """EAGLE-2 dynamic tree (docs/algorithms.md §3): expand the K best frontier nodes per level."""
         K, D, dev = self.spec.top_k, self.spec.depth, root.device
         R = self.spec.draft_region
         logp = self.logits(self.last_hidden)[0].log_softmax(-1)                # [Vd]

@@ -1,7 +1,7 @@
 """How the next token is chosen: greedy, or sampling from the processed target distribution.
 
 The same `target_probs` serves plain decoding and speculative verification, so both sample from
-exactly one distribution (papers.md §3.1: apply the same logits processors before the softmax).
+exactly one distribution (docs/algorithms.md §1: apply the same logits processors before the softmax).
 Sampling uses the exponential-race trick (argmax of p / E, E ~ Exp(1)), which needs no host sync
 and is CUDA-graph safe.
 """

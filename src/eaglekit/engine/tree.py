@@ -2,7 +2,7 @@
 
 A chain of k drafts is the tree whose node i has parent i-1, so one set of functions serves both.
 All functions are pure tensor code with fixed shapes (no host sync), so they run inside CUDA
-graphs, and on CPU in tests. papers.md §3.3 (EAGLE-2 dynamic tree) gives the algorithm.
+graphs, and on CPU in tests. docs/algorithms.md §3 (EAGLE-2 dynamic tree) gives the algorithm.
 
 Shapes: N tree nodes, C recorded draft candidates, L cache slots, T query tokens, R block width.
 """
@@ -37,7 +37,7 @@ class Tree:
 def ancestors(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
     """[N] parent indices (-1 = none) -> [N, N] bool: row i marks i and all its ancestors.
 
-    Row i = identity_i OR row(parent(i)), iterated `max_depth` times (papers.md §3.3 step 6).
+    Row i = identity_i OR row(parent(i)), iterated `max_depth` times (docs/algorithms.md §3 step 6).
     """
     N = parents.shape[0]
     anc = torch.eye(N, dtype=torch.bool, device=parents.device)
@@ -102,11 +102,11 @@ def select_tree(root: torch.Tensor, cand_tokens: torch.Tensor, cand_parents: tor
         cand_parents: [C] candidate index of each candidate's parent, -1 for children of the root.
         cand_values: [C] cumulative draft log-probability along the path.
         cand_depth: [C] depth of each candidate (1 = child of the root).
-        num_nodes: N, root included (papers.md §1.4: total_token counts the root).
+        num_nodes: N, root included (docs/algorithms.md §3: total_token counts the root).
         max_depth: deepest candidate depth.
 
     Values only decrease along a path, and ties go to the earlier (shallower) candidate, so every
-    kept node's parent is kept too (papers.md §3.3 step 4).
+    kept node's parent is kept too (docs/algorithms.md §3 step 4).
     """
     C = cand_tokens.shape[0]
     order = torch.arange(C, device=cand_tokens.device)

@@ -1,6 +1,6 @@
 """The one rename table between eaglekit's native tensor names and every format's names.
 
-Native names are SGLang's (DESIGN.md, Contracts): `fc.weight`, `midlayer.*`, `norm.weight`,
+Native names are SGLang's (docs/contracts.md): `fc.weight`, `midlayer.*`, `norm.weight`,
 `lm_head.weight`, `d2t`, `t2d`. The only rename any format needs is the decoder layer's prefix:
 SGLang, EAGLE and SpecForge write `midlayer.*`; vLLM's speculators format and ModelOpt (since
 2026-03) write `layers.0.*` (serving-formats.md §7).

@@ -1,7 +1,7 @@
 """What a user needs to know about a target before training a draft for it.
 
 `target_info` reads only the config and tokenizer (no weights), so it is fast even for large
-targets. Aux layer ids are reported in every convention the engines use (DESIGN.md, Contracts).
+targets. Aux layer ids are reported in every convention the engines use (docs/contracts.md).
 """
 
 from __future__ import annotations
