@@ -70,6 +70,7 @@ class Pipeline:
         self.record(name, argv, "running", None, 0.0)
         start = time.time()
         code = run_eaglekit(argv, processes)
+        release_device_memory()
         seconds = round(time.time() - start, 1)
         if code not in ok_codes:
             self.record(name, argv, "failed", code, seconds)
@@ -85,6 +86,20 @@ class Pipeline:
 
 STAGES = ("target", "prompts", "synthesize", "generate", "features", "val-prompts", "val-generate", "val-features",
           "train", "export-sglang", "export-vllm", "export-eagle", "doctor", "bench", "scaling")
+
+
+def release_device_memory() -> None:
+    """After an in-process stage: its compiled steps hold their engine (and a KV cache of tens of GB
+    at generation's batch) alive through torch.compile's caches; the next stage gets the GPU back."""
+    import gc
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return
+    torch._dynamo.reset()
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 class StopBefore(Exception):
