@@ -1,0 +1,102 @@
+"""A long stage's progress, for a person watching: a tqdm bar on a terminal, and otherwise (a pipe,
+a log file, `eaglekit run` under nohup) one log line every `every_s` seconds with what is done, the
+rate and the time left, so that no stage is silent for minutes.
+
+    progress = Progress(total=len(plan), done=len(finished), desc="capture", unit="shard")
+    progress.update(1, tok_s="12,000")
+    progress.close()
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+log = logging.getLogger("eaglekit.progress")
+
+
+def duration(seconds: float) -> str:
+    """3725 -> '1h02m', 125 -> '2m05s', 7 -> '7s'."""
+    s = int(round(max(seconds, 0)))
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+class Progress:
+    """Counts `unit`s done out of `total`; the rate and the time left are over this run's units only
+    (a resumed run's earlier units do not make it look fast).
+
+    Args:
+        total: units of the whole job (None: unknown, no time left shown).
+        done: units already done before this run (a resume).
+        desc, unit: the stage's name and what it counts.
+        every_s: seconds between log lines when there is no terminal.
+        enabled: False: neither bar nor lines (`--no-progress`, ranks other than 0).
+        bar: None: a tqdm bar exactly when stderr is a terminal.
+    """
+
+    def __init__(self, total: int | None, *, done: int = 0, desc: str, unit: str, every_s: float = 30.0,
+                 enabled: bool = True, bar: bool | None = None):
+        self.total, self.done, self.desc, self.unit, self.every_s = total, done, desc, unit, every_s
+        self.enabled = enabled
+        self.start = self.last_line = time.perf_counter()
+        self.counted = 0
+        self.postfix: dict[str, str] = {}
+        self.bar = None
+        if enabled and (sys.stderr.isatty() if bar is None else bar):
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=done, desc=desc, unit=unit, dynamic_ncols=True)
+
+    def rate(self) -> float:
+        """Units per second in this run."""
+        return self.counted / max(time.perf_counter() - self.start, 1e-9)
+
+    def seconds_left(self) -> float | None:
+        if self.total is None or self.counted == 0:
+            return None
+        return max(self.total - self.done, 0) / max(self.rate(), 1e-12)
+
+    def update(self, n: int = 1, **postfix) -> None:
+        self.done += n
+        self.counted += n
+        self.postfix.update({k: str(v) for k, v in postfix.items()})
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.update(n)
+            if postfix:
+                self.bar.set_postfix(self.postfix, refresh=False)
+            return
+        now = time.perf_counter()
+        if now - self.last_line >= self.every_s:
+            self.last_line = now
+            log.info("%s", self.line())
+
+    def line(self) -> str:
+        """'generate: 10240/42201 prompts (24 %), 28.3 prompts/s, tok/s 8,620, 18m49s left'."""
+        of = f"/{self.total} {self.unit}s ({100 * self.done / max(self.total, 1):.0f} %)" if self.total else \
+            f" {self.unit}s"
+        extra = "".join(f", {k.replace('_', '/')} {v}" for k, v in self.postfix.items())
+        left = self.seconds_left()
+        tail = f", {duration(left)} left" if left is not None else ""
+        return f"{self.desc}: {self.done}{of}, {self.rate():.3g} {self.unit}s/s{extra}{tail}"
+
+    def set_total(self, total: int) -> None:
+        self.total = total
+        if self.bar is not None:
+            self.bar.total = total
+            self.bar.refresh()
+
+    def close(self) -> float:
+        """Ends the bar (or logs a last line); returns this run's seconds."""
+        elapsed = time.perf_counter() - self.start
+        if self.bar is not None:
+            self.bar.close()
+        elif self.enabled and self.counted:
+            log.info("%s, done in %s", self.line().split(", ")[0], duration(elapsed))
+        return elapsed

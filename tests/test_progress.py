@@ -1,0 +1,43 @@
+"""Progress of long stages without a terminal: periodic lines with the rate and the time left."""
+
+from __future__ import annotations
+
+import logging
+
+from eaglekit.progress import Progress, duration
+
+
+def test_duration_reads_like_a_clock():
+    assert [duration(s) for s in (7, 125, 3725, -3)] == ["7s", "2m05s", "1h02m", "0s"]
+
+
+def test_lines_without_a_terminal_say_done_rate_and_time_left(caplog, monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr("eaglekit.progress.time.perf_counter", lambda: now[0])
+    caplog.set_level(logging.INFO, logger="eaglekit.progress")
+    p = Progress(100, done=20, desc="generate", unit="prompt", every_s=30, bar=False)   # resumed at 20
+    now[0] += 10
+    p.update(10, tok_s="1,234")
+    assert not caplog.records                       # 10 s: under every_s, no line yet
+    now[0] += 30
+    p.update(10)
+    # 20 prompts in this run's 40 s (a resume's earlier 20 do not count): 0.5/s, so the 60 left take 2 min.
+    assert caplog.records[-1].getMessage() == "generate: 40/100 prompts (40 %), 0.5 prompts/s, tok/s 1,234, 2m00s left"
+    now[0] += 5
+    p.close()
+    assert caplog.records[-1].getMessage() == "generate: 40/100 prompts (40 %), done in 45s"
+
+
+def test_disabled_progress_is_silent(caplog):
+    caplog.set_level(logging.INFO, logger="eaglekit.progress")
+    p = Progress(10, desc="train", unit="step", every_s=0, enabled=False)
+    p.update(5)
+    p.close()
+    assert not caplog.records and p.done == 5
+
+
+def test_unknown_total_has_no_time_left(caplog):
+    caplog.set_level(logging.INFO, logger="eaglekit.progress")
+    p = Progress(None, desc="capture", unit="shard", every_s=0, bar=False)
+    p.update(3)
+    assert caplog.records[-1].getMessage().startswith("capture: 3 shards, ") and "left" not in caplog.records[-1].getMessage()
