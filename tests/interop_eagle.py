@@ -2,11 +2,12 @@
 
 Runs inside the EAGLE venv (scripts/install_eagle_venv.sh: transformers 4.x), never imports eaglekit:
 
-    $VENV/bin/python tests/interop_eagle.py REQUEST.json OUT_DIR
+    $VENV/bin/python tests/interop_eagle.py REQUEST.json
 
-REQUEST: {"target", "draft", "inputs": safetensors with input_ids [T] and aux_hidden [T, 3*H]}
+REQUEST: {"target", "inputs": safetensors with input_ids [T] and aux_hidden [T, 3*H],
+          "jobs": [{"draft", "out"}, ...]}: every draft in one process, each into its OUT folder
          (the target folder needs model.safetensors.index.json: EAGLE reads the embedding through it)
-OUT_DIR: result.json   {"eagle_commit", "class", "nan_left", "params", "missing", "unexpected",
+OUT:     result.json   {"eagle_commit", "class", "nan_left", "params", "missing", "unexpected",
                         "same_as_eamodel"} or {"error", "traceback"}
          params.safetensors   the draft (`ea_layer`) state after loading: parameters and d2t/t2d
          forward.safetensors  logits [T, draft_vocab], pre_norm [T, H] of one draft forward, and
@@ -29,7 +30,7 @@ import traceback
 EAGLE_COMMIT = "cb7e0841fe0c206c6ed74a197ad5e2a1f13f5a2b"
 
 
-def main(req, out):
+def one(req, draft_dir, out):
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -38,12 +39,12 @@ def main(req, out):
     from eagle.model.ea_model import EaModel
 
     torch.manual_seed(0)
-    ea = EaModel.from_pretrained(use_eagle3=True, base_model_path=req["target"], ea_model_path=req["draft"],
+    ea = EaModel.from_pretrained(use_eagle3=True, base_model_path=req["target"], ea_model_path=draft_dir,
                                  torch_dtype=torch.float32, total_token=8, depth=3, top_k=2)
     ea.eval()
 
     # The same draft, built as EaModel.__init__ builds it, NaN-filled before the load.
-    config_path = os.path.join(req["draft"], "config.json")
+    config_path = os.path.join(draft_dir, "config.json")
     config = EConfig.from_pretrained(config_path)
     bias = json.loads(open(config_path).read()).get("bias", True)
     draft = Model(config, bias=bias, total_tokens=8, depth=3, top_k=2, path=req["target"], load_emb=True)
@@ -53,7 +54,7 @@ def main(req, out):
         for name, p in draft.named_parameters():
             if name != "embed_tokens.weight":  # loaded from the target's checkpoint in the constructor
                 p.fill_(float("nan"))
-    state = load_file(os.path.join(req["draft"], "model.safetensors"))
+    state = load_file(os.path.join(draft_dir, "model.safetensors"))
     load = draft.load_state_dict(state, strict=False)
     draft.to(torch.float32)
     mine = {k: v.detach().clone().contiguous() for k, v in draft.state_dict().items()}
@@ -82,11 +83,11 @@ def main(req, out):
 
 if __name__ == "__main__":
     request = json.loads(open(sys.argv[1]).read())
-    out_dir = sys.argv[2]
-    os.makedirs(out_dir, exist_ok=True)
-    try:
-        result = main(request, out_dir)
-    except Exception as err:  # the test decides what a refusal means
-        result = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-4000:]}
-    with open(os.path.join(out_dir, "result.json"), "w") as f:
-        json.dump(result, f)
+    for job in request["jobs"]:
+        os.makedirs(job["out"], exist_ok=True)
+        try:
+            result = one(request, job["draft"], job["out"])
+        except Exception as err:  # a refusal of this draft; the test decides what it means
+            result = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-4000:]}
+        with open(os.path.join(job["out"], "result.json"), "w") as f:
+            json.dump(result, f)

@@ -2,10 +2,12 @@
 
 Runs inside the SGLang venv (scripts/install_sglang_cpu.sh), never imports eaglekit:
 
-    $VENV/bin/python tests/interop_sglang.py REQUEST.json OUT_DIR
+    $VENV/bin/python tests/interop_sglang.py REQUEST.json
 
-REQUEST: {"target", "draft", "inputs": safetensors with input_ids [T] and aux_hidden [T, 3*H]}
-OUT_DIR: result.json   {"sglang_version", "class", "loader", "stubbed", "nan_left", "params",
+REQUEST: {"target", "inputs": safetensors with input_ids [T], aux_hidden [T, 3*H], embed_tokens,
+          "jobs": [{"draft", "out"}, ...]}: one process loads every draft (SGLang's import is
+          the slow part), each into its own OUT folder:
+OUT:     result.json   {"sglang_version", "class", "loader", "stubbed", "nan_left", "params",
                         "layers_to_capture", "captured_output_of"} or {"error", "traceback"}
          params.safetensors   every parameter of the draft after loading, plus hot_token_id
          forward.safetensors  logits [T, draft_vocab] and the pre-norm hidden [T, H] of one forward
@@ -96,19 +98,26 @@ def free_port() -> int:
     return port
 
 
-def setup(req):
-    from sglang.srt.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
+def publish_server_args(target, draft):
+    """SGLang's server arguments for serving `target` with the EAGLE-3 `draft` on CPU, published
+    process-wide (SGLang allows re-publishing: the last one wins)."""
     from sglang.srt.runtime_context import SpawnRanks, publish
     from sglang.srt.server_args import ServerArgs
 
-    server_args = ServerArgs(model_path=req["target"], speculative_algorithm="EAGLE3",
-                             speculative_draft_model_path=req["draft"], device="cpu", dtype="float32",
+    server_args = ServerArgs(model_path=target, speculative_algorithm="EAGLE3",
+                             speculative_draft_model_path=draft, device="cpu", dtype="float32",
                              tp_size=1, disable_cuda_graph=True, attention_backend="torch_native")
     publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=0))
+    return server_args
+
+
+def init_parallel():
+    """A gloo process group of one: tensor and pipeline parallel size 1."""
+    from sglang.srt.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
+
     init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
                                  distributed_init_method=f"tcp://127.0.0.1:{free_port()}")
     initialize_model_parallel()
-    return server_args
 
 
 def load(model_config):
@@ -188,15 +197,15 @@ def draft_forward(model, model_config, input_ids, aux_hidden):
     return logits, pre_norm
 
 
-def main(req, out):
+def one(req, draft, out):
     import torch
     from importlib.metadata import version
     from safetensors.torch import load_file, save_file
 
-    server_args = setup(req)
+    server_args = publish_server_args(req["target"], draft)
     from sglang.srt.configs.model_config import ModelConfig
 
-    draft_config = ModelConfig.from_server_args(server_args, model_path=req["draft"], is_draft_model=True)
+    draft_config = ModelConfig.from_server_args(server_args, model_path=draft, is_draft_model=True)
     model, loader_name = load(draft_config)
     params = {n: p.detach().clone().contiguous() for n, p in model.named_parameters()}
     nan_left = [n for n, p in params.items() if p.is_floating_point() and bool(torch.isnan(p).any())]
@@ -225,15 +234,31 @@ def main(req, out):
     return result
 
 
+def report(out, result):
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "result.json"), "w") as f:
+        json.dump(result, f)
+
+
+def failure(err):
+    return {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-4000:],
+            "stubbed": sorted(set(STUBBED))}
+
+
 if __name__ == "__main__":
     request = json.loads(open(sys.argv[1]).read())
-    out_dir = sys.argv[2]
-    os.makedirs(out_dir, exist_ok=True)
     try:
         install_stubs()
-        result = main(request, out_dir)
-    except Exception as err:  # the test decides what a refusal means
-        result = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-4000:],
-                  "stubbed": sorted(set(STUBBED))}
-    with open(os.path.join(out_dir, "result.json"), "w") as f:
-        json.dump(result, f)
+        publish_server_args(request["target"], request["jobs"][0]["draft"])  # the groups read its widths
+        init_parallel()
+    except Exception as err:  # SGLang itself does not start: every job says so
+        for job in request["jobs"]:
+            report(job["out"], failure(err))
+        raise
+    for job in request["jobs"]:
+        os.makedirs(job["out"], exist_ok=True)
+        try:
+            result = one(request, job["draft"], job["out"])
+        except Exception as err:  # a refusal of this draft; the test decides what it means
+            result = failure(err)
+        report(job["out"], result)

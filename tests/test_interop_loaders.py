@@ -46,10 +46,6 @@ EAGLE_VENV = Path(os.environ.get("EAGLEKIT_EAGLE_VENV", CACHE / "eagle-venv"))
 T = 16  # tokens in the forward
 
 pytestmark = [pytest.mark.interop, pytest.mark.slow]
-needs_sglang = pytest.mark.skipif(not (SGLANG_VENV / "bin/python").exists(),
-                                  reason=f"no SGLang venv at {SGLANG_VENV} (scripts/install_sglang_cpu.sh)")
-needs_eagle = pytest.mark.skipif(not (EAGLE_VENV / "bin/python").exists(),
-                                 reason=f"no EAGLE venv at {EAGLE_VENV} (scripts/install_eagle_venv.sh)")
 
 
 # ---- the draft, its exports, and eaglekit's own forward ------------------------------------------
@@ -121,21 +117,27 @@ def eagle_target(setup) -> Path:
     return folder
 
 
-def run_engine(venv: Path, runner: str, target: Path, draft: Path, inputs: Path, out: Path) -> dict:
-    request = {"target": str(target.resolve()), "draft": str(draft.resolve()), "inputs": str(inputs)}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "request.json").write_text(json.dumps(request))
+def run_engine(venv: Path, runner: str, target: Path, inputs: Path, jobs: dict[str, Path], root: Path) -> dict:
+    """Load every draft of `jobs` (name -> folder) in one run of the engine's runner; results by name."""
+    outs = {name: root / "out" / name.replace(" ", "_").replace(":", "") for name in jobs}
+    request = {"target": str(target.resolve()), "inputs": str(inputs),
+               "jobs": [{"draft": str(folder.resolve()), "out": str(outs[name])} for name, folder in jobs.items()]}
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "request.json").write_text(json.dumps(request))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     env.pop("PYTHONPATH", None)  # the runner must not see eaglekit
-    proc = subprocess.run([str(venv / "bin/python"), str(HERE / runner), str(out / "request.json"), str(out)],
-                          capture_output=True, text=True, timeout=600, env=env)
-    if not (out / "result.json").exists():
-        raise AssertionError(f"{runner} died (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
-    result = json.loads((out / "result.json").read_text())
-    for name in ("params", "forward"):
-        if (out / f"{name}.safetensors").exists():
-            result[f"{name}_tensors"] = load_file(str(out / f"{name}.safetensors"))
-    return result
+    proc = subprocess.run([str(venv / "bin/python"), str(HERE / runner), str(root / "request.json")],
+                          capture_output=True, text=True, timeout=900, env=env)
+    results = {}
+    for name, out in outs.items():
+        if not (out / "result.json").exists():
+            raise AssertionError(f"{runner} died (rc {proc.returncode}) before {name}:\n{proc.stderr[-3000:]}")
+        result = json.loads((out / "result.json").read_text())
+        for part in ("params", "forward"):
+            if (out / f"{part}.safetensors").exists():
+                result[f"{part}_tensors"] = load_file(str(out / f"{part}.safetensors"))
+        results[name] = result
+    return results
 
 
 # ---- the checks, one per property; each returns what is wrong, or None ----------------------------
@@ -297,61 +299,78 @@ PLANTED = {
 }
 
 
-def run(engine: str, setup, folder: Path, out: Path) -> dict:
+CLEAN = "clean"
+LAYERS0 = "sglang: names layers.0.*"  # accepted by SGLang >= 0.5.12
+
+
+def engine_runs(engine: str, setup) -> dict[str, tuple[dict, Path]]:
+    """The clean export and every planted copy for `engine`, loaded in one engine process."""
+    root = setup["root"] / f"runs-{engine}"
+    jobs = {CLEAN: setup["exports"][engine]}
+    for bug, (bug_engine, edit, _) in PLANTED.items():
+        if bug_engine == engine:
+            jobs[bug] = planted(setup["exports"][engine], root / "planted" / str(len(jobs)), **edit)
     if engine == "sglang":
-        return run_engine(SGLANG_VENV, "interop_sglang.py", setup["target"], folder, setup["inputs"], out)
-    return run_engine(EAGLE_VENV, "interop_eagle.py", eagle_target(setup), folder, setup["inputs"], out)
+        jobs[LAYERS0] = planted(setup["exports"][engine], root / "planted" / "layers0", tensors=_layers0)
+        results = run_engine(SGLANG_VENV, "interop_sglang.py", setup["target"], setup["inputs"], jobs, root)
+    else:
+        results = run_engine(EAGLE_VENV, "interop_eagle.py", eagle_target(setup), setup["inputs"], jobs, root)
+    return {name: (results[name], jobs[name]) for name in jobs}
 
 
-def planted_run(engine: str, edit: dict, setup, tmp_path: Path) -> tuple[dict, Path]:
-    folder = planted(setup["exports"][engine], tmp_path / "bad", **edit)
-    return run(engine, setup, folder, tmp_path / "out"), folder
+@pytest.fixture(scope="module")
+def sglang_runs(setup):
+    if not (SGLANG_VENV / "bin/python").exists():
+        pytest.skip(f"no SGLang venv at {SGLANG_VENV} (scripts/install_sglang_cpu.sh)")
+    return engine_runs("sglang", setup)
+
+
+@pytest.fixture(scope="module")
+def eagle_runs(setup):
+    if not (EAGLE_VENV / "bin/python").exists():
+        pytest.skip(f"no EAGLE venv at {EAGLE_VENV} (scripts/install_eagle_venv.sh)")
+    return engine_runs("eagle", setup)
 
 
 # ---- the tests -------------------------------------------------------------------------------------
 
-@needs_sglang
-def test_sglang_loads_the_sglang_export(setup, tmp_path):
-    got = run("sglang", setup, setup["exports"]["sglang"], tmp_path)
+def test_sglang_loads_the_sglang_export(setup, sglang_runs):
+    got, folder = sglang_runs[CLEAN]
     assert "error" not in got, got.get("traceback", got)
     assert got["class"] == "LlamaForCausalLMEagle3" and got["loader"] == "DefaultModelLoader", got
     assert {m.split(".")[0] for m in got["stubbed"]} <= {"torchvision", "sgl_kernel"}, got["stubbed"]
-    problems = findings("sglang", got, setup, setup["exports"]["sglang"])
+    problems = findings("sglang", got, setup, folder)
     print(f"\nSGLang {got['sglang_version']}: captures {got['layers_to_capture']} (inputs of), "
           f"stubbed {sorted({m.split('.')[0] for m in got['stubbed']})}; forward error {forward_error(got, setup)}; "
           f"{problems}")
     assert problems == dict.fromkeys(problems), problems
 
 
-@needs_sglang
-def test_sglang_0512_and_later_accept_layers0_names(setup, tmp_path):
+def test_sglang_0512_and_later_accept_layers0_names(setup, sglang_runs):
     """SGLang >= 0.5.12 renames midlayer to layers.0 and loads both; this pins that the wheel installed
     here is such a version (the doctor's names check says 0.5.11 and older drop layers.0.* silently)."""
-    folder = planted(setup["exports"]["sglang"], tmp_path / "layers0", tensors=_layers0)
-    got = run("sglang", setup, folder, tmp_path / "out")
+    got, folder = sglang_runs[LAYERS0]
     assert tuple(int(x) for x in got["sglang_version"].split(".")[:3]) >= (0, 5, 12)
     problems = findings("sglang", got, setup, folder)
     assert problems == dict.fromkeys(problems), problems
 
 
-@needs_eagle
-def test_eagle_loads_the_eagle_export(setup, tmp_path):
-    got = run("eagle", setup, setup["exports"]["eagle"], tmp_path)
+def test_eagle_loads_the_eagle_export(setup, eagle_runs):
+    got, folder = eagle_runs[CLEAN]
     assert "error" not in got, got.get("traceback", got)
     assert got["same_as_eamodel"], "the step-by-step load differs from EaModel.from_pretrained's"
     assert got["missing"] == ["embed_tokens.weight"] and got["unexpected"] == [], got
-    problems = findings("eagle", got, setup, setup["exports"]["eagle"])
+    problems = findings("eagle", got, setup, folder)
     print(f"\nEAGLE {got['eagle_commit'][:10]}: {got['class']}; forward error {forward_error(got, setup)}; {problems}")
     assert problems == dict.fromkeys(problems), problems
 
 
 @pytest.mark.parametrize("bug", sorted(PLANTED))
-def test_planted_bug_fails_its_check(bug, setup, tmp_path):
-    engine, edit, must_fail = PLANTED[bug]
-    venv = SGLANG_VENV if engine == "sglang" else EAGLE_VENV
-    if not (venv / "bin/python").exists():
-        pytest.skip(f"no {engine} venv at {venv}")
-    got, folder = planted_run(engine, edit, setup, tmp_path)
+def test_planted_bug_fails_its_check(bug, setup, request):
+    engine, _, must_fail = PLANTED[bug]
+    runs = request.getfixturevalue(f"{engine}_runs")
+    assert "error" not in runs[CLEAN][0], runs[CLEAN][0]  # the engine runs: what fails is the bug
+    got, folder = runs[bug]
     # bits and forward compare with the clean checkpoint and eaglekit's forward: what the draft is
     problems = findings(engine, got, setup, folder)
     failed = {k for k, v in problems.items() if v}
