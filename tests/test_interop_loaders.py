@@ -319,22 +319,22 @@ def engine_runs(engine: str, setup) -> dict[str, tuple[dict, Path]]:
 
 
 @pytest.fixture(scope="module")
-def sglang_runs(setup):
+def sglang_runs(request):
     if not (SGLANG_VENV / "bin/python").exists():
         pytest.skip(f"no SGLang venv at {SGLANG_VENV} (scripts/install_sglang_cpu.sh)")
-    return engine_runs("sglang", setup)
+    return engine_runs("sglang", request.getfixturevalue("setup"))
 
 
 @pytest.fixture(scope="module")
-def eagle_runs(setup):
+def eagle_runs(request):
     if not (EAGLE_VENV / "bin/python").exists():
         pytest.skip(f"no EAGLE venv at {EAGLE_VENV} (scripts/install_eagle_venv.sh)")
-    return engine_runs("eagle", setup)
+    return engine_runs("eagle", request.getfixturevalue("setup"))
 
 
 # ---- the tests -------------------------------------------------------------------------------------
 
-def test_sglang_loads_the_sglang_export(setup, sglang_runs):
+def test_sglang_loads_the_sglang_export(sglang_runs, setup):
     got, folder = sglang_runs[CLEAN]
     assert "error" not in got, got.get("traceback", got)
     assert got["class"] == "LlamaForCausalLMEagle3" and got["loader"] == "DefaultModelLoader", got
@@ -346,7 +346,7 @@ def test_sglang_loads_the_sglang_export(setup, sglang_runs):
     assert problems == dict.fromkeys(problems), problems
 
 
-def test_sglang_0512_and_later_accept_layers0_names(setup, sglang_runs):
+def test_sglang_0512_and_later_accept_layers0_names(sglang_runs, setup):
     """SGLang >= 0.5.12 renames midlayer to layers.0 and loads both; this pins that the wheel installed
     here is such a version (the doctor's names check says 0.5.11 and older drop layers.0.* silently)."""
     got, folder = sglang_runs[LAYERS0]
@@ -355,7 +355,7 @@ def test_sglang_0512_and_later_accept_layers0_names(setup, sglang_runs):
     assert problems == dict.fromkeys(problems), problems
 
 
-def test_eagle_loads_the_eagle_export(setup, eagle_runs):
+def test_eagle_loads_the_eagle_export(eagle_runs, setup):
     got, folder = eagle_runs[CLEAN]
     assert "error" not in got, got.get("traceback", got)
     assert got["same_as_eamodel"], "the step-by-step load differs from EaModel.from_pretrained's"
@@ -366,9 +366,10 @@ def test_eagle_loads_the_eagle_export(setup, eagle_runs):
 
 
 @pytest.mark.parametrize("bug", sorted(PLANTED))
-def test_planted_bug_fails_its_check(bug, setup, request):
+def test_planted_bug_fails_its_check(bug, request):
     engine, _, must_fail = PLANTED[bug]
     runs = request.getfixturevalue(f"{engine}_runs")
+    setup = request.getfixturevalue("setup")
     assert "error" not in runs[CLEAN][0], runs[CLEAN][0]  # the engine runs: what fails is the bug
     got, folder = runs[bug]
     # bits and forward compare with the clean checkpoint and eaglekit's forward: what the draft is
