@@ -119,7 +119,9 @@ def run_doctor(draft: str | Path, target: str, *, engine: str | None = None, pro
         allow_unfinished: check a draft whose training did not finish (refused otherwise); the
             report then says so in a `finished` check.
     """
-    device, dtype = probe_device(device), probe_dtype(dtype)
+    from eaglekit.target.load import resolve_device
+
+    device, dtype = resolve_device(device), probe_dtype(dtype)
     folder = read_folder(draft)
     unfinished = refuse_unfinished(folder.unfinished, draft, allow_unfinished=allow_unfinished)
     facts = target_facts(target)
@@ -162,18 +164,6 @@ def probe_dtype(dtype: str) -> str:
         raise EaglekitError(f"unknown probe dtype {dtype!r}",
                             hint=f"use the dtype you serve in: one of {', '.join(PROBE_DTYPES)}")
     return name
-
-
-def probe_device(device: str) -> str:
-    """"auto": the first GPU when there is one, else the CPU; anything else as given."""
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise EaglekitError(f"--device {device} but torch sees no CUDA device",
-                            hint="use --device cpu (or auto), or install a CUDA build of torch")
-    return device
 
 
 def live_probe(ctx: Context, target, prompts: str | None, k: int, max_new_tokens: int, num_prompts: int,
