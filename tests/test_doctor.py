@@ -146,7 +146,7 @@ def test_messages_name_the_causes(exports, target_dir, tmp_path):
     names = run_doctor(planted(exports["sglang"], tmp_path / "n", tensors=_rename_layers), str(target_dir),
                        engine="sglang")
     check = next(c for c in names.checks if c.id == "names")
-    assert "silently drops 10" in check.message and "midlayer" in check.hint
+    assert "silently drop 10" in check.message and "midlayer" in check.hint
     d2t = run_doctor(planted(exports["vllm"], tmp_path / "d", tensors=_d2t_absolute), str(target_dir))
     assert "absolute target ids" in next(c for c in d2t.checks if c.id == "d2t").message
     aux = run_doctor(planted(exports["vllm"], tmp_path / "a", config=_aux_off), str(target_dir))
@@ -199,3 +199,27 @@ def test_vllm_ignores_unexpected_bias_silently(exports, target_dir, tmp_path):
     report = run_doctor(planted(exports["vllm"], tmp_path / "b", tensors=add_bias), str(target_dir))
     check = next(c for c in report.checks if c.id == "names")
     assert check.status == "fail" and "silently drops 1 tensors (fc.bias)" in check.message
+
+
+def test_sglang_names_finding_says_which_versions_it_applies_to(exports, target_dir, tmp_path):
+    """SGLang 0.5.12+ loads layers.0.* as midlayer.*, 0.5.11 and older drop it (read in both wheels'
+    llama_eagle3.py; tests/test_interop_loaders.py loads layers.0.* through 0.5.23's own loader).
+    Names no version maps are dropped by all of them, and the finding says so."""
+    layers0 = run_doctor(planted(exports["sglang"], tmp_path / "l", tensors=_rename_layers), str(target_dir),
+                         engine="sglang")
+    check = next(c for c in layers0.checks if c.id == "names")
+    assert check.status == "fail"
+    assert "SGLang 0.5.11 and older silently drop 10 tensors" in check.message
+    assert "SGLang 0.5.12 and later load them" in check.message
+    assert "random init in SGLang 0.5.11 and older" in check.message
+    assert "every SGLang version loads those" in check.hint
+
+    def prefixed(state):
+        return {("draft." + k if k.startswith("midlayer.") else k): v for k, v in state.items()}
+    other = run_doctor(planted(exports["sglang"], tmp_path / "p", tensors=prefixed), str(target_dir), engine="sglang")
+    check = next(c for c in other.checks if c.id == "names")
+    assert check.status == "fail" and "every SGLang version read (0.5.11, 0.5.12, 0.5.23) silently drops 10" \
+        in check.message and "0.5.12 and later load" not in check.message
+    eagle = run_doctor(planted(exports["sglang"], tmp_path / "e", tensors=_rename_layers), str(target_dir),
+                       engine="eagle")
+    assert "SGLang" not in next(c for c in eagle.checks if c.id == "names").message

@@ -42,11 +42,11 @@ pytestmark = [
 ]
 
 
-def serve(setup: dict, draft: Path, tmp: Path) -> dict:
+def serve(setup: dict, draft: Path, tmp: Path, dtype: str = "float32") -> dict:
     """Run tests/vllm_runner.py in the vLLM venv; prompts are the doctor's, tokenized by the target."""
     tokenizer = target_facts(str(setup["target"])).tokenizer
     request = {"target": str(Path(setup["target"]).resolve()), "draft": str(Path(draft).resolve()), "k": K,
-               "max_tokens": setup["max_tokens"], "dtype": "float32", "max_model_len": setup["max_model_len"],
+               "max_tokens": setup["max_tokens"], "dtype": dtype, "max_model_len": setup["max_model_len"],
                "prompt_token_ids": [prompt_ids(tokenizer, m) for m in load_prompts(setup["prompts_file"],
                                                                                     setup["prompts"])]}
     (tmp / "request.json").write_text(json.dumps(request))
@@ -58,9 +58,9 @@ def serve(setup: dict, draft: Path, tmp: Path) -> dict:
     return json.loads((tmp / "out.json").read_text())
 
 
-def doctor(setup: dict, folder: Path):
+def doctor(setup: dict, folder: Path, dtype: str = "float32"):
     return run_doctor(folder, str(setup["target"]), run_probe=True, k=K, max_new_tokens=setup["max_tokens"],
-                      num_prompts=setup["prompts"], prompts=setup["prompts_file"])
+                      num_prompts=setup["prompts"], prompts=setup["prompts_file"], dtype=dtype)
 
 
 @pytest.fixture(scope="module")
@@ -77,21 +77,29 @@ def setup(tmp_path_factory) -> dict:
         out = dict(max_tokens=32, prompts=4, max_model_len=512)
     export_draft(ckpt, "vllm", root / "export", target=str(target))
     out.update(target=target, export=root / "export", prompts_file=os.environ.get("EAGLEKIT_VLLM_PROMPTS"))
-    out["clean"] = doctor(out, out["export"])  # the export as vLLM reads it, probed once
+    out["clean"] = doctor(out, out["export"])  # the export as vLLM reads it, probed once (float32)
     return out
 
 
-def test_vllm_accepts_what_the_probe_measures(setup, tmp_path):
-    vllm = serve(setup, setup["export"], tmp_path)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_vllm_accepts_what_the_probe_measures(dtype, setup, tmp_path):
+    """In each dtype vLLM serves in, the doctor's probe in that dtype measures what vLLM accepts."""
+    vllm = serve(setup, setup["export"], tmp_path, dtype)
     assert "error" not in vllm, vllm
-    report = setup["clean"]
+    report = setup["clean"] if dtype == "float32" else doctor(setup, setup["export"], dtype)
     assert report.ok, [(c.id, c.message) for c in report.checks if c.status == "fail"]
     probe = report.probe
+    assert probe["dtype"] == dtype
     assert vllm["accept_length"] > 1.3  # well above 1.00: the draft is really used
-    assert vllm["accept_length"] == pytest.approx(probe["tau"], abs=0.05)
-    assert vllm["per_position"] == pytest.approx(probe["per_position"], abs=0.05)
-    assert vllm["num_drafts"] == pytest.approx(probe["drafts"], rel=0.1)
-    print(f"\nvLLM accept length {vllm['accept_length']} per position {vllm['per_position']} "
+    # float32: the same continuation token for token, so the same acceptance. bf16: vLLM's CPU
+    # kernels and HF's round differently, so near-ties in the greedy continuation can go the other
+    # way (seen on this tiny target: vLLM 1.667, probe 1.603, float32 both 1.623): a wider band.
+    tol = 0.05 if dtype == "float32" else 0.1
+    assert vllm["accept_length"] == pytest.approx(probe["tau"], abs=tol)
+    assert vllm["per_position"] == pytest.approx(probe["per_position"], abs=tol)
+    assert vllm["num_drafts"] == pytest.approx(probe["drafts"], rel=2 * tol)
+    setup.setdefault("by_dtype", {})[dtype] = (vllm["accept_length"], probe["tau"])
+    print(f"\n{dtype}: vLLM accept length {vllm['accept_length']} per position {vllm['per_position']} "
           f"({vllm['num_drafts']} drafts); probe {probe['tau']} {probe['per_position']} ({probe['drafts']} drafts)"
           f"; training predicts {probe['expected_tau']}")
 

@@ -15,7 +15,7 @@ import torch
 from eaglekit.doctor.engines import EngineReading
 from eaglekit.formats.detect import Interpretation, rope_parameters
 from eaglekit.formats.facts import TargetFacts
-from eaglekit.formats.names import NATIVE_LAYER
+from eaglekit.formats.names import NATIVE_LAYER, NATIVE_TENSORS, native_name
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 
@@ -59,10 +59,35 @@ def check_config(ctx: Context) -> Check:
     return Check("config", worst[0][0], "; ".join(p[1] for p in worst), "; ".join(p[2] for p in worst))
 
 
+# Which SGLang versions drop a decoder-layer tensor named `layers.0.*`, read in each wheel's
+# `models/llama_eagle3.py`: up to 0.5.11 the layer is `self.midlayer` and `load_weights` skips every
+# name it does not find; from 0.5.12 the layer is `self.layers[0]` and `load_weights` maps the legacy
+# `midlayer` to `layers.0`, so both names load (tests/test_interop_loaders.py loads `layers.0.*`
+# through 0.5.23's own loader). Any other unknown name is dropped by every version read.
+SGLANG_LAYERS0_DROPPED = "SGLang 0.5.11 and older"
+SGLANG_LAYERS0_LOADED = "SGLang 0.5.12 and later load them (as midlayer.*)"
+SGLANG_ALL_VERSIONS = "every SGLang version read (0.5.11, 0.5.12, 0.5.23)"
+
+
+def _sglang_drops(dropped: list[str]) -> list[str]:
+    """The names finding for SGLang, split by the versions each part applies to."""
+    layer0 = [n for n in dropped if native_name(n)[1] == "layers.0." and native_name(n)[0] in NATIVE_TENSORS]
+    other = [n for n in dropped if n not in layer0]
+    parts = []
+    if layer0:
+        parts.append(f"{SGLANG_LAYERS0_DROPPED} silently drop {len(layer0)} tensors ({', '.join(layer0[:4])}); "
+                     f"{SGLANG_LAYERS0_LOADED}")
+    if other:
+        parts.append(f"{SGLANG_ALL_VERSIONS} silently drops {len(other)} tensors ({', '.join(other[:4])})")
+    return parts
+
+
 def check_names(ctx: Context) -> Check:
     r = ctx.reading
     parts, hints = [], []
-    if r.dropped:
+    if r.dropped and ctx.engine == "sglang":
+        parts += _sglang_drops(r.dropped)
+    elif r.dropped:
         parts.append(f"{ctx.engine} silently drops {len(r.dropped)} tensors ({', '.join(r.dropped[:4])})")
     if r.refused:
         parts.append(f"{ctx.engine} refuses to load {len(r.refused)} tensors ({', '.join(r.refused[:4])})")
@@ -72,11 +97,14 @@ def check_names(ctx: Context) -> Check:
         parts.append("no lm_head.weight: vLLM uses the target's head cut to the first draft_vocab_size "
                      "ids (wrong tokens for a pruned vocab)")
     if missing:
-        parts.append(f"{len(missing)} parameters keep their random init ({', '.join(missing[:4])})")
+        where = f" in {SGLANG_LAYERS0_DROPPED}" if ctx.engine == "sglang" and not [
+            n for n in r.dropped if native_name(n)[1] != "layers.0."] else ""
+        parts.append(f"{len(missing)} parameters keep their random init{where} ({', '.join(missing[:4])})")
     if not parts:
         return Check("names", PASS, f"{ctx.engine} loads all {len(r.loads)} tensors by name")
     if ctx.interp.layer_style == "layers.0." and ctx.engine in ("sglang", "eagle"):
-        hints.append("rename layers.0.* to midlayer.*")
+        hints.append("rename layers.0.* to midlayer.*" + (" (every SGLang version loads those)"
+                                                          if ctx.engine == "sglang" else ""))
     if any(n.startswith("model.") for n in r.refused):
         hints.append("drop the `model.` prefix from tensor names")
     hints.append(f"`eaglekit export --format {ctx.engine}` writes the names {ctx.engine} loads")

@@ -17,7 +17,10 @@ def register(sub) -> None:
     doc.add_argument("-k", "--k", type=int, default=3, help="draft tokens per step in the probe (default 3; --k as in bench)")
     doc.add_argument("--max-new-tokens", type=int, default=64, help="continuation length per prompt (default 64)")
     doc.add_argument("--num-prompts", type=int, default=6, help="prompts used by the probe (default 6)")
-    doc.add_argument("--device", default="cpu", help="where the target runs for the probe (default cpu)")
+    doc.add_argument("--device", default="auto",
+                     help="where the target runs for the probe (default auto: the GPU when there is one)")
+    doc.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32", "float16", "bf16", "fp32", "fp16"),
+                     help="the dtype the probe runs in: the one you serve in (default bfloat16)")
     doc.add_argument("--diagnose", action="store_true", help="run the diagnosis even when acceptance is fine")
     doc.add_argument("--allow-unfinished", action="store_true",
                      help="check a draft whose training did not finish (refused otherwise; the report says so)")
@@ -32,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     report = run_doctor(args.draft, args.target, engine=args.engine, prompts=args.probe,
                         run_probe=args.probe is not None, k=args.k, max_new_tokens=args.max_new_tokens,
                         num_prompts=args.num_prompts, diagnose_always=args.diagnose,
-                        device=args.device, allow_unfinished=args.allow_unfinished)
+                        device=args.device, dtype=args.dtype, allow_unfinished=args.allow_unfinished)
     if args.out:
         write_report(report, args)
     if args.json:

@@ -70,13 +70,15 @@ def run_target(model, tokenizer, messages: list[dict], *, max_new_tokens: int, s
     N, H = text_config(model.config).num_hidden_layers, text_config(model.config).hidden_size
     cap = capture_aux_states(model, out, list(range(N)), return_logits=False)
     T = out.shape[1]
-    states = cap.aux_hidden[0].view(T, N, H).transpose(0, 1).float().cpu()  # [N, T, H]
+    # Kept in the target's dtype: the draft is replayed in the dtype the target ran in (the serving dtype).
+    states = cap.aux_hidden[0].view(T, N, H).transpose(0, 1).cpu()  # [N, T, H]
     return TargetRun(tokens=out[0].cpu(), prompt_len=ids.shape[1], layer_states=states,
-                     final_state=cap.last_hidden[0].float().cpu())
+                     final_state=cap.last_hidden[0].cpu())
 
 
 def build_draft(setup: ProbeSetup, target_embedding: torch.Tensor) -> Eagle3Draft:
-    """The draft as the setup describes it; what the engine would not load keeps a seeded random init."""
+    """The draft as the setup describes it; what the engine would not load keeps a seeded random init.
+    It runs in the target embedding's dtype (the dtype the target ran in: the serving dtype)."""
     torch.manual_seed(0)
     draft = Eagle3Draft(setup.config)
     own = draft.draft_state_dict()
@@ -88,7 +90,7 @@ def build_draft(setup: ProbeSetup, target_embedding: torch.Tensor) -> Eagle3Draf
                                 hint="the engine would refuse to load this draft")
     draft.load_state_dict({k: v for k, v in setup.tensors.items() if k in own}, strict=False)
     draft.set_target_embedding(setup.embedding if setup.embedding is not None else target_embedding)
-    return draft.float().eval()
+    return draft.to(target_embedding.dtype).eval()
 
 
 @torch.no_grad()

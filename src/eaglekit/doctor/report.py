@@ -25,6 +25,9 @@ def print_report(report: Report, console: Console | None = None) -> None:
                       escape(check.hint))
     console.print(table)
     probe = report.probe
+    if probe and probe.get("dtype"):
+        console.print(f"probe: {probe['prompts']} prompts, k={probe['k']}, measured in [bold]{probe['dtype']}[/bold] "
+                      f"on {probe.get('device')}")
     if probe and probe.get("diagnosis"):
         diag = Table(title="diagnosis: re-probed with one misreading corrected at a time")
         for col in ("correction", "tau", "per position", "restores"):

@@ -95,7 +95,8 @@ def training_tau(manifest: dict | None, k: int) -> tuple[float | None, str]:
 
 def run_doctor(draft: str | Path, target: str, *, engine: str | None = None, prompts: str | None = None,
                run_probe: bool = False, k: int = 3, max_new_tokens: int = 64, num_prompts: int = 6,
-               diagnose_always: bool = False, device: str = "cpu", allow_unfinished: bool = False) -> Report:
+               diagnose_always: bool = False, device: str = "auto", dtype: str = "bfloat16",
+               allow_unfinished: bool = False) -> Report:
     """Check a draft folder against a target as `engine` would serve it.
 
     Args:
@@ -108,10 +109,19 @@ def run_doctor(draft: str | Path, target: str, *, engine: str | None = None, pro
         max_new_tokens: length of each greedy continuation the probe replays.
         num_prompts: how many prompts the probe uses.
         diagnose_always: run the diagnosis even when acceptance is fine.
-        device: where the target runs for the probe (the replay itself runs on the CPU).
+        device: where the target runs for the probe: "auto" (default) is the GPU when there is one,
+            else the CPU (the draft's replay runs on the CPU).
+        dtype: the dtype the probe runs target and draft in: the dtype you serve in. "bfloat16"
+            (default, what SGLang and vLLM serve a bf16 export in) or "float32" (or "float16").
+            bf16 costs acceptance against float32 (seen with vLLM 0.32 CPU on a trained SmolLM2
+            draft: accept length 2.12 in bf16, 2.33 in float32), so a float32 probe overstates
+            what a bf16 server delivers. The report says which dtype and device it measured.
         allow_unfinished: check a draft whose training did not finish (refused otherwise); the
             report then says so in a `finished` check.
     """
+    from eaglekit.target.load import resolve_device
+
+    device, dtype = resolve_device(device), probe_dtype(dtype)
     folder = read_folder(draft)
     unfinished = refuse_unfinished(folder.unfinished, draft, allow_unfinished=allow_unfinished)
     facts = target_facts(target)
@@ -125,7 +135,7 @@ def run_doctor(draft: str | Path, target: str, *, engine: str | None = None, pro
     def loaded():
         from eaglekit.target.load import load_target
 
-        return load_target(facts.source, device=device, dtype="float32" if device == "cpu" else "auto")
+        return load_target(facts.source, device=device, dtype=dtype)
 
     ctx = Context(interp=interp, reading=reading, facts=facts,
                   target_embedding=lambda: loaded().model.get_input_embeddings().weight.detach().cpu())
@@ -136,9 +146,24 @@ def run_doctor(draft: str | Path, target: str, *, engine: str | None = None, pro
                                       "(--allow-unfinished)", "finish training (--resume) before serving it"))
     if run_probe:
         report.probe = live_probe(ctx, loaded(), prompts, k, max_new_tokens, num_prompts, diagnose_always)
+        report.probe.update(dtype=dtype, device=device)
+        report.probe["message"] += f" [measured in {dtype} on {device}]"
         report.checks.append(Check("probe", report.probe["status"], report.probe["message"],
                                    report.probe.get("fix") or ""))
     return report
+
+
+PROBE_DTYPES = ("bfloat16", "float32", "float16")
+DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
+
+
+def probe_dtype(dtype: str) -> str:
+    """The probe's dtype name, checked ("bf16"/"fp32"/"fp16" accepted)."""
+    name = DTYPE_ALIASES.get(str(dtype), str(dtype))
+    if name not in PROBE_DTYPES:
+        raise EaglekitError(f"unknown probe dtype {dtype!r}",
+                            hint=f"use the dtype you serve in: one of {', '.join(PROBE_DTYPES)}")
+    return name
 
 
 def live_probe(ctx: Context, target, prompts: str | None, k: int, max_new_tokens: int, num_prompts: int,
@@ -149,7 +174,8 @@ def live_probe(ctx: Context, target, prompts: str | None, k: int, max_new_tokens
     messages = load_prompts(prompts, num_prompts)
     runs = [run_target(target.model, target.tokenizer, m, max_new_tokens=max_new_tokens,
                        stop_ids=target.stop_token_ids) for m in messages]
-    embedding = target.model.get_input_embeddings().weight.detach().float().cpu()
+    # In the target's dtype (the serving dtype): the replay runs the draft in the same dtype.
+    embedding = target.model.get_input_embeddings().weight.detach().cpu()
     read = engine_setup(ctx)
     result = probe(read, runs, embedding, k)
     expected, expected_from = training_tau(ctx.interp.folder.manifest, k)
