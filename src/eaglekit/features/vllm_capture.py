@@ -235,6 +235,7 @@ def run_features_vllm(args) -> int:
 
     if args.device_map:
         raise EaglekitError("--device-map is the hf backend's way to split a target", hint="use --tensor-parallel-size")
+    import_vllm()  # before anything is written
     target = TargetFiles(args.target)
     layers = target.config.num_hidden_layers
     aux = check_aux_layer_ids(args.aux_layer_ids or default_aux_layer_ids(layers), layers)
