@@ -123,11 +123,15 @@ class AuxStateWorker:
             if not parts:
                 return f"request {req} ran no forward"
             pos = torch.cat([p[0] for p in parts])
+            # Positions past the conversation (a decode step scheduled ahead of knowing max_tokens=1 was
+            # reached) are not part of it; each position of it must have been computed exactly once.
             order = pos.argsort()
+            order = order[pos[order] < length]
             pos = pos[order]
             if pos.tolist() != list(range(length)):
                 missing = sorted(set(range(length)) - set(pos.tolist()))
-                return f"request {req}: positions {missing[:8]} of {length} were not computed"
+                return (f"request {req}: positions {missing[:8]} of {length} were not computed" if missing else
+                        f"request {req}: some of its {length} positions were computed twice")
             for j, key in ((1, "aux"), (2, "topk_ids"), (3, "topk_logp")):
                 tensors[f"{i}.{key}"] = torch.cat([p[j] for p in parts])[order].contiguous()
         save_file(tensors, path)
