@@ -88,8 +88,9 @@ def runs(smollm2_dir, tmp_path_factory) -> dict:
                            "--gpu-memory-utilization", "0.3"], root / "generate.log")
     feat = ["features", "--target", str(smollm2_dir), "--data", str(root / "vllm"), "--dtype", "float32",
             "--shard-tokens", "160", "--no-progress"]
-    eaglekit_in_vllm_venv([*feat, "--out", str(root / "fv"), "--backend", "vllm", "--gpu-memory-utilization", "0.3"],
-                          root / "features.log")
+    # 48 tokens a forward: each conversation is prefilled in chunks, forwards mix requests, a shard takes several.
+    eaglekit_in_vllm_venv([*feat, "--out", str(root / "fv"), "--backend", "vllm", "--batch-tokens", "48",
+                           "--gpu-memory-utilization", "0.3"], root / "features.log")
     assert main([*feat, "--out", str(root / "fh"), "--backend", "hf", "--device", "cpu"]) == 0
     return {"root": root, "kept": json.loads(kept)["id"], "target": smollm2_dir}
 

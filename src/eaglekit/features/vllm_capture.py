@@ -95,9 +95,10 @@ class AuxStateWorker:
                 top_logp.append(logp.cpu())
         if not self._eaglekit_rank0():
             return hidden
-        fused = fused[:n].to(torch.bfloat16).cpu()
+        # Copies: on CPU `.cpu()` is the tensor itself, and the runner reuses its input buffers every step.
+        fused = fused[:n].to("cpu", torch.bfloat16, copy=True)
         top_ids, top_logp = torch.cat(top_ids), torch.cat(top_logp)
-        pos = positions[:n].cpu().long()
+        pos = positions[:n].to("cpu", torch.long, copy=True)
         for r, req in enumerate(req_ids):
             lo, hi = starts[r], starts[r + 1]
             if hi > lo:
@@ -158,9 +159,11 @@ class VllmCapture:
         vllm = import_vllm()
         self.topk = topk
         args = dict(model=str(target), tensor_parallel_size=tensor_parallel_size, dtype=dtype, enforce_eager=True,
-                    enable_prefix_caching=False, max_model_len=max_model_len,
-                    max_num_batched_tokens=max(batch_tokens, 256), seed=0,
-                    worker_extension_cls=WORKER_EXTENSION, **(engine_args or {}))
+                    enable_prefix_caching=False, max_model_len=max_model_len, max_num_batched_tokens=batch_tokens,
+                    seed=0, worker_extension_cls=WORKER_EXTENSION)
+        if batch_tokens < 256:   # vLLM wants at least one token a request per step
+            args["max_num_seqs"] = batch_tokens
+        args.update(engine_args or {})
         log.info("starting vLLM for capture: %s", args)
         self.llm = vllm.LLM(**args)
         errors = [e for e in self.llm.collective_rpc("eaglekit_start", args=(
