@@ -73,7 +73,7 @@ class AuxStateWorker:
         if not isinstance(out, tuple):
             if isinstance(out, torch.Tensor):
                 raise RuntimeError("the model returned no aux hidden states: capture needs enforce_eager=True")
-            return out  # IntermediateTensors of a pipeline stage: not supported, refused by the driver
+            return out  # IntermediateTensors of a pipeline stage (eaglekit sets up no pipeline parallelism)
         hidden, aux = out
         state = self._eaglekit
         if len(aux) != len(state["order"]):
