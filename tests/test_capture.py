@@ -2,15 +2,19 @@
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from eaglekit.errors import EaglekitError
+from eaglekit.features.capture import capture_features
+from eaglekit.features.conversations import Sample
 from eaglekit.target.capture import capture_aux_states, check_fused_width, decoder_layers
-from tiny import ARCHITECTURES, LAYERS, tiny_model
+from eaglekit.target.load import load_target
+from tiny import ARCHITECTURES, LAYERS, MOE_ARCHITECTURES, save_tiny_target, tiny_model
 
 AUX = [1, 3, 5]
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("arch", sorted(set(ARCHITECTURES) | set(MOE_ARCHITECTURES)))
 def test_capture_matches_output_hidden_states(arch):
     model = tiny_model(arch, seed=1)
     assert len(decoder_layers(model)) == LAYERS
@@ -58,3 +62,26 @@ def test_bad_aux_ids_name_expected_and_found(bad, expected):
 def test_wrong_fused_width_names_both_values():
     with pytest.raises(EaglekitError, match=r"576 wide, expected 3 aux layers x 576 = 1728"):
         check_fused_width(576, num_aux=3, target_hidden=576)
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHITECTURES)
+def test_moe_features_of_a_padded_batch_equal_each_sample_alone(arch, tmp_path):
+    """The features stage on tiny seeded MoE targets (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3 with
+    MLA; experts routed per token): conversations of different lengths captured in one right-padded
+    batch get, token for token, the states and teacher HF gives each of them alone."""
+    target = load_target(save_tiny_target(tmp_path / "target", arch, seed=3), device="cpu", dtype="float32")
+    g = torch.Generator().manual_seed(0)
+    samples = [Sample(f"s{i}", torch.randint(3, 300, (n,), generator=g), torch.ones(n, dtype=torch.bool))
+               for i, n in enumerate((13, 7, 10))]
+    manifest = capture_features(target, samples, tmp_path / "features", aux_layer_ids=AUX, topk=8, batch_tokens=64,
+                                progress=False)
+    assert manifest["counts"]["shards"] == 1 and manifest["target"]["architecture"] == type(target.model).__name__
+    shard = load_file(str(tmp_path / "features" / "shard-00000.safetensors"))
+    offsets = shard["offsets"].tolist()
+    for i, s in enumerate(samples):
+        with torch.no_grad():
+            ref = target.model(input_ids=s.input_ids[None], output_hidden_states=True)
+        expected = torch.cat([ref.hidden_states[layer + 1] for layer in AUX], dim=-1)[0]      # [T, 3H]
+        got = shard["aux"][offsets[i]:offsets[i + 1]].float()
+        torch.testing.assert_close(got, expected.to(torch.bfloat16).float(), rtol=2 ** -7, atol=1e-3)
+        assert torch.equal(shard["topk_ids"][offsets[i]:offsets[i + 1], 0].long(), ref.logits[0].argmax(-1))

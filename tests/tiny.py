@@ -35,6 +35,12 @@ ARCH_OVERRIDES = {
                     "v_head_dim": 16, "num_key_value_heads": 4, "rope_interleave": False},
 }
 ARCHITECTURES = tuple(ARCH_OVERRIDES)
+# Also built, outside ARCHITECTURES (the capture tests take them; no engine runner is claimed for them).
+EXTRA_OVERRIDES = {
+    "qwen2_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                  "shared_expert_intermediate_size": 32, "decoder_sparse_step": 1, "mlp_only_layers": []},
+}
+MOE_ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
 
 
 def tiny_config(arch: str = "llama", *, num_layers: int = LAYERS, vocab_size: int = VOCAB):
@@ -43,7 +49,7 @@ def tiny_config(arch: str = "llama", *, num_layers: int = LAYERS, vocab_size: in
     kwargs = dict(hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=num_layers,
                   num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab_size,
                   max_position_embeddings=512, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
-    kwargs.update(ARCH_OVERRIDES[arch])
+    kwargs.update({**ARCH_OVERRIDES, **EXTRA_OVERRIDES}[arch])
     return AutoConfig.for_model(arch, **kwargs)
 
 

@@ -55,9 +55,10 @@ def register(sub) -> None:
     gen.add_argument("--prompts", required=True, help="an `eaglekit prompts` folder, or one prompt file")
     gen.add_argument("--target", default="smollm2", help="smollm2, an HF model folder or a .gguf file")
     gen.add_argument("--out", required=True, help="output folder (rerun the same command to resume)")
-    gen.add_argument("--backend", default="local", choices=("local", "engine", "hf", "openai"),
+    gen.add_argument("--backend", default="local", choices=("local", "engine", "hf", "openai", "vllm"),
                      help="local (= engine): eaglekit's batch decoder (static KV cache, CUDA graphs); hf: HF generate; "
-                          "openai: a vLLM/SGLang/llama.cpp server (--server-url)")
+                          "openai: a vLLM/SGLang/llama.cpp server (--server-url); vllm: vLLM's offline engine in this "
+                          "process (--tensor-parallel-size; --batch-size requests at once)")
     gen.add_argument("--max-new-tokens", type=int, default=1024, help="answer length limit per turn")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     gen.add_argument("--top-p", type=float, default=1.0)
@@ -75,6 +76,12 @@ def register(sub) -> None:
                           "rerun the same command to resume")
     par.add_argument("--worker", help="I/N: answer only prompts I, I+N, I+2N, ... of each split (--devices starts "
                                       "these workers itself)")
+    vll = gen.add_argument_group("vllm backend")
+    vll.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs the target is split over")
+    vll.add_argument("--gpu-memory-utilization", type=float, default=None,
+                     help="share of GPU memory vLLM may take (on its CPU build: of RAM for the KV cache)")
+    vll.add_argument("--enforce-eager", action="store_true",
+                     help="no torch.compile / CUDA graphs (starts faster, decodes slower)")
     srv = gen.add_argument_group("openai backend")
     srv.add_argument("--server-url", help="e.g. http://127.0.0.1:8000")
     srv.add_argument("--model", help="served model name (default: the only one listed)")
@@ -201,6 +208,10 @@ def run_generate(args: argparse.Namespace) -> int:
         backend = OpenAIBackend(client, model=args.model, tokenizer=tokenizer, max_new_tokens=args.max_new_tokens,
                                 sampling=sampling, seed=args.seed, concurrency=args.concurrency,
                                 context_length=args.context_length, check_template=not args.no_check_template)
+    elif args.backend == "vllm":
+        from eaglekit.data.vllm_backend import vllm_local_backend
+
+        backend, target_fp = vllm_local_backend(args, sampling)
     else:
         from eaglekit.target import load_target
         from eaglekit.target.load import resolve_device
@@ -231,6 +242,9 @@ def run_generate_parallel(args: argparse.Namespace, config) -> int:
     if args.backend == "openai":
         raise EaglekitError("--devices runs the target on this host; --backend openai sends the prompts to a server",
                             hint="a server spreads the work itself: raise --concurrency, or drop --devices")
+    if args.backend == "vllm":
+        raise EaglekitError("--devices runs one eaglekit worker per device; --backend vllm runs one vLLM engine",
+                            hint="split the target with --tensor-parallel-size instead, or drop --devices")
     if args.worker:
         raise EaglekitError("--devices and --worker do not go together", hint="--devices starts the workers itself")
     devices = parse_devices(args.devices)

@@ -92,7 +92,8 @@ def capture_features(target, samples: list[Sample], out: str | Path, **kwargs) -
 
 def capture_into(target, samples: list[Sample], out: str | Path, *, aux_layer_ids: list[int], topk: int = 32,
                  shard_tokens: int = 262144, batch_tokens: int = 8192, config: dict | None = None,
-                 inputs: dict | None = None, overwrite: bool = False, progress: bool = True) -> dict:
+                 inputs: dict | None = None, overwrite: bool = False, progress: bool = True,
+                 shard_capture=None) -> dict:
     """Capture (or finish capturing) the offline features of `samples` into `out`.
 
     Args:
@@ -106,6 +107,8 @@ def capture_into(target, samples: list[Sample], out: str | Path, *, aux_layer_id
         config: extra resolved settings to record (max_length, data path ...).
         inputs: input fingerprints for the manifest.
         overwrite: clear a folder made with other settings instead of refusing it.
+        shard_capture: samples -> one shard's tensors, in place of HF capture with `target.model`
+            (`eaglekit.features.vllm_capture`: the target runs in vLLM).
 
     Returns:
         The final manifest.
@@ -136,8 +139,13 @@ def capture_into(target, samples: list[Sample], out: str | Path, *, aux_layer_id
               "assistant_tokens": int(sum(int(s.loss_mask.sum()) for s in samples))}
     write_manifest(out, stage="features", config=resolved, target=fingerprint, inputs=inputs, counts=counts,
                    extra={"complete": False})
-    model = target.model
-    device = model.get_input_embeddings().weight.device   # sharded targets (device_map): the first device
+    if shard_capture is None:
+        model = target.model
+        device = model.get_input_embeddings().weight.device   # sharded targets (device_map): the first device
+
+        def shard_capture(shard_samples):
+            return capture_shard(model, shard_samples, aux_layer_ids=list(aux_layer_ids), topk=topk,
+                                 batch_tokens=batch_tokens, device=device)
     started, new_tokens = time.perf_counter(), 0
     bar = Progress(len(plan), done=len(done), desc="capture", unit="shard", enabled=progress)
     entries = dict(done)
@@ -146,8 +154,7 @@ def capture_into(target, samples: list[Sample], out: str | Path, *, aux_layer_id
         if name in entries:
             continue
         shard_samples = [samples[i] for i in members]
-        tensors = capture_shard(model, shard_samples, aux_layer_ids=list(aux_layer_ids), topk=topk,
-                                batch_tokens=batch_tokens, device=device)
+        tensors = shard_capture(shard_samples)
         with atomic_path(out / name) as tmp:
             save_file({k: tensors[k].contiguous() for k in TENSORS}, str(tmp), metadata={"format": FORMAT})
         entries[name] = {"file": name, "ids": [s.id for s in shard_samples],

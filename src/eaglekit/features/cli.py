@@ -27,6 +27,12 @@ def register(sub) -> None:
     p.add_argument("--dtype", default="auto", help="target dtype: auto (bf16 on GPU), float32, bfloat16")
     p.add_argument("--device-map", default=None,
                    help="shard a target too large for one GPU over all GPUs (e.g. auto; transformers/accelerate)")
+    p.add_argument("--backend", default="hf", choices=("hf", "vllm"),
+                   help="hf: transformers forward hooks (default); vllm: the target runs in vLLM (offline LLM, "
+                        "--tensor-parallel-size GPUs), same shards (docs/vllm-backends.md)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm backend: GPUs the target is split over")
+    p.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="vllm backend: share of GPU memory vLLM may take (on its CPU build: of RAM for the KV cache)")
     p.add_argument("--overwrite", action="store_true", help="replace features made with other settings")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run_features)
@@ -38,6 +44,10 @@ def run_features(args: argparse.Namespace) -> int:
     from eaglekit.target.info import check_aux_layer_ids, default_aux_layer_ids
     from eaglekit.target.load import load_target, resolve_device
 
+    if args.backend == "vllm":
+        from eaglekit.features.vllm_capture import run_features_vllm
+
+        return run_features_vllm(args)
     device = resolve_device(args.device)
     target = load_target(args.target, device=device, dtype=args.dtype, device_map=args.device_map)
     layers = target.config.num_hidden_layers

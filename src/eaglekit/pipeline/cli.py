@@ -13,6 +13,7 @@ def register(sub) -> None:
     p.add_argument("--stop-before", metavar="STAGE",
                    help="stop when this stage is next (e.g. train): run the data stages now, the rest later "
                         "by rerunning without it; finished stages are skipped")
+    p.add_argument("--plan", action="store_true", help="print every stage's command and run none")
     p.add_argument("overrides", nargs="*", metavar="SECTION.KEY=VALUE",
                    help="override recipe values, e.g. train.epochs=3 generate.batch-size=64")
     p.set_defaults(func=run)
@@ -25,6 +26,11 @@ def run(args: argparse.Namespace) -> int:
 
     recipe = load_recipe(args.recipe, args.overrides)
     check_recipe_keys(recipe)  # a misspelled key fails now, not after the data stages
+    if args.plan:
+        from eaglekit.pipeline.run import plan_pipeline
+
+        print("\n".join(plan_pipeline(recipe, args.out)))
+        return 0
     state = run_pipeline(recipe, args.out, stop_before=args.stop_before)
     for name, stage in state["stages"].items():
         print(f"{name:<18} {stage['status']:<8} {stage['seconds']:>8.1f} s  exit {stage['exit_code']}")

@@ -9,8 +9,10 @@ as in the CLI without the dashes, so a recipe never invents a second vocabulary:
 
 Two keys are not flags: `synthesize: {add: N, ...}` tops the prompt files up with N Magpie prompts
 of the target (its other keys are `eaglekit prompts synthesize` flags), and the top-level
-`gpus: N` trains on N GPUs of this host with torchrun. `validation` takes `eaglekit prompts build`
-flags: the workload's prompts, answered by the target, that training validates on. `scaling:
+`gpus: N` trains on N GPUs of this host with torchrun; `prepare: false` uses the target folder as is
+(no `eaglekit target prepare`, which loads the whole target: a large one is served by vLLM from its
+folder). `validation` takes `eaglekit prompts build` flags: the workload's prompts, answered by
+the target, that training validates on. `scaling:
 {fractions: [0.125, 0.25, 0.5, 1.0], steps: N, bench: true}` adds the data-scaling curve: one more
 draft per nested share of the training data, each trained N steps (default: the main draft's), see
 pipeline/scaling.py.
@@ -29,7 +31,7 @@ from eaglekit.errors import EaglekitError
 BUILTIN = Path(__file__).parent / "recipes"
 SECTIONS = ("prompts", "synthesize", "validation", "generate", "features", "train", "export", "doctor", "bench",
             "scaling")
-TOP_LEVEL = ("name", "target", "out", "device", "gpus")
+TOP_LEVEL = ("name", "target", "out", "device", "gpus", "prepare")
 
 
 def builtin_recipes() -> list[str]:

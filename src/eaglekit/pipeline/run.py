@@ -42,12 +42,14 @@ STATE = "pipeline.json"
 
 
 class Pipeline:
-    def __init__(self, recipe: dict, out: Path, stop_before: str | None = None):
+    def __init__(self, recipe: dict, out: Path, stop_before: str | None = None, plan: list[str] | None = None):
         self.recipe = recipe
         self.out = out
         self.stop_before = stop_before
+        self.plan = plan  # a list: collect each stage's command line instead of running it (`eaglekit run --plan`)
         self.state_path = out / STATE
-        self.state = read_json(self.state_path, "pipeline state") if self.state_path.is_file() else {"stages": {}}
+        self.state = read_json(self.state_path, "pipeline state") \
+            if self.state_path.is_file() and plan is None else {"stages": {}}
         self.started = time.time()
 
     def stage(self, name: str, argv: list[str], *, resume_flag: str | None = None, resume_marker: Path | None = None,
@@ -59,6 +61,9 @@ class Pipeline:
         """
         if name == self.stop_before:
             raise StopBefore(name)
+        if self.plan is not None:
+            self.plan.append(shlex.join(command_line(argv, processes)))
+            return 0
         done = self.state["stages"].get(name)
         if done and done["argv"] == argv and done["status"] == "done":
             log.info("[%s] done earlier, skipped (%s)", name, shlex.join(["eaglekit", *argv]))
@@ -106,14 +111,21 @@ class StopBefore(Exception):
     """`--stop-before STAGE` reached: the stages before it are done."""
 
 
+def command_line(argv: list[str], processes: int = 1) -> list[str]:
+    """The command a stage runs: `eaglekit <argv>`, or torchrun with `processes` workers on this host."""
+    if processes <= 1:
+        return ["eaglekit", *argv]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
+            "-m", "eaglekit", *argv]
+
+
 def run_eaglekit(argv: list[str], processes: int = 1) -> int:
     """`eaglekit <argv>` in this process, or under torchrun with `processes` workers on this host."""
     if processes <= 1:
         from eaglekit.cli import main
 
         return main(argv)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
-           "-m", "eaglekit", *argv]
+    cmd = command_line(argv, processes)
     log.info("torchrun: %s", shlex.join(cmd))
     return subprocess.run(cmd).returncode
 
@@ -135,17 +147,22 @@ def prompt_stages(pipe: "Pipeline", recipe: dict, out: Path, t: list[str], dev: 
         return
     built = out / "prompts-files"
     pipe.stage("prompts", ["prompts", "build", *to_flags(prompts), "--out", str(built), "--overwrite"])
-    have = sum(read_json(built / "manifest.json", "prompts manifest")["counts"].get(k, 0)
-               for k in ("train", "validation"))
-    pipe.stage("synthesize", ["prompts", "synthesize", *t, "--top-up", str(built), "--num-prompts", str(have + add),
+    if pipe.plan is not None:  # the files are not read yet
+        wanted = f"<prompts in {built} + {add}>"
+    else:
+        wanted = str(add + sum(read_json(built / "manifest.json", "prompts manifest")["counts"].get(k, 0)
+                               for k in ("train", "validation")))
+    pipe.stage("synthesize", ["prompts", "synthesize", *t, "--top-up", str(built), "--num-prompts", wanted,
                               *to_flags(synth), *dev, "--out", str(out / "prompts"), "--overwrite"])
 
 
 def generate_flags(recipe: dict) -> list[str]:
-    """The generate section's flags; with `gpus: N` on CUDA and no devices given, one worker per GPU."""
+    """The generate section's flags; with `gpus: N` on CUDA and no devices given, one worker per GPU
+    (the vllm and openai backends spread the work over GPUs themselves)."""
     section = dict(recipe.get("generate") or {})
     gpus = int(recipe.get("gpus") or 1)
-    if gpus > 1 and "devices" not in section and str(recipe.get("device", "")).startswith("cuda"):
+    if gpus > 1 and "devices" not in section and str(recipe.get("device", "")).startswith("cuda") \
+            and section.get("backend", "local") in ("local", "engine", "hf"):
         section["devices"] = ",".join(f"cuda:{i}" for i in range(gpus))
     return to_flags(section)
 
@@ -183,6 +200,14 @@ def run_pipeline(recipe: dict, out: str | Path | None = None, stop_before: str |
     out = Path(out or recipe.get("out") or Path("runs") / recipe.get("name", "run"))
     with writer_lock(out, stage="run"):  # two `eaglekit run` into one folder would run every stage twice
         return run_locked(recipe, out, stop_before)
+
+
+def plan_pipeline(recipe: dict, out: str | Path | None = None) -> list[str]:
+    """The command line of every stage of `recipe`, in order, running none (`eaglekit run --plan`)."""
+    out = Path(out or recipe.get("out") or Path("runs") / recipe.get("name", "run"))
+    pipe = Pipeline(recipe, out, plan=[])
+    run_stages(pipe, recipe, out)
+    return pipe.plan
 
 
 def run_locked(recipe: dict, out: Path, stop_before: str | None) -> dict:
@@ -224,8 +249,11 @@ def run_stages(pipe: Pipeline, recipe: dict, out: Path) -> None:
     dev = ["--device", str(device)] if device else []
 
     target = out / "target"
-    pipe.stage("target", ["target", "prepare", "--target", str(recipe.get("target", "smollm2")),
-                          "--out", str(target), "--overwrite"])
+    if recipe.get("prepare", True) is False:   # the target folder as is (a large target is never loaded here)
+        target = Path(str(recipe["target"]))
+    else:
+        pipe.stage("target", ["target", "prepare", "--target", str(recipe.get("target", "smollm2")),
+                              "--out", str(target), "--overwrite"])
     t = ["--target", str(target)]
 
     prompt_stages(pipe, recipe, out, t, dev)
