@@ -266,3 +266,16 @@ def test_attention_is_a_setting_of_the_engine_backend_only():
 
     with pytest.raises(EaglekitError, match="--attention sdpa is a setting of eaglekit's engine"):
         make_generator("hf", None, [1], Sampling(), attention="sdpa")
+    with pytest.raises(EaglekitError, match="--cache-slots 0"):
+        make_generator("local", None, [1], Sampling(), cache_slots=0)
+
+
+def test_engine_settings_for_a_server_backend_are_refused_before_anything_runs(tmp_path, capsys):
+    from eaglekit.cli import main
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "turns": ["hi"]}\n')
+    assert main(["generate", "--prompts", str(prompts), "--out", str(tmp_path / "o"), "--backend", "openai",
+                 "--server-url", "http://127.0.0.1:9", "--cache-slots", "4096"]) == 2
+    assert "--cache-slots 4096 is a setting of eaglekit's engine, not of backend 'openai'" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

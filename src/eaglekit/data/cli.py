@@ -177,7 +177,7 @@ def run_synthesize(args: argparse.Namespace) -> int:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from eaglekit.data.generators import make_generator
+    from eaglekit.data.generators import check_engine_settings, make_generator
     from eaglekit.data.local_backend import LocalBackend
     from eaglekit.data.regenerate import GenerateConfig, generate_conversations, load_prompts
     from eaglekit.engine.sampling import Sampling
@@ -196,6 +196,7 @@ def run_generate(args: argparse.Namespace) -> int:
         worker = parse_worker(args.worker)
         exit_with_parent()
     load_prompts(args.prompts, config.splits, config.limit)  # bad or empty prompts fail before any model loads
+    check_engine_settings(args.backend, args.attention, args.cache_slots)
     if args.backend == "openai":
         from eaglekit.data.openai_backend import OpenAIBackend, OpenAIClient
 

@@ -207,18 +207,28 @@ class EngineGenerator:
         return out
 
 
+def check_engine_settings(backend: str, attention: str = "auto", cache_slots: int | None = None) -> None:
+    """--attention and --cache-slots are settings of eaglekit's engine: refused for another backend
+    (where they would do nothing), before any model loads."""
+    if backend in ("local", "engine"):
+        if cache_slots is not None and cache_slots < 1:
+            raise EaglekitError(f"--cache-slots {cache_slots}", hint="give the slots per row, e.g. 4096")
+        return
+    for flag, value in (("--attention", None if attention == "auto" else attention), ("--cache-slots", cache_slots)):
+        if value is not None:
+            raise EaglekitError(f"{flag} {value} is a setting of eaglekit's engine, not of backend {backend!r}",
+                                hint=f"drop {flag}, or use --backend local")
+
+
 def make_generator(backend: str, model, stop_ids: list[int], sampling: Sampling, *, seed: int = 0,
                    batch_size: int = 32, attention: str = "auto", cache_slots: int | None = None):
     """A token-level generator: `local` and `engine` are eaglekit's batch decoder, `hf` is HF generate.
     `attention`, `cache_slots`: the engine's kernel ("auto": `engine.batch.batch_attention`) and the
     slots per row of its first cache (None: grown as prompts need)."""
+    check_engine_settings(backend, attention, cache_slots)
     if backend in ("local", "engine"):
         return EngineGenerator(model, stop_ids, sampling, seed=seed, batch_size=batch_size,
                                attention=None if attention == "auto" else attention, max_len=cache_slots)
-    for flag, value in (("--attention", None if attention == "auto" else attention), ("--cache-slots", cache_slots)):
-        if value is not None:
-            raise EaglekitError(f"{flag} {value} is a setting of eaglekit's engine, not of backend {backend!r}",
-                                hint=f"drop {flag}, or use --backend local")
     if backend == "hf":
         return HFGenerator(model, stop_ids, sampling, seed=seed)
     raise EaglekitError(f"unknown local backend {backend!r}", hint="use local, engine or hf")
