@@ -44,10 +44,12 @@ def spec_from(args):
     fp32, random draft) a chain-3 cycle cost 2.44 plain steps and a 16-node tree 3.37, so a CPU drafts
     a short chain.
     On CUDA a cycle is one graph and a 32-node tree verifies for about what a chain does."""
-    from eaglekit.engine.spec import SpecConfig
-    from eaglekit.target.load import resolve_device
+    import torch
 
-    cuda = resolve_device(args.device).startswith("cuda")
+    from eaglekit.engine.spec import SpecConfig
+
+    # From the device's name only: the device itself is checked where the target loads.
+    cuda = torch.cuda.is_available() if args.device == "auto" else args.device.startswith("cuda")
     mode = args.mode or ("tree" if cuda else "chain")
     k = args.k or (SpecConfig.k if cuda else 3)
     return SpecConfig(mode=mode, k=k, depth=args.depth, top_k=args.tree_top_k, total_tokens=args.total_tokens)
