@@ -55,12 +55,8 @@ if [[ -x "$VENV/bin/python" ]] && check "${PINS[@]}"; then
 fi
 
 start=$SECONDS
-if [[ ! -x "$VENV/bin/python" ]]; then
-  command -v "$PYTHON" >/dev/null || { echo "error: $PYTHON not found (the local torch wheel is cp311)" >&2; exit 1; }
-  mkdir -p "$(dirname "$VENV")"
-  "$PYTHON" -m venv "$VENV"
-fi
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check --no-input)
+. "$(dirname "${BASH_SOURCE[0]}")/venv_lib.sh"
+new_venv "$VENV" "$PYTHON"
 CONSTRAINTS="$(mktemp)"
 trap 'rm -f "$CONSTRAINTS"' EXIT
 printf '%s\n' "${BASE[@]}" > "$CONSTRAINTS"

@@ -20,15 +20,9 @@ from pathlib import Path
 import pytest
 
 from eaglekit.cli import main
+from tiny_conversations import CHAT_PROMPTS as PROMPTS
 
 VENV = Path(os.environ.get("EAGLEKIT_VLLM_VENV", Path.home() / ".cache/eaglekit/vllm-venv"))
-PROMPTS = [
-    {"id": "a", "turns": ["What is the capital of France?", "And the capital of Germany?"]},
-    {"id": "b", "turns": ["Write a haiku about the sea."]},
-    {"id": "c", "turns": ["List three prime numbers."], "system": "Answer in one line."},
-    {"id": "d", "turns": ["Explain recursion briefly.", "Give a Python example."]},
-    {"id": "e", "turns": ["Translate 'good morning' to Spanish."]},
-]
 
 
 def vllm_python() -> Path:

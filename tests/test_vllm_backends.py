@@ -34,16 +34,10 @@ from safetensors.torch import load_file
 
 from eaglekit.cli import main
 from eaglekit.errors import EaglekitError
+from tiny_conversations import CHAT_PROMPTS as PROMPTS
 
 VENV = Path(os.environ.get("EAGLEKIT_VLLM_VENV", Path.home() / ".cache/eaglekit/vllm-venv"))
 SRC = Path(__file__).resolve().parents[1] / "src"
-PROMPTS = [
-    {"id": "a", "turns": ["What is the capital of France?", "And the capital of Germany?"]},
-    {"id": "b", "turns": ["Write a haiku about the sea."]},
-    {"id": "c", "turns": ["List three prime numbers."], "system": "Answer in one line."},
-    {"id": "d", "turns": ["Explain recursion briefly.", "Give a Python example."]},
-    {"id": "e", "turns": ["Translate 'good morning' to Spanish."]},
-]
 COMMON = ["--max-new-tokens", "32", "--dtype", "float32", "--context-length", "1024"]
 
 

@@ -16,6 +16,16 @@ WORDS = ("fox dog capital France Paris python function add numbers count one two
          "assistant solve twelve seven quick brown lazy jumps write return today what how").split()
 
 
+# Chat prompts with two-turn conversations and a system prompt (the vLLM backend tests).
+CHAT_PROMPTS = [
+    {"id": "a", "turns": ["What is the capital of France?", "And the capital of Germany?"]},
+    {"id": "b", "turns": ["Write a haiku about the sea."]},
+    {"id": "c", "turns": ["List three prime numbers."], "system": "Answer in one line."},
+    {"id": "d", "turns": ["Explain recursion briefly.", "Give a Python example."]},
+    {"id": "e", "turns": ["Translate 'good morning' to Spanish."]},
+]
+
+
 def prompts(n: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))) + "?" for _ in range(n)]

@@ -89,7 +89,21 @@ class HFGenerator:
         return [cut_at_stop(row, stops, max_new_tokens) for row in new]
 
 
-class EngineGenerator:
+class Streaming:
+    """A generator that serves requests as rows free up (`serve(take)` yields (request, completion) as
+    answers end); `generate` answers a fixed list through it, in the order given."""
+
+    continuous = True    # LocalBackend streams a conversation's next turn to `serve` as its answer ends
+
+    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[Completion]:
+        requests = iter([Request(list(p), max_new_tokens, key=i) for i, p in enumerate(prompts)])
+        out: list[Completion | None] = [None] * len(prompts)
+        for request, completion in self.serve(lambda: next(requests, None)):
+            out[request.key] = completion
+        return out
+
+
+class EngineGenerator(Streaming):
     """eaglekit's continuous-batching decoder (`eaglekit.engine.batch.BatchDecoder`).
 
     `serve(take)` keeps `batch_size` rows busy: a row whose answer ended is refilled at once with the
@@ -114,7 +128,6 @@ class EngineGenerator:
     """
 
     name = "engine"
-    continuous = True    # `serve`: rows are refilled as answers end (LocalBackend streams to it)
     SLOTS = 512          # cache slots are rounded up to a multiple of this, so few rebuilds happen
     MIN_SLOTS = 2048     # with flex attention: room for longer later prompts (a next turn) without a rebuild
 
@@ -199,12 +212,6 @@ class EngineGenerator:
             ready.extend(later)
             later.clear()
 
-    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[Completion]:
-        requests = iter([Request(list(p), max_new_tokens, key=i) for i, p in enumerate(prompts)])
-        out: list[Completion | None] = [None] * len(prompts)
-        for request, completion in self.serve(lambda: next(requests, None)):
-            out[request.key] = completion
-        return out
 
 
 def check_engine_settings(backend: str, attention: str = "auto", cache_slots: int | None = None) -> None:

@@ -15,7 +15,7 @@ import logging
 from itertools import count
 from typing import Iterator
 
-from eaglekit.data.generators import Completion, cut_at_stop
+from eaglekit.data.generators import Completion, Streaming, cut_at_stop
 from eaglekit.engine.batch import Request
 from eaglekit.engine.sampling import Sampling
 from eaglekit.errors import EaglekitError
@@ -24,7 +24,7 @@ from eaglekit.features.vllm_capture import import_vllm
 log = logging.getLogger(__name__)
 
 
-class VllmGenerator:
+class VllmGenerator(Streaming):
     """vLLM's `LLM` engine behind the token-level generator interface (`generate`, `serve`).
 
     Args:
@@ -40,7 +40,6 @@ class VllmGenerator:
     """
 
     name = "vllm"
-    continuous = True   # `serve`: a conversation's next turn is queued as soon as its answer is back
 
     def __init__(self, target, stop_ids: list[int], sampling: Sampling, *, seed: int = 0, batch_size: int = 256,
                  max_model_len: int, tensor_parallel_size: int = 1, dtype: str = "auto",
@@ -92,13 +91,6 @@ class VllmGenerator:
                 if out.finished:
                     request = inflight.pop(out.request_id)
                     yield request, cut_at_stop(list(out.outputs[0].token_ids), stops, request.max_new_tokens)
-
-    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[Completion]:
-        requests = iter([Request(list(p), max_new_tokens, key=i) for i, p in enumerate(prompts)])
-        out: list[Completion | None] = [None] * len(prompts)
-        for request, completion in self.serve(lambda: next(requests, None)):
-            out[request.key] = completion
-        return out
 
 
 def vllm_local_backend(args, sampling: Sampling):
