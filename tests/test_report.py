@@ -156,6 +156,8 @@ def test_report_renders_in_chromium_with_every_figure(run, chromium, tmp_path):
     assert "writing" in text and "math" in text                   # tau by prompt category
     assert "HF generate" in text and "speedup over HF generate" in text
     assert "walk tau" in text and "FAILED" in text
+    probe = report["probe"]                                       # the probe says what it measured in
+    assert f"{probe['dtype']} on {probe['device']}" in text, probe
     assert page.screenshot[:8] == b"\x89PNG\r\n\x1a\n" and len(page.screenshot) > 20_000
 
 

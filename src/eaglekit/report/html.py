@@ -167,7 +167,7 @@ def training_section(data: RunData) -> str:
     hlines = []
     probe = (data.doctor.data.get("probe") or {}) if data.doctor.status == "done" else {}
     if probe.get("tau") is not None:
-        hlines.append(HLine(f"doctor probe (k={probe.get('k')})", probe["tau"], "#c8413b"))
+        hlines.append(HLine(f"doctor probe (k={probe.get('k')}, {probe.get('dtype') or '?'})", probe["tau"], "#c8413b"))
     if data.bench.data.get("summary"):
         s = data.bench.data["summary"]
         hlines.append(HLine(f"bench ({s['spec']})", s["tau"], "#5f6b7a"))
@@ -323,7 +323,8 @@ def doctor_section(data: RunData) -> str:
     if probe:
         out.append(f'<p class="note">live probe: tau {dash(probe.get("tau"))} (expected {dash(probe.get("expected_tau"))}'
                    f' from {escape(str(probe.get("expected_from")))}), {escape(str(probe.get("method")))}, '
-                   f'{dash(probe.get("prompts"))} prompts</p>')
+                   f'{dash(probe.get("prompts"))} prompts, {escape(str(probe.get("dtype") or "dtype not recorded"))}'
+                   f' on {escape(str(probe.get("device") or "?"))}</p>')
     out.append(f'<p class="note">{source_text(part.source)}</p>')
     return "\n".join(out)
 
