@@ -178,7 +178,7 @@ def run_synthesize(args: argparse.Namespace) -> int:
 
 def run_generate(args: argparse.Namespace) -> int:
     from eaglekit.data.generators import check_engine_settings, make_generator
-    from eaglekit.data.local_backend import LocalBackend
+    from eaglekit.data.local_backend import LocalBackend, context_length
     from eaglekit.data.regenerate import GenerateConfig, generate_conversations, load_prompts
     from eaglekit.engine.sampling import Sampling
     from eaglekit.errors import EaglekitError
@@ -222,11 +222,9 @@ def run_generate(args: argparse.Namespace) -> int:
         generator = make_generator(args.backend, target.model, target.stop_token_ids, sampling, seed=args.seed,
                                    batch_size=args.batch_size, attention=args.attention,
                                    cache_slots=args.cache_slots)
-        context = args.context_length or getattr(target.config, "max_position_embeddings", None)
-        if not context:
-            raise EaglekitError("the target's config gives no context length", hint="pass --context-length")
         backend = LocalBackend(target.tokenizer, generator, max_new_tokens=args.max_new_tokens,
-                               batch_size=args.batch_size, context_length=context)
+                               batch_size=args.batch_size, context_length=context_length(args.context_length,
+                                                                                         target.config))
         target_fp = target.fingerprint()
     manifest = generate_conversations(args.prompts, args.out, backend=backend, target_fp=target_fp, config=config,
                                       shard_size=args.shard_size, overwrite=args.overwrite, worker=worker)

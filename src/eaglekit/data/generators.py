@@ -213,7 +213,6 @@ class EngineGenerator(Streaming):
             later.clear()
 
 
-
 def check_engine_settings(backend: str, attention: str = "auto", cache_slots: int | None = None) -> None:
     """--attention and --cache-slots are settings of eaglekit's engine: refused for another backend
     (where they would do nothing), before any model loads."""

@@ -22,6 +22,14 @@ from eaglekit.target.chat import prompt_ids
 SORT_WINDOW = 8  # batches' worth of new prompts sorted by length together
 
 
+def context_length(given: int | None, config) -> int:
+    """Prompt + answer tokens a conversation may reach: --context-length, else the target's own."""
+    context = given or getattr(config, "max_position_embeddings", None)
+    if not context:
+        raise EaglekitError("the target's config gives no context length", hint="pass --context-length")
+    return context
+
+
 class LocalBackend:
     """Chat-level backend over a token-level generator (`eaglekit.data.generators`).
 

@@ -95,21 +95,20 @@ class VllmGenerator(Streaming):
 
 def vllm_local_backend(args, sampling: Sampling):
     """`eaglekit generate --backend vllm`: (LocalBackend over a VllmGenerator, target fingerprint)."""
-    from eaglekit.data.local_backend import LocalBackend
+    from eaglekit.data.local_backend import LocalBackend, context_length
     from eaglekit.features.vllm_capture import TargetFiles
     from eaglekit.target.chat import check_template_masks
+    from eaglekit.target.load import dtype_name
 
     target = TargetFiles(args.target)
     check_template_masks(target.tokenizer)
-    context = args.context_length or getattr(target.config, "max_position_embeddings", None)
-    if not context:
-        raise EaglekitError("the target's config gives no context length", hint="pass --context-length")
+    context = context_length(args.context_length, target.config)
     engine_args = {}
     if args.gpu_memory_utilization is not None:
         engine_args["gpu_memory_utilization"] = args.gpu_memory_utilization
     if args.enforce_eager:
         engine_args["enforce_eager"] = True
-    dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(args.dtype, args.dtype)
+    dtype = dtype_name(args.dtype)   # vLLM's spelling
     generator = VllmGenerator(target.source.path, target.stop_token_ids, sampling, seed=args.seed,
                               batch_size=args.batch_size, max_model_len=context,
                               tensor_parallel_size=args.tensor_parallel_size, dtype=dtype, engine_args=engine_args)

@@ -153,17 +153,15 @@ def run_doctor(draft: str | Path, target: str, *, engine: str | None = None, pro
     return report
 
 
-PROBE_DTYPES = ("bfloat16", "float32", "float16")
-DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
-
-
 def probe_dtype(dtype: str) -> str:
-    """The probe's dtype name, checked ("bf16"/"fp32"/"fp16" accepted)."""
-    name = DTYPE_ALIASES.get(str(dtype), str(dtype))
-    if name not in PROBE_DTYPES:
+    """The probe's dtype, by its full name ("bf16"/"fp32"/"fp16" accepted); never "auto": the probe
+    measures in the dtype the user serves in."""
+    from eaglekit.target.load import DTYPES, dtype_name
+
+    if str(dtype) not in DTYPES:
         raise EaglekitError(f"unknown probe dtype {dtype!r}",
-                            hint=f"use the dtype you serve in: one of {', '.join(PROBE_DTYPES)}")
-    return name
+                            hint="use the dtype you serve in: bfloat16, float32 or float16")
+    return dtype_name(dtype)
 
 
 def live_probe(ctx: Context, target, prompts: str | None, k: int, max_new_tokens: int, num_prompts: int,

@@ -58,15 +58,22 @@ def capture_shard(model, samples: list[Sample], *, aux_layer_ids: list[int], top
             n = lengths[i]
             top_ids, top_logp = topk_from_logits(cap.logits[row, :n], topk)
             per_sample[i] = (cap.aux_hidden[row, :n].to(torch.bfloat16).cpu(), top_ids.cpu(), top_logp.cpu())
+    return shard_tensors(samples, [per_sample[i] for i in range(len(samples))])
+
+
+def shard_tensors(samples: list[Sample], captured: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+                  ) -> dict[str, torch.Tensor]:
+    """One shard's tensors (`TENSORS`) from its samples and each sample's captured (aux [T, k*H] bf16,
+    top-k ids [T, K], top-k log-probs [T, K]), whichever engine captured them."""
     offsets = torch.zeros(len(samples) + 1, dtype=torch.long)
-    offsets[1:] = torch.tensor(lengths).cumsum(0)
+    offsets[1:] = torch.tensor([s.length for s in samples]).cumsum(0)
     return {
         "input_ids": torch.cat([s.input_ids for s in samples]).to(torch.int32),
         "loss_mask": torch.cat([s.loss_mask for s in samples]).to(torch.uint8),
         "offsets": offsets,
-        "aux": torch.cat([per_sample[i][0] for i in range(len(samples))]),
-        "topk_ids": torch.cat([per_sample[i][1] for i in range(len(samples))]),
-        "topk_logp": torch.cat([per_sample[i][2] for i in range(len(samples))]),
+        "aux": torch.cat([c[0] for c in captured]),
+        "topk_ids": torch.cat([c[1] for c in captured]),
+        "topk_logp": torch.cat([c[2] for c in captured]),
     }
 
 

@@ -176,6 +176,8 @@ class VllmCapture:
     def capture_shard(self, samples: list[Sample]) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file
         from vllm import SamplingParams
+
+        from eaglekit.features.capture import shard_tensors
         from vllm.inputs import TokensPrompt
 
         engine = self.llm.llm_engine
@@ -194,16 +196,8 @@ class VllmCapture:
             raise EaglekitError(f"vLLM capture failed: {errors[0]}", hint="is prefix caching off? (it is by default)")
         got = load_file(path)
         os.unlink(path)
-        offsets = torch.zeros(len(samples) + 1, dtype=torch.long)
-        offsets[1:] = torch.tensor([s.length for s in samples]).cumsum(0)
-        return {
-            "input_ids": torch.cat([s.input_ids for s in samples]).to(torch.int32),
-            "loss_mask": torch.cat([s.loss_mask for s in samples]).to(torch.uint8),
-            "offsets": offsets,
-            "aux": torch.cat([got[f"{i}.aux"] for i in range(len(samples))]),
-            "topk_ids": torch.cat([got[f"{i}.topk_ids"] for i in range(len(samples))]),
-            "topk_logp": torch.cat([got[f"{i}.topk_logp"] for i in range(len(samples))]),
-        }
+        return shard_tensors(samples, [(got[f"{i}.aux"], got[f"{i}.topk_ids"], got[f"{i}.topk_logp"])
+                                       for i in range(len(samples))])
 
     def close(self) -> None:
         try:
@@ -239,6 +233,7 @@ def run_features_vllm(args) -> int:
     from eaglekit.features.capture import capture_features
     from eaglekit.features.conversations import read_conversations, tokenize_conversations
     from eaglekit.target.info import check_aux_layer_ids, default_aux_layer_ids
+    from eaglekit.target.load import dtype_name
 
     if args.device_map:
         raise EaglekitError("--device-map is the hf backend's way to split a target", hint="use --tensor-parallel-size")
@@ -253,7 +248,7 @@ def run_features_vllm(args) -> int:
     engine_args = {}
     if args.gpu_memory_utilization is not None:
         engine_args["gpu_memory_utilization"] = args.gpu_memory_utilization
-    dtype = {"auto": "auto", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(args.dtype, args.dtype)
+    dtype = dtype_name(args.dtype)   # vLLM's spelling
     capture = None
 
     def shard_capture(shard_samples):

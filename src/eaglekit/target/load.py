@@ -66,6 +66,12 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def dtype_name(dtype: str) -> str:
+    """A dtype flag's full name ("bf16" -> "bfloat16", "fp32" -> "float32"), as vLLM and the reports
+    spell it; any other name ("auto", vLLM's "half") as given."""
+    return str(DTYPES[dtype]).removeprefix("torch.") if dtype in DTYPES else dtype
+
+
 def resolve_dtype(dtype: str | torch.dtype | None, device: str | torch.device) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype

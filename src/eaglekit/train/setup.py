@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -14,11 +14,11 @@ from eaglekit.draft.model import Eagle3Draft
 from eaglekit.draft.vocab import DraftVocab, build_draft_vocab, count_assistant_tokens
 from eaglekit.errors import EaglekitError
 from eaglekit.features.conversations import is_validation, read_conversations, tokenize_conversations
-from eaglekit.train.sources import OfflineSource, OnlineSource
 from eaglekit.features.store import FeatureStore
 from eaglekit.target.info import check_aux_layer_ids, default_aux_layer_ids
 from eaglekit.train.config import TrainConfig
 from eaglekit.train.distributed import Dist
+from eaglekit.train.sources import OfflineSource, OnlineSource
 from eaglekit.train.target_parts import TargetParts, load_target_parts
 
 log = logging.getLogger(__name__)
