@@ -30,18 +30,20 @@ session() {
   for f in "$prompts"/*.jsonl; do
     case $(basename "$f") in flan_cot.jsonl|t0_train.jsonl|gsm8k_train.jsonl|sgd_dialogues.jsonl) ;; *) full+="\"$f\", " ;; esac
   done
+  recipe() {  # the recipe with this session's overrides, plus any given
+    python3 -m eaglekit run --recipe smollm2-h200 --out "$RUN" gpus="${GPUS:-1}" target="$t" \
+      "prompts.source=[$full$w]" "train.time-budget-s=${TRAIN_S:-480}" train.no-progress=true \
+      "bench.prompts=$eval/mt_bench.jsonl" "bench.limit=${LIMIT:-40}" "$@" 2>&1 | quiet >> "$LOG"
+    return "${PIPESTATUS[0]}"
+  }
   t0=$(date +%s); stamp "pipeline starts"
-  python3 -m eaglekit run --recipe smollm2-h200 --out "$RUN" gpus="${GPUS:-1}" target="$t" \
-    "prompts.source=[$full$w]" "train.time-budget-s=${TRAIN_S:-480}" train.no-progress=true \
-    "bench.prompts=$eval/mt_bench.jsonl" "bench.limit=${LIMIT:-40}" 2>&1 | quiet >> "$LOG"
-  local code=${PIPESTATUS[0]}
+  recipe
+  local code=$?
   stamp "pipeline exit $code after $(( $(date +%s) - t0 )) s"
   if [[ $code != 0 ]] && grep -q "stage generate failed" "$LOG"; then   # flex attention did not compile here?
     stamp "generate failed: the pipeline again with generate.attention=sdpa (said so in the results)"
-    python3 -m eaglekit run --recipe smollm2-h200 --out "$RUN" gpus="${GPUS:-1}" target="$t" \
-      "prompts.source=[$full$w]" "train.time-budget-s=${TRAIN_S:-480}" train.no-progress=true generate.attention=sdpa \
-      "bench.prompts=$eval/mt_bench.jsonl" "bench.limit=${LIMIT:-40}" 2>&1 | quiet >> "$LOG"
-    stamp "pipeline (sdpa) exit ${PIPESTATUS[0]} after $(( $(date +%s) - t0 )) s"
+    recipe generate.attention=sdpa
+    stamp "pipeline (sdpa) exit $? after $(( $(date +%s) - t0 )) s"
   fi
   t0=$(date +%s)
   python3 -m eaglekit bench --target "$t" --draft "$RUN/draft" --prompts "$eval/mt_bench.jsonl" --limit "${LIMIT:-40}" \
