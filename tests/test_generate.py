@@ -254,6 +254,11 @@ def test_resume_after_sigkill_loses_nothing_and_repeats_nothing(tmp_path, tiny_t
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["counts"]["conversations"] == n and manifest["config"]["resumed_from"] >= 20
     assert manifest["config"]["backend"] == "engine"  # the default local backend
+    # The engine accounts for its time: decode steps and refills (the prompts' prefills) apart.
+    clean_manifest = json.loads((clean / "manifest.json").read_text())
+    loop = clean_manifest["decoder"]["serve_loops"][0]
+    assert loop["steps"] > 0 and loop["refills"] == clean_manifest["counts"]["assistant_turns"] > n and loop["refill_tokens"] <= loop["refill_padded_tokens"]
+    assert loop["decode_s"] > 0 and loop["refill_s"] > 0 and loop["wall_s"] >= loop["decode_s"] + loop["refill_s"] - 1e-3
 
 
 def read_lines(folder: Path) -> list[bytes]:

@@ -143,6 +143,7 @@ class EngineGenerator(Streaming):
         self.compile = cuda if compile is None else compile
         self.context = getattr(text_config(model.config), "max_position_embeddings", None)
         self._decoder, self.max_len, self.builds = None, 0, 0
+        self.decoder_runs: list[dict] = []   # the decoder's `stats()` after each of its serve loops
         torch.manual_seed(seed)
 
     def prepare(self, max_prompt_tokens: int, max_new_tokens: int) -> float:
@@ -205,12 +206,19 @@ class EngineGenerator(Streaming):
         while True:
             for request, done in self._decoder.serve(fitting, self.stop_ids):
                 yield request, cut_at_stop(done.tokens, stops, request.max_new_tokens)
+            self.decoder_runs.append(self._decoder.stats())
             if not later:
                 return
             log.info("%d requests need more than %d slots per row: rebuilding the decoder", len(later), self.max_len)
             self._decoder_for(max(len(r.ids) + r.max_new_tokens for r in later))
             ready.extend(later)
             later.clear()
+
+
+    def run_stats(self) -> dict:
+        """Where the decoder's time went, per serve loop (a rebuild starts a new one): steps, refills,
+        occupancy and device seconds in decode steps / refills (`engine.batch.BatchDecoder.stats`)."""
+        return {"builds": self.builds, "serve_loops": self.decoder_runs}
 
 
 def check_engine_settings(backend: str, attention: str = "auto", cache_slots: int | None = None) -> None:

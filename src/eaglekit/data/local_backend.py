@@ -51,6 +51,11 @@ class LocalBackend:
         self.template_kwargs = template_kwargs or {}
         self.name = generator.name
 
+    def run_stats(self) -> dict | None:
+        """The generator's own account of the run (the engine's time split), if it keeps one."""
+        stats = getattr(self.generator, "run_stats", None)
+        return stats() if stats is not None else None
+
     def run(self, conversations: Iterable[Conversation]) -> Iterator[list[Conversation]]:
         """Yield lists of finished conversations (answered, or skipped when the context is full)."""
         if getattr(self.generator, "continuous", False):

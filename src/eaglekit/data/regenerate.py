@@ -230,8 +230,18 @@ def _finish(out: Path, shards: JsonlShards, identity: dict, config: GenerateConf
     resolved = identity["config"] | {"backend": backend.name, "model": getattr(backend, "model", None)
                                      if isinstance(getattr(backend, "model", None), str) else None,
                                      "resumed_from": len(earlier) + len(earlier_skipped)}
+    extra = {"throughput_last_run": speed}
+    decoder = backend.run_stats() if hasattr(backend, "run_stats") else None
+    if decoder:
+        extra["decoder"] = decoder
+        for loop in decoder["serve_loops"]:
+            log.info("decoder: %d rows x %d slots, %d steps (%s ms each), occupancy %.2f; device seconds: "
+                     "decode %s, refill %s (%d prompt tokens, %d padded), other %s of %s wall",
+                     loop["rows"], loop["slots"], loop["steps"], loop.get("step_ms"), loop["occupancy"],
+                     loop.get("decode_s", 0), loop.get("refill_s", 0), loop["refill_tokens"],
+                     loop["refill_padded_tokens"], loop["other_s"], loop["wall_s"])
     manifest = write_manifest(out, stage="generate", config=resolved, target=identity["target"],
-                              inputs=identity["inputs"], counts=counts, extra={"throughput_last_run": speed})
+                              inputs=identity["inputs"], counts=counts, extra=extra)
     log.info("wrote %s: %d conversations (%s), %d skipped, %d answer tokens; last run %.1f prompts/s, %.0f tokens/s",
              out, counts["conversations"], counts["by_split"], counts["skipped"], counts["answer_tokens"],
              speed["prompts_per_s"], speed["tokens_per_s"])

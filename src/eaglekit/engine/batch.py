@@ -25,7 +25,9 @@ S stop ids.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -91,6 +93,60 @@ def padded_mask(pad: torch.Tensor, query_slots: torch.Tensor, max_len: int) -> t
     return (seen | (cols == q)).unsqueeze(1)
 
 
+class PhaseClock:
+    """Device time spent in named phases of the host loop (decode steps, refills), without a sync of
+    its own: on CUDA each phase is bracketed by events that are read once a later sync has passed
+    them (`collect`); elsewhere the work runs eagerly and the host's clock is the device's."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.reset()
+
+    def reset(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self.pending: list[tuple[str, object, object]] = []
+        self.started = time.perf_counter()
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        self.calls[name] = self.calls.get(name, 0) + 1
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self.pending.append((name, start, end))
+        else:
+            t0 = time.perf_counter()
+            yield
+            self.add(name, time.perf_counter() - t0)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+    def collect(self) -> None:
+        """Add up the phases whose end event has completed (all of them after a sync)."""
+        still = []
+        for name, start, end in self.pending:
+            if end.query():
+                self.add(name, start.elapsed_time(end) / 1000)
+            else:
+                still.append((name, start, end))
+        self.pending = still
+
+    def summary(self, steps: int) -> dict:
+        """Seconds per phase, the wall time since `reset`, and the share of it the device spent in
+        none of the phases (host waits, syncs, answer hand-out)."""
+        wall = time.perf_counter() - self.started
+        busy = sum(self.seconds.values())
+        out = {f"{name}_s": round(s, 3) for name, s in sorted(self.seconds.items())}
+        out.update(wall_s=round(wall, 3), other_s=round(max(wall - busy, 0.0), 3))
+        if steps and "decode" in self.seconds:
+            out["step_ms"] = round(1000 * self.seconds["decode"] / steps, 3)
+        return out
+
+
 class BatchDecoder:
     """Static buffers and the captured decode step for the runner's B rows of L slots.
 
@@ -121,6 +177,8 @@ class BatchDecoder:
         self.cols = torch.arange(L, **long)
         self.stop_set: set[int] = set()
         self.steps = self.refills = self.tokens = 0   # counters since the last `serve` started (`stats`)
+        self.refill_tokens = self.refill_padded_tokens = 0
+        self.clock = PhaseClock(self.device)          # device time of the decode steps and of the refills
         self.step = Step(compiled(self._step, compile, compile_mode), use_graph=graphs, name="batch decode")
         self.step.capture()                        # on dummy state: every row empty
 
@@ -174,6 +232,8 @@ class BatchDecoder:
         stopped = (first.view(-1, 1) == self.stops.view(1, -1)).any(-1)
         self.live[rows_t] = ~stopped & (budget > 1)
         self.refills += len(rows)
+        self.refill_tokens += sum(lengths)
+        self.refill_padded_tokens += len(rows) * P
 
     def _upload(self, values: list) -> torch.Tensor:
         """A host list as a long tensor on the device, copied without waiting for the queued work."""
@@ -218,19 +278,23 @@ class BatchDecoder:
         """
         self.set_stop_ids(stop_ids)
         self.live.zero_()
-        self.steps = self.refills = self.tokens = 0
+        self.steps = self.refills = self.tokens = self.refill_tokens = self.refill_padded_tokens = 0
+        self.clock.reset()
         held: list[Request | None] = [None] * self.B          # the request each row answers
         free = list(range(self.B - 1, -1, -1))                 # popped from the end: row 0 first
         waiting = self._take(take, free)                        # (row, request): prefilled next round
         while True:
             ended = self._ended(held, free)                    # sync; the ended rows' answers are copied
+            self.clock.collect()                               # the last round's events have completed
             busy = any(r is not None for r in held)
             if busy:
-                for _ in range(self.chunk):
-                    self.step()
+                with self.clock.phase("decode"):
+                    for _ in range(self.chunk):
+                        self.step()
                 self.steps += self.chunk
             if waiting:
-                self.refill([row for row, _ in waiting], [r for _, r in waiting])
+                with self.clock.phase("refill"):
+                    self.refill([row for row, _ in waiting], [r for _, r in waiting])
                 for row, request in waiting:
                     held[row] = request
             elif not busy and not ended:
@@ -272,8 +336,11 @@ class BatchDecoder:
         """Steps, refills and answer tokens of the last `serve`; occupancy = the share of row-steps that
         made a token (the rest: rows that ended or wait for their prefill, computed and ignored)."""
         made = self.tokens - self.refills                      # a refill's first token comes from its prefill
+        self.clock.collect()
         return {"rows": self.B, "slots": self.L, "chunk": self.chunk, "steps": self.steps, "refills": self.refills,
-                "answer_tokens": self.tokens, "occupancy": round(made / max(self.steps * self.B, 1), 4)}
+                "answer_tokens": self.tokens, "occupancy": round(made / max(self.steps * self.B, 1), 4),
+                "refill_tokens": self.refill_tokens, "refill_padded_tokens": self.refill_padded_tokens,
+                **self.clock.summary(steps=self.steps)}
 
     def run(self, prompts: list[list[int]], max_new_tokens: int, stop_ids) -> list[Completion]:
         """Answer every prompt (any number of them); completions in the order given."""
