@@ -65,7 +65,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=512)
     p.add_argument("--max-new-tokens", type=int, default=2048)
     p.add_argument("--max-prompt-tokens", type=int, default=1024, help="longer prompts are left out")
-    p.add_argument("--attention", default="flex", help="engine variants, comma-separated (kv.ATTENTION_KINDS)")
+    p.add_argument("--attention", default="flex",
+                   help="engine variants, comma-separated: ATTENTION[/REFILL] (kv.ATTENTION_KINDS; batch.REFILL_KINDS, "
+                        "default eager), e.g. flex,flex/compiled")
     p.add_argument("--on-error", default="sdpa", help="variant measured instead of one that fails ('' = none)")
     p.add_argument("--chunk", type=int, default=16, help="decode steps between the engine's host checks")
     p.add_argument("--backends", default="engine,hf", help="comma-separated: engine, hf")
@@ -174,11 +176,13 @@ def run_engine(variant: str, target, files: dict[str, Path], out: Path, args, le
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
+    attention, _, refill = variant.partition("/")
     generator = EngineGenerator(target.model, target.stop_token_ids, Sampling(), batch_size=args.batch_size,
-                                attention=variant or None, chunk=args.chunk, max_len=max_len)
+                                attention=attention or None, chunk=args.chunk, max_len=max_len,
+                                refill=refill or "eager")
     generator.prepare(max_len - args.max_new_tokens, args.max_new_tokens)    # compile + capture
     build = time.perf_counter() - start
-    generator.generate([[target.stop_token_ids[0]] * 8] * min(args.batch_size, 64), 4)   # warm the prefill path
+    generator.generate([[target.stop_token_ids[0]] * 8] * min(args.batch_size, 64), 4)   # warm (compile) the refill
     sync(args.device)
     result = {"variant": variant, "build_s": round(build, 2), "build_and_warmup_s": round(time.perf_counter() - start, 2),
               "decoder_slots": generator.max_len, "runner": generator._decoder.runner.kind,
@@ -186,7 +190,7 @@ def run_engine(variant: str, target, files: dict[str, Path], out: Path, args, le
     print(json.dumps({"engine": variant, "build_s": result["build_s"], "same_as_eager": result["same_as_eager"]}),
           flush=True)
     for name in runs:
-        folder = out / "runs" / f"engine-{variant}-{name}"
+        folder = out / "runs" / f"engine-{variant.replace('/', '+')}-{name}"
         run = stage_run(generator, target, files[name], folder, args)
         run["decoder"] = decoder_figures(run, generator._decoder.stats(), folder, lengths, target, args.device)
         result[name] = run
@@ -296,7 +300,7 @@ def main(argv=None) -> int:
     if hf:
         for variant, r in engines.items():
             r["speedup_same_over_hf"] = round(r["same"]["tokens_per_s"] / hf["tokens_per_s"], 2)
-            r["agreement_with_hf"] = agreement(out / "runs" / f"engine-{variant}-same", out / "runs" / "hf")
+            r["agreement_with_hf"] = agreement(out / "runs" / f"engine-{variant.replace('/', '+')}-same", out / "runs" / "hf")
     (out / "bench_generate.json").write_text(json.dumps(report, indent=2) + "\n")
     print_table(report)
     return 0 if engines or "engine" not in backends else 1

@@ -109,6 +109,10 @@ def add_local_args(parser: argparse.ArgumentParser) -> None:
                        help="KV slots per row of the engine's cache (default: what the first prompts need, grown "
                             "when a longer one comes, each growth a rebuild; with flex attention spare slots cost "
                             "only memory, so a multi-turn run sets its context length here)")
+    group.add_argument("--refill", default="eager", choices=("eager", "compiled"),
+                       help="how the engine prefills the prompts of rows that free up: eager forwards, or one "
+                            "forward compiled with dynamic shapes (fast runner only; not yet measured faster "
+                            "on a GPU, so not the default)")
 
 
 def run_build(args: argparse.Namespace) -> int:
@@ -158,7 +162,7 @@ def run_synthesize(args: argparse.Namespace) -> int:
     sampling = Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     stops = sorted(set(target.stop_token_ids) | {pre.end_of_turn_id})
     generator = make_generator(args.backend, target.model, stops, sampling, seed=args.seed, batch_size=args.batch_size,
-                               attention=args.attention, cache_slots=args.cache_slots)
+                               attention=args.attention, cache_slots=args.cache_slots, refill=args.refill)
     new, stats = synthesize(target.tokenizer, generator, pre, need,
                             existing=[p for v in (existing or {}).values() for p in v], batch_size=args.batch_size,
                             max_new_tokens=args.max_new_tokens, min_chars=args.min_chars,
@@ -196,7 +200,7 @@ def run_generate(args: argparse.Namespace) -> int:
         worker = parse_worker(args.worker)
         exit_with_parent()
     load_prompts(args.prompts, config.splits, config.limit)  # bad or empty prompts fail before any model loads
-    check_engine_settings(args.backend, args.attention, args.cache_slots)
+    check_engine_settings(args.backend, args.attention, args.cache_slots, args.refill)
     if args.backend == "openai":
         from eaglekit.data.openai_backend import OpenAIBackend, OpenAIClient
 
@@ -221,7 +225,7 @@ def run_generate(args: argparse.Namespace) -> int:
         check_template_masks(target.tokenizer)
         generator = make_generator(args.backend, target.model, target.stop_token_ids, sampling, seed=args.seed,
                                    batch_size=args.batch_size, attention=args.attention,
-                                   cache_slots=args.cache_slots)
+                                   cache_slots=args.cache_slots, refill=args.refill)
         backend = LocalBackend(target.tokenizer, generator, max_new_tokens=args.max_new_tokens,
                                batch_size=args.batch_size, context_length=context_length(args.context_length,
                                                                                          target.config))
@@ -265,7 +269,7 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
              "--max-new-tokens", str(args.max_new_tokens), "--temperature", str(args.temperature),
              "--top-p", str(args.top_p), "--top-k", str(args.top_k), "--seed", str(args.seed), "--splits", args.splits,
              "--shard-size", str(args.shard_size), "--batch-size", str(args.batch_size), "--dtype", args.dtype,
-             "--attention", args.attention]
+             "--attention", args.attention, "--refill", args.refill]
     if args.cache_slots:
         argv += ["--cache-slots", str(args.cache_slots)]
     for flag, value in (("--limit", args.limit), ("--context-length", args.context_length)):

@@ -125,6 +125,7 @@ class EngineGenerator(Streaming):
         chunk: decode steps between host checks.
         max_len: cache slots per row of the first decoder (default: what the first request needs,
             rounded up to `SLOTS`, at least `MIN_SLOTS` with flex attention, at most the target's context).
+        refill: "eager" or "compiled" prefills of the rows that free up (`engine.batch.BatchDecoder`).
     """
 
     name = "engine"
@@ -133,12 +134,13 @@ class EngineGenerator(Streaming):
 
     def __init__(self, model, stop_ids: list[int], sampling: Sampling, *, seed: int = 0, batch_size: int = 32,
                  runner: str = "auto", graphs: bool | None = None, compile: bool | None = None,
-                 attention: str | None = None, chunk: int = 16, max_len: int | None = None):
+                 attention: str | None = None, chunk: int = 16, max_len: int | None = None, refill: str = "eager"):
         if not stop_ids:
             raise EaglekitError("the target has no stop token", hint="set eos_token_id in generation_config.json")
         cuda = next(model.parameters()).device.type == "cuda"
         self.model, self.stop_ids, self.sampling, self.batch_size = model, list(stop_ids), sampling, batch_size
         self.runner, self.attention, self.chunk, self.first_max_len = runner, attention, chunk, max_len
+        self.refill = refill
         self.graphs = cuda if graphs is None else graphs
         self.compile = cuda if compile is None else compile
         self.context = getattr(text_config(model.config), "max_position_embeddings", None)
@@ -177,7 +179,7 @@ class EngineGenerator(Streaming):
             runner = batch_runner(self.model, max_len=max_len, batch_size=self.batch_size, runner=self.runner,
                                   attention=self.attention)
             self._decoder = BatchDecoder(runner, sampling=self.sampling, graphs=self.graphs, compile=self.compile,
-                                         chunk=self.chunk)
+                                         chunk=self.chunk, refill=self.refill)
             self.max_len, self.builds = runner.max_len, self.builds + 1
             log.info("engine batch decoder: %d rows x %d slots, %s runner (%s attention), graphs=%s, compile=%s "
                      "(built in %.1f s)", self.batch_size, runner.max_len, runner.kind,
@@ -221,28 +223,33 @@ class EngineGenerator(Streaming):
         return {"builds": self.builds, "serve_loops": self.decoder_runs}
 
 
-def check_engine_settings(backend: str, attention: str = "auto", cache_slots: int | None = None) -> None:
-    """--attention and --cache-slots are settings of eaglekit's engine: refused for another backend
-    (where they would do nothing), before any model loads."""
+def check_engine_settings(backend: str, attention: str = "auto", cache_slots: int | None = None,
+                          refill: str = "eager") -> None:
+    """--attention, --cache-slots and --refill are settings of eaglekit's engine: refused for another
+    backend (where they would do nothing), before any model loads."""
     if backend in ("local", "engine"):
         if cache_slots is not None and cache_slots < 1:
             raise EaglekitError(f"--cache-slots {cache_slots}", hint="give the slots per row, e.g. 4096")
         return
-    for flag, value in (("--attention", None if attention == "auto" else attention), ("--cache-slots", cache_slots)):
+    for flag, value in (("--attention", None if attention == "auto" else attention), ("--cache-slots", cache_slots),
+                        ("--refill", None if refill == "eager" else refill)):
         if value is not None:
             raise EaglekitError(f"{flag} {value} is a setting of eaglekit's engine, not of backend {backend!r}",
                                 hint=f"drop {flag}, or use --backend local")
 
 
 def make_generator(backend: str, model, stop_ids: list[int], sampling: Sampling, *, seed: int = 0,
-                   batch_size: int = 32, attention: str = "auto", cache_slots: int | None = None):
+                   batch_size: int = 32, attention: str = "auto", cache_slots: int | None = None,
+                   refill: str = "eager"):
     """A token-level generator: `local` and `engine` are eaglekit's batch decoder, `hf` is HF generate.
-    `attention`, `cache_slots`: the engine's kernel ("auto": `engine.batch.batch_attention`) and the
-    slots per row of its first cache (None: grown as prompts need)."""
-    check_engine_settings(backend, attention, cache_slots)
+    `attention`, `cache_slots`, `refill`: the engine's kernel ("auto": `engine.batch.batch_attention`),
+    the slots per row of its first cache (None: grown as prompts need) and how it prefills new rows
+    (`engine.batch.REFILL_KINDS`)."""
+    check_engine_settings(backend, attention, cache_slots, refill)
     if backend in ("local", "engine"):
         return EngineGenerator(model, stop_ids, sampling, seed=seed, batch_size=batch_size,
-                               attention=None if attention == "auto" else attention, max_len=cache_slots)
+                               attention=None if attention == "auto" else attention, max_len=cache_slots,
+                               refill=refill)
     if backend == "hf":
         return HFGenerator(model, stop_ids, sampling, seed=seed)
     raise EaglekitError(f"unknown local backend {backend!r}", hint="use local, engine or hf")

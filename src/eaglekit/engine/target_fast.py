@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eaglekit.engine.kv import ATTENTION_KINDS, KVCache, attend, group_mask, move_slots, stacked_caches
+from eaglekit.engine.kv import ATTENTION_KINDS, KVCache, Refill, attend, group_mask, move_slots, stacked_caches
 from eaglekit.engine.tree import causal_block, cache_mask
 from eaglekit.errors import EaglekitError
 from eaglekit.target.capture import decoder_layers
@@ -162,7 +162,9 @@ class FastLayer(nn.Module):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         k_all, v_all = self.cache.write(slots, k, v)
-        kind = kernel_for_rows(self.attention, T, self.small_rows)
+        # A refill's prompts attend only to themselves ([R, 1, T, T]): no cache blocks to skip, so
+        # flex (which wants L a multiple of its block) has nothing to gain there.
+        kind = "sdpa" if isinstance(slots, Refill) else kernel_for_rows(self.attention, T, self.small_rows)
         out = attend(q, k_all, v_all, mask, kind).transpose(1, 2).reshape(B, T, self.nh * self.d)
         x = x + linear(out, self.wo, self.bo, rows)
         h = rms_norm(x, self.ln2, self.eps)
