@@ -11,7 +11,8 @@
 #   2. eaglekit bench chain k=5 on MT-bench with the new draft;
 #   3. eaglekit bench tree on prompts the recipe never saw or tuned on (HumanEval + Alpaca, 20 each);
 #   4. bench_generate.py: the engine's batch decoder beside HF generate at the same batch.
-# Env: W (work folder, /root/work), GPUS (1), TRAIN_S (train.time-budget-s), LIMIT (MT-bench prompts).
+# Env: W (work folder, /root/work), GPUS (1), TRAIN_S (train.time-budget-s), LIMIT (MT-bench prompts),
+# REFILL (generate.refill: eager or compiled).
 set -u
 VERB=${1:?start or wait}
 W=${W:-/root/work}
@@ -33,7 +34,7 @@ session() {
   recipe() {  # the recipe with this session's overrides, plus any given
     python3 -m eaglekit run --recipe smollm2-h200 --out "$RUN" gpus="${GPUS:-1}" target="$t" \
       "prompts.source=[$full$w]" "train.time-budget-s=${TRAIN_S:-480}" train.no-progress=true \
-      "bench.prompts=$eval/mt_bench.jsonl" "bench.limit=${LIMIT:-40}" "$@" 2>&1 | quiet >> "$LOG"
+      "bench.prompts=$eval/mt_bench.jsonl" "bench.limit=${LIMIT:-40}" "generate.refill=${REFILL:-eager}" "$@" 2>&1 | quiet >> "$LOG"
     return "${PIPESTATUS[0]}"
   }
   t0=$(date +%s); stamp "pipeline starts"
@@ -79,6 +80,11 @@ pack() {  # what exists so far, in one archive (files back from $OUT: at most 8)
     [[ -e $W/$f ]] && files+=("$f")
   done
   tar -czf "$OUT/results.tar.gz" -C "$W" "${files[@]}" 2>/dev/null
+  # The exported draft (bf16, ~29 MB), in parts under the 16 MiB a returned file may have, so that a
+  # later session can bench it without training again (cat draft.part-* | tar -x).
+  if [[ -e $RUN/export/vllm/model.safetensors ]]; then
+    tar -cf - -C "$RUN/export" vllm | split -b 15m - "$OUT/draft.part-"
+  fi
   cp "$LOG" "$OUT/session.log"
   nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader > "$OUT/gpu.txt" 2>/dev/null
 }
