@@ -17,7 +17,7 @@ from eaglekit.errors import EaglekitError
 STAGE_CLIS = (
     "eaglekit.target.cli",
     "eaglekit.pipeline.cli",
-    "eaglekit.draft.cli",
+    "eaglekit.train.vocab_cli",
     "eaglekit.features.cli",
     "eaglekit.train.cli",
     "eaglekit.formats.cli",

@@ -1,4 +1,7 @@
-"""`eaglekit vocab`: build the draft vocabulary (d2t/t2d) from the assistant tokens of the data."""
+"""`eaglekit vocab`: build the draft vocabulary (d2t/t2d) from the assistant tokens of the data.
+
+A step of training's data work (it reads conversations or a feature store), so it lives in `train/`;
+`draft/` holds only the draft itself and imports no stage above it."""
 
 from __future__ import annotations
 
