@@ -1,0 +1,68 @@
+"""The GPU tier: the engine's CUDA paths (torch.compile + CUDA graphs, flex attention, compiled
+refills) give the tokens the eager CPU paths give. Never runs in CI (no GPU there); on the device:
+
+    python -m pytest -m gpu tests/test_gpu.py
+
+fp32 everywhere, so outputs must be token-identical; tiny peaked targets keep compiles short.
+"""
+
+import pytest
+import torch
+
+from eaglekit.engine import Engine, Sampling, make_target_runner
+from eaglekit.engine.batch import BatchDecoder, Request, batch_runner
+from eaglekit.engine.draft_runner import DraftRunner
+from eaglekit.engine.spec import SpecConfig
+from engine_tiny import AUX, PROMPTS, peaked_model, random_draft
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+NEW = 24
+CHAIN = SpecConfig(mode="chain", k=4)
+TREE = SpecConfig(mode="tree", depth=4, top_k=3, total_tokens=10)
+
+
+def on(device: str, arch: str = "llama"):
+    """A copy of the cached tiny target on `device` (the cache's model stays on the CPU)."""
+    import copy
+
+    return copy.deepcopy(peaked_model(arch)).to(device)
+
+
+def test_plain_and_speculative_engines_on_cuda_equal_the_cpu():
+    cpu = Engine(make_target_runner(peaked_model("llama"), max_len=128, aux_layer_ids=AUX))
+    reference = [cpu.generate(p, NEW, speculative=False).tokens for p in PROMPTS]
+    model = on("cuda")
+    target = make_target_runner(model, max_len=128, aux_layer_ids=AUX)
+    plain = Engine(target, graphs=True, compile=True)
+    assert [plain.generate(p, NEW, speculative=False).tokens for p in PROMPTS] == reference
+    for spec in (CHAIN, TREE):
+        draft = DraftRunner(random_draft(model).to("cuda"), spec=spec, sampling=Sampling(), max_len=128)
+        engine = Engine(target, drafter=draft, spec=spec, graphs=True, compile=True)
+        assert [engine.generate(p, NEW).tokens for p in PROMPTS] == reference, spec.label()
+
+
+@pytest.mark.parametrize("refill", ["eager", "compiled"])
+def test_batch_decoder_on_cuda_equals_the_eager_cpu_decoder(refill):
+    """Flex attention in the captured step, rows refilled (eagerly, or compiled with dynamic shapes)
+    while others decode, a conversation's next turn queued after its answer."""
+    prompts = PROMPTS + [[9, 8, 7, 6, 5, 4, 3, 2] * 9, [100, 200]]
+    limits = [20, 3, 9, 5, 7]
+
+    def serve(model, **kw):
+        decoder = BatchDecoder(batch_runner(model, max_len=256, batch_size=3, **kw.pop("runner_kw", {})),
+                               sampling=Sampling(), chunk=4, **kw)
+        queue = [Request(p, n, key=("first", i)) for i, (p, n) in enumerate(zip(prompts, limits))]
+        got = {}
+        for request, completion in decoder.serve(lambda: queue.pop(0) if queue else None, [2]):
+            got[request.key] = completion.tokens
+            kind, i = request.key
+            if kind == "first" and i < 2:
+                queue.append(Request(prompts[i] + completion.tokens + [42], 6, key=("next", i)))
+        return got, decoder
+
+    reference, _ = serve(peaked_model("llama"), graphs=False, compile=False, runner_kw={"attention": "sdpa"})
+    got, decoder = serve(on("cuda"), graphs=True, compile=True, refill=refill)
+    assert decoder.runner.attention == "flex"
+    assert got == reference
+    stats = decoder.stats()
+    assert stats["decode_s"] > 0 and stats["refill_s"] > 0    # CUDA events, read after the syncs
