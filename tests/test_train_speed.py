@@ -110,3 +110,62 @@ def test_new_step_equals_old_step_loss_stats_and_gradients(kind):
     torch.testing.assert_close(new.stats, old.stats, atol=1e-4, rtol=1e-5)
     for a, b in zip(new_grads, old_grads):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+def compiled_vs_eager(backend):
+    """The compiled unroll + loss against the eager one on two batch shapes (the second one dynamic)."""
+    from eaglekit.train.loop import TTTModel, compiled_unrolled_loss, unrolled_loss
+
+    draft = make_draft()
+    steps = 2
+    model = TTTModel(draft, steps)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    kw = dict(d2t=draft.d2t, t2d=draft.t2d, weights=[1.0, 0.8])
+    compiled = compiled_unrolled_loss(backend)
+    for T, B in [(11, 2), (9, 3)]:
+        batch, _ = batch_for(draft, T=T, B=B)
+        den = step_counts(batch.loss_mask, steps)
+        a = compiled(model, batch, den, **kw)
+        b = unrolled_loss(model, batch, den, **kw)
+        torch.testing.assert_close(a.loss, b.loss, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(a.stats, b.stats, atol=1e-5, rtol=1e-5)
+        for x, y in zip(torch.autograd.grad(a.loss, params), torch.autograd.grad(b.loss, params)):
+            torch.testing.assert_close(x, y, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_compiled_step_traces_to_the_eager_numbers():
+    """Dynamo + AOTAutograd (the merged attention's Function, the plain CE), without inductor's codegen
+    (~1-2 minutes of tracing on 2 cores)."""
+    compiled_vs_eager("aot_eager")
+
+
+@pytest.mark.slow
+def test_compiled_step_equals_eager_with_inductor():
+    """What --compile runs (inductor's CPU kernels; minutes on 2 cores)."""
+    compiled_vs_eager("inductor")
+
+
+def test_compile_refuses_ddp_and_unknown_attention(tmp_path):
+    from eaglekit.errors import EaglekitError
+    from eaglekit.train.config import TrainConfig
+    from eaglekit.train.loop import check_compile_supported
+
+    with pytest.raises(EaglekitError, match="DDP"):
+        check_compile_supported(torch.device("cpu"), world_size=2)
+    with pytest.raises(EaglekitError, match="TTT attention"):
+        TrainConfig(target="x", data="x", out=str(tmp_path), ttt_attention="flash")
+
+
+def test_bench_train_step_smoke_runs_every_eager_variant(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "bench_train_step.py"
+    spec = importlib.util.spec_from_file_location("bench_train_step", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    results = module.main(["--smoke", "--variants", "old,merged,new", "--out", str(tmp_path)])
+    assert [r["variant"] for r in results] == ["old", "merged", "new"]
+    assert all(r["ms_per_step"] > 0 and r["loss_matches_first"] for r in results)
+    assert (tmp_path / "bench_train_step.json").is_file()
