@@ -84,6 +84,11 @@ class MergedTTTAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k0, v0, kd, vd):
         # q, k0, v0: [B, nh, L, hd]; kd, vd: [B, nh, L, j, hd] (j >= 1)
+        with torch.autocast(q.device.type, enabled=False):   # the merge stays fp32 (autocast would cast einsum down)
+            return MergedTTTAttention.merged_forward(ctx, q, k0, v0, kd, vd)
+
+    @staticmethod
+    def merged_forward(ctx, q, k0, v0, kd, vd):
         L, hd = q.shape[-2], q.shape[-1]
         scale = hd ** -0.5
         out_p, lse_raw, state = prefix_forward(q, k0, v0, scale)
