@@ -65,7 +65,8 @@ def dense_teacher(logits: torch.Tensor, draft_ids: torch.Tensor) -> Teacher:
         draft_ids: [Vd] int64 target ids of the draft vocab, on the logits' device.
     """
     argmax = logits.argmax(-1)                                        # [B, T]
-    probs = logits.index_select(-1, draft_ids).float().softmax(-1)   # [B, T, Vd]
+    # softmax(dtype=) upcasts inside the kernel: no fp32 copy of the [B, T, Vd] logits beside the result.
+    probs = logits.index_select(-1, draft_ids).softmax(-1, dtype=torch.float32)   # [B, T, Vd]
     return Teacher(argmax=argmax, probs=probs)
 
 

@@ -9,8 +9,11 @@ from eaglekit.errors import EaglekitError
 from eaglekit.options import int_tuple, option
 from eaglekit.train.optim import SCHEDULES
 
-# Settings that may differ between a run and its resumption without changing a single number.
-RESUME_FREE = ("resume", "overwrite", "progress", "out")
+# Settings that may differ between a run and its resumption without changing a single number, or
+# (the kernel choices: ttt_attention, compile) only by float rounding; a state written before they
+# existed still resumes.
+RESUME_FREE = ("resume", "overwrite", "progress", "out", "ttt_attention", "compile")
+ATTENTIONS = ("merged", "dense")   # train/ttt.py implements them
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,6 +71,11 @@ class TrainConfig:
     device: str = option("auto", "auto, cpu, cuda", group="training")
     precision: str = option("auto", "auto: bf16 autocast on GPU, fp32 on CPU", group="training",
                             choices=("auto", "fp32", "bf16"))
+    ttt_attention: str = option("merged", "TTT attention: merged (causal flash kernel + each position's own "
+                                          "chain, no [L, L] scores) or dense (the reference formula)",
+                                group="training", choices=ATTENTIONS)
+    compile: bool = option(False, "torch.compile the draft's unrolled forward and loss (one process; off until a "
+                                  "GPU has measured it)", group="training")
     # reporting
     val_every: int = option(200, "validate every N steps (and at the end)", group="reporting")
     save_every: int = option(200, "write the resume state every N steps", group="reporting")
@@ -88,6 +96,8 @@ class TrainConfig:
             raise EaglekitError(f"unknown schedule {self.schedule!r}", hint=f"use one of {SCHEDULES}")
         if self.lm_head_init not in ("target", "random"):
             raise EaglekitError(f"unknown lm_head init {self.lm_head_init!r}", hint="use target or random")
+        if self.ttt_attention not in ATTENTIONS:
+            raise EaglekitError(f"unknown TTT attention {self.ttt_attention!r}", hint=f"use one of {ATTENTIONS}")
         if self.precision not in ("auto", "fp32", "bf16"):
             raise EaglekitError(f"unknown precision {self.precision!r}", hint="use auto, fp32 or bf16")
         if not 0 <= self.val_fraction < 1:

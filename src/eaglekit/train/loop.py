@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -27,8 +28,9 @@ from eaglekit.train.data import BatchPlan, eval_batches
 from eaglekit.train.optim import load_optimizer_tensors, lr_at, make_optimizer, optimizer_tensors
 from eaglekit.train.setup import Run, prepare
 from eaglekit.train.state import latest_state, load_state, restore_rng, save_state
+from eaglekit.train.attention import check_merged_attention
 from eaglekit.train.tracker import Tracker
-from eaglekit.train.ttt import STATS, metrics_from_stats, step_counts, ttt_loss, ttt_unroll
+from eaglekit.train.ttt import STATS, StepOutput, metrics_from_stats, step_counts, ttt_loss, ttt_unroll
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +38,53 @@ log = logging.getLogger(__name__)
 class TTTModel(nn.Module):
     """The unroll as one module, so DDP sees a forward and syncs the draft's gradients."""
 
-    def __init__(self, draft, ttt_steps: int):
+    def __init__(self, draft, ttt_steps: int, attention: str = "merged"):
         super().__init__()
         self.draft = draft
         self.ttt_steps = ttt_steps
+        self.attention = attention
 
     def forward(self, aux: torch.Tensor, input_ids: torch.Tensor) -> list[torch.Tensor]:
-        return ttt_unroll(self.draft, aux, input_ids, self.ttt_steps)
+        return ttt_unroll(self.draft, aux, input_ids, self.ttt_steps, self.attention)
+
+
+def unrolled_loss(model: nn.Module, batch, denominators: torch.Tensor, *, d2t: torch.Tensor, t2d: torch.Tensor,
+                  weights: list[float], fused_ce: bool = True) -> StepOutput:
+    """The draft's part of a training step: the unroll (through `model`, so DDP sees a forward) and its loss."""
+    logits = model(batch.aux, batch.input_ids)
+    return ttt_loss(logits, batch, d2t, t2d, weights=weights, denominators=denominators, fused_ce=fused_ce)
+
+
+def check_compile_supported(device: torch.device, world_size: int) -> None:
+    """--compile runs where it was tested (one process) and where inductor can build kernels; else refuse."""
+    if world_size > 1:
+        raise EaglekitError("--compile is not verified with DDP (several processes)",
+                            hint="train in one process, or drop --compile")
+    if device.type == "cuda":
+        from torch.utils._triton import has_triton
+
+        if not has_triton():
+            raise EaglekitError("--compile on GPU needs triton, which this environment lacks",
+                                hint="install triton (it ships with the CUDA wheels of torch), or drop --compile")
+    elif device.type == "cpu":
+        if not any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "g++", "clang++")):
+            raise EaglekitError("--compile on CPU needs a C++ compiler (inductor builds its kernels with it)",
+                                hint="install g++, or drop --compile")
+    else:
+        raise EaglekitError(f"--compile is not supported on {device.type}", hint="drop --compile")
+
+
+def compiled_unrolled_loss(backend: str = "inductor"):
+    """`unrolled_loss` under torch.compile: dynamic shapes (every batch has its own rows and length), and the
+    plain soft-CE formula, which inductor fuses itself (the hand-written backward is for eager)."""
+    compiled = torch.compile(unrolled_loss, dynamic=True, backend=backend)
+
+    def run(model, batch, denominators, **kw):
+        # [ttt_steps] is fixed: static, or duck sizing ties it to the rows whenever they are equal (a recompile).
+        torch._dynamo.mark_static(denominators, 0)
+        return compiled(model, batch, denominators, **kw, fused_ce=False)
+
+    return run
 
 
 def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
@@ -69,9 +111,14 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         self.run: Run = prepare(cfg, self.dist)
         self.draft = self.run.draft.to(self.device)
-        self.model = TTTModel(self.draft, cfg.ttt_steps)
+        if cfg.ttt_attention == "merged":   # private SDPA ops: refuse a PyTorch where they mean something else
+            check_merged_attention(self.device, torch.bfloat16 if self.autocast else torch.float32)
+        self.model = TTTModel(self.draft, cfg.ttt_steps, cfg.ttt_attention)
         if self.dist.enabled:
             self.model = wrap_ddp(self.model, self.device)
+        if cfg.compile:
+            check_compile_supported(self.device, self.dist.world_size)
+        self.step_loss = compiled_unrolled_loss() if cfg.compile else unrolled_loss
         self.names = [n for n, p in self.draft.named_parameters() if p.requires_grad]
         params = dict(self.draft.named_parameters())
         self.optimizer = make_optimizer([(n, params[n]) for n in self.names], lr=cfg.lr,
@@ -152,26 +199,35 @@ class Trainer:
             self.pending = {step + 1: self.pool.submit(self.load_batches, step + 1)}
         return batches
 
-    def train_step(self) -> tuple[torch.Tensor, float, int]:
-        """Forward/backward over this rank's micro-batches; returns (stats, grad norm, tokens)."""
+    def step_tokens(self, step: int) -> int:
+        """Real tokens of this rank's micro-batches, from the plan (host side: no device sync)."""
+        _, micro = self.plan.micro_batches(step, self.dist.rank)
+        lengths = self.run.train.lengths
+        return sum(lengths[i] for indices in micro for i in indices)
+
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Forward/backward over this rank's micro-batches; returns (stats, grad norm, tokens).
+
+        Nothing here waits for the device (the grad norm stays a tensor until it is logged), so the
+        host queues the next batch while the device still works on this one.
+        """
         cfg = self.cfg
         batches = self.batches_of(self.step)
         denominators = sum(step_counts(b.loss_mask, cfg.ttt_steps) for b in batches)
         self.dist.all_reduce(denominators)
         stats = torch.zeros(cfg.ttt_steps, len(STATS), dtype=torch.float64, device=self.device)
-        tokens = sum(b.num_tokens for b in batches)
+        tokens = self.step_tokens(self.step)
         for n, batch in enumerate(batches):
             sync = n == len(batches) - 1 or not self.dist.enabled
             ctx = self.model.no_sync() if not sync else contextlib.nullcontext()
             with ctx:
                 with self.amp():
-                    logits = self.model(batch.aux, batch.input_ids)
-                    out = ttt_loss(logits, batch, self.draft.d2t, self.draft.t2d, weights=self.weights,
-                                   denominators=denominators)
+                    out = self.step_loss(self.model, batch, denominators, d2t=self.draft.d2t, t2d=self.draft.t2d,
+                                         weights=self.weights)
                 # DDP averages gradients over ranks; the loss is already normalized globally.
                 (out.loss * self.dist.world_size).backward()
             stats += out.stats
-            del logits, out
+            del out
         grad_norm = torch.nn.utils.clip_grad_norm_([p for p in self.draft.parameters() if p.requires_grad],
                                                    cfg.max_grad_norm)
         lr = lr_at(self.step, lr=cfg.lr, warmup_steps=self.warmup_steps(), total_steps=self.total_steps,
@@ -180,7 +236,7 @@ class Trainer:
             group["lr"] = lr
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return stats, float(grad_norm), tokens
+        return stats, grad_norm, tokens
 
     @torch.no_grad()
     def validate(self) -> dict | None:
@@ -194,7 +250,8 @@ class Trainer:
         for indices in batches[self.dist.rank::self.dist.world_size]:
             batch = val.batch(indices, self.device)
             with self.amp():
-                logits = ttt_unroll(self.draft, batch.aux, batch.input_ids, self.cfg.ttt_steps)
+                logits = ttt_unroll(self.draft, batch.aux, batch.input_ids, self.cfg.ttt_steps,
+                                    self.cfg.ttt_attention)
                 stats += ttt_loss(logits, batch, self.draft.d2t, self.draft.t2d, weights=self.weights,
                                   denominators=ones, walk=True).stats
         self.model.train()
@@ -285,8 +342,8 @@ class Trainer:
                     tok_s = float(counts[-1]) / max(elapsed, 1e-9)
                     memory = ({"max_mem_gib": round(torch.cuda.max_memory_allocated(self.device) / 2**30, 2)}
                               if self.device.type == "cuda" else {})
-                    tracker.event("train", self.step, lr=self.optimizer.param_groups[0]["lr"], grad_norm=grad_norm,
-                                  tokens_per_s=round(tok_s, 1), elapsed_s=round(time.perf_counter() - started, 2),
+                    tracker.event("train", self.step, lr=self.optimizer.param_groups[0]["lr"],
+                                  grad_norm=float(grad_norm), tokens_per_s=round(tok_s, 1), elapsed_s=round(time.perf_counter() - started, 2),
                                   **memory, **train_metrics)
                     tracker.progress(0, tok_s=f"{tok_s:.0f}", acc0=f"{train_metrics['acc'][0]:.3f}",
                                      tau=f"{train_metrics['sim_accept_length']:.2f}")

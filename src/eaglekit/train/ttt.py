@@ -11,7 +11,8 @@ are exactly what the draft proposes whenever its earlier steps were right, which
 that matters for acceptance. Attention at step j for position t sees the true prefix (step-0 keys
 at positions 0..t) plus its own draft chain (keys of steps 1..j at position t), never another
 position's chain: `ttt_attention` computes that from the step-0 scores with a causal mask plus j
-diagonal terms, without a [T, jT] mask.
+diagonal terms, without a [T, jT] mask; `merged_ttt_attention` (train/attention.py, the default)
+computes the same without the [L, L] scores, through a causal flash kernel merged by log-sum-exp.
 
 Loss at step j: soft cross-entropy against p restricted to the draft vocab, weight decay**j,
 averaged over the counted positions. A position counts when both its input token and the token it
@@ -29,12 +30,16 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from eaglekit.errors import EaglekitError
 from eaglekit.features.batch import Batch
+from eaglekit.train.attention import merged_ttt_attention
+from eaglekit.train.config import ATTENTIONS
+from eaglekit.train.soft_ce import soft_cross_entropy
 
 STATS = ("valid", "correct", "chain", "chain_prev", "loss_sum", "counted", "agree", "walk_tokens", "walk_cycles")
 
 
-def ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor,
+def dense_ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor,
                   diag_k: list[torch.Tensor], diag_v: list[torch.Tensor]) -> torch.Tensor:
     """Attention of TTT step j = len(diag_k): causal over the step-0 keys plus each position's own chain.
 
@@ -67,7 +72,18 @@ def ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor,
     return out.reshape(B, nh, L, hd)
 
 
-def ttt_unroll(draft, aux: torch.Tensor, input_ids: torch.Tensor, ttt_steps: int) -> list[torch.Tensor]:
+def ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, diag_k: list[torch.Tensor],
+                  diag_v: list[torch.Tensor], attention: str = "merged") -> torch.Tensor:
+    """TTT attention of step j = len(diag_k) (see `dense_ttt_attention`); `attention` picks the implementation."""
+    if attention == "merged":
+        return merged_ttt_attention(q, k0, v0, diag_k, diag_v)
+    if attention == "dense":
+        return dense_ttt_attention(q, k0, v0, diag_k, diag_v)
+    raise EaglekitError(f"unknown TTT attention {attention!r}", hint=f"use one of {ATTENTIONS}")
+
+
+def ttt_unroll(draft, aux: torch.Tensor, input_ids: torch.Tensor, ttt_steps: int,
+               attention: str = "merged") -> list[torch.Tensor]:
     """Run the draft for `ttt_steps` steps; returns the logits of each step.
 
     Args:
@@ -75,6 +91,7 @@ def ttt_unroll(draft, aux: torch.Tensor, input_ids: torch.Tensor, ttt_steps: int
         aux: [B, T, k*Ht] raw target aux states.
         input_ids: [B, T] raw token ids.
         ttt_steps: unroll length.
+        attention: "merged" (flash prefix + own chain, no [L, L] scores) or "dense" (the reference).
 
     Returns:
         ttt_steps tensors [B, L, Vd] (L = T-1): step j, position t predicts p_{t+1+j}; positions
@@ -96,7 +113,8 @@ def ttt_unroll(draft, aux: torch.Tensor, input_ids: torch.Tensor, ttt_steps: int
         else:
             diag_k.append(k)
             diag_v.append(v)
-        hidden = draft.finish(ttt_attention(q, k0, v0, diag_k, diag_v), residual)   # [B, L, H], pre-norm
+        attended = ttt_attention(q, k0, v0, diag_k, diag_v, attention)       # [B, nh, L, hd]
+        hidden = draft.finish(attended, residual)                             # [B, L, H], pre-norm
         logits.append(draft.logits(hidden))
     return logits
 
@@ -169,7 +187,8 @@ def walk_rows(rows: list[tuple[list[bool], list[int]]], max_drafts: int | None) 
 
 
 def ttt_loss(logits: list[torch.Tensor], batch: Batch, d2t: torch.Tensor, t2d: torch.Tensor, *,
-             weights: list[float], denominators: torch.Tensor, walk: bool = False) -> StepOutput:
+             weights: list[float], denominators: torch.Tensor, walk: bool = False,
+             fused_ce: bool = True) -> StepOutput:
     """Loss and metric sums of one unrolled batch.
 
     Args:
@@ -180,6 +199,8 @@ def ttt_loss(logits: list[torch.Tensor], batch: Batch, d2t: torch.Tensor, t2d: t
         denominators: [ttt_steps] counted positions of the whole optimizer step (all micro-batches
             and ranks), so accumulation and DDP give the loss of one big batch.
         walk: also replay greedy chain decoding (`serving_walk`; validation only, it syncs to the CPU).
+        fused_ce: the soft CE as `SoftCrossEntropy` (keeps no fp32 log-probs for the backward);
+            False: the plain formula (under torch.compile, which fuses it itself).
     """
     masks = step_masks(batch.loss_mask, len(logits))
     stats = torch.zeros(len(logits), len(STATS), dtype=torch.float64, device=batch.input_ids.device)
@@ -191,13 +212,13 @@ def ttt_loss(logits: list[torch.Tensor], batch: Batch, d2t: torch.Tensor, t2d: t
         mask = masks[j]                                                        # [B, L-j]
         teacher = batch.teacher.shifted(1 + j, 1 + j + L)
         in_vocab = t2d[teacher.argmax]
-        log_q = step_logits[:, :L].float().log_softmax(-1)                     # [B, L-j, Vd]
-        ce = teacher.cross_entropy(log_q)
+        step_logits = step_logits[:, :L]                                       # [B, L-j, Vd], a view
+        ce = soft_cross_entropy(step_logits, teacher, fused=fused_ce)          # [B, L-j] fp32
         trained = mask & in_vocab
         ce_sum = (ce * trained).sum()
         loss = loss + weights[j] * ce_sum / denominators[j].clamp(min=1).float()
         with torch.no_grad():
-            guess = log_q.argmax(-1)
+            guess = step_logits.argmax(-1)                                     # = argmax of log q
             correct = (guess + d2t[guess]) == teacher.argmax                   # compared in target ids
             prev = mask if chain is None else chain[:, :L] & mask
             chain = prev & correct

@@ -1,0 +1,191 @@
+"""One draft training step (unroll + loss + backward + AdamW), timed per implementation variant.
+
+A SmolLM2-135M-shaped draft (hidden 576, 9/3 heads, MLP 1536, vocab 49152; built from numbers, no
+download) on synthetic batches of the online recipe's shape: `--batch-tokens` / `--length` rows of
+`--length` tokens, a dense teacher over `--draft-vocab-size` ids, bf16 autocast on GPU. The target
+forward of online training is not part of it (it is the same in every variant).
+
+Variants (comma-separated `--variants`):
+  old            dense [L, L] TTT attention + the plain log-softmax soft CE, eager (the step before)
+  merged         merged attention (causal flash kernel + own chain by log-sum-exp) + plain CE, eager
+  new            merged attention + the fused soft CE, eager (the default of `eaglekit train`)
+  new-compile    `eaglekit train --compile`: merged attention, the unroll + loss under torch.compile
+  dense-compile  dense attention under torch.compile
+Each prints ms/step (median of --steps after warm-up) and the peak device memory of a step, and
+checks that its loss matches the first variant's on the same batch.
+
+GPU:  python scripts/gpu/bench_train_step.py --out $OUT
+CPU:  python scripts/gpu/bench_train_step.py --smoke   (tiny shapes, seconds; what the test runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "src"))
+
+from eaglekit.draft.config import DraftConfig  # noqa: E402
+from eaglekit.draft.model import Eagle3Draft  # noqa: E402
+from eaglekit.features.batch import Batch  # noqa: E402
+from eaglekit.features.teacher import Teacher  # noqa: E402
+from eaglekit.train.loop import TTTModel, compiled_unrolled_loss, unrolled_loss  # noqa: E402
+from eaglekit.train.optim import make_optimizer  # noqa: E402
+from eaglekit.train.ttt import step_counts  # noqa: E402
+
+VARIANTS = {  # name: (attention, compiled, fused soft CE)
+    "old": ("dense", False, False),
+    "merged": ("merged", False, False),
+    "new": ("merged", False, True),
+    "new-compile": ("merged", True, None),
+    "dense-compile": ("dense", True, None),
+}
+SMOLLM2 = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+               num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rope_theta=100000.0,
+               rms_norm_eps=1e-5, tie_word_embeddings=True)
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=512, max_position_embeddings=512, rms_norm_eps=1e-5)
+
+
+def make_draft(shape: dict, draft_vocab_size: int, device: torch.device) -> Eagle3Draft:
+    from transformers import LlamaConfig
+
+    layers = shape["num_hidden_layers"]
+    cfg = DraftConfig.for_target(LlamaConfig(**shape), aux_layer_ids=[1, layers // 2, layers - 3],
+                                 draft_vocab_size=draft_vocab_size)
+    torch.manual_seed(0)
+    draft = Eagle3Draft(cfg)
+    ids = torch.sort(torch.randperm(cfg.vocab_size)[:draft_vocab_size]).values
+    from eaglekit.draft.vocab import DraftVocab
+
+    DraftVocab(draft_ids=ids, vocab_size=cfg.vocab_size).apply_to(draft)
+    return draft.to(device).train()
+
+
+def make_batch(draft: Eagle3Draft, rows: int, length: int, device: torch.device) -> Batch:
+    """Synthetic rows: random tokens and aux states, a peaked dense teacher, assistant tokens after the first 10%."""
+    cfg = draft.config
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, cfg.vocab_size, (rows, length), generator=g)
+    mask = torch.ones(rows, length, dtype=torch.bool)
+    mask[:, : length // 10] = False
+    aux = torch.randn(rows, length, cfg.fused_width, generator=g)
+    draft_ids = draft.t2d.nonzero().squeeze(1).cpu()
+    probs = (torch.randn(rows, length, cfg.draft_vocab_size, generator=g) * 4).softmax(-1)
+    argmax = draft_ids[probs.argmax(-1)]
+    teacher = Teacher(argmax=argmax, probs=probs)
+    return Batch(ids, mask, aux, teacher, torch.full((rows,), length)).to(device)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def bench_variant(name: str, args, shape: dict, device: torch.device, autocast: bool) -> dict:
+    attention, compiled, fused = VARIANTS[name]
+    draft = make_draft(shape, args.draft_vocab_size, device)
+    model = TTTModel(draft, args.ttt_steps, attention)
+    params = [(n, p) for n, p in draft.named_parameters() if p.requires_grad]
+    optimizer = make_optimizer(params, lr=1e-4, weight_decay=0.0, betas=(0.9, 0.95))
+    batch = make_batch(draft, args.batch_tokens // args.length, args.length, device)
+    denominators = step_counts(batch.loss_mask, args.ttt_steps)
+    step_loss = compiled_unrolled_loss() if compiled else unrolled_loss
+    kw = dict(d2t=draft.d2t, t2d=draft.t2d, weights=[0.8 ** j for j in range(args.ttt_steps)])
+    if not compiled:
+        kw["fused_ce"] = fused
+
+    def step() -> float:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            out = step_loss(model, batch, denominators, **kw)
+        out.loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return out.loss.detach()
+
+    started = time.perf_counter()
+    first_loss = float(step())            # before any update: comparable across variants
+    sync(device)
+    warmup_s = time.perf_counter() - started
+    for _ in range(args.warmup - 1):
+        step()
+    sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+    times = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        step()
+        sync(device)
+        times.append((time.perf_counter() - t0) * 1000)
+    result = {"variant": name, "attention": attention, "compile": compiled, "first_loss": round(first_loss, 6),
+              "ms_per_step": round(statistics.median(times), 2), "ms_min": round(min(times), 2),
+              "first_step_s": round(warmup_s, 2),
+              "tokens_per_s": round(args.batch_tokens / (statistics.median(times) / 1000), 1)}
+    if device.type == "cuda":
+        result["peak_step_mem_gib"] = round((torch.cuda.max_memory_allocated(device) - base) / 2**30, 3)
+        result["peak_mem_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
+    del model, draft, optimizer, batch
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    torch._dynamo.reset()
+    return result
+
+
+def main(argv=None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--variants", default="old,merged,new,new-compile")
+    p.add_argument("--batch-tokens", type=int, default=16384)
+    p.add_argument("--length", type=int, default=2048, help="tokens per row (rows = batch-tokens / length)")
+    p.add_argument("--draft-vocab-size", type=int, default=16384)
+    p.add_argument("--ttt-steps", type=int, default=7)
+    p.add_argument("--steps", type=int, default=10, help="timed steps per variant")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation, allocator)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--out", default=os.environ.get("OUT"))
+    p.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, fp32")
+    args = p.parse_args(argv)
+    names = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = set(names) - set(VARIANTS)
+    if unknown:
+        raise SystemExit(f"unknown variant(s) {sorted(unknown)}; choose from {sorted(VARIANTS)}")
+    shape = SMOLLM2
+    if args.smoke:
+        shape, args.device = TINY, "cpu"
+        args.batch_tokens, args.length, args.draft_vocab_size = 64, 32, 128
+        args.ttt_steps, args.steps, args.warmup = 3, 2, 1
+    device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    autocast = device.type == "cuda"
+    results = []
+    for name in names:
+        r = bench_variant(name, args, shape, device, autocast)
+        results.append(r)
+        print(json.dumps(r), flush=True)
+    reference = results[0]["first_loss"]
+    tol = 2e-2 if autocast else 1e-4                # bf16 autocast: kernels round differently
+    for r in results:
+        r["loss_matches_first"] = abs(r["first_loss"] - reference) <= tol * max(1.0, abs(reference))
+    summary = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+               "torch": torch.__version__, "args": vars(args), "results": results}
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "bench_train_step.json").write_text(json.dumps(summary, indent=2) + "\n")
+    bad = [r["variant"] for r in results if not r["loss_matches_first"]]
+    if bad:
+        raise SystemExit(f"loss of {bad} differs from {results[0]['variant']}'s: {results}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

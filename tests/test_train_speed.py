@@ -1,0 +1,171 @@
+"""The cheaper training step computes what the plain one did: merged TTT attention vs the dense
+formula, the fused soft CE vs log_softmax, and (slow) torch.compile vs eager, in fp32 on tiny shapes."""
+
+import pytest
+import torch
+
+from eaglekit.features.teacher import Teacher
+from eaglekit.train.attention import check_merged_attention, merged_ttt_attention
+from eaglekit.train.soft_ce import soft_cross_entropy
+from eaglekit.train.ttt import dense_ttt_attention, step_counts, ttt_loss, ttt_unroll
+from test_train_ttt import batch_for, make_draft
+
+torch.set_num_threads(1)
+
+
+def attention_inputs(B=2, nh=6, nkv=2, L=13, hd=16, j=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64).float().requires_grad_()
+
+    q, k0, v0 = rand(B, nh, L, hd), rand(B, nkv, L, hd), rand(B, nkv, L, hd)
+    return q, k0, v0, [rand(B, nkv, L, hd) for _ in range(j)], [rand(B, nkv, L, hd) for _ in range(j)]
+
+
+@pytest.mark.parametrize("j", [0, 1, 3])
+@pytest.mark.parametrize("nkv", [1, 2, 6])
+def test_merged_attention_equals_dense_forward_and_gradients(j, nkv):
+    q, k0, v0, dk, dv = attention_inputs(nkv=nkv, j=j)
+    inputs = [q, k0, v0, *dk, *dv]
+    weight = torch.randn(q.shape, generator=torch.Generator().manual_seed(9))   # a loss that weights every output
+    new = merged_ttt_attention(q, k0, v0, dk, dv)
+    old = dense_ttt_attention(q, k0, v0, dk, dv)
+    torch.testing.assert_close(new, old, atol=1e-5, rtol=1e-5)
+    new_grads = torch.autograd.grad((new * weight).sum(), inputs)
+    old_grads = torch.autograd.grad((old * weight).sum(), inputs)
+    for a, b in zip(new_grads, old_grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_merged_attention_self_check_passes_on_cpu():
+    check_merged_attention(torch.device("cpu"), torch.float32)
+    check_merged_attention(torch.device("cpu"), torch.bfloat16)
+
+
+def plain_soft_ce(logits, teacher):
+    """The formula `ttt_loss` used before: log_softmax in fp32, then the teacher's cross-entropy."""
+    return teacher.cross_entropy(logits.float().log_softmax(-1))
+
+
+def teachers(B, L, V, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    dense = Teacher(argmax=torch.zeros(B, L, dtype=torch.long), probs=torch.randn(B, L, V, generator=g).softmax(-1))
+    k = 5
+    probs = torch.randn(B, L, k, generator=g).softmax(-1)
+    probs[0, 1] = 0.0                                   # a position with no teacher entry in the draft vocab
+    sparse = Teacher(argmax=dense.argmax, probs=probs, index=torch.randint(0, V, (B, L, k), generator=g))
+    return {"dense": dense, "sparse": sparse}
+
+
+@pytest.mark.parametrize("kind", ["dense", "sparse"])
+@pytest.mark.parametrize("chunk_elements", [7, 2 ** 27])   # many small position chunks, one chunk
+def test_fused_soft_ce_equals_log_softmax_formula(kind, chunk_elements):
+    B, L, V = 2, 9, 31
+    teacher = teachers(B, L + 2, V)[kind].shifted(1, 1 + L)            # strided views, as ttt_loss slices them
+    logits_full = (torch.randn(B, L + 3, V, generator=torch.Generator().manual_seed(1)) * 3).requires_grad_()
+    logits = logits_full[:, :L]
+    weight = torch.rand(B, L, generator=torch.Generator().manual_seed(2))
+    new = soft_cross_entropy(logits, teacher, chunk_elements=chunk_elements)
+    old = plain_soft_ce(logits, teacher)
+    unfused = soft_cross_entropy(logits, teacher, fused=False)
+    torch.testing.assert_close(new, old, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(unfused, old, atol=1e-5, rtol=1e-5)
+    (g_new,) = torch.autograd.grad((new * weight).sum(), logits_full)
+    (g_old,) = torch.autograd.grad((old * weight).sum(), logits_full)
+    torch.testing.assert_close(g_new, g_old, atol=1e-6, rtol=1e-5)
+
+
+def test_fused_soft_ce_keeps_bf16_logits_and_matches_fp32():
+    B, L, V = 2, 5, 40
+    teacher = teachers(B, L, V)["dense"]
+    logits = (torch.randn(B, L, V, generator=torch.Generator().manual_seed(3)) * 3).bfloat16().requires_grad_()
+    new = soft_cross_entropy(logits, teacher)
+    old = plain_soft_ce(logits, teacher)
+    assert new.dtype == torch.float32
+    torch.testing.assert_close(new, old, atol=1e-5, rtol=1e-5)     # same bf16 inputs, both fp32 inside
+    (g,) = torch.autograd.grad(new.sum(), logits)
+    assert g.dtype == torch.bfloat16
+
+
+def unrolled_loss(draft, batch, steps, **kw):
+    attention = kw.pop("attention", "merged")
+    logits = ttt_unroll(draft, batch.aux, batch.input_ids, steps, attention)
+    return ttt_loss(logits, batch, draft.d2t, draft.t2d, weights=[0.8 ** j for j in range(steps)],
+                    denominators=step_counts(batch.loss_mask, steps), **kw)
+
+
+@pytest.mark.parametrize("kind", ["dense", "sparse"])
+def test_new_step_equals_old_step_loss_stats_and_gradients(kind):
+    """merged attention + fused CE vs dense attention + the plain CE: one training step's numbers."""
+    draft = make_draft()
+    batch, _ = batch_for(draft, T=11, teacher_kind=kind, k=8)
+    steps = 4
+    params = [p for p in draft.parameters() if p.requires_grad]
+    new = unrolled_loss(draft, batch, steps)
+    new_grads = torch.autograd.grad(new.loss, params)
+    old = unrolled_loss(draft, batch, steps, attention="dense", fused_ce=False)
+    old_grads = torch.autograd.grad(old.loss, params)
+    torch.testing.assert_close(new.loss, old.loss, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(new.stats, old.stats, atol=1e-4, rtol=1e-5)
+    for a, b in zip(new_grads, old_grads):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+def compiled_vs_eager(backend, shapes):
+    """The compiled unroll + loss against the eager one on each (T, B) batch shape."""
+    from eaglekit.train.loop import TTTModel, compiled_unrolled_loss, unrolled_loss
+
+    draft = make_draft()
+    steps = 2
+    model = TTTModel(draft, steps)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    kw = dict(d2t=draft.d2t, t2d=draft.t2d, weights=[1.0, 0.8])
+    compiled = compiled_unrolled_loss(backend)
+    for T, B in shapes:
+        batch, _ = batch_for(draft, T=T, B=B)
+        den = step_counts(batch.loss_mask, steps)
+        a = compiled(model, batch, den, **kw)
+        b = unrolled_loss(model, batch, den, **kw)
+        torch.testing.assert_close(a.loss, b.loss, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(a.stats, b.stats, atol=1e-5, rtol=1e-5)
+        for x, y in zip(torch.autograd.grad(a.loss, params), torch.autograd.grad(b.loss, params)):
+            torch.testing.assert_close(x, y, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_compiled_step_traces_to_the_eager_numbers():
+    """Dynamo + AOTAutograd (the merged attention's Function, the plain CE), without inductor's codegen
+    (~1-2 minutes of tracing on 2 cores)."""
+    compiled_vs_eager("aot_eager", [(11, 2), (9, 3)])   # the second shape runs the dynamic graph
+
+
+@pytest.mark.slow
+def test_compiled_step_equals_eager_with_inductor():
+    """What --compile runs (inductor's CPU kernels; ~4 minutes on 2 cores, so one shape)."""
+    compiled_vs_eager("inductor", [(11, 2)])
+
+
+def test_compile_refuses_ddp_and_unknown_attention(tmp_path):
+    from eaglekit.errors import EaglekitError
+    from eaglekit.train.config import TrainConfig
+    from eaglekit.train.loop import check_compile_supported
+
+    with pytest.raises(EaglekitError, match="DDP"):
+        check_compile_supported(torch.device("cpu"), world_size=2)
+    with pytest.raises(EaglekitError, match="TTT attention"):
+        TrainConfig(target="x", data="x", out=str(tmp_path), ttt_attention="flash")
+
+
+def test_bench_train_step_smoke_runs_every_eager_variant(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "bench_train_step.py"
+    spec = importlib.util.spec_from_file_location("bench_train_step", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    results = module.main(["--smoke", "--variants", "old,merged,new", "--out", str(tmp_path)])
+    assert [r["variant"] for r in results] == ["old", "merged", "new"]
+    assert all(r["ms_per_step"] > 0 and r["loss_matches_first"] for r in results)
+    assert (tmp_path / "bench_train_step.json").is_file()
