@@ -71,8 +71,9 @@ class TrainConfig:
     device: str = option("auto", "auto, cpu, cuda", group="training")
     precision: str = option("auto", "auto: bf16 autocast on GPU, fp32 on CPU", group="training",
                             choices=("auto", "fp32", "bf16"))
-    ttt_attention: str = option("merged", "TTT attention: merged (causal flash kernel + each position's own "
-                                          "chain, no [L, L] scores) or dense (the reference formula)",
+    ttt_attention: str = option("dense", "TTT attention: dense (the reference formula, [L, L] scores per step) or "
+                                         "merged (causal flash kernel + each position's own chain; equal on CPU, "
+                                         "not yet run on a GPU, so not the default)",
                                 group="training", choices=ATTENTIONS)
     compile: bool = option(False, "torch.compile the draft's unrolled forward and loss (one process; off until a "
                                   "GPU has measured it)", group="training")
