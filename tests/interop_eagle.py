@@ -32,11 +32,10 @@ EAGLE_COMMIT = "cb7e0841fe0c206c6ed74a197ad5e2a1f13f5a2b"
 
 def one(req, draft_dir, out):
     import torch
-    from safetensors.torch import load_file, save_file
-
     from eagle.model.cnets import Model
     from eagle.model.configs import EConfig
     from eagle.model.ea_model import EaModel
+    from safetensors.torch import load_file, save_file
 
     torch.manual_seed(0)
     ea = EaModel.from_pretrained(use_eagle3=True, base_model_path=req["target"], ea_model_path=draft_dir,

@@ -145,10 +145,8 @@ def load(model_config):
 
 def captured_layers(server_args, target_config):
     """The target layers SGLang captures for this draft, through its own resolution code."""
-    from sglang.srt.model_executor.model_runner_components.attention_backend_setup import \
-        configure_aux_hidden_state_capture
-    from sglang.srt.model_executor.model_runner_components.spec_aux_hidden_state import \
-        resolve_spec_aux_hidden_state_config
+    from sglang.srt.model_executor.model_runner_components.attention_backend_setup import configure_aux_hidden_state_capture
+    from sglang.srt.model_executor.model_runner_components.spec_aux_hidden_state import resolve_spec_aux_hidden_state_config
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     target, _ = load(target_config)
@@ -198,8 +196,9 @@ def draft_forward(model, model_config, input_ids, aux_hidden):
 
 
 def one(req, draft, out):
-    import torch
     from importlib.metadata import version
+
+    import torch
     from safetensors.torch import load_file, save_file
 
     server_args = publish_server_args(req["target"], draft)

@@ -51,10 +51,9 @@ def test_bench_oracle_tree_multi_turn(tmp_path, tiny_target_dir, prompts_file):
 
 
 def test_bench_checkpoint_draft_chain_and_sweep(tmp_path, tiny_target_dir, prompts_file):
-    from engine_tiny import random_draft
-
     from eaglekit.draft.checkpoint import save_draft
     from eaglekit.target import load_target
+    from engine_tiny import random_draft
 
     target = load_target(tiny_target_dir)
     folder = save_draft(random_draft(target.model, aux=[1, 3, 4]), tmp_path / "draft")
@@ -69,11 +68,10 @@ def test_bench_checkpoint_draft_chain_and_sweep(tmp_path, tiny_target_dir, promp
 
 
 def test_bench_refuses_a_draft_of_another_target(tmp_path, tiny_target_dir, prompts_file, capsys):
-    from engine_tiny import random_draft
-
     from eaglekit.artifacts import write_manifest
     from eaglekit.draft.checkpoint import save_draft
     from eaglekit.target import load_target
+    from engine_tiny import random_draft
 
     target = load_target(tiny_target_dir)
     folder = save_draft(random_draft(target.model), tmp_path / "draft")
@@ -120,10 +118,9 @@ def test_bench_says_plainly_what_a_cycle_costs(tmp_path, tiny_target_dir, prompt
 
 def test_cycle_profile_splits_a_real_cycle():
     """The profile's pieces (eager on CPU) add up with the derived verify to the cycle's time."""
-    from engine_tiny import AUX, PROMPTS, peaked_model, random_draft
-
     from eaglekit.engine import DraftRunner, Engine, Sampling, SpecConfig, make_target_runner
     from eaglekit.engine.profile import cycle_profile
+    from engine_tiny import AUX, PROMPTS, peaked_model, random_draft
 
     model = peaked_model("llama")
     target = make_target_runner(model, max_len=96, aux_layer_ids=AUX)

@@ -65,7 +65,7 @@ def test_continuous_batching_refills_rows_and_equals_batch_one_decoding(arch):
         runner = make_target_runner(model, max_len=64, batch_size=2)
         decoder = BatchDecoder(runner, sampling=Sampling(), graphs=False, compile=False, chunk=1)
         queue = iter([Request(p, n, key=i) for i, (p, n) in enumerate(zip(prompts, limits))])
-        got = dict((r.key, c) for r, c in decoder.serve(lambda: next(queue, None), stops))
+        got = dict((r.key, c) for r, c in decoder.serve(lambda queue=queue: next(queue, None), stops))
         assert [got[i].tokens for i in range(len(prompts))] == [g.tokens for g in ref]
         assert [got[i].finish_reason for i in range(len(prompts))] == [g.finish_reason for g in ref]
         assert decoder.refills == len(prompts)

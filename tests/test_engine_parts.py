@@ -4,8 +4,7 @@ acceptance, cache masks, and statistical tests that sampling verification is los
 import pytest
 import torch
 
-from eaglekit.engine.accept import (chain_sampling_accept, chain_sampling_tables, greedy_accept,
-                                    tree_sampling_accept, tree_sampling_tables)
+from eaglekit.engine.accept import chain_sampling_accept, chain_sampling_tables, greedy_accept, tree_sampling_accept, tree_sampling_tables
 from eaglekit.engine.sampling import Sampling, target_probs
 from eaglekit.engine.spec import SpecConfig
 from eaglekit.engine.tree import cache_mask, chain_tree, select_tree, tree_from_parents
@@ -159,7 +158,7 @@ SHAPE = [(-1, 0), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (4, 0), (4, 1)
 def toy_tree(context: tuple):
     """Tokens by the draft's ranking at each node's context; returns the tree and per-node contexts."""
     tokens, contexts = [], []
-    for i, (parent, rank) in enumerate(SHAPE):
+    for parent, rank in SHAPE:
         if parent < 0:
             tokens.append(context[-1] if context else 0)
             contexts.append(context)

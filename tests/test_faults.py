@@ -15,7 +15,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
 from eaglekit.artifacts import write_manifest, writer_lock
 from eaglekit.cli import main

@@ -207,8 +207,8 @@ def test_time_budget_stops_the_run_and_keeps_the_best(data, tmp_path):
 @pytest.mark.slow
 def test_walk_accept_length_predicts_the_engine(data, tmp_path):
     """The held-out accept length training reports is what eaglekit's engine then measures."""
-    from eaglekit.formats.load import load_draft_for
     from eaglekit.engine import DraftRunner, Engine, Sampling, SpecConfig, make_target_runner
+    from eaglekit.formats.load import load_draft_for
     from eaglekit.target.chat import prompt_ids
     from tiny_conversations import prompts
 

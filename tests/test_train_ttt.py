@@ -11,8 +11,7 @@ from eaglekit.draft.vocab import DraftVocab
 from eaglekit.features.batch import Batch
 from eaglekit.features.teacher import dense_teacher, sparse_teacher, topk_from_logits
 from eaglekit.train.optim import load_optimizer_tensors, lr_at, make_optimizer, optimizer_tensors
-from eaglekit.train.ttt import (STATS, counted_positions, metrics_from_stats, step_counts, ttt_attention,
-                                ttt_loss, ttt_unroll)
+from eaglekit.train.ttt import STATS, counted_positions, metrics_from_stats, step_counts, ttt_attention, ttt_loss, ttt_unroll
 from tiny import tiny_config
 
 torch.set_num_threads(1)

@@ -38,8 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from eaglekit.engine import (DraftRunner, Engine, OracleDrafter, Sampling, SpecConfig,  # noqa: E402
-                             generate_batch, make_target_runner)
+from eaglekit.engine import DraftRunner, Engine, OracleDrafter, Sampling, SpecConfig, generate_batch, make_target_runner  # noqa: E402
 from eaglekit.engine.kv import ATTENTION_KINDS  # noqa: E402
 
 log = logging.getLogger("bench_engine")

@@ -135,12 +135,15 @@ def bench_variant(name: str, args, shape: dict, device: torch.device, autocast: 
     if device.type == "cuda":
         result["peak_step_mem_gib"] = round((torch.cuda.max_memory_allocated(device) - base) / 2**30, 3)
         result["peak_mem_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
-    del model, draft, optimizer, batch
+    return result
+
+
+def free_variant(device: torch.device) -> None:
+    """After a variant returned (its draft, optimizer and batch went with its frame): memory and compiles."""
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
     torch._dynamo.reset()
-    return result
 
 
 def main(argv=None) -> list[dict]:
@@ -170,6 +173,7 @@ def main(argv=None) -> list[dict]:
     results = []
     for name in names:
         r = bench_variant(name, args, shape, device, autocast)
+        free_variant(device)
         results.append(r)
         print(json.dumps(r), flush=True)
     reference = results[0]["first_loss"]

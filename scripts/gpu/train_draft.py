@@ -40,9 +40,8 @@ def log(msg: str) -> None:
 def smoke_target(work: Path) -> str:
     """A tiny random target (the test suite's) saved as an HF folder, with a sharp next-token distribution."""
     sys.path.insert(0, str(REPO / "tests"))
-    from tiny import save_tiny_target
-
     from eaglekit.target.load import load_target
+    from tiny import save_tiny_target
 
     folder = work / "tiny-target"
     if not (folder / "config.json").is_file():

@@ -123,7 +123,7 @@ def settle_oracle(engine: Engine, oracle, ids: list[int], reference: list[int], 
 def run_speculation(engine: Engine, turns: list[Turn], label: str, *, max_new_tokens: int, seed: int | None,
                     oracle=None, warmup: int = 1) -> None:
     """Speculative decoding of every recorded turn (the oracle replays the settled plain answer)."""
-    for i in range(warmup):
+    for _ in range(warmup):
         if oracle is not None:
             oracle.set_reference(turns[0].ids + turns[0].plain.tokens)
         engine.generate(turns[0].ids, max_new_tokens, seed=seed)

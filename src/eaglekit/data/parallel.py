@@ -36,8 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eaglekit.artifacts import MANIFEST, atomic_path, read_json, read_manifest, write_json, write_manifest
-from eaglekit.data.regenerate import (SHARD_PREFIX, GenerateConfig, conversation_counts, generate_folder,
-                                      load_prompts)
+from eaglekit.data.regenerate import SHARD_PREFIX, GenerateConfig, conversation_counts, generate_folder, load_prompts
 from eaglekit.errors import EaglekitError
 
 log = logging.getLogger(__name__)

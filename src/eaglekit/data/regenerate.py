@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from eaglekit.artifacts import (MANIFEST, clear_folder, read_json, read_manifest, sha256_file, sha256_json,
-                                write_json, write_manifest, writer_lock)
+from eaglekit.artifacts import MANIFEST, clear_folder, read_json, read_manifest, sha256_file, sha256_json, write_json, write_manifest, writer_lock
 from eaglekit.data.folder import JsonlShards, read_prompt_folder
 from eaglekit.data.readers import SourceSpec, read_source
 from eaglekit.data.records import Conversation, Prompt

@@ -19,7 +19,6 @@ import torch
 from eaglekit.engine.sampling import sample
 from eaglekit.engine.tree import Tree
 
-
 # ---- greedy (T = 0) ---------------------------------------------------------------------------
 
 def greedy_accept(tree: Tree, target_argmax: torch.Tensor, max_depth: int):

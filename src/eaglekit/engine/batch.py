@@ -37,8 +37,8 @@ from eaglekit.engine.flex import BLOCK
 from eaglekit.engine.graphs import COMPILE_MODE, Step, compiled
 from eaglekit.engine.kv import Refill
 from eaglekit.engine.runner import make_target_runner
-from eaglekit.engine.target_fast import fast_unsupported_reason
 from eaglekit.engine.sampling import Sampling, next_token
+from eaglekit.engine.target_fast import fast_unsupported_reason
 from eaglekit.errors import EaglekitError
 from eaglekit.target.load import Target
 

@@ -27,8 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eaglekit.engine.accept import (chain_sampling_accept, chain_sampling_tables, greedy_accept,
-                                    tree_sampling_accept, tree_sampling_tables)
+from eaglekit.engine.accept import chain_sampling_accept, chain_sampling_tables, greedy_accept, tree_sampling_accept, tree_sampling_tables
 from eaglekit.engine.graphs import COMPILE_MODE, Step, compiled
 from eaglekit.engine.sampling import Sampling, next_token, target_probs
 from eaglekit.engine.spec import SpecConfig

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eaglekit.engine.kv import ATTENTION_KINDS, KVCache, Refill, attend, group_mask, move_slots, stacked_caches
-from eaglekit.engine.tree import causal_block, cache_mask
+from eaglekit.engine.tree import cache_mask, causal_block
 from eaglekit.errors import EaglekitError
 from eaglekit.target.capture import decoder_layers
 from eaglekit.target.info import check_aux_layer_ids

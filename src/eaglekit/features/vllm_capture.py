@@ -176,9 +176,9 @@ class VllmCapture:
     def capture_shard(self, samples: list[Sample]) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file
         from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
 
         from eaglekit.features.capture import shard_tensors
-        from vllm.inputs import TokensPrompt
 
         engine = self.llm.llm_engine
         params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)

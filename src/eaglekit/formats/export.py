@@ -14,16 +14,15 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from eaglekit.artifacts import (atomic_dir, atomic_path, check_same_target, refuse_unfinished, sha256_file,
-                                write_json, write_manifest)
+from eaglekit.artifacts import atomic_dir, atomic_path, check_same_target, refuse_unfinished, sha256_file, write_json, write_manifest
 from eaglekit.draft.checkpoint import CONFIG, WEIGHTS
 from eaglekit.draft.config import DraftConfig
 from eaglekit.errors import EaglekitError
 from eaglekit.formats.configs import eagle_config, sglang_config, vllm_config
 from eaglekit.formats.detect import interpret
-from eaglekit.formats.importer import native_tensors, read_strict
 from eaglekit.formats.facts import TargetFacts, target_facts
 from eaglekit.formats.folder import read_folder
+from eaglekit.formats.importer import native_tensors, read_strict
 from eaglekit.formats.names import check_format, to_format
 from eaglekit.target.info import to_engine_convention
 from eaglekit.target.load import DTYPES

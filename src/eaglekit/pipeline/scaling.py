@@ -204,7 +204,7 @@ def markdown(table: dict) -> str:
 
 def plot(table: dict) -> str | None:
     """tau (walk, simulated, bench) and step-0 accuracy against tokens, side by side in one SVG."""
-    from eaglekit.report.svg import H, W, Series, line_chart
+    from eaglekit.report.svg import H, Series, W, line_chart
 
     done = [r for r in table["rows"] if r.get("tokens") is not None]
     if not done:

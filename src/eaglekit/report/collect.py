@@ -91,11 +91,11 @@ def read_log(path: Path) -> tuple[list[dict], list[dict], str]:
     for i, line in enumerate(lines):
         try:
             event = json.loads(line)
-        except json.JSONDecodeError:
+        except json.JSONDecodeError as err:
             if i == len(lines) - 1:
                 note = "its last log line is torn (a killed run) and was not read"
                 continue
-            raise EaglekitError(f"{path}: line {i + 1} is not JSON", hint="the training log is corrupt")
+            raise EaglekitError(f"{path}: line {i + 1} is not JSON", hint="the training log is corrupt") from err
         (val if event.get("event") == "val" else train if event.get("event") == "train" else []).append(event)
     return train, val, note
 

@@ -11,7 +11,6 @@ import os
 import sys
 
 
-
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a draft with training-time test (TTT)",
                        description="Train an EAGLE-3 draft. Offline: --features DIR (from `eaglekit features`). "

@@ -23,12 +23,12 @@ from eaglekit.artifacts import AUX_CONVENTION, clear_folder, write_manifest, wri
 from eaglekit.draft.checkpoint import save_draft
 from eaglekit.errors import EaglekitError
 from eaglekit.train import distributed
+from eaglekit.train.attention import check_merged_attention
 from eaglekit.train.config import TrainConfig
 from eaglekit.train.data import BatchPlan, eval_batches
 from eaglekit.train.optim import load_optimizer_tensors, lr_at, make_optimizer, optimizer_tensors
 from eaglekit.train.setup import Run, prepare
 from eaglekit.train.state import latest_state, load_state, restore_rng, save_state
-from eaglekit.train.attention import check_merged_attention
 from eaglekit.train.tracker import Tracker
 from eaglekit.train.ttt import STATS, StepOutput, metrics_from_stats, step_counts, ttt_loss, ttt_unroll
 

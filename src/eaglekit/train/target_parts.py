@@ -15,9 +15,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from eaglekit.target.load import (generation_eos_ids, load_target, load_tokenizer, stop_token_ids,
-                                  target_fingerprint, text_config)
 from eaglekit.target.info import load_config
+from eaglekit.target.load import generation_eos_ids, load_target, load_tokenizer, stop_token_ids, target_fingerprint, text_config
 from eaglekit.target.source import TargetSource, resolve_target
 
 log = logging.getLogger(__name__)
