@@ -251,3 +251,19 @@ def test_init_from_with_no_steps_validates_the_draft_as_trained(data, tmp_path):
     assert measured["sim_accept_length"] == pytest.approx(best["sim_accept_length"], abs=1e-6)
     with pytest.raises(EaglekitError, match="brings its own vocab"):
         config(data, tmp_path / "other", max_steps=0, init_from=str(tmp_path / "first"), vocab="v.safetensors")
+
+
+# Golden values (torchtune style): 12 steps on the tiny seeded target, CPU fp32, one thread. A change
+# that moves them changed what training computes; if that was meant, say why in the commit and pin
+# the new values. Printed by the test on a mismatch.
+GOLDEN = {"ce": [4.62891, 4.4626, 4.42216], "acc": [0.12821, 0.1352, 0.1352], "sim_accept_length": 1.27582,
+          "walk_accept_length": 1.1224}
+
+
+def test_golden_values_of_a_short_run(data, tmp_path):
+    manifest = train(config(data, tmp_path / "run", max_steps=12, val_every=12))
+    best = manifest["best"]
+    got = {key: best[key] for key in GOLDEN}
+    print("golden:", json.dumps(got))
+    for key, want in GOLDEN.items():
+        assert got[key] == pytest.approx(want, rel=1e-3, abs=1e-4), (key, got[key], want)
