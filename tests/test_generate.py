@@ -138,6 +138,9 @@ def test_cli_writes_shards_and_manifest(tmp_path, tiny_target_dir, tiny):
     assert counts["conversations"] == 12 and sum(counts["by_split"].values()) == 12 and counts["skipped"] == 0
     assert counts["answer_tokens"] == sum(r["meta"]["num_tokens"] for r in rows)
     assert counts["assistant_turns"] == 12 + 3  # p0, p5, p10 have two turns
+    turns = [t for r in rows for t in r["meta"]["turns"]]
+    assert sum(counts["answer_finish_reason"].values()) == 15      # per answer, where finish_reason is per conversation
+    assert counts["answer_tokens_cut_at_limit"] == sum(t["num_tokens"] for t in turns if t["finish_reason"] == "length")
     for r in rows:
         assert set(r) == {"id", "source", "split", "messages", "meta"}
         assert [m["role"] for m in r["messages"]] == ["user", "assistant"] * (len(r["messages"]) // 2)

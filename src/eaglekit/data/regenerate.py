@@ -256,8 +256,13 @@ def conversation_counts(out: Path, shard_size: int) -> dict:
     finish = Counter(r["meta"]["finish_reason"] for r in rows)
     # Answers by where their num_tokens comes from; rows written before it was recorded: "unrecorded".
     counted_by = Counter(t.get("counted_by", "unrecorded") for r in rows for t in r["meta"]["turns"])
+    turns = [t for r in rows for t in r["meta"]["turns"]]
+    # finish_reason is per conversation (its worst turn); these are per answer: how much of the data
+    # is answers cut at the token limit (a small target often loops until it is cut).
+    by_answer = Counter(t["finish_reason"] for t in turns)
+    cut = sum(t["num_tokens"] for t in turns if t["finish_reason"] == "length")
     return {"conversations": len(rows), "by_split": dict(by_split), "skipped": len(skipped),
-            "assistant_turns": sum(len(r["meta"]["turns"]) for r in rows),
+            "assistant_turns": len(turns),
             "answer_tokens": sum(r["meta"]["num_tokens"] for r in rows), "counted_by": dict(counted_by),
-            "finish_reason": dict(finish),
+            "finish_reason": dict(finish), "answer_finish_reason": dict(by_answer), "answer_tokens_cut_at_limit": cut,
             "shards": [p.name for p in shards.paths()]}
