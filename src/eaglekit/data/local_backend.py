@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterable, Iterator
 
+from eaglekit.data.quality import loop_tail
 from eaglekit.data.records import Answer, Conversation
 from eaglekit.engine.batch import Request
 from eaglekit.errors import EaglekitError
@@ -129,8 +130,9 @@ class LocalBackend:
         tokens = completion.token_ids
         body = tokens[:-1] if completion.finish_reason == "stop" else tokens
         text = self.tokenizer.decode(body, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        loops = loop_tail(tokens) if completion.finish_reason == "length" else 0   # a loop runs until it is cut
         conv.answers.append(Answer(text=text, finish_reason=completion.finish_reason, num_tokens=len(tokens),
-                                   counted_by="generator", prompt_tokens=len(ids)))
+                                   counted_by="generator", prompt_tokens=len(ids), loop_tokens=loops))
 
     def _answer(self, batch: list[tuple[Conversation, list[int]]]) -> list[tuple[Conversation, bool]]:
         """Generate the next turn of each conversation; True where more turns remain."""

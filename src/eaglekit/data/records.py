@@ -102,6 +102,7 @@ class Answer:
     num_tokens: int  # tokens generated, the end-of-turn token included
     counted_by: str  # where num_tokens comes from: "generator", "server" or "tokenizer"
     prompt_tokens: int | None = None
+    loop_tokens: int | None = None  # trailing tokens that repeat a loop (`data.quality.loop_tail`); None: not measured
 
 
 @dataclass
@@ -125,7 +126,7 @@ class Conversation:
     def to_json(self) -> dict:
         n = len(self.answers)
         turns = [{"finish_reason": a.finish_reason, "num_tokens": a.num_tokens, "counted_by": a.counted_by}
-                 for a in self.answers]
+                 | ({} if a.loop_tokens is None else {"loop_tokens": a.loop_tokens}) for a in self.answers]
         finish = "length" if any(a.finish_reason == "length" for a in self.answers) else "stop"
         if self.skipped is not None:
             finish = "context_length"

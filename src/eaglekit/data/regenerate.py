@@ -31,6 +31,7 @@ from eaglekit.errors import EaglekitError
 log = logging.getLogger(__name__)
 RUN_FILE = "run.json"
 SHARD_PREFIX = "conversations"
+LOOP_WARN = 0.10          # warn when more of the answer tokens than this are loops (`data.quality`)
 
 
 @dataclass(frozen=True)
@@ -241,6 +242,11 @@ def _finish(out: Path, shards: JsonlShards, identity: dict, config: GenerateConf
                      loop["refill_padded_tokens"], loop["other_s"], loop["wall_s"])
     manifest = write_manifest(out, stage="generate", config=resolved, target=identity["target"],
                               inputs=identity["inputs"], counts=counts, extra=extra)
+    loops = counts["answer_tokens_in_loops"] / max(counts["answer_tokens"], 1)
+    if loops > LOOP_WARN:
+        log.warning("%.0f %% of the answer tokens are loops at the end of answers cut at --max-new-tokens (the target "
+                    "repeats itself until cut): cheap to draft, little to learn from; a lower --max-new-tokens "
+                    "spends less generation and training on them", 100 * loops)
     log.info("wrote %s: %d conversations (%s), %d skipped, %d answer tokens; last run %.1f prompts/s, %.0f tokens/s",
              out, counts["conversations"], counts["by_split"], counts["skipped"], counts["answer_tokens"],
              speed["prompts_per_s"], speed["tokens_per_s"])
@@ -265,4 +271,5 @@ def conversation_counts(out: Path, shard_size: int) -> dict:
             "assistant_turns": len(turns),
             "answer_tokens": sum(r["meta"]["num_tokens"] for r in rows), "counted_by": dict(counted_by),
             "finish_reason": dict(finish), "answer_finish_reason": dict(by_answer), "answer_tokens_cut_at_limit": cut,
+            "answer_tokens_in_loops": sum(t.get("loop_tokens") or 0 for t in turns),
             "shards": [p.name for p in shards.paths()]}
