@@ -11,17 +11,21 @@ text, and a single-turn conversation's ids before the answer are the generation 
 from __future__ import annotations
 
 import copy
+import random
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
 import pytest
+import torch
 from tiny import tiny_tokenizer
 from tokenizers import AddedToken
 
 from eaglekit.errors import EaglekitError
-from eaglekit.target.chat import prompt_ids, tokenize_conversation
+from eaglekit.features import conversations as conversations_mod
+from eaglekit.features.conversations import tokenize_conversations
+from eaglekit.target.chat import assistant_spans, common_prefix, prompt_ids, render, tokenize_conversation
 
 TEMPLATES = Path(__file__).parent / "assets" / "chat_templates"
 THINK = "<think>\n\n</think>\n\n"  # what Qwen3 writes before an answer without reasoning
@@ -251,6 +255,78 @@ def test_max_length_truncates():
     whole = tokenize_conversation(tok, CONVERSATIONS["multi"])
     cut = tokenize_conversation(tok, CONVERSATIONS["multi"], max_length=7)
     assert cut.input_ids == whole.input_ids[:7] and cut.loss_mask == whole.loss_mask[:7]
+
+
+def one_by_one(tok, messages: list[dict], max_length: int) -> tuple[list[int], list[int]]:
+    """Ids and mask as tokenize_conversation made them before batching: one tokenizer.encode per text."""
+    def encode(text):
+        return tok.encode(text, add_special_tokens=False) if text else []
+
+    full = render(tok, messages, add_generation_prompt=False)
+    spans = assistant_spans(tok, messages, full)
+    ids = encode(full[:spans[0][0]])
+    mask = [0] * len(ids)
+    for n, (start, end) in enumerate(spans):
+        piece = encode(full[start:spans[n + 1][0] if n + 1 < len(spans) else len(full)])
+        written = encode(full[start:end])
+        assert piece[:len(written)] == written
+        ids += piece
+        mask += [1] * len(written) + [0] * (len(piece) - len(written))
+    return ids[:max_length], mask[:max_length]
+
+
+def varied_rows(n: int) -> list[dict]:
+    """Single- and multi-turn conversations (some with a system message, some ending with a user turn)."""
+    words = "Paris river ☕ café 42 the of, and\n - **bold** `code` (x) 3.14 é".split(" ")
+    rows = []
+    for i in range(n):
+        messages = [SYSTEM] if i % 4 == 0 else []
+        for turn in range(1 + i % 3):
+            text = " ".join(words[(i * 7 + k * (turn + 3)) % len(words)] for k in range(5 + (i * turn) % 17))
+            messages += [{"role": "user", "content": f"Q{i}.{turn}: {text}?"},
+                         {"role": "assistant", "content": f"{text}.\n\n{text[::-1]}"}]
+        rows.append({"id": f"r{i}", "messages": messages + ([Q2] if i % 5 == 4 else [])})
+    return rows
+
+
+@pytest.mark.parametrize("name", [n for n, f in FAMILIES.items() if f.system == "ok"])
+def test_batched_tokenization_is_one_by_one(name, monkeypatch):
+    """tokenize_conversations encodes many conversations' texts in one call (chunks across conversations):
+    ids, masks and order are those of one encode per text, with truncation."""
+    monkeypatch.setattr(conversations_mod, "CHUNK", 4)
+    tok = family_tokenizer(name)
+    rows = varied_rows(11) + [{"id": k, "messages": m} for k, m in CONVERSATIONS.items()]
+    samples, counts = tokenize_conversations(tok, rows, max_length=300, workers=3)
+    assert [s.id for s in samples] == [r["id"] for r in rows] and counts["dropped"] == 0
+    assert any(s.length == 300 for s in samples) and any(s.length < 300 for s in samples)
+    for sample, row in zip(samples, rows):
+        ids, mask = one_by_one(tok, row["messages"], 300)
+        assert sample.input_ids.tolist() == ids and sample.loss_mask.tolist() == [bool(m) for m in mask]
+        assert sample.input_ids.dtype == torch.long and sample.loss_mask.dtype == torch.bool
+        one = tokenize_conversation(tok, row["messages"], max_length=300)
+        assert (one.input_ids, one.loss_mask) == (ids, mask)
+
+
+def test_batched_tokenization_raises_for_a_bad_conversation(monkeypatch):
+    monkeypatch.setattr(conversations_mod, "CHUNK", 2)
+    rows = varied_rows(9)
+    rows[7]["messages"] = [Q1, {"role": "assistant", "content": "Paris<|im_end|> and more"}]
+    with pytest.raises(EaglekitError, match="not found verbatim"):
+        tokenize_conversations(family_tokenizer("qwen2_5"), rows, max_length=300, workers=2)
+
+
+def test_common_prefix_is_the_character_loop():
+    def loop(a, b):
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        return n
+
+    rng = random.Random(0)
+    for _ in range(500):
+        a = "".join(rng.choice("ab☕") for _ in range(rng.randint(0, 40)))
+        b = a[:rng.randint(0, len(a))] + "".join(rng.choice("ab☕") for _ in range(rng.randint(0, 5)))
+        assert common_prefix(a, b) == common_prefix(b, a) == loop(a, b)
 
 
 @pytest.mark.slow

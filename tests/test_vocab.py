@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from eaglekit.draft import vocab as vocab_mod
 from eaglekit.draft.vocab import DraftVocab, build_draft_vocab, count_assistant_tokens
 from eaglekit.errors import EaglekitError
 
@@ -14,6 +15,17 @@ def counts_of(pairs, V=20):
 def test_counts_only_assistant_tokens():
     counts = counts_of([([5, 6, 6, 7], [0, 1, 1, 0]), ([7, 7, 3], [1, 1, 1])])
     assert counts[6] == 2 and counts[7] == 2 and counts[3] == 1 and counts[5] == 0 and counts.sum() == 5
+
+
+def test_counts_over_chunks_are_per_sample_counts(monkeypatch):
+    """Counting bincounts many samples at once: the same counts as one bincount per sample."""
+    monkeypatch.setattr(vocab_mod, "COUNT_CHUNK", 7)
+    gen = torch.Generator().manual_seed(0)
+    pairs = [(torch.randint(0, 50, (n,), generator=gen), torch.rand(n, generator=gen) < 0.6) for n in range(0, 30, 3)]
+    expected = sum(torch.bincount(ids[mask], minlength=50) for ids, mask in pairs)
+    assert torch.equal(count_assistant_tokens(iter(pairs), 50), expected)
+    assert torch.equal(count_assistant_tokens(((i.tolist(), m.int().tolist()) for i, m in pairs), 50), expected)
+    assert count_assistant_tokens([], 50).tolist() == [0] * 50
 
 
 def test_top_n_sorted_ascending_with_offsets_and_mask():
@@ -59,8 +71,10 @@ def test_no_assistant_tokens_and_bad_sizes_are_refused():
     counts = torch.ones(20, dtype=torch.long)
     with pytest.raises(EaglekitError, match="must be in 1..20"):
         build_draft_vocab(counts, 21)
-    with pytest.raises(EaglekitError, match="outside the target vocab"):
+    with pytest.raises(EaglekitError, match="token id 25 is outside the target vocab"):
         count_assistant_tokens([([25], [1])], 20)
+    with pytest.raises(EaglekitError, match="token id -1 is outside the target vocab"):
+        count_assistant_tokens([([3, -1], [1, 1])], 20)
 
 
 def test_save_load_round_trip(tmp_path):

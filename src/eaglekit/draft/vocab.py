@@ -27,6 +27,7 @@ from eaglekit.artifacts import atomic_path
 from eaglekit.errors import EaglekitError
 
 VOCAB_FILE = "vocab.safetensors"
+COUNT_CHUNK = 1 << 22  # ids per bincount: each call costs O(V), so one per ~4M tokens, not one per conversation
 
 
 @dataclass
@@ -153,15 +154,27 @@ def count_assistant_tokens(samples: Iterable[tuple[list[int] | torch.Tensor, lis
         [V] int64 counts.
     """
     counts = torch.zeros(vocab_size, dtype=torch.long)
+    picked: list[torch.Tensor] = []
+    held = 0
     for ids, mask in samples:
         ids = torch.as_tensor(ids, dtype=torch.long)
-        mask = torch.as_tensor(mask).to(torch.bool)
-        picked = ids[mask]
-        if picked.numel() and (int(picked.max()) >= vocab_size or int(picked.min()) < 0):
-            raise EaglekitError(f"token id {int(picked.max())} is outside the target vocab ({vocab_size})",
-                                hint="the data was tokenized with another tokenizer")
-        counts += torch.bincount(picked, minlength=vocab_size)
+        picked.append(ids[torch.as_tensor(mask).to(torch.bool)])
+        held += picked[-1].numel()
+        if held >= COUNT_CHUNK:
+            counts += bincount_ids(torch.cat(picked), vocab_size)
+            picked, held = [], 0
+    if picked:
+        counts += bincount_ids(torch.cat(picked), vocab_size)
     return counts
+
+
+def bincount_ids(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[N] int64 ids -> [V] int64 counts; refuses ids outside the vocabulary."""
+    top, low = (int(ids.max()), int(ids.min())) if ids.numel() else (0, 0)
+    if top >= vocab_size or low < 0:
+        raise EaglekitError(f"token id {top if top >= vocab_size else low} is outside the target vocab ({vocab_size})",
+                            hint="the data was tokenized with another tokenizer")
+    return torch.bincount(ids, minlength=vocab_size)
 
 
 def build_draft_vocab(counts: torch.Tensor, draft_vocab_size: int, *, always_include: Iterable[int] = (),

@@ -11,6 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,9 +21,10 @@ import torch
 
 from eaglekit.artifacts import check_same_target, read_manifest, sha256_file
 from eaglekit.errors import EaglekitError
-from eaglekit.target.chat import tokenize_conversation
+from eaglekit.target.chat import conversation_texts, encode_texts, join_pieces, special_tokens
 
 log = logging.getLogger(__name__)
+CHUNK = 128  # conversations per tokenizer call: ~400 texts for the Rust loop, few ids held as Python lists
 
 
 @dataclass
@@ -88,8 +92,13 @@ def read_conversations(path: str | Path, *, target_fingerprint: dict | None = No
     return rows, fingerprint
 
 
-def tokenize_conversations(tokenizer, rows: list[dict], *, max_length: int) -> tuple[list[Sample], dict]:
+def tokenize_conversations(tokenizer, rows: list[dict], *, max_length: int,
+                           workers: int | None = None) -> tuple[list[Sample], dict]:
     """Tokenize with the target's template; drop conversations without assistant tokens.
+
+    The ids and masks are `eaglekit.target.chat.tokenize_conversation`'s, in the order of `rows`.
+    The texts of `CHUNK` conversations go to the tokenizer in one call, on `workers` threads (a
+    fast tokenizer encodes without the GIL, so chunks encode while the next ones are rendered).
 
     Returns:
         (samples, counts) where counts has conversations, dropped, tokens and assistant_tokens.
@@ -98,23 +107,41 @@ def tokenize_conversations(tokenizer, rows: list[dict], *, max_length: int) -> t
         EaglekitError: no conversation has an assistant token (an empty dataset for training).
     """
     samples: list[Sample] = []
-    dropped = 0
-    for row in rows:
-        tok = tokenize_conversation(tokenizer, row["messages"], max_length=max_length)
-        if sum(tok.loss_mask[1:]) == 0:  # the first token is never predicted
-            dropped += 1
-            continue
-        samples.append(Sample(row["id"], torch.tensor(tok.input_ids, dtype=torch.long),
-                              torch.tensor(tok.loss_mask, dtype=torch.bool)))
-    if not samples:
+    specials = special_tokens(tokenizer)
+    chunks = [rows[i:i + CHUNK] for i in range(0, len(rows), CHUNK)]
+
+    def texts_of(chunk: list[dict]) -> list[list[str]]:
+        return [conversation_texts(tokenizer, row["messages"], specials=specials) for row in chunk]
+
+    def take(chunk: list[dict], texts: list[list[str]], encoded: Future) -> None:
+        flat = iter(encoded.result())
+        for row, conv in zip(chunk, texts):
+            tok = join_pieces(conv, [next(flat) for _ in conv], max_length=max_length)
+            samples.append(Sample(row["id"], torch.tensor(tok.input_ids, dtype=torch.long),
+                                  torch.tensor(tok.loss_mask, dtype=torch.bool)))
+
+    workers = workers or min(8, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        pending: deque = deque()   # chunks in flight (their ids are Python lists: keep few)
+        for n, chunk in enumerate(chunks):
+            texts = texts_of(chunk)
+            pending.append((chunk, texts, pool.submit(encode_texts, tokenizer, [t for conv in texts for t in conv])))
+            # The first call runs alone: it may set the tokenizer's truncation/padding state.
+            if n == 0 or len(pending) > 2 * workers:
+                take(*pending.popleft())
+        while pending:
+            take(*pending.popleft())
+    kept = [s for s in samples if bool(s.loss_mask[1:].any())]   # the first token is never predicted
+    dropped = len(samples) - len(kept)
+    if not kept:
         raise EaglekitError(f"none of the {len(rows)} conversations has an assistant token to learn from",
                             hint="the dataset is empty for training: add conversations with assistant answers")
     if dropped:
         log.warning("dropped %d of %d conversations without assistant tokens", dropped, len(rows))
-    counts = {"conversations": len(samples), "dropped": dropped,
-              "tokens": sum(s.length for s in samples),
-              "assistant_tokens": int(sum(int(s.loss_mask.sum()) for s in samples))}
-    return samples, counts
+    counts = {"conversations": len(kept), "dropped": dropped,
+              "tokens": sum(s.length for s in kept),
+              "assistant_tokens": int(sum(int(s.loss_mask.sum()) for s in kept))}
+    return kept, counts
 
 
 def is_validation(sample_id: str, fraction: float) -> bool:

@@ -101,10 +101,19 @@ def answer_text(content: str) -> str:
 
 
 def common_prefix(a: str, b: str) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
+    """Length of the longest common prefix (string compares in C: this runs once per turn on whole
+    conversations, where a character loop in Python cost seconds per thousand conversations)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def history_start(full: str, history: str, prompt: str, expected: str, turn: int) -> int:
@@ -134,9 +143,11 @@ def history_start(full: str, history: str, prompt: str, expected: str, turn: int
     return len(history) + starts[0]
 
 
-def assistant_spans(tokenizer, messages: list[dict], full: str, **template_kwargs) -> list[tuple[int, int]]:
-    """Character spans [start, end) of each assistant turn in `full`, end-of-turn token included."""
-    specials = special_tokens(tokenizer)
+def assistant_spans(tokenizer, messages: list[dict], full: str, *, specials: list[str] | None = None,
+                    **template_kwargs) -> list[tuple[int, int]]:
+    """Character spans [start, end) of each assistant turn in `full`, end-of-turn token included.
+    `specials`: `special_tokens(tokenizer)`, when the caller already has them."""
+    specials = special_tokens(tokenizer) if specials is None else specials
     spans: list[tuple[int, int]] = []
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
@@ -161,7 +172,8 @@ def assistant_spans(tokenizer, messages: list[dict], full: str, **template_kwarg
                 hint=f"the template rewrites assistant text (or the text holds a special token); {NOT_EXACT}")
         # The end-of-turn token must be the template's own end of this turn, not the next turn's header:
         # it must also end the turn when the conversation stops right after it.
-        alone = render(tokenizer, messages[: i + 1], add_generation_prompt=False, **template_kwargs)
+        last = i + 1 == len(messages)   # the conversation cut after its last turn is the whole one
+        alone = full if last else render(tokenizer, messages[: i + 1], add_generation_prompt=False, **template_kwargs)
         same = common_prefix(alone, full)
         if same < start:
             raise EaglekitError(
@@ -180,8 +192,49 @@ def assistant_spans(tokenizer, messages: list[dict], full: str, **template_kwarg
     return spans
 
 
-def encode(tokenizer, text: str) -> list[int]:
-    return tokenizer.encode(text, add_special_tokens=False) if text else []
+def encode_texts(tokenizer, texts: list[str]) -> list[list[int]]:
+    """`tokenizer.encode(text, add_special_tokens=False)` of each text (an empty one: no ids), in one
+    tokenizer call: a fast tokenizer runs the batch in Rust."""
+    filled = [t for t in texts if t]
+    ids = iter(tokenizer(filled, add_special_tokens=False, return_attention_mask=False)["input_ids"] if filled else ())
+    return [next(ids) if t else [] for t in texts]
+
+
+def conversation_texts(tokenizer, messages: list[dict], *, specials: list[str] | None = None,
+                       **template_kwargs) -> list[str]:
+    """The texts a conversation's tokens come from, cut where assistant turns start (see module doc):
+    [before the first turn, then per assistant turn: its piece (the turn + template text up to the next
+    turn), its written part (the turn alone, end-of-turn token included)].
+
+    Raises:
+        EaglekitError: no template, malformed messages, or a template that cannot be masked exactly.
+    """
+    check_messages(messages)
+    full = render(tokenizer, messages, add_generation_prompt=False, **template_kwargs)
+    spans = assistant_spans(tokenizer, messages, full, specials=specials, **template_kwargs)
+    texts = [full[:spans[0][0] if spans else len(full)]]
+    for n, (start, end) in enumerate(spans):
+        piece_end = spans[n + 1][0] if n + 1 < len(spans) else len(full)
+        texts += [full[start:piece_end], full[start:end]]
+    return texts
+
+
+def join_pieces(texts: list[str], encoded: list[list[int]], *, max_length: int | None = None) -> TokenizedConversation:
+    """Ids and loss mask from `conversation_texts` and their `encode_texts`."""
+    ids = list(encoded[0])
+    mask = [0] * len(ids)
+    for n in range(1, len(texts), 2):
+        piece, written = encoded[n], encoded[n + 1]
+        if piece[:len(written)] != written:
+            raise EaglekitError(
+                f"the tokenizer merges the end of assistant text {texts[n + 1][-40:]!r} with the text "
+                "after it, so its tokens cannot be masked exactly",
+                hint=NOT_EXACT)
+        ids += piece
+        mask += [1] * len(written) + [0] * (len(piece) - len(written))
+    if max_length is not None:
+        ids, mask = ids[:max_length], mask[:max_length]
+    return TokenizedConversation(input_ids=ids, loss_mask=mask)
 
 
 def tokenize_conversation(tokenizer, messages: list[dict], *, max_length: int | None = None,
@@ -197,26 +250,8 @@ def tokenize_conversation(tokenizer, messages: list[dict], *, max_length: int | 
     Raises:
         EaglekitError: no template, malformed messages, or a template that cannot be masked exactly.
     """
-    check_messages(messages)
-    full = render(tokenizer, messages, add_generation_prompt=False, **template_kwargs)
-    spans = assistant_spans(tokenizer, messages, full, **template_kwargs)
-    first = spans[0][0] if spans else len(full)
-    ids = encode(tokenizer, full[:first])
-    mask = [0] * len(ids)
-    for n, (start, end) in enumerate(spans):
-        piece_end = spans[n + 1][0] if n + 1 < len(spans) else len(full)
-        piece = encode(tokenizer, full[start:piece_end])  # the turn + template text up to the next turn
-        written = encode(tokenizer, full[start:end])
-        if piece[:len(written)] != written:
-            raise EaglekitError(
-                f"the tokenizer merges the end of assistant text {full[start:end][-40:]!r} with the text "
-                "after it, so its tokens cannot be masked exactly",
-                hint=NOT_EXACT)
-        ids += piece
-        mask += [1] * len(written) + [0] * (len(piece) - len(written))
-    if max_length is not None:
-        ids, mask = ids[:max_length], mask[:max_length]
-    return TokenizedConversation(input_ids=ids, loss_mask=mask)
+    texts = conversation_texts(tokenizer, messages, **template_kwargs)
+    return join_pieces(texts, encode_texts(tokenizer, texts), max_length=max_length)
 
 
 def prompt_ids(tokenizer, messages: list[dict], **template_kwargs) -> list[int]:
