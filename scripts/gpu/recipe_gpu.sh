@@ -82,8 +82,12 @@ pack() {  # what exists so far, in one archive (files back from $OUT: at most 8)
   tar -czf "$OUT/results.tar.gz" -C "$W" "${files[@]}" 2>/dev/null
   # The exported draft (bf16, ~29 MB), in parts under the 16 MiB a returned file may have, so that a
   # later session can bench it without training again (cat draft.part-* | tar -x).
-  if [[ -e $RUN/export/vllm/model.safetensors ]]; then
+  local bytes
+  bytes=$(du -sb "$RUN/export/vllm" 2>/dev/null | cut -f1)
+  if [[ -e $RUN/export/vllm/model.safetensors ]] && (( bytes < 45000000 )); then   # 3 parts + 3 files <= 8
     tar -cf - -C "$RUN/export" vllm | split -b 15m - "$OUT/draft.part-"
+  elif [[ -e $RUN/export/vllm/model.safetensors ]]; then
+    stamp "the exported draft is $bytes bytes: too large to return in parts (at most 8 files of 16 MiB)"
   fi
   cp "$LOG" "$OUT/session.log"
   nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader > "$OUT/gpu.txt" 2>/dev/null

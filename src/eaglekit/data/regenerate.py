@@ -242,7 +242,7 @@ def _finish(out: Path, shards: JsonlShards, identity: dict, config: GenerateConf
                      loop["refill_padded_tokens"], loop["other_s"], loop["wall_s"])
     manifest = write_manifest(out, stage="generate", config=resolved, target=identity["target"],
                               inputs=identity["inputs"], counts=counts, extra=extra)
-    loops = counts["answer_tokens_in_loops"] / max(counts["answer_tokens"], 1)
+    loops = (counts["answer_tokens_in_loops"] or 0) / max(counts["answer_tokens_checked_for_loops"], 1)
     if loops > LOOP_WARN:
         log.warning("%.0f %% of the answer tokens are loops at the end of answers cut at --max-new-tokens (the target "
                     "repeats itself until cut): cheap to draft, little to learn from; a lower --max-new-tokens "
@@ -267,9 +267,12 @@ def conversation_counts(out: Path, shard_size: int) -> dict:
     # is answers cut at the token limit (a small target often loops until it is cut).
     by_answer = Counter(t["finish_reason"] for t in turns)
     cut = sum(t["num_tokens"] for t in turns if t["finish_reason"] == "length")
+    checked = [t for t in turns if "loop_tokens" in t]
     return {"conversations": len(rows), "by_split": dict(by_split), "skipped": len(skipped),
             "assistant_turns": len(turns),
             "answer_tokens": sum(r["meta"]["num_tokens"] for r in rows), "counted_by": dict(counted_by),
             "finish_reason": dict(finish), "answer_finish_reason": dict(by_answer), "answer_tokens_cut_at_limit": cut,
-            "answer_tokens_in_loops": sum(t.get("loop_tokens") or 0 for t in turns),
+            # Over the answers whose loops were looked for (eaglekit's own backends); None: none were.
+            "answer_tokens_in_loops": (sum(t["loop_tokens"] for t in checked) if checked else None),
+            "answer_tokens_checked_for_loops": sum(t["num_tokens"] for t in checked),
             "shards": [p.name for p in shards.paths()]}

@@ -191,6 +191,8 @@ class BatchDecoder:
         # Compiled once with dynamic shapes (rows x padded prompt length vary per refill): Inductor
         # fuses the eager forward's ~1400 kernel launches (26 ms for 32 prompts on an H200).
         self._compiled_refill = torch.compile(self._refill_rows, dynamic=True, mode=compile_mode) if refill == "compiled" else None
+        if refill == "compiled":
+            self._warm_refill()
         self.step.capture()                        # on dummy state: every row empty
 
     def _step(self) -> None:
@@ -245,6 +247,15 @@ class BatchDecoder:
             return longest
         return min(-(-longest // REFILL_ALIGN) * REFILL_ALIGN, self.L)
 
+    def _warm_refill(self) -> None:
+        """Compile the refill now, on a dummy prompt in row 0 (then every row empty again), so that the
+        build includes it and a run's refill time does not."""
+        long = dict(dtype=torch.long, device=self.device)
+        ids = torch.zeros(1, min(REFILL_ALIGN, self.L), **long)
+        self._refill_compiled(ids, torch.ones(1, **long), torch.ones(1, **long), torch.zeros(1, **long))
+        for t in (self.tok, self.pos, self.last, self.out, self.live):
+            t.zero_()
+
     def _refill_compiled(self, ids: torch.Tensor, n: torch.Tensor, budget: torch.Tensor, rows: torch.Tensor) -> None:
         """The compiled refill, one graph for every shape: a single row is sent twice (the same
         values written to the same places), since a size of 1 would be compiled apart, and sizes
@@ -266,6 +277,9 @@ class BatchDecoder:
         positions = (cols.view(1, P) - pad.view(-1, 1)).clamp(min=0)
         logits, _ = self.runner(ids, positions, Refill(rows, slots), padded_mask(pad, cols, P), last_only=True)
         first = next_token(logits[:, -1], self.sampling)                                # [R]
+        # A row sent twice (`_refill_compiled`) keeps its first copy's token: sampled, the copies may
+        # differ, and an index_put from two sources leaves tok / out / live each with either one.
+        first = first[(rows.view(-1, 1) == rows.view(1, -1)).int().argmax(1)]
         self.tok[rows] = first.view(-1, 1)
         self.pos[rows] = n
         self.last[rows] = n + budget - 1

@@ -73,7 +73,7 @@ def dense_ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor,
 
 
 def ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, diag_k: list[torch.Tensor],
-                  diag_v: list[torch.Tensor], attention: str = "merged") -> torch.Tensor:
+                  diag_v: list[torch.Tensor], attention: str = "dense") -> torch.Tensor:
     """TTT attention of step j = len(diag_k) (see `dense_ttt_attention`); `attention` picks the implementation."""
     if attention == "merged":
         return merged_ttt_attention(q, k0, v0, diag_k, diag_v)
@@ -83,7 +83,7 @@ def ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, diag_k: l
 
 
 def ttt_unroll(draft, aux: torch.Tensor, input_ids: torch.Tensor, ttt_steps: int,
-               attention: str = "merged") -> list[torch.Tensor]:
+               attention: str = "dense") -> list[torch.Tensor]:
     """Run the draft for `ttt_steps` steps; returns the logits of each step.
 
     Args:
@@ -91,7 +91,7 @@ def ttt_unroll(draft, aux: torch.Tensor, input_ids: torch.Tensor, ttt_steps: int
         aux: [B, T, k*Ht] raw target aux states.
         input_ids: [B, T] raw token ids.
         ttt_steps: unroll length.
-        attention: "merged" (flash prefix + own chain, no [L, L] scores) or "dense" (the reference).
+        attention: "dense" (the reference, the default) or "merged" (flash prefix + own chain, no [L, L] scores).
 
     Returns:
         ttt_steps tensors [B, L, Vd] (L = T-1): step j, position t predicts p_{t+1+j}; positions
