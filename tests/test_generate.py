@@ -141,6 +141,9 @@ def test_cli_writes_shards_and_manifest(tmp_path, tiny_target_dir, tiny):
     turns = [t for r in rows for t in r["meta"]["turns"]]
     assert sum(counts["answer_finish_reason"].values()) == 15      # per answer, where finish_reason is per conversation
     assert counts["answer_tokens_cut_at_limit"] == sum(t["num_tokens"] for t in turns if t["finish_reason"] == "length")
+    # A local backend looks for loops in every answer; only answers cut at the limit can hold one.
+    assert counts["answer_tokens_checked_for_loops"] == counts["answer_tokens"]
+    assert 0 <= counts["answer_tokens_in_loops"] <= counts["answer_tokens_cut_at_limit"]
     for r in rows:
         assert set(r) == {"id", "source", "split", "messages", "meta"}
         assert [m["role"] for m in r["messages"]] == ["user", "assistant"] * (len(r["messages"]) // 2)
