@@ -118,7 +118,7 @@ def compiled_vs_eager(backend, shapes):
 
     draft = make_draft()
     steps = 2
-    model = TTTModel(draft, steps)
+    model = TTTModel(draft, steps, "merged")
     params = [p for p in draft.parameters() if p.requires_grad]
     kw = dict(d2t=draft.d2t, t2d=draft.t2d, weights=[1.0, 0.8])
     compiled = compiled_unrolled_loss(backend)

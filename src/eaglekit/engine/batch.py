@@ -106,13 +106,11 @@ class PhaseClock:
 
     def reset(self) -> None:
         self.seconds: dict[str, float] = {}
-        self.calls: dict[str, int] = {}
         self.pending: list[tuple[str, object, object]] = []
         self.started = time.perf_counter()
 
     @contextlib.contextmanager
     def phase(self, name: str):
-        self.calls[name] = self.calls.get(name, 0) + 1
         if self.cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -211,11 +209,11 @@ class BatchDecoder:
     # ---- refilling rows ----------------------------------------------------------------------
 
     def refill(self, rows: list[int], requests: list[Request]) -> None:
-        """Prefill the requests' prompts into these rows (eager, in forwards of about `prefill_tokens`)."""
+        """Prefill the requests' prompts into these rows, in forwards of about `prefill_tokens` (padding included)."""
         order = sorted(range(len(rows)), key=lambda i: len(requests[i].ids))   # similar lengths pad little
         group: list[int] = []
         for i in order:
-            longest = len(requests[i].ids)
+            longest = self._padded_length(len(requests[i].ids))   # the forward's length, padding included
             if group and (len(group) + 1) * longest > self.prefill_tokens:
                 self._prefill([rows[j] for j in group], [requests[j] for j in group])
                 group = []

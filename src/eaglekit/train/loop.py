@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 class TTTModel(nn.Module):
     """The unroll as one module, so DDP sees a forward and syncs the draft's gradients."""
 
-    def __init__(self, draft, ttt_steps: int, attention: str = "merged"):
+    def __init__(self, draft, ttt_steps: int, attention: str = "dense"):
         super().__init__()
         self.draft = draft
         self.ttt_steps = ttt_steps

@@ -11,7 +11,7 @@ are exactly what the draft proposes whenever its earlier steps were right, which
 that matters for acceptance. Attention at step j for position t sees the true prefix (step-0 keys
 at positions 0..t) plus its own draft chain (keys of steps 1..j at position t), never another
 position's chain: `ttt_attention` computes that from the step-0 scores with a causal mask plus j
-diagonal terms, without a [T, jT] mask; `merged_ttt_attention` (train/attention.py, the default)
+diagonal terms, without a [T, jT] mask; `merged_ttt_attention` (train/attention.py, `--ttt-attention merged`)
 computes the same without the [L, L] scores, through a causal flash kernel merged by log-sum-exp.
 
 Loss at step j: soft cross-entropy against p restricted to the draft vocab, weight decay**j,
