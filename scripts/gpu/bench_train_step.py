@@ -8,7 +8,8 @@ forward of online training is not part of it (it is the same in every variant).
 Variants (comma-separated `--variants`):
   old            dense [L, L] TTT attention + the plain log-softmax soft CE, eager (the step before)
   merged         merged attention (causal flash kernel + own chain by log-sum-exp) + plain CE, eager
-  new            merged attention + the fused soft CE, eager (the default of `eaglekit train`)
+                 (the default of `eaglekit train`: the fastest on an H200, docs/results/2026-12-01-h200-night)
+  new            merged attention + the fused soft CE, eager (`train --soft-ce fused`)
   new-compile    `eaglekit train --compile`: merged attention, the unroll + loss under torch.compile
   dense-compile  dense attention under torch.compile
 Each prints ms/step (median of --steps after warm-up) and the peak device memory of a step, and

@@ -10,6 +10,7 @@ Output folder (OUT):
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import shutil
@@ -118,7 +119,8 @@ class Trainer:
             self.model = wrap_ddp(self.model, self.device)
         if cfg.compile:
             check_compile_supported(self.device, self.dist.world_size)
-        self.step_loss = compiled_unrolled_loss() if cfg.compile else unrolled_loss
+        self.step_loss = (compiled_unrolled_loss() if cfg.compile
+                          else functools.partial(unrolled_loss, fused_ce=cfg.soft_ce == "fused"))
         self.names = [n for n, p in self.draft.named_parameters() if p.requires_grad]
         params = dict(self.draft.named_parameters())
         self.optimizer = make_optimizer([(n, params[n]) for n in self.names], lr=cfg.lr,

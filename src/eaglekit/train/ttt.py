@@ -91,7 +91,7 @@ def ttt_unroll(draft, aux: torch.Tensor, input_ids: torch.Tensor, ttt_steps: int
         aux: [B, T, k*Ht] raw target aux states.
         input_ids: [B, T] raw token ids.
         ttt_steps: unroll length.
-        attention: "dense" (the reference, the default) or "merged" (flash prefix + own chain, no [L, L] scores).
+        attention: "merged" (flash prefix + own chain, no [L, L] scores; the default) or "dense" (the reference).
 
     Returns:
         ttt_steps tensors [B, L, Vd] (L = T-1): step j, position t predicts p_{t+1+j}; positions
