@@ -95,17 +95,15 @@ def test_served_follow_ups_and_chunks_of_steps():
     assert [got[("follow", i)] for i in range(3)] == [g.tokens for g in ref_follow]
 
 
-@pytest.mark.slow        # one Inductor compile on the CPU (~1-3 minutes)
-def test_compiled_refills_equal_eager_ones():
-    """Refills compiled once with dynamic shapes (prompts padded to REFILL_ALIGN, rows of several
-    counts, a next turn's longer prompt) give the answers eager refills give; the generic runner
-    refuses them."""
+def test_graphed_refills_equal_eager_ones():
+    """Refills at the graphs' bucketed shapes (prompts padded to powers of two >= REFILL_MIN, rows
+    to powers of two by sending the last one again; captured on CUDA, run as they are here) give
+    the answers eager refills give, also for a next turn's longer prompt; the generic runner refuses them."""
     model = peaked_model("llama")
-    first = PROMPTS + [[9, 8, 7, 6, 5, 4, 3, 2] * 9]                 # 72 tokens: a second aligned length
+    first = PROMPTS + [[9, 8, 7, 6, 5, 4, 3, 2] * 9]                 # 72 tokens: the 128 bucket
     limits = [9, 3, 5, 2, 4, 6]
 
     def answers(refill):
-        torch._dynamo.reset()
         decoder = BatchDecoder(make_target_runner(model, max_len=160, batch_size=3), sampling=Sampling(),
                                graphs=False, compile=False, chunk=2, refill=refill)
         queue = [Request(p, n, key=("first", i)) for i, (p, n) in enumerate(zip(first, limits))]
@@ -114,15 +112,19 @@ def test_compiled_refills_equal_eager_ones():
             got[request.key] = completion.tokens
             if request.key[0] == "first" and request.key[1] < 2:      # a next turn, prefilled later
                 queue.append(Request(first[request.key[1]] + completion.tokens + [42], 3, key=("next", request.key[1])))
-        return got, decoder.stats()
+        return got, decoder
 
-    eager, eager_stats = answers("eager")
-    compiled, stats = answers("compiled")
-    assert compiled == eager and len(eager) == len(first) + 2
-    assert stats["refill_padded_tokens"] % 64 == 0 and stats["refill_tokens"] == eager_stats["refill_tokens"]
+    eager, eager_decoder = answers("eager")
+    graphed, decoder = answers("graphs")
+    assert graphed == eager and len(eager) == len(first) + 2
+    stats, eager_stats = decoder.stats(), eager_decoder.stats()
+    assert stats["refills"] == eager_stats["refills"] and stats["refill_tokens"] == eager_stats["refill_tokens"]
+    shapes = set(decoder.refill_steps)
+    assert all(r & (r - 1) == 0 and p in (64, 128) for r, p in shapes) and {p for _, p in shapes} == {64, 128}
+    assert any(r > 1 for r, _ in shapes) and stats["refill_padded_tokens"] > eager_stats["refill_padded_tokens"]
     with pytest.raises(EaglekitError, match="fast runner"):
         BatchDecoder(make_target_runner(peaked_model("gemma"), max_len=64, batch_size=2), sampling=Sampling(),
-                     graphs=False, compile=False, refill="compiled")
+                     graphs=False, compile=False, refill="graphs")
 
 
 def test_batch_decoder_refuses_what_a_row_cannot_hold():

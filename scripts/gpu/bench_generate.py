@@ -67,7 +67,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-prompt-tokens", type=int, default=1024, help="longer prompts are left out")
     p.add_argument("--attention", default="flex",
                    help="engine variants, comma-separated: ATTENTION[/REFILL] (kv.ATTENTION_KINDS; batch.REFILL_KINDS, "
-                        "default eager), e.g. flex,flex/compiled")
+                        "default eager), e.g. flex,flex/graphs")
     p.add_argument("--on-error", default="sdpa", help="variant measured instead of one that fails ('' = none)")
     p.add_argument("--chunk", type=int, default=16, help="decode steps between the engine's host checks")
     p.add_argument("--backends", default="engine,hf", help="comma-separated: engine, hf")
@@ -182,7 +182,7 @@ def run_engine(variant: str, target, files: dict[str, Path], out: Path, args, le
                                 refill=refill or "eager")
     generator.prepare(max_len - args.max_new_tokens, args.max_new_tokens)    # compile + capture
     build = time.perf_counter() - start
-    generator.generate([[target.stop_token_ids[0]] * 8] * min(args.batch_size, 64), 4)   # warm (compile) the refill
+    generator.generate([[target.stop_token_ids[0]] * 8] * min(args.batch_size, 64), 4)   # warm the refill
     sync(args.device)
     result = {"variant": variant, "build_s": round(build, 2), "build_and_warmup_s": round(time.perf_counter() - start, 2),
               "decoder_slots": generator.max_len, "runner": generator._decoder.runner.kind,

@@ -12,7 +12,7 @@
 #   3. eaglekit bench tree on prompts the recipe never saw or tuned on (HumanEval + Alpaca, 20 each);
 #   4. bench_generate.py: the engine's batch decoder beside HF generate at the same batch.
 # Env: W (work folder, /root/work), GPUS (1), TRAIN_S (train.time-budget-s), LIMIT (MT-bench prompts),
-# REFILL (generate.refill: eager or compiled).
+# REFILL (generate.refill: eager or graphs).
 set -u
 VERB=${1:?start or wait}
 W=${W:-/root/work}

@@ -109,10 +109,10 @@ def add_local_args(parser: argparse.ArgumentParser) -> None:
                        help="KV slots per row of the engine's cache (default: what the first prompts need, grown "
                             "when a longer one comes, each growth a rebuild; with flex attention spare slots cost "
                             "only memory, so a multi-turn run sets its context length here)")
-    group.add_argument("--refill", default="eager", choices=("eager", "compiled"),
-                       help="how the engine prefills the prompts of rows that free up: eager forwards, or one "
-                            "forward compiled with dynamic shapes (fast runner only; not yet measured faster "
-                            "on a GPU, so not the default)")
+    group.add_argument("--refill", default="eager", choices=("eager", "graphs"),   # engine.batch.REFILL_KINDS (no torch here)
+                       help="how the engine prefills the prompts of rows that free up: eager forwards (launch-bound "
+                            "on a GPU), or graphs: one CUDA graph per bucket of rows x prompt length, captured on "
+                            "first use (fast runner only; not yet measured on a GPU, so not the default)")
 
 
 def run_build(args: argparse.Namespace) -> int:

@@ -45,8 +45,8 @@ from eaglekit.target.load import Target
 log = logging.getLogger(__name__)
 MAX_STOP_IDS = 8          # stop ids the device compares against (padded with -1)
 PREFILL_TOKENS = 16384    # prompt tokens (padding included) per refill forward
-REFILL_KINDS = ("eager", "compiled")
-REFILL_ALIGN = 64         # compiled refills pad prompts to a multiple of this
+REFILL_KINDS = ("eager", "graphs")
+REFILL_MIN = 64           # graphed refills pad prompts to a power of two at least this long
 
 
 @dataclass
@@ -163,9 +163,9 @@ class BatchDecoder:
         self.runner, self.sampling, self.chunk, self.prefill_tokens = runner, sampling, chunk, prefill_tokens
         if refill not in REFILL_KINDS:
             raise EaglekitError(f"unknown refill kind {refill!r}", hint=f"use one of {REFILL_KINDS}")
-        if refill == "compiled" and getattr(runner, "kind", None) != "fast":
-            raise EaglekitError("compiled refills need the fast runner (the generic one runs the HF model's own "
-                                "code, which is not compiled with dynamic shapes here)", hint="use --refill eager")
+        if refill == "graphs" and getattr(runner, "kind", None) != "fast":
+            raise EaglekitError("graphed refills need the fast runner (the generic one runs the HF model's own "
+                                "code, which may sync with the host)", hint="use --refill eager")
         B, L = runner.batch_size, runner.max_len
         self.B, self.L = B, L
         self.device = next(runner.parameters()).device
@@ -185,12 +185,12 @@ class BatchDecoder:
         self.refill_tokens = self.refill_padded_tokens = 0
         self.clock = PhaseClock(self.device)          # device time of the decode steps and of the refills
         self.step = Step(compiled(self._step, compile, compile_mode), use_graph=graphs, name="batch decode")
-        self.refill_kind = refill
-        # Compiled once with dynamic shapes (rows x padded prompt length vary per refill): Inductor
-        # fuses the eager forward's ~1400 kernel launches (26 ms for 32 prompts on an H200, profile_batch.py).
-        self._compiled_refill = torch.compile(self._refill_rows, dynamic=True, mode=compile_mode) if refill == "compiled" else None
-        if refill == "compiled":
-            self._warm_refill()
+        self.refill_kind, self.graphs = refill, graphs
+        # An eager refill is launch-bound: ~1400 kernels queued from Python, ~49 ms a round on an H200
+        # for ~1.7k prompt tokens whose compute is 1-2 ms (docs/results/2026-12-01-h200-night). Graphed
+        # refills replay one CUDA graph per (rows, prompt length) bucket, captured on first use.
+        self.refill_steps: dict[tuple[int, int], tuple[Step, tuple[torch.Tensor, ...]]] = {}
+        self.refill_pool = torch.cuda.graph_pool_handle() if graphs and refill == "graphs" else None
         self.step.capture()                        # on dummy state: every row empty
 
     def _step(self) -> None:
@@ -214,7 +214,7 @@ class BatchDecoder:
         group: list[int] = []
         for i in order:
             longest = self._padded_length(len(requests[i].ids))   # the forward's length, padding included
-            if group and (len(group) + 1) * longest > self.prefill_tokens:
+            if group and self._padded_rows(len(group) + 1) * longest > self.prefill_tokens:
                 self._prefill([rows[j] for j in group], [requests[j] for j in group])
                 group = []
             group.append(i)
@@ -226,48 +226,49 @@ class BatchDecoder:
 
         Queued without a sync (inputs built on the host, copied asynchronously), so it runs behind
         the decode steps queued before it."""
-        lengths = [len(r.ids) for r in requests]
-        P = self._padded_length(max(lengths))
-        ids = self._upload([[0] * (P - len(r.ids)) + r.ids for r in requests])         # [R, P]
-        n, budget, rows_t = (self._upload(x) for x in (lengths, [r.max_new_tokens for r in requests], rows))
-        if self.refill_kind == "compiled":
-            self._refill_compiled(ids, n, budget, rows_t)
-        else:
-            self._refill_rows(ids, n, budget, rows_t)
         self.refills += len(rows)
-        self.refill_tokens += sum(lengths)
+        self.refill_tokens += sum(len(r.ids) for r in requests)
+        P = self._padded_length(max(len(r.ids) for r in requests))
+        extra = self._padded_rows(len(rows)) - len(rows)     # graphed: the last request again (same values, same places)
+        rows, requests = rows + rows[-1:] * extra, requests + requests[-1:] * extra
         self.refill_padded_tokens += len(rows) * P
+        ids = self._upload([[0] * (P - len(r.ids)) + r.ids for r in requests])        # [R, P]
+        inputs = (ids, *(self._upload(x) for x in ([len(r.ids) for r in requests], [r.max_new_tokens for r in requests], rows)))
+        if self.refill_kind == "graphs":
+            self._refill_graphed(inputs)
+        else:
+            self._refill_rows(*inputs)
 
     def _padded_length(self, longest: int) -> int:
-        """Compiled refills pad prompts to a multiple of REFILL_ALIGN (fewer distinct shapes, and
-        no size-1 specialization), never past the row's slots; eager ones to the longest."""
+        """Graphed refills pad prompts to a power of two (at least REFILL_MIN, at most the row's
+        slots): few buckets, each a graph; eager ones to the longest."""
         if self.refill_kind == "eager":
             return longest
-        return min(-(-longest // REFILL_ALIGN) * REFILL_ALIGN, self.L)
+        return min(max(REFILL_MIN, 1 << (longest - 1).bit_length()), self.L)
 
-    def _warm_refill(self) -> None:
-        """Compile the refill now, on a dummy prompt in row 0 (then every row empty again), so that the
-        build includes it and a run's refill time does not."""
-        long = dict(dtype=torch.long, device=self.device)
-        ids = torch.zeros(1, min(REFILL_ALIGN, self.L), **long)
-        self._refill_compiled(ids, torch.ones(1, **long), torch.ones(1, **long), torch.zeros(1, **long))
-        for t in (self.tok, self.pos, self.last, self.out, self.live):
-            t.zero_()
+    def _padded_rows(self, rows: int) -> int:
+        return rows if self.refill_kind == "eager" else 1 << (rows - 1).bit_length()
 
-    def _refill_compiled(self, ids: torch.Tensor, n: torch.Tensor, budget: torch.Tensor, rows: torch.Tensor) -> None:
-        """The compiled refill, one graph for every shape: a single row is sent twice (the same
-        values written to the same places), since a size of 1 would be compiled apart, and sizes
-        are not matched to equal ones (duck shapes: R == B or P == B would each compile again)."""
-        if rows.shape[0] == 1:
-            ids, n, budget, rows = (t.repeat(2, *([1] * (t.dim() - 1))) for t in (ids, n, budget, rows))
-        from torch.fx.experimental import _config as fx_config
-
-        with fx_config.patch(use_duck_shape=False):
-            self._compiled_refill(ids, n, budget, rows)
+    def _refill_graphed(self, inputs: tuple[torch.Tensor, ...]) -> None:
+        """The refill as a replay of its bucket's graph (ids [R, P], n, budget, rows [R]), captured on
+        the bucket's first use with these inputs in its buffers (a capture runs the refill itself)."""
+        R, P = inputs[0].shape
+        if (R, P) not in self.refill_steps:
+            buffers = tuple(torch.empty_like(t) for t in inputs)
+            step = Step(lambda: self._refill_rows(*buffers), use_graph=self.graphs, name=f"refill {R}x{P}",
+                        pool=self.refill_pool)
+            self.refill_steps[(R, P)] = step, buffers
+            for buffer, t in zip(buffers, inputs):
+                buffer.copy_(t)
+            step.capture(warmup=1, quiet=True)
+        step, buffers = self.refill_steps[(R, P)]
+        for buffer, t in zip(buffers, inputs):
+            buffer.copy_(t, non_blocking=True)
+        step()
 
     def _refill_rows(self, ids: torch.Tensor, n: torch.Tensor, budget: torch.Tensor, rows: torch.Tensor) -> None:
         """ids [R, P] left-padded prompts of lengths n [R], token budgets [R], cache rows [R]: the
-        forward and the rows' new state, tensors only (so that it compiles)."""
+        forward and the rows' new state, tensors only (so that it is captured in a graph)."""
         P = ids.shape[1]
         pad = P - n                                                                     # [R]
         cols = torch.arange(P, device=ids.device)

@@ -39,11 +39,12 @@ def compiled(fn: Callable, enabled: bool, mode: str = COMPILE_MODE) -> Callable:
 class Step:
     """A fixed-shape engine step, replayed from a CUDA graph once captured."""
 
-    def __init__(self, fn: Callable[[], None], *, use_graph: bool, name: str):
-        self.fn, self.use_graph, self.name = fn, use_graph, name
+    def __init__(self, fn: Callable[[], None], *, use_graph: bool, name: str, pool=None):
+        """pool: a `torch.cuda.graph_pool_handle()` shared with steps that never run at the same time."""
+        self.fn, self.use_graph, self.name, self.pool = fn, use_graph, name, pool
         self.graph: torch.cuda.CUDAGraph | None = None
 
-    def capture(self, warmup: int = 3) -> None:
+    def capture(self, warmup: int = 3, quiet: bool = False) -> None:
         if not self.use_graph:
             return
         start = time.perf_counter()
@@ -55,7 +56,7 @@ class Step:
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, pool=self.pool):
                 self.fn()
         except RuntimeError as err:
             raise EaglekitError(
@@ -64,7 +65,7 @@ class Step:
                      "use --no-graphs, or the fast runner if the target is a Llama-family model") from err
         torch.cuda.synchronize()
         self.graph = graph
-        log.info("captured %s in %.1f s (compile included)", self.name, time.perf_counter() - start)
+        (log.debug if quiet else log.info)("captured %s in %.1f s (compile included)", self.name, time.perf_counter() - start)
 
     def __call__(self) -> None:
         if not self.use_graph:
