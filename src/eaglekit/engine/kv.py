@@ -25,7 +25,7 @@ class Refill:
     slots[i]. Nothing is cached before a new sequence, so its prompt attends only to itself: the
     write returns the new keys/values, and the mask is over the T new tokens ([R, 1, T, T]).
 
-    rows:  [R] distinct cache rows
+    rows:  [R] cache rows (a row given twice must come with the same tokens: graphed refills pad so)
     slots: [R, T] the slot of each token (its position; padding goes to slots the row writes later)
     """
 
