@@ -152,3 +152,69 @@ def test_kv_writes_same_slots_own_slots_and_refills():
     assert back is part                                              # a new prompt attends to itself only
     assert torch.equal(cache[2, :, :2], part[0]) and torch.equal(cache[0, :, 1], part[1, :, 0])
     assert cache[1].abs().sum() == 0                                 # the other row is untouched
+
+
+def first_loop_end(tokens: list[int], window: int, max_period: int = 64) -> int | None:
+    """The shortest prefix whose last `window` tokens repeat a block of p <= window / 2 tokens, all
+    inside the answer (what the decoder's loop check looks for), or None."""
+    for t in range(len(tokens) + 1):
+        for p in range(1, min(window // 2, max_period) + 1):
+            if t >= window + p and tokens[t - window:t] == tokens[t - window - p:t - p]:
+                return t
+    return None
+
+
+def cycling_model(cycles: list[list[int]], vocab: int = 128):
+    """A tiny Llama whose greedy next token depends on the current one only: `cycles` (token ids)
+    follow each other in a ring (the layers add nothing; the head maps a token's embedding to the
+    next one's id)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).eval()
+    nxt = list(range(vocab))
+    for ring in cycles:
+        for i, t in enumerate(ring):
+            nxt[t] = ring[(i + 1) % len(ring)]
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        embed = model.model.embed_tokens.weight
+        head = torch.zeros_like(embed)
+        for t in range(vocab):
+            head[nxt[t]] += 8 * embed[t]       # logit of nxt[t] is largest where the input is t
+        model.lm_head.weight.copy_(head)
+    return model
+
+
+def test_stop_loops_ends_an_answer_where_its_loop_is_found():
+    """With stop_loops=W (checked after every step: chunk=1) an answer is the unlimited answer cut at
+    the first token where its last W tokens repeat a block, finish_reason "loop"; answers without a
+    loop (a period over W / 2) are unchanged, and a prompt's own repeats do not count."""
+    short, three, long = [10, 11], [20, 21, 22], list(range(40, 100))
+    model = cycling_model([short, three, long])
+    prompts = [[11, 10] * 6, [6, 20], [7, 40], [41] * 11 + [42]]  # the first already loops in its prompt
+    window = 8
+
+    def serve(stop_loops):
+        decoder = BatchDecoder(make_target_runner(model, max_len=96, batch_size=3), sampling=Sampling(),
+                               graphs=False, compile=False, chunk=1, stop_loops=stop_loops)
+        return decoder.run(prompts, 40, [2]), decoder.stats()
+
+    free, _ = serve(0)
+    assert free[0].tokens[:4] == [11, 10, 11, 10] and free[2].tokens[:3] == [41, 42, 43]   # the rings
+    cut, stats = serve(window)
+    ends = [first_loop_end(whole.tokens, window) for whole in free]
+    assert ends == [10, 11, None, None]                        # period 2 and 3: W + p tokens; none in the long ring
+    for whole, got, end in zip(free, cut, ends):
+        if end is None:
+            assert got.tokens == whole.tokens and got.finish_reason == whole.finish_reason == "length"
+        else:
+            assert got.tokens == whole.tokens[:end] and got.finish_reason == "loop"
+    assert stats["loop_stops"] == 2
+    with pytest.raises(EaglekitError, match="stop_loops"):
+        BatchDecoder(make_target_runner(model, max_len=16, batch_size=2), sampling=Sampling(), graphs=False,
+                     compile=False, stop_loops=-1)

@@ -279,6 +279,10 @@ def test_attention_is_a_setting_of_the_engine_backend_only():
         make_generator("hf", None, [1], Sampling(), attention="sdpa")
     with pytest.raises(EaglekitError, match="--cache-slots 0"):
         make_generator("local", None, [1], Sampling(), cache_slots=0)
+    with pytest.raises(EaglekitError, match="--stop-loops 128 is a setting of eaglekit's engine"):
+        make_generator("hf", None, [1], Sampling(), stop_loops=128)
+    with pytest.raises(EaglekitError, match="--stop-loops 1"):
+        make_generator("local", None, [1], Sampling(), stop_loops=1)
 
 
 def test_engine_settings_for_a_server_backend_are_refused_before_anything_runs(tmp_path, capsys):

@@ -113,6 +113,11 @@ def add_local_args(parser: argparse.ArgumentParser) -> None:
                        help="how the engine prefills the prompts of rows that free up: eager forwards (launch-bound "
                             "on a GPU), or graphs: one CUDA graph per bucket of rows x prompt length, captured on "
                             "first use (fast runner only; not yet measured on a GPU, so not the default)")
+    group.add_argument("--stop-loops", type=int, default=0, metavar="N",
+                       help="end an answer once its last N tokens repeat a block of at most N/2 tokens (3 times "
+                            "or more in a row): a small target often loops until --max-new-tokens, and the rest "
+                            "of a loop is cheap to draft and has little to teach (finish_reason 'loop'; the "
+                            "engine only; 0 = off: answers run to their end or the limit)")
 
 
 def run_build(args: argparse.Namespace) -> int:
@@ -162,7 +167,8 @@ def run_synthesize(args: argparse.Namespace) -> int:
     sampling = Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     stops = sorted(set(target.stop_token_ids) | {pre.end_of_turn_id})
     generator = make_generator(args.backend, target.model, stops, sampling, seed=args.seed, batch_size=args.batch_size,
-                               attention=args.attention, cache_slots=args.cache_slots, refill=args.refill)
+                               attention=args.attention, cache_slots=args.cache_slots, refill=args.refill,
+                               stop_loops=args.stop_loops)
     new, stats = synthesize(target.tokenizer, generator, pre, need,
                             existing=[p for v in (existing or {}).values() for p in v], batch_size=args.batch_size,
                             max_new_tokens=args.max_new_tokens, min_chars=args.min_chars,
@@ -200,7 +206,7 @@ def run_generate(args: argparse.Namespace) -> int:
         worker = parse_worker(args.worker)
         exit_with_parent()
     load_prompts(args.prompts, config.splits, config.limit)  # bad or empty prompts fail before any model loads
-    check_engine_settings(args.backend, args.attention, args.cache_slots, args.refill)
+    check_engine_settings(args.backend, args.attention, args.cache_slots, args.refill, args.stop_loops)
     if args.backend == "openai":
         from eaglekit.data.openai_backend import OpenAIBackend, OpenAIClient
 
@@ -225,7 +231,7 @@ def run_generate(args: argparse.Namespace) -> int:
         check_template_masks(target.tokenizer)
         generator = make_generator(args.backend, target.model, target.stop_token_ids, sampling, seed=args.seed,
                                    batch_size=args.batch_size, attention=args.attention,
-                                   cache_slots=args.cache_slots, refill=args.refill)
+                                   cache_slots=args.cache_slots, refill=args.refill, stop_loops=args.stop_loops)
         backend = LocalBackend(target.tokenizer, generator, max_new_tokens=args.max_new_tokens,
                                batch_size=args.batch_size, context_length=context_length(args.context_length,
                                                                                          target.config))
@@ -269,7 +275,7 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
              "--max-new-tokens", str(args.max_new_tokens), "--temperature", str(args.temperature),
              "--top-p", str(args.top_p), "--top-k", str(args.top_k), "--seed", str(args.seed), "--splits", args.splits,
              "--shard-size", str(args.shard_size), "--batch-size", str(args.batch_size), "--dtype", args.dtype,
-             "--attention", args.attention, "--refill", args.refill]
+             "--attention", args.attention, "--refill", args.refill, "--stop-loops", str(args.stop_loops)]
     if args.cache_slots:
         argv += ["--cache-slots", str(args.cache_slots)]
     for flag, value in (("--limit", args.limit), ("--context-length", args.context_length)):

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class Completion:
     token_ids: list[int]  # new tokens, the stop token included when finish_reason == "stop"
-    finish_reason: str  # "stop" or "length"
+    finish_reason: str  # "stop", "length" or "loop" (ended by the engine's --stop-loops check)
 
 
 def cut_at_stop(tokens: list[int], stop_ids: set[int], max_new_tokens: int) -> Completion:
@@ -126,6 +126,7 @@ class EngineGenerator(Streaming):
         max_len: cache slots per row of the first decoder (default: what the first request needs,
             rounded up to `SLOTS`, at least `MIN_SLOTS` with flex attention, at most the target's context).
         refill: "eager" or "graphs" prefills of the rows that free up (`engine.batch.BatchDecoder`).
+        stop_loops: end an answer once its last N tokens repeat a block (`engine.batch.BatchDecoder`); 0: off.
     """
 
     name = "engine"
@@ -134,13 +135,14 @@ class EngineGenerator(Streaming):
 
     def __init__(self, model, stop_ids: list[int], sampling: Sampling, *, seed: int = 0, batch_size: int = 32,
                  runner: str = "auto", graphs: bool | None = None, compile: bool | None = None,
-                 attention: str | None = None, chunk: int = 16, max_len: int | None = None, refill: str = "eager"):
+                 attention: str | None = None, chunk: int = 16, max_len: int | None = None, refill: str = "eager",
+                 stop_loops: int = 0):
         if not stop_ids:
             raise EaglekitError("the target has no stop token", hint="set eos_token_id in generation_config.json")
         cuda = next(model.parameters()).device.type == "cuda"
         self.model, self.stop_ids, self.sampling, self.batch_size = model, list(stop_ids), sampling, batch_size
         self.runner, self.attention, self.chunk, self.first_max_len = runner, attention, chunk, max_len
-        self.refill = refill
+        self.refill, self.stop_loops = refill, stop_loops
         self.graphs = cuda if graphs is None else graphs
         self.compile = cuda if compile is None else compile
         self.context = getattr(text_config(model.config), "max_position_embeddings", None)
@@ -179,7 +181,7 @@ class EngineGenerator(Streaming):
             runner = batch_runner(self.model, max_len=max_len, batch_size=self.batch_size, runner=self.runner,
                                   attention=self.attention)
             self._decoder = BatchDecoder(runner, sampling=self.sampling, graphs=self.graphs, compile=self.compile,
-                                         chunk=self.chunk, refill=self.refill)
+                                         chunk=self.chunk, refill=self.refill, stop_loops=self.stop_loops)
             self.max_len, self.builds = runner.max_len, self.builds + 1
             log.info("engine batch decoder: %d rows x %d slots, %s runner (%s attention), graphs=%s, compile=%s "
                      "(built in %.1f s)", self.batch_size, runner.max_len, runner.kind,
@@ -207,7 +209,10 @@ class EngineGenerator(Streaming):
         stops = set(self.stop_ids)
         while True:
             for request, done in self._decoder.serve(fitting, self.stop_ids):
-                yield request, cut_at_stop(done.tokens, stops, request.max_new_tokens)
+                completion = cut_at_stop(done.tokens, stops, request.max_new_tokens)
+                if done.finish_reason == "loop":          # the decoder's loop check ended it (no stop token in it)
+                    completion.finish_reason = "loop"
+                yield request, completion
             self.decoder_runs.append(self._decoder.stats())
             if not later:
                 return
@@ -224,15 +229,17 @@ class EngineGenerator(Streaming):
 
 
 def check_engine_settings(backend: str, attention: str = "auto", cache_slots: int | None = None,
-                          refill: str = "eager") -> None:
-    """--attention, --cache-slots and --refill are settings of eaglekit's engine: refused for another
-    backend (where they would do nothing), before any model loads."""
+                          refill: str = "eager", stop_loops: int = 0) -> None:
+    """--attention, --cache-slots, --refill and --stop-loops are settings of eaglekit's engine: refused for
+    another backend (where they would do nothing), before any model loads."""
     if backend in ("local", "engine"):
         if cache_slots is not None and cache_slots < 1:
             raise EaglekitError(f"--cache-slots {cache_slots}", hint="give the slots per row, e.g. 4096")
+        if stop_loops < 0 or stop_loops == 1:
+            raise EaglekitError(f"--stop-loops {stop_loops}", hint="give a window of at least 2 tokens (e.g. 128), or 0 for off")
         return
     for flag, value in (("--attention", None if attention == "auto" else attention), ("--cache-slots", cache_slots),
-                        ("--refill", None if refill == "eager" else refill)):
+                        ("--refill", None if refill == "eager" else refill), ("--stop-loops", stop_loops or None)):
         if value is not None:
             raise EaglekitError(f"{flag} {value} is a setting of eaglekit's engine, not of backend {backend!r}",
                                 hint=f"drop {flag}, or use --backend local")
@@ -240,16 +247,16 @@ def check_engine_settings(backend: str, attention: str = "auto", cache_slots: in
 
 def make_generator(backend: str, model, stop_ids: list[int], sampling: Sampling, *, seed: int = 0,
                    batch_size: int = 32, attention: str = "auto", cache_slots: int | None = None,
-                   refill: str = "eager"):
+                   refill: str = "eager", stop_loops: int = 0):
     """A token-level generator: `local` and `engine` are eaglekit's batch decoder, `hf` is HF generate.
     `attention`, `cache_slots`, `refill`: the engine's kernel ("auto": `engine.batch.batch_attention`),
     the slots per row of its first cache (None: grown as prompts need) and how it prefills new rows
-    (`engine.batch.REFILL_KINDS`)."""
-    check_engine_settings(backend, attention, cache_slots, refill)
+    (`engine.batch.REFILL_KINDS`); `stop_loops`: the window of the engine's loop check (0: off)."""
+    check_engine_settings(backend, attention, cache_slots, refill, stop_loops)
     if backend in ("local", "engine"):
         return EngineGenerator(model, stop_ids, sampling, seed=seed, batch_size=batch_size,
                                attention=None if attention == "auto" else attention, max_len=cache_slots,
-                               refill=refill)
+                               refill=refill, stop_loops=stop_loops)
     if backend == "hf":
         return HFGenerator(model, stop_ids, sampling, seed=seed)
     raise EaglekitError(f"unknown local backend {backend!r}", hint="use local, engine or hf")

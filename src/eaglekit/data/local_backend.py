@@ -130,7 +130,7 @@ class LocalBackend:
         tokens = completion.token_ids
         body = tokens[:-1] if completion.finish_reason == "stop" else tokens
         text = self.tokenizer.decode(body, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-        loops = loop_tail(tokens) if completion.finish_reason == "length" else 0   # a loop runs until it is cut
+        loops = loop_tail(tokens) if completion.finish_reason in ("length", "loop") else 0   # a loop runs until it is cut
         conv.answers.append(Answer(text=text, finish_reason=completion.finish_reason, num_tokens=len(tokens),
                                    counted_by="generator", prompt_tokens=len(ids), loop_tokens=loops))
 

@@ -5,7 +5,7 @@ A prompt (output of `eaglekit prompts`) is `{"id", "source", "turns": [user mess
 target's own answers: `{"id", "source", "split", "messages": [{"role", "content"}, ...], "meta"}`
 where `split` is the prompt's split ("train" / "validation") and `meta` holds
 `finish_reason` ("stop": every answer ended with the end-of-turn token; "length": one hit max new
-tokens; "context_length": later turns did not fit the context and were dropped, see
+tokens; "loop": one was ended by `generate --stop-loops`; "context_length": later turns did not fit the context and were dropped, see
 `unanswered_turns`), `num_tokens` (generated tokens of all answers, end-of-turn tokens included)
 and `turns` (`{"finish_reason", "num_tokens", "counted_by"}` per answer). `counted_by` says where
 `num_tokens` comes from: "generator" (the token ids this machine generated), "server" (the
@@ -98,7 +98,7 @@ class Answer:
     """One assistant turn written by the target."""
 
     text: str
-    finish_reason: str  # "stop" (end-of-turn token) or "length" (max tokens reached)
+    finish_reason: str  # "stop" (end-of-turn token), "length" (max tokens reached) or "loop" (ended by --stop-loops)
     num_tokens: int  # tokens generated, the end-of-turn token included
     counted_by: str  # where num_tokens comes from: "generator", "server" or "tokenizer"
     prompt_tokens: int | None = None
@@ -127,7 +127,7 @@ class Conversation:
         n = len(self.answers)
         turns = [{"finish_reason": a.finish_reason, "num_tokens": a.num_tokens, "counted_by": a.counted_by}
                  | ({} if a.loop_tokens is None else {"loop_tokens": a.loop_tokens}) for a in self.answers]
-        finish = "length" if any(a.finish_reason == "length" for a in self.answers) else "stop"
+        finish = next((r for r in ("length", "loop") if any(a.finish_reason == r for a in self.answers)), "stop")
         if self.skipped is not None:
             finish = "context_length"
         meta = {"finish_reason": finish, "num_tokens": sum(a.num_tokens for a in self.answers), "turns": turns}

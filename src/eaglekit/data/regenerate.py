@@ -244,9 +244,9 @@ def _finish(out: Path, shards: JsonlShards, identity: dict, config: GenerateConf
                               inputs=identity["inputs"], counts=counts, extra=extra)
     loops = (counts["answer_tokens_in_loops"] or 0) / max(counts["answer_tokens_checked_for_loops"], 1)
     if loops > LOOP_WARN:
-        log.warning("%.0f %% of the answer tokens are loops at the end of answers cut at --max-new-tokens (the target "
-                    "repeats itself until cut): cheap to draft, little to learn from; a lower --max-new-tokens "
-                    "spends less generation and training on them", 100 * loops)
+        log.warning("%.0f %% of the answer tokens are loops at the end of answers (the target repeats itself until "
+                    "cut): cheap to draft, little to learn from; --stop-loops 128 (the engine) ends an answer once "
+                    "it loops, a lower --max-new-tokens cuts every answer", 100 * loops)
     log.info("wrote %s: %d conversations (%s), %d skipped, %d answer tokens; last run %.1f prompts/s, %.0f tokens/s",
              out, counts["conversations"], counts["by_split"], counts["skipped"], counts["answer_tokens"],
              speed["prompts_per_s"], speed["tokens_per_s"])

@@ -47,11 +47,12 @@ MAX_STOP_IDS = 8          # stop ids the device compares against (padded with -1
 PREFILL_TOKENS = 16384    # prompt tokens (padding included) per refill forward
 REFILL_KINDS = ("eager", "graphs")
 REFILL_MIN = 64           # graphed refills pad prompts to a power of two at least this long
+LOOP_PERIOD = 64          # --stop-loops: the longest repeated block looked for (data.quality.MAX_PERIOD)
 
 
 @dataclass
 class Completion:
-    """tokens: new tokens, the stop token included if one ended it; finish_reason "stop" | "length"."""
+    """tokens: new tokens, the stop token included if one ended it; finish_reason "stop" | "length" | "loop"."""
 
     tokens: list[int]
     finish_reason: str
@@ -156,10 +157,15 @@ class BatchDecoder:
         graphs, compile: capture the decode step in a CUDA graph / torch.compile it.
         chunk: decode steps between host checks.
         prefill_tokens: prompt tokens per refill forward (more refills are split into several).
+        refill: "eager" forwards or "graphs" (one CUDA graph per bucket of rows x prompt length).
+        stop_loops: W > 0 ends a row (finish_reason "loop") once its answer's last W tokens repeat a
+            block of p <= min(W / 2, LOOP_PERIOD) tokens (so the block occurs at least 3 times in a
+            row), checked on the device after every `chunk` steps; 0: answers run to a stop or their limit.
     """
 
     def __init__(self, runner, *, sampling: Sampling, graphs: bool, compile: bool, chunk: int = 16,
-                 compile_mode: str = COMPILE_MODE, prefill_tokens: int = PREFILL_TOKENS, refill: str = "eager"):
+                 compile_mode: str = COMPILE_MODE, prefill_tokens: int = PREFILL_TOKENS, refill: str = "eager",
+                 stop_loops: int = 0):
         self.runner, self.sampling, self.chunk, self.prefill_tokens = runner, sampling, chunk, prefill_tokens
         if refill not in REFILL_KINDS:
             raise EaglekitError(f"unknown refill kind {refill!r}", hint=f"use one of {REFILL_KINDS}")
@@ -177,11 +183,13 @@ class BatchDecoder:
         self.pos = torch.zeros(B, **long)          # its slot = its position
         self.last = torch.zeros(B, **long)         # the slot of the row's last allowed token
         self.live = torch.zeros(B, dtype=torch.bool, device=self.device)   # False: ended or empty
+        self.start = torch.zeros(B, **long)        # the slot of the row's first answer token (its prompt length)
+        self.looped = torch.zeros(B, dtype=torch.bool, device=self.device)  # ended by the loop check
         self.out = torch.zeros(B, L, **long)       # out[b, s] = the token at slot s of row b
         self.stops = torch.full((MAX_STOP_IDS,), -1, **long)
         self.cols = torch.arange(L, **long)
         self.stop_set: set[int] = set()
-        self.steps = self.refills = self.tokens = 0   # counters since the last `serve` started (`stats`)
+        self.steps = self.refills = self.tokens = self.loop_stops = 0   # counters since the last `serve` started (`stats`)
         self.refill_tokens = self.refill_padded_tokens = 0
         self.clock = PhaseClock(self.device)          # device time of the decode steps and of the refills
         self.step = Step(compiled(self._step, compile, compile_mode), use_graph=graphs, name="batch decode")
@@ -191,7 +199,13 @@ class BatchDecoder:
         # refills replay one CUDA graph per (rows, prompt length) bucket, captured on first use.
         self.refill_steps: dict[tuple[int, int], tuple[Step, tuple[torch.Tensor, ...]]] = {}
         self.refill_pool = torch.cuda.graph_pool_handle() if graphs and refill == "graphs" else None
+        if stop_loops < 0:
+            raise EaglekitError(f"stop_loops {stop_loops}", hint="give the window in tokens (e.g. 128), or 0 for off")
+        self.stop_loops = stop_loops
+        self.loop_check = Step(self._loop_check, use_graph=graphs, name="loop check") if stop_loops else None
         self.step.capture()                        # on dummy state: every row empty
+        if self.loop_check:
+            self.loop_check.capture()
 
     def _step(self) -> None:
         B, L = self.B, self.L
@@ -205,6 +219,20 @@ class BatchDecoder:
         self.live.copy_(live & ~ended)
         self.tok.copy_(chosen.view(B, 1))
         self.pos.copy_(nxt)
+
+    def _loop_check(self) -> None:
+        """End the live rows whose last W answer tokens repeat a block of p tokens (p <= W / 2):
+        out[b, s] == out[b, s - p] for every slot s of the window, all inside the answer."""
+        B, W = self.B, self.stop_loops
+        periods = torch.arange(1, min(W // 2, LOOP_PERIOD) + 1, device=self.device)             # [P]
+        window = self.pos.view(B, 1) - W + 1 + torch.arange(W, device=self.device).view(1, W)   # [B, W]
+        before = window.view(B, 1, W) - periods.view(1, -1, 1)                                 # [B, P, W]
+        now = self.out.gather(1, window.clamp(min=0))
+        then = self.out.gather(1, before.clamp(min=0).view(B, -1)).view(before.shape)
+        inside = before[:, :, 0] >= self.start.view(B, 1)                                      # [B, P]
+        looped = ((now.view(B, 1, W) == then).all(-1) & inside).any(-1) & self.live           # [B]
+        self.looped.logical_or_(looped)
+        self.live.logical_and_(~looped)
 
     # ---- refilling rows ----------------------------------------------------------------------
 
@@ -281,6 +309,8 @@ class BatchDecoder:
         first = first[(rows.view(-1, 1) == rows.view(1, -1)).int().argmax(1)]
         self.tok[rows] = first.view(-1, 1)
         self.pos[rows] = n
+        self.start[rows] = n
+        self.looped[rows] = False
         self.last[rows] = n + budget - 1
         self.out[rows, n] = first
         stopped = (first.view(-1, 1) == self.stops.view(1, -1)).any(-1)
@@ -329,7 +359,7 @@ class BatchDecoder:
         """
         self.set_stop_ids(stop_ids)
         self.live.zero_()
-        self.steps = self.refills = self.tokens = self.refill_tokens = self.refill_padded_tokens = 0
+        self.steps = self.refills = self.tokens = self.refill_tokens = self.refill_padded_tokens = self.loop_stops = 0
         self.clock.reset()
         held: list[Request | None] = [None] * self.B          # the request each row answers
         free = list(range(self.B - 1, -1, -1))                 # popped from the end: row 0 first
@@ -342,6 +372,8 @@ class BatchDecoder:
                 with self.clock.phase("decode"):
                     for _ in range(self.chunk):
                         self.step()
+                    if self.loop_check:
+                        self.loop_check()
                 self.steps += self.chunk
             if waiting:
                 with self.clock.phase("refill"):
@@ -368,20 +400,22 @@ class BatchDecoder:
         if not rows:
             return []
         index = torch.tensor(rows, device=self.device)
-        ends = self.pos[index].cpu()
+        ends, looped = self.pos[index].cpu(), self.looped[index].tolist()
         outs = self.out[index, :int(ends.max()) + 1].cpu()     # [E, <= L], copied before the next steps run
         ended = []
         for i, b in enumerate(rows):
-            ended.append((held[b], outs[i, :int(ends[i]) + 1]))
+            ended.append((held[b], outs[i, :int(ends[i]) + 1], looped[i]))
             held[b] = None
             free.append(b)
         return ended
 
     def _answers(self, ended: list) -> Iterator[tuple[Request, Completion]]:
-        for request, row in ended:
+        for request, row, looped in ended:
             tokens = row[len(request.ids):].tolist()           # the answer starts at the prompt's length
             self.tokens += len(tokens)
-            yield request, Completion(tokens=tokens, finish_reason="stop" if tokens[-1] in self.stop_set else "length")
+            self.loop_stops += looped
+            reason = "loop" if looped else "stop" if tokens[-1] in self.stop_set else "length"
+            yield request, Completion(tokens=tokens, finish_reason=reason)
 
     def stats(self) -> dict:
         """Steps, refills and answer tokens of the last `serve`; occupancy = the share of row-steps that
@@ -391,6 +425,7 @@ class BatchDecoder:
         return {"rows": self.B, "slots": self.L, "chunk": self.chunk, "steps": self.steps, "refills": self.refills,
                 "answer_tokens": self.tokens, "occupancy": round(made / max(self.steps * self.B, 1), 4),
                 "refill_tokens": self.refill_tokens, "refill_padded_tokens": self.refill_padded_tokens,
+                "loop_stops": self.loop_stops,
                 **self.clock.summary(steps=self.steps)}
 
     def run(self, prompts: list[list[int]], max_new_tokens: int, stop_ids) -> list[Completion]:
