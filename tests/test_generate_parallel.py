@@ -105,7 +105,7 @@ def test_every_content_flag_reaches_the_workers_and_recipes_can_set_devices():
                               "--cache-slots", "256"])
     passed = set(worker_argv(args))
     reached = {a.dest for a in gen._actions if set(a.option_strings) & passed}
-    server = {"server_url", "model", "concurrency", "api_key_env", "timeout", "max_retries", "no_check_template"}
+    server = {"server_url", "model", "concurrency", "api_key_env", "timeout", "max_retries", "check_template"}
     vllm = {"tensor_parallel_size", "gpu_memory_utilization", "enforce_eager"}  # --backend vllm refuses --devices
     parent = {"help", "devices", "worker", "device", "out", "overwrite"}
     assert {a.dest for a in gen._actions} - server - vllm - parent == reached
@@ -213,3 +213,12 @@ def test_resume_after_sigkill_loses_nothing_and_repeats_nothing(tmp_path, tiny_t
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["counts"]["conversations"] == n and manifest["config"]["resumed_from"] >= 16 - 2  # a torn line each
     assert all(len(w["devices"]) == 3 for w in manifest["counts"]["workers"])
+
+
+def test_generate_options_name_the_engine_kinds():
+    """data/options.py names the engine's kinds without importing torch: they must be the engine's."""
+    from eaglekit.data.options import ATTENTIONS, REFILLS
+    from eaglekit.engine.batch import REFILL_KINDS
+    from eaglekit.engine.kv import ATTENTION_KINDS
+
+    assert REFILLS == REFILL_KINDS and set(ATTENTIONS) - {"auto"} <= set(ATTENTION_KINDS)   # reduce: 1-row steps only

@@ -64,12 +64,15 @@ def flag_type(annotation: str) -> type | None:
     return _TYPES[base]
 
 
-def add_options(parser: argparse.ArgumentParser, cls, groups: dict[str, str]) -> None:
-    """Add a flag for every `option` field of `cls`, in `groups` (key -> the group's title)."""
-    made = {key: parser.add_argument_group(title) for key, title in groups.items()}
+def add_options(parser: argparse.ArgumentParser, cls, groups: dict[str, str | None],
+                only: tuple[str, ...] | None = None) -> None:
+    """Add a flag for every `option` field of `cls`, in `groups` (key -> the group's title; None: the
+    parser's own options). `only`: the flags of these groups alone (a parser that shares some)."""
+    made = {key: parser if title is None else parser.add_argument_group(title) for key, title in groups.items()
+            if only is None or key in only}
     for f in fields(cls):
         meta = f.metadata.get(_KEY)
-        if meta is None:
+        if meta is None or (only is not None and meta["group"] not in only):
             continue
         group = made[meta["group"]]
         name = f.name.replace("_", "-")
@@ -83,6 +86,25 @@ def add_options(parser: argparse.ArgumentParser, cls, groups: dict[str, str]) ->
             extra = {} if default is MISSING else {"default": default}
             group.add_argument(f"--{name}", dest=f.name, type=kind, choices=meta["choices"],
                                required=meta["required"], help=meta["help"], **extra)
+
+
+def options_argv(cls, args: argparse.Namespace, skip: tuple[str, ...] = (), skip_groups: tuple[str, ...] = ()) -> list[str]:
+    """The flags that give `cls`'s options the values they have in `args` (a child process's command
+    line): every option but those in `skip` or `skip_groups`; None values and switches left at their
+    default are not written."""
+    argv: list[str] = []
+    for f in fields(cls):
+        meta = f.metadata.get(_KEY)
+        if meta is None or f.name in skip or meta["group"] in skip_groups:
+            continue
+        value, name = getattr(args, f.name), f.name.replace("_", "-")
+        if isinstance(value, bool):
+            default = f.default if meta["cli_default"] is MISSING else meta["cli_default"]
+            if value != default:
+                argv.append(f"--{name}" if value else f"--no-{name}")
+        elif value is not None:
+            argv += [f"--{name}", ",".join(map(str, value)) if isinstance(value, tuple) else str(value)]
+    return argv
 
 
 def options_from_args(cls, args: argparse.Namespace):

@@ -52,23 +52,10 @@ def register(sub) -> None:
     synth.set_defaults(func=run_synthesize)
 
     gen = sub.add_parser("generate", help="the target answers every prompt (local or an OpenAI-compatible server)")
-    gen.add_argument("--prompts", required=True, help="an `eaglekit prompts` folder, or one prompt file")
-    gen.add_argument("--target", default="smollm2", help="smollm2, an HF model folder or a .gguf file")
-    gen.add_argument("--out", required=True, help="output folder (rerun the same command to resume)")
-    gen.add_argument("--backend", default="local", choices=("local", "engine", "hf", "openai", "vllm"),
-                     help="local (= engine): eaglekit's batch decoder (static KV cache, CUDA graphs); hf: HF generate; "
-                          "openai: a vLLM/SGLang/llama.cpp server (--server-url); vllm: vLLM's offline engine in this "
-                          "process (--tensor-parallel-size; --batch-size requests at once)")
-    gen.add_argument("--max-new-tokens", type=int, default=1024, help="answer length limit per turn")
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0, help="0 = off")
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--splits", default="train,validation", help="splits of a prompts folder to answer")
-    gen.add_argument("--limit", type=int, help="only the first N prompts of each split")
-    gen.add_argument("--shard-size", type=int, default=10000, help="conversations per shard")
-    gen.add_argument("--context-length", type=int, help="prompt + answer limit (default: the target's / server's)")
-    add_local_args(gen)
+    from eaglekit.data.options import GROUPS, GenerateOptions
+    from eaglekit.options import add_options
+
+    add_options(gen, GenerateOptions, groups=GROUPS)
     par = gen.add_argument_group("several devices of this host (data parallel; local, engine and hf backends)")
     par.add_argument("--devices", action="append",
                      help="one worker process per device, e.g. cuda:0,cuda:1 (or cpu,cpu): the prompts are split "
@@ -76,48 +63,16 @@ def register(sub) -> None:
                           "rerun the same command to resume")
     par.add_argument("--worker", help="I/N: answer only prompts I, I+N, I+2N, ... of each split (--devices starts "
                                       "these workers itself)")
-    vll = gen.add_argument_group("vllm backend")
-    vll.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs the target is split over")
-    vll.add_argument("--gpu-memory-utilization", type=float, default=None,
-                     help="share of GPU memory vLLM may take (on its CPU build: of RAM for the KV cache)")
-    vll.add_argument("--enforce-eager", action="store_true",
-                     help="no torch.compile / CUDA graphs (starts faster, decodes slower)")
-    srv = gen.add_argument_group("openai backend")
-    srv.add_argument("--server-url", help="e.g. http://127.0.0.1:8000")
-    srv.add_argument("--model", help="served model name (default: the only one listed)")
-    srv.add_argument("--concurrency", type=int, default=32, help="conversations in flight")
-    srv.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key")
-    srv.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
-    srv.add_argument("--max-retries", type=int, default=5)
-    srv.add_argument("--no-check-template", action="store_true",
-                     help="do not compare the server's prompt token counts with the target's template")
-    gen.add_argument("--overwrite", action="store_true", help="delete the output folder first")
     gen.set_defaults(func=run_generate)
 
 
 def add_local_args(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("local generation")
-    if "--backend" not in parser._option_string_actions:
-        group.add_argument("--backend", default="local", choices=("local", "engine", "hf"))
-    group.add_argument("--batch-size", type=int, default=32, help="sequences per generation call")
-    group.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1")
-    group.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16")
-    group.add_argument("--attention", default="auto", choices=("auto", "flex", "sdpa", "matmul"),
-                       help="the engine's attention kernel (auto: flex on CUDA, each row reads only its own cache "
-                            "blocks; sdpa where flex does not compile)")
-    group.add_argument("--cache-slots", type=int,
-                       help="KV slots per row of the engine's cache (default: what the first prompts need, grown "
-                            "when a longer one comes, each growth a rebuild; with flex attention spare slots cost "
-                            "only memory, so a multi-turn run sets its context length here)")
-    group.add_argument("--refill", default="eager", choices=("eager", "graphs"),   # engine.batch.REFILL_KINDS (no torch here)
-                       help="how the engine prefills the prompts of rows that free up: eager forwards (launch-bound "
-                            "on a GPU), or graphs: one CUDA graph per bucket of rows x prompt length, captured on "
-                            "first use (fast runner only; not yet measured on a GPU, so not the default)")
-    group.add_argument("--stop-loops", type=int, default=0, metavar="N",
-                       help="end an answer once its last N tokens repeat a block of at most N/2 tokens (3 times "
-                            "or more in a row): a small target often loops until --max-new-tokens, and the rest "
-                            "of a loop is cheap to draft and has little to teach (finish_reason 'loop'; the "
-                            "engine only; 0 = off: answers run to their end or the limit)")
+    """`generate`'s local-generation flags, on a parser of its own backends (`prompts synthesize`)."""
+    from eaglekit.data.options import GROUPS, LOCAL_BACKENDS, GenerateOptions
+    from eaglekit.options import add_options
+
+    parser.add_argument("--backend", default="local", choices=LOCAL_BACKENDS)
+    add_options(parser, GenerateOptions, groups=GROUPS, only=("local",))
 
 
 def run_build(args: argparse.Namespace) -> int:
@@ -218,7 +173,7 @@ def run_generate(args: argparse.Namespace) -> int:
                               max_retries=args.max_retries)
         backend = OpenAIBackend(client, model=args.model, tokenizer=tokenizer, max_new_tokens=args.max_new_tokens,
                                 sampling=sampling, seed=args.seed, concurrency=args.concurrency,
-                                context_length=args.context_length, check_template=not args.no_check_template)
+                                context_length=args.context_length, check_template=args.check_template)
     elif args.backend == "vllm":
         from eaglekit.data.vllm_backend import vllm_local_backend
 
@@ -268,20 +223,13 @@ def run_generate_parallel(args: argparse.Namespace, config) -> int:
 
 
 def worker_argv(args: argparse.Namespace) -> list[str]:
-    """`eaglekit` arguments of a `--devices` worker: every setting that decides the content, none of the
-    parent's own (--devices, --device, --out, --overwrite)."""
+    """`eaglekit` arguments of a `--devices` worker: every option that decides the content, from
+    `GenerateOptions`, none of the parent's own (--devices, --device, --out, --overwrite)."""
+    from eaglekit.data.options import WORKER_SKIP_GROUPS, WORKER_SKIPS, GenerateOptions
+    from eaglekit.options import options_argv
+
     argv = ["-v"] if args.verbose else []
-    argv += ["generate", "--prompts", args.prompts, "--target", args.target, "--backend", args.backend,
-             "--max-new-tokens", str(args.max_new_tokens), "--temperature", str(args.temperature),
-             "--top-p", str(args.top_p), "--top-k", str(args.top_k), "--seed", str(args.seed), "--splits", args.splits,
-             "--shard-size", str(args.shard_size), "--batch-size", str(args.batch_size), "--dtype", args.dtype,
-             "--attention", args.attention, "--refill", args.refill, "--stop-loops", str(args.stop_loops)]
-    if args.cache_slots:
-        argv += ["--cache-slots", str(args.cache_slots)]
-    for flag, value in (("--limit", args.limit), ("--context-length", args.context_length)):
-        if value is not None:
-            argv += [flag, str(value)]
-    return argv
+    return argv + ["generate", *options_argv(GenerateOptions, args, skip=WORKER_SKIPS, skip_groups=WORKER_SKIP_GROUPS)]
 
 
 def target_without_weights(spec: str) -> tuple[object, dict]:

@@ -1,0 +1,76 @@
+"""`eaglekit generate`'s options, declared once (`eaglekit.options`): they make its flags, the
+recipe keys of its stage, the local-generation flags `prompts synthesize` shares, and the command
+line of a `--devices` worker. No torch here: `--help` stays fast.
+
+The backends' own kinds are named here as literals: `engine.batch.REFILL_KINDS` and
+`engine.kv.ATTENTION_KINDS` import torch (a test checks that these are among them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eaglekit.options import option
+
+BACKENDS = ("local", "engine", "hf", "openai", "vllm")
+LOCAL_BACKENDS = ("local", "engine", "hf")
+ATTENTIONS = ("auto", "flex", "sdpa", "matmul")
+REFILLS = ("eager", "graphs")
+GROUPS = {"main": None, "local": "local generation", "vllm": "vllm backend", "openai": "openai backend"}
+WORKER_SKIPS = ("out", "overwrite", "device")     # the parent's own: each worker gets its own
+WORKER_SKIP_GROUPS = ("vllm", "openai")           # --devices refuses these backends
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerateOptions:
+    prompts: str = option(help="an `eaglekit prompts` folder, or one prompt file", group="main", required=True)
+    target: str = option("smollm2", "smollm2, an HF model folder or a .gguf file", group="main")
+    out: str = option(help="output folder (rerun the same command to resume)", group="main", required=True)
+    backend: str = option("local", "local (= engine): eaglekit's batch decoder (static KV cache, CUDA graphs); hf: HF "
+                                   "generate; openai: a vLLM/SGLang/llama.cpp server (--server-url); vllm: vLLM's offline "
+                                   "engine in this process (--tensor-parallel-size; --batch-size requests at once)",
+                          group="main", choices=BACKENDS)
+    max_new_tokens: int = option(1024, "answer length limit per turn", group="main")
+    temperature: float = option(0.0, "0 = greedy", group="main")
+    top_p: float = option(1.0, "nucleus sampling: the smallest set of tokens with this much probability",
+                          group="main")
+    top_k: int = option(0, "sampling from the k most likely tokens only (0 = off)", group="main")
+    seed: int = option(0, "seed of the sampling", group="main")
+    splits: str = option("train,validation", "splits of a prompts folder to answer", group="main")
+    limit: int | None = option(None, "only the first N prompts of each split", group="main")
+    shard_size: int = option(10000, "conversations per shard", group="main")
+    context_length: int | None = option(None, "prompt + answer limit (default: the target's / server's)", group="main")
+    overwrite: bool = option(False, "delete the output folder first", group="main")
+    # local generation (also `eaglekit prompts synthesize`'s)
+    batch_size: int = option(32, "sequences per generation call", group="local")
+    device: str = option("auto", "auto, cpu, cuda, cuda:1", group="local")
+    dtype: str = option("auto", "auto (bf16 on GPU, fp32 on CPU), float32, bfloat16", group="local")
+    attention: str = option("auto", "the engine's attention kernel (auto: flex on CUDA, each row reads only its own "
+                                    "cache blocks; sdpa where flex does not compile)", group="local",
+                            choices=ATTENTIONS)
+    cache_slots: int | None = option(None, "KV slots per row of the engine's cache (default: what the first prompts "
+                                           "need, grown when a longer one comes, each growth a rebuild; with flex "
+                                           "attention spare slots cost only memory, so a multi-turn run sets its "
+                                           "context length here)", group="local")
+    refill: str = option("eager", "how the engine prefills the prompts of rows that free up: eager forwards "
+                                  "(launch-bound on a GPU), or graphs: one CUDA graph per bucket of rows x prompt "
+                                  "length, captured on first use (fast runner only; not yet measured on a GPU, so "
+                                  "not the default)", group="local", choices=REFILLS)
+    stop_loops: int = option(0, "end an answer once its last N tokens repeat a block of at most N/2 tokens (3 times "
+                                "or more in a row): a small target often loops until --max-new-tokens, and the rest "
+                                "of a loop is cheap to draft and has little to teach (finish_reason 'loop'; the "
+                                "engine only; 0 = off: answers run to their end or the limit)", group="local")
+    # vllm backend
+    tensor_parallel_size: int = option(1, "GPUs the target is split over", group="vllm")
+    gpu_memory_utilization: float | None = option(None, "share of GPU memory vLLM may take (on its CPU build: of "
+                                                        "RAM for the KV cache)", group="vllm")
+    enforce_eager: bool = option(False, "no torch.compile / CUDA graphs (starts faster, decodes slower)", group="vllm")
+    # openai backend
+    server_url: str | None = option(None, "e.g. http://127.0.0.1:8000", group="openai")
+    model: str | None = option(None, "served model name (default: the only one listed)", group="openai")
+    concurrency: int = option(32, "conversations in flight", group="openai")
+    api_key_env: str = option("OPENAI_API_KEY", "environment variable holding the API key", group="openai")
+    timeout: float = option(600.0, "seconds per request", group="openai")
+    max_retries: int = option(5, "retries of a failed request", group="openai")
+    check_template: bool = option(True, "do not compare the server's prompt token counts with the target's template",
+                                  group="openai")
