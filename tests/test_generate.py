@@ -294,3 +294,13 @@ def test_engine_settings_for_a_server_backend_are_refused_before_anything_runs(t
                  "--server-url", "http://127.0.0.1:9", "--cache-slots", "4096"]) == 2
     assert "--cache-slots 4096 is a setting of eaglekit's engine, not of backend 'openai'" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_stop_loops_is_part_of_a_generate_folder_identity():
+    """--stop-loops cuts answers, so a folder records it (and a resume with another value is another
+    run); folders written before it existed (no key) still match a run without it."""
+    from eaglekit.data.regenerate import GenerateConfig
+
+    assert "stop_loops" not in GenerateConfig().to_json()
+    assert GenerateConfig(stop_loops=128).to_json()["stop_loops"] == 128
+    assert GenerateConfig(stop_loops=128).to_json() != GenerateConfig().to_json()

@@ -150,7 +150,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from eaglekit.target.chat import check_template_masks
 
     sampling = Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
-    config = GenerateConfig(max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed,
+    config = GenerateConfig(max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed, stop_loops=args.stop_loops,
                             splits=tuple(s for s in args.splits.split(",") if s), limit=args.limit)
     if args.devices:
         return run_generate_parallel(args, config)

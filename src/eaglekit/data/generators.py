@@ -17,6 +17,7 @@ separate `seed`: the seed is the data stage's, the engine leaves seeding to its 
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections import deque
@@ -174,7 +175,8 @@ class EngineGenerator(Streaming):
             from eaglekit.engine.batch import BatchDecoder, batch_runner
 
             max_len = self._slots_for(needed)
-            self._decoder = None  # free the old cache before the new one is allocated
+            self._decoder = None  # free the old cache before the new one is allocated: its steps (bound
+            gc.collect()          # methods, graphs) refer back to it, so only the collector frees it
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
             start = time.perf_counter()

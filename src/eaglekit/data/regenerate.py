@@ -43,12 +43,14 @@ class GenerateConfig:
     seed: int = 0  # the backend's seed (a generator's torch seed, or the base of per-request seeds)
     splits: tuple[str, ...] = ("train", "validation")
     limit: int | None = None  # first N prompts of each split (smoke runs, benchmarks)
+    stop_loops: int = 0       # the engine's loop check (`engine.batch.BatchDecoder`): it cuts answers
 
     def to_json(self) -> dict:
         # The seed stays inside "sampling", where folders written before it moved out of Sampling have
-        # it: their run.json still matches, so they resume.
+        # it: their run.json still matches, so they resume. stop_loops is written only when set, for
+        # the same reason.
         return {"max_new_tokens": self.max_new_tokens, "sampling": self.sampling.to_dict() | {"seed": self.seed},
-                "splits": list(self.splits), "limit": self.limit}
+                "splits": list(self.splits), "limit": self.limit} | ({"stop_loops": self.stop_loops} if self.stop_loops else {})
 
 
 def load_prompts(location: str, splits: tuple[str, ...], limit: int | None) -> tuple[dict[str, list[Prompt]], dict]:
@@ -243,10 +245,13 @@ def _finish(out: Path, shards: JsonlShards, identity: dict, config: GenerateConf
     manifest = write_manifest(out, stage="generate", config=resolved, target=identity["target"],
                               inputs=identity["inputs"], counts=counts, extra=extra)
     loops = (counts["answer_tokens_in_loops"] or 0) / max(counts["answer_tokens_checked_for_loops"], 1)
-    if loops > LOOP_WARN:
+    if loops > LOOP_WARN and not config.stop_loops:
         log.warning("%.0f %% of the answer tokens are loops at the end of answers (the target repeats itself until "
                     "cut): cheap to draft, little to learn from; --stop-loops 128 (the engine) ends an answer once "
                     "it loops, a lower --max-new-tokens cuts every answer", 100 * loops)
+    elif loops > LOOP_WARN:
+        log.info("%.0f %% of the answer tokens are the starts of loops that --stop-loops %d ended (each keeps its "
+                 "last %d tokens and the block they repeat)", 100 * loops, config.stop_loops, config.stop_loops)
     log.info("wrote %s: %d conversations (%s), %d skipped, %d answer tokens; last run %.1f prompts/s, %.0f tokens/s",
              out, counts["conversations"], counts["by_split"], counts["skipped"], counts["answer_tokens"],
              speed["prompts_per_s"], speed["tokens_per_s"])

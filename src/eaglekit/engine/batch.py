@@ -199,8 +199,9 @@ class BatchDecoder:
         # refills replay one CUDA graph per (rows, prompt length) bucket, captured on first use.
         self.refill_steps: dict[tuple[int, int], tuple[Step, tuple[torch.Tensor, ...]]] = {}
         self.refill_pool = torch.cuda.graph_pool_handle() if graphs and refill == "graphs" else None
-        if stop_loops < 0:
-            raise EaglekitError(f"stop_loops {stop_loops}", hint="give the window in tokens (e.g. 128), or 0 for off")
+        if not 0 <= stop_loops <= L:
+            raise EaglekitError(f"stop_loops {stop_loops} with {L} slots a row",
+                                hint="give the window in tokens (e.g. 128, at most the slots), or 0 for off")
         self.stop_loops = stop_loops
         self.loop_check = Step(self._loop_check, use_graph=graphs, name="loop check") if stop_loops else None
         self.step.capture()                        # on dummy state: every row empty
@@ -279,7 +280,8 @@ class BatchDecoder:
 
     def _refill_graphed(self, inputs: tuple[torch.Tensor, ...]) -> None:
         """The refill as a replay of its bucket's graph (ids [R, P], n, budget, rows [R]), captured on
-        the bucket's first use with these inputs in its buffers (a capture runs the refill itself)."""
+        the bucket's first use with these inputs in its buffers: the capture's warm-up runs the refill,
+        and the replay runs it again (the same state; sampled, the replay's token is the one kept)."""
         R, P = inputs[0].shape
         if (R, P) not in self.refill_steps:
             buffers = tuple(torch.empty_like(t) for t in inputs)
@@ -304,7 +306,7 @@ class BatchDecoder:
         positions = (cols.view(1, P) - pad.view(-1, 1)).clamp(min=0)
         logits, _ = self.runner(ids, positions, Refill(rows, slots), padded_mask(pad, cols, P), last_only=True)
         first = next_token(logits[:, -1], self.sampling)                                # [R]
-        # A row sent twice (`_refill_compiled`) keeps its first copy's token: sampled, the copies may
+        # A row sent twice (a graphed refill's padding) keeps its first copy's token: sampled, the copies may
         # differ, and an index_put from two sources leaves tok / out / live each with either one.
         first = first[(rows.view(-1, 1) == rows.view(1, -1)).int().argmax(1)]
         self.tok[rows] = first.view(-1, 1)
