@@ -464,8 +464,12 @@ def table(results: dict) -> str:
                 pr = r.get("profile")
                 if pr:
                     pieces = ", ".join(f"{k} {v['ms']:.3f} ms ({v['kernels'] or 0:.0f} kernels)" for k, v in pr["pieces"].items())
+                    busy = f", kernels busy {pr['cycle_busy_ms']:.3f} ms" if pr.get("cycle_busy_ms") else ""
                     lines.append(f"| {part} {name}: where the cycle goes | – | {pr['cycle_graph_ms']:.3f} | graph "
-                                 f"({pr['cycle_kernels'] or 0:.0f} kernels), host {pr['host_ms']:.3f} ms; {pieces} |")
+                                 f"({pr['cycle_kernels'] or 0:.0f} kernels{busy}), host {pr['host_ms']:.3f} ms; {pieces} |")
+                    for k in (pr.get("cycle_top_kernels") or [])[:5]:
+                        lines.append(f"| {part} {name}: top kernel | – | {k['us_per_call'] / 1000:.3f} | "
+                                     f"{k['per_call']:.0f} per cycle: `{k['name'][:70]}` |")
     if "d" in results:
         for name, r in results["d"].items():
             lines.append(f"| d trained draft {name} | {r['spec_tok_s']:.1f} | – | {r['speedup']:.2f}x plain, "

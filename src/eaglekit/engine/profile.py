@@ -41,24 +41,41 @@ def _sync(device: torch.device) -> None:
 
 def kernels_per_call(fn, device: torch.device, calls: int = 8) -> float | None:
     """Device kernels launched per call of fn (CUDA graphs are traced kernel by kernel); None off CUDA."""
+    profiled = kernel_profile(fn, device, calls)
+    return None if profiled is None else profiled["kernels"]
+
+
+def kernel_profile(fn, device: torch.device, calls: int = 8, top: int = 12) -> dict | None:
+    """fn's device kernels per call: their count, their summed time (`busy_ms`; against `wall_ms`,
+    the rest is launch gaps) and the `top` ones by time; None off CUDA."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     if device.type != "cuda":
         return None
+    fn()
+    _sync(device)
+    start = time.perf_counter()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             fn()
-        torch.cuda.synchronize(device)
-    return sum(e.count for e in prof.key_averages() if e.device_type == DeviceType.CUDA) / calls
+        _sync(device)
+    wall_ms = 1000 * (time.perf_counter() - start) / calls          # profiled: an upper bound
+    events = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
+    timed = sorted((e for e in events if e.self_device_time_total > 0), key=lambda e: e.self_device_time_total, reverse=True)
+    return {"kernels": sum(e.count for e in events) / calls, "wall_ms": wall_ms,
+            "busy_ms": sum(e.self_device_time_total for e in timed) / calls / 1000,
+            "top": [{"name": e.key[:120], "per_call": e.count / calls, "us_per_call": e.self_device_time_total / calls}
+                    for e in timed[:top]]}
 
 
 @torch.no_grad()
 def cycle_profile(engine: Engine, prompt_ids: list[int], max_new_tokens: int) -> dict:
     """Time the pieces of one greedy cycle of `engine` (see the module docstring), in ms.
 
-    Returns cycle_graph_ms, cycle_with_host_ms, host_ms, cycle_kernels and pieces {name: {ms, kernels}},
-    verify included (derived), plus `largest`: the costliest piece.
+    Returns cycle_graph_ms, cycle_with_host_ms, host_ms, cycle_kernels, cycle_busy_ms and
+    cycle_top_kernels (CUDA only) and pieces {name: {ms, kernels}}, verify included (derived), plus
+    `largest`: the costliest piece.
     """
     if engine.drafter is None or not engine.sampling.greedy:
         raise ValueError("cycle_profile needs a greedy speculative engine")
@@ -74,8 +91,11 @@ def cycle_profile(engine: Engine, prompt_ids: list[int], max_new_tokens: int) ->
         pieces["compaction"] = lambda: engine.target.move_kv(engine.n + path, engine.n + rows)
     if engine.drafter.needs_aux:
         pieces["catch_up"] = lambda: engine.drafter.catch_up(engine._emitted(), engine.aux_rows[path], engine.n, count)
+    kernels = kernel_profile(engine.cycle, engine.device)
     out = {"cycle_graph_ms": replay_ms(engine.cycle, engine.device), "cycle_with_host_ms": with_host_ms,
-           "cycle_kernels": kernels_per_call(engine.cycle, engine.device), "pieces": {}}
+           "cycle_kernels": kernels and kernels["kernels"], "pieces": {},
+           # the cycle graph's kernels by time: what to fuse next (busy_ms against the graph's ms: launch gaps)
+           "cycle_busy_ms": kernels and kernels["busy_ms"], "cycle_top_kernels": kernels and kernels["top"]}
     steps = {name: Step(compiled(fn, engine.compile), use_graph=engine.graphs, name=name) for name, fn in pieces.items()}
     for step in steps.values():
         step.capture()
