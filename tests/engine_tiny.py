@@ -59,3 +59,29 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def cycling_model(cycles: list[list[int]], vocab: int = 128):
+    """A tiny Llama whose greedy next token depends on the current one only: `cycles` (token ids)
+    follow each other in a ring (the layers add nothing; the head maps a token's embedding to the
+    next one's id)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).eval()
+    nxt = list(range(vocab))
+    for ring in cycles:
+        for i, t in enumerate(ring):
+            nxt[t] = ring[(i + 1) % len(ring)]
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        embed = model.model.embed_tokens.weight
+        head = torch.zeros_like(embed)
+        for t in range(vocab):
+            head[nxt[t]] += 8 * embed[t]       # logit of nxt[t] is largest where the input is t
+        model.lm_head.weight.copy_(head)
+    return model

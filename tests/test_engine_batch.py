@@ -8,7 +8,7 @@ from eaglekit.engine import Engine, Sampling, generate_batch, make_target_runner
 from eaglekit.engine.batch import BatchDecoder, Request
 from eaglekit.engine.kv import Refill, write_slots
 from eaglekit.errors import EaglekitError
-from engine_tiny import one_thread, peaked_model  # noqa: F401 (fixture)
+from engine_tiny import cycling_model, one_thread, peaked_model  # noqa: F401 (fixture)
 
 PROMPTS = [[5, 17, 99, 3], [45, 200, 7, 8, 9, 10, 11], [300], [12, 13] * 5, [7, 7, 7]]
 
@@ -162,32 +162,6 @@ def first_loop_end(tokens: list[int], window: int, max_period: int = 64) -> int 
             if t >= window + p and tokens[t - window:t] == tokens[t - window - p:t - p]:
                 return t
     return None
-
-
-def cycling_model(cycles: list[list[int]], vocab: int = 128):
-    """A tiny Llama whose greedy next token depends on the current one only: `cycles` (token ids)
-    follow each other in a ring (the layers add nothing; the head maps a token's embedding to the
-    next one's id)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
-    model = LlamaForCausalLM(config).eval()
-    nxt = list(range(vocab))
-    for ring in cycles:
-        for i, t in enumerate(ring):
-            nxt[t] = ring[(i + 1) % len(ring)]
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-        embed = model.model.embed_tokens.weight
-        head = torch.zeros_like(embed)
-        for t in range(vocab):
-            head[nxt[t]] += 8 * embed[t]       # logit of nxt[t] is largest where the input is t
-        model.lm_head.weight.copy_(head)
-    return model
 
 
 def test_stop_loops_ends_an_answer_where_its_loop_is_found():

@@ -1,5 +1,5 @@
-"""The GPU tier: the engine's CUDA paths (torch.compile + CUDA graphs, flex attention, compiled
-refills) give the tokens the eager CPU paths give. Never runs in CI (no GPU there); on the device:
+"""The GPU tier: the engine's CUDA paths (torch.compile + CUDA graphs, flex attention, graphed
+refills, the captured loop check) give the tokens the eager CPU paths give. Never runs in CI (no GPU there); on the device:
 
     python -m pytest -m gpu tests/test_gpu.py
 
@@ -13,7 +13,7 @@ from eaglekit.engine import Engine, Sampling, make_target_runner
 from eaglekit.engine.batch import BatchDecoder, Request, batch_runner
 from eaglekit.engine.draft_runner import DraftRunner
 from eaglekit.engine.spec import SpecConfig
-from engine_tiny import AUX, PROMPTS, peaked_model, random_draft
+from engine_tiny import AUX, PROMPTS, cycling_model, peaked_model, random_draft
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 NEW = 24
@@ -66,3 +66,18 @@ def test_batch_decoder_on_cuda_equals_the_eager_cpu_decoder(refill):
     assert got == reference
     stats = decoder.stats()
     assert stats["decode_s"] > 0 and stats["refill_s"] > 0    # CUDA events, read after the syncs
+
+
+def test_the_captured_loop_check_ends_the_answers_the_cpu_check_ends():
+    """--stop-loops on CUDA (the check a captured graph, refills graphed) cuts where the CPU's does."""
+    model = cycling_model([[10, 11], [20, 21, 22], list(range(40, 100))])
+    prompts = [[11, 10] * 6, [6, 20], [7, 40], [41] * 11 + [42]]
+
+    def run(device, **kw):
+        decoder = BatchDecoder(batch_runner(model.to(device), max_len=256, batch_size=3, **kw.pop("runner_kw", {})),
+                               sampling=Sampling(), chunk=4, stop_loops=8, **kw)
+        return [(c.tokens, c.finish_reason) for c in decoder.run(prompts, 40, [2])]
+
+    reference = run("cpu", graphs=False, compile=False, runner_kw={"attention": "sdpa"})
+    assert [reason for _, reason in reference] == ["loop", "loop", "length", "length"]
+    assert run("cuda", graphs=True, compile=True, refill="graphs") == reference
