@@ -41,9 +41,15 @@ session() {
   recipe
   local code=$?
   stamp "pipeline exit $code after $(( $(date +%s) - t0 )) s"
+  if [[ $code != 0 ]] && grep -q "stage generate failed" "$LOG" && [[ ${REFILL:-eager} != eager ]]; then
+    stamp "generate failed: the pipeline again with generate.refill=eager (said so in the results)"
+    REFILL=eager recipe
+    code=$?
+    stamp "pipeline (refill eager) exit $code after $(( $(date +%s) - t0 )) s"
+  fi
   if [[ $code != 0 ]] && grep -q "stage generate failed" "$LOG"; then   # flex attention did not compile here?
     stamp "generate failed: the pipeline again with generate.attention=sdpa (said so in the results)"
-    recipe generate.attention=sdpa
+    REFILL=eager recipe generate.attention=sdpa
     stamp "pipeline (sdpa) exit $? after $(( $(date +%s) - t0 )) s"
   fi
   t0=$(date +%s)
