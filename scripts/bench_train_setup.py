@@ -115,8 +115,8 @@ def main() -> None:
 
     from eaglekit.draft.vocab import build_draft_vocab, count_assistant_tokens
     from eaglekit.features.conversations import read_conversations, tokenize_conversations
-    from eaglekit.target.load import generation_eos_ids, load_tokenizer, stop_token_ids
-    from eaglekit.target.source import resolve_target
+    from eaglekit.targets.load import generation_eos_ids, load_tokenizer, stop_token_ids
+    from eaglekit.targets.source import resolve_target
     from eaglekit.train.baselines import baseline_accuracy
     from eaglekit.train.data import BatchPlan
     from eaglekit.train.setup import split_members

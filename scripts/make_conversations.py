@@ -81,8 +81,8 @@ def generate(target_spec: str, out: Path, *, num: int, max_new_tokens: int, batc
              seed: int = 0) -> Path:
     """Answer `num` synthesized prompts greedily with the target; write a generate-style folder."""
     from eaglekit.artifacts import write_manifest
-    from eaglekit.target.chat import prompt_ids
-    from eaglekit.target.load import load_target
+    from eaglekit.targets.chat import prompt_ids
+    from eaglekit.targets.load import load_target
 
     device = "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
     target = load_target(target_spec, device=device)

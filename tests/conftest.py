@@ -61,7 +61,7 @@ def smollm2_dir(tmp_path_factory) -> Path:
     cached = os.environ.get("EAGLEKIT_SMOLLM2_DIR")
     if cached and Path(cached, "config.json").is_file():
         return Path(cached)
-    from eaglekit.target.prepare import prepare_target
+    from eaglekit.targets.prepare import prepare_target
 
     out = tmp_path_factory.mktemp("smollm2") / "hf"
     prepare_target("smollm2", out)

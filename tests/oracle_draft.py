@@ -98,7 +98,7 @@ def oracle_checkpoint(target_dir, out, *, k: int = 3, num_prompts: int = 4, max_
     from eaglekit.doctor.probe import ProbeSetup, probe, run_target
     from eaglekit.doctor.run import load_prompts
     from eaglekit.draft.checkpoint import save_draft
-    from eaglekit.target.load import load_target
+    from eaglekit.targets.load import load_target
 
     target = load_target(str(target_dir))
     runs = [run_target(target.model, target.tokenizer, m, max_new_tokens=max_new_tokens,

@@ -52,7 +52,7 @@ def test_bench_oracle_tree_multi_turn(tmp_path, tiny_target_dir, prompts_file):
 
 def test_bench_checkpoint_draft_chain_and_sweep(tmp_path, tiny_target_dir, prompts_file):
     from eaglekit.draft.checkpoint import save_draft
-    from eaglekit.target import load_target
+    from eaglekit.targets import load_target
     from engine_tiny import random_draft
 
     target = load_target(tiny_target_dir)
@@ -70,7 +70,7 @@ def test_bench_checkpoint_draft_chain_and_sweep(tmp_path, tiny_target_dir, promp
 def test_bench_refuses_a_draft_of_another_target(tmp_path, tiny_target_dir, prompts_file, capsys):
     from eaglekit.artifacts import write_manifest
     from eaglekit.draft.checkpoint import save_draft
-    from eaglekit.target import load_target
+    from eaglekit.targets import load_target
     from engine_tiny import random_draft
 
     target = load_target(tiny_target_dir)

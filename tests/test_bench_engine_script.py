@@ -12,7 +12,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "bench_engine
 
 def test_bench_engine_smoke(tmp_path, tiny_target_dir, monkeypatch):
     from eaglekit.draft.checkpoint import save_draft
-    from eaglekit.target import load_target
+    from eaglekit.targets import load_target
 
     target = load_target(tiny_target_dir)
     draft = save_draft(random_draft(target.model), tmp_path / "draft")

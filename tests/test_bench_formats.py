@@ -14,7 +14,7 @@ from eaglekit.artifacts import write_manifest
 from eaglekit.cli import main
 from eaglekit.draft.checkpoint import save_draft
 from eaglekit.formats import export_draft
-from eaglekit.target import load_target
+from eaglekit.targets import load_target
 from engine_tiny import one_thread, random_draft  # noqa: F401 (fixture)
 
 SPECULATE = ["--mode", "chain", "--k", "3", "--max-new-tokens", "24", "--no-graphs", "--no-compile"]
@@ -99,7 +99,7 @@ def test_a_machine_that_changes_speed_mid_bench_is_said(tiny_target_dir):
 
     from eaglekit.bench.run import Turn, bracket_plain
     from eaglekit.engine import Engine, OracleDrafter, Sampling, SpecConfig, make_target_runner
-    from eaglekit.target.chat import prompt_ids
+    from eaglekit.targets.chat import prompt_ids
 
     target = load_target(tiny_target_dir)
     spec = SpecConfig(mode="chain", k=2)

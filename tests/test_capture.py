@@ -7,8 +7,8 @@ from safetensors.torch import load_file
 from eaglekit.errors import EaglekitError
 from eaglekit.features.capture import capture_features
 from eaglekit.features.conversations import Sample
-from eaglekit.target.capture import capture_aux_states, check_fused_width, decoder_layers
-from eaglekit.target.load import load_target
+from eaglekit.targets.capture import capture_aux_states, check_fused_width, decoder_layers
+from eaglekit.targets.load import load_target
 from tiny import ARCHITECTURES, LAYERS, MOE_ARCHITECTURES, save_tiny_target, tiny_model
 
 AUX = [1, 3, 5]

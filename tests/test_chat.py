@@ -24,7 +24,7 @@ from tokenizers import AddedToken
 from eaglekit.errors import EaglekitError
 from eaglekit.features import conversations as conversations_mod
 from eaglekit.features.conversations import tokenize_conversations
-from eaglekit.target.chat import assistant_spans, common_prefix, prompt_ids, render, tokenize_conversation
+from eaglekit.targets.chat import assistant_spans, common_prefix, prompt_ids, render, tokenize_conversation
 from tiny import tiny_tokenizer
 
 TEMPLATES = Path(__file__).parent / "assets" / "chat_templates"

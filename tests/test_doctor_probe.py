@@ -124,8 +124,8 @@ def test_replay_matches_eaglekit_engine(exports, target_dir):
     from eaglekit.doctor.run import load_prompts
     from eaglekit.draft.checkpoint import load_draft
     from eaglekit.engine import DraftRunner, Engine, Sampling, SpecConfig, make_target_runner
-    from eaglekit.target.chat import prompt_ids
-    from eaglekit.target.load import load_target
+    from eaglekit.targets.chat import prompt_ids
+    from eaglekit.targets.load import load_target
 
     target = load_target(str(target_dir))
     embedding = target.model.get_input_embeddings().weight.detach()
@@ -153,7 +153,7 @@ def test_random_draft_for_smollm2_is_caught(smollm2_dir, tmp_path):
     from transformers import AutoConfig
 
     from eaglekit.draft import DraftConfig
-    from eaglekit.target.info import default_aux_layer_ids
+    from eaglekit.targets.info import default_aux_layer_ids
 
     cfg = AutoConfig.from_pretrained(smollm2_dir)
     draft_cfg = DraftConfig.for_target(cfg, aux_layer_ids=default_aux_layer_ids(cfg.num_hidden_layers),

@@ -134,10 +134,10 @@ def test_engine_sampling_follows_the_target_distribution(spec):
 
 @pytest.mark.slow
 def test_smollm2_greedy_speculation_equals_plain(smollm2_dir):
-    from eaglekit.target import load_target
+    from eaglekit.targets import load_target
 
     target = load_target(smollm2_dir)
-    from eaglekit.target.chat import prompt_ids
+    from eaglekit.targets.chat import prompt_ids
 
     prompt = prompt_ids(target.tokenizer, [{"role": "user", "content": "Name three colors."}])
     L2 = len(prompt) + 64

@@ -20,7 +20,7 @@ from eaglekit.artifacts import write_manifest, writer_lock
 from eaglekit.cli import main
 from eaglekit.draft.checkpoint import save_draft
 from eaglekit.errors import EaglekitError
-from eaglekit.target import load_target
+from eaglekit.targets import load_target
 from engine_tiny import one_thread, random_draft  # noqa: F401 (fixture)
 from tiny import save_tiny_target
 
@@ -237,7 +237,7 @@ def test_the_doctor_fails_target_for_other_weights_and_never_passes_an_unrecorde
 def test_a_prepared_folder_is_its_source_until_its_weights_change(targets, tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from eaglekit.target.prepare import prepare_target
+    from eaglekit.targets.prepare import prepare_target
 
     source = load_target(targets["base"]).fingerprint()
     prepare_target(str(targets["base"]), tmp_path / "t", dtype="bfloat16")  # other bytes, same model
@@ -319,7 +319,7 @@ def test_server_url_credentials_are_never_printed(caplog):
 
 
 def test_target_prepare_writes_files_readable_by_others(targets, tmp_path):
-    from eaglekit.target.prepare import prepare_target
+    from eaglekit.targets.prepare import prepare_target
 
     old = os.umask(0o022)
     try:

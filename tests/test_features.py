@@ -11,8 +11,8 @@ from eaglekit.features import capture as capture_mod
 from eaglekit.features.capture import capture_features, plan_shards
 from eaglekit.features.conversations import read_conversations, tokenize_conversations
 from eaglekit.features.store import FeatureStore
-from eaglekit.target.capture import capture_aux_states
-from eaglekit.target.load import load_target
+from eaglekit.targets.capture import capture_aux_states
+from eaglekit.targets.load import load_target
 from eaglekit.train.sources import OfflineSource, OnlineSource
 from tiny import TRAIN_TEXT
 from tiny_conversations import write_generate_folder, write_jsonl

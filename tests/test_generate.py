@@ -24,8 +24,8 @@ from eaglekit.data.readers import SourceSpec
 from eaglekit.data.records import Conversation, Prompt
 from eaglekit.engine.sampling import Sampling
 from eaglekit.errors import EaglekitError
-from eaglekit.target import load_target
-from eaglekit.target.chat import prompt_ids
+from eaglekit.targets import load_target
+from eaglekit.targets.chat import prompt_ids
 from engine_tiny import one_thread  # noqa: F401 (fixture)
 
 QUESTIONS = ["What is the capital of France?", "Count from one to ten.", "Hello!", "Solve 12 * 7.",

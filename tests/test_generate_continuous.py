@@ -9,7 +9,7 @@ from eaglekit.data.generators import EngineGenerator, make_generator
 from eaglekit.data.local_backend import LocalBackend
 from eaglekit.data.records import Conversation, Prompt
 from eaglekit.engine.sampling import Sampling
-from eaglekit.target import load_target
+from eaglekit.targets import load_target
 from engine_tiny import one_thread  # noqa: F401 (fixture)
 
 TURNS = [["Hello!", "Count from one to ten.", "Solve 12 * 7."], ["What is the capital of France?"],

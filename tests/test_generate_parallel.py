@@ -20,7 +20,7 @@ from eaglekit.data.cli import worker_argv
 from eaglekit.data.parallel import check_device_flag, parse_devices
 from eaglekit.features.conversations import read_conversations
 from eaglekit.pipeline.recipe import to_flags
-from eaglekit.target import load_target
+from eaglekit.targets import load_target
 from test_generate import make_prompts, read_lines, read_rows
 
 

@@ -18,7 +18,7 @@ from eaglekit.data.openai_backend import OpenAIBackend, OpenAIClient
 from eaglekit.data.regenerate import GenerateConfig, generate_conversations
 from eaglekit.engine.sampling import Sampling
 from eaglekit.errors import EaglekitError
-from eaglekit.target import load_target
+from eaglekit.targets import load_target
 from engine_tiny import one_thread  # noqa: F401 (fixture)
 
 MAX_MODEL_LEN = 256

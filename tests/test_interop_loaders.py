@@ -34,8 +34,8 @@ from safetensors.torch import load_file, save_file
 from eaglekit.draft import DraftConfig, Eagle3Draft
 from eaglekit.draft.checkpoint import save_draft
 from eaglekit.formats import export_draft
-from eaglekit.target.capture import capture_aux_states
-from eaglekit.target.info import default_aux_layer_ids
+from eaglekit.targets.capture import capture_aux_states
+from eaglekit.targets.info import default_aux_layer_ids
 from oracle_draft import save_repeat_target
 from test_doctor import planted
 

@@ -16,7 +16,7 @@ PACKAGE = Path(eaglekit.__file__).parent
 LAYERS = {
     "errors": 0, "progress": 0,
     "artifacts": 1, "options": 1, "cli": 1,      # cli: the dispatcher imports stage CLIs by name only
-    "target": 2,
+    "targets": 2,
     "draft": 3,
     "formats": 4,                                  # the draft's on-disk formats
     "features": 5, "engine": 5,

@@ -8,9 +8,9 @@ import torch
 
 from eaglekit.cli import main
 from eaglekit.errors import EaglekitError
-from eaglekit.target import default_aux_layer_ids, load_target, target_info
-from eaglekit.target.info import from_engine_convention, to_engine_convention
-from eaglekit.target.prepare import prepare_target
+from eaglekit.targets import default_aux_layer_ids, load_target, target_info
+from eaglekit.targets.info import from_engine_convention, to_engine_convention
+from eaglekit.targets.prepare import prepare_target
 
 
 def test_default_aux_ids_follow_eagle3():
@@ -91,7 +91,7 @@ def test_not_a_gguf(tmp_path):
 
 
 def test_truncated_gguf(tmp_path):
-    from eaglekit.target.source import smollm2_gguf_path
+    from eaglekit.targets.source import smollm2_gguf_path
 
     cut = tmp_path / "cut.gguf"
     with open(smollm2_gguf_path(), "rb") as f:
@@ -101,7 +101,7 @@ def test_truncated_gguf(tmp_path):
 
 
 def test_tokenizer_without_chat_template(tiny_target_dir, tmp_path):
-    from eaglekit.target.chat import tokenize_conversation
+    from eaglekit.targets.chat import tokenize_conversation
 
     plain = tmp_path / "plain"
     shutil.copytree(tiny_target_dir, plain)
@@ -142,7 +142,7 @@ def test_corrupt_generation_config_is_an_error(tiny_target_dir, tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
 def test_one_device_resolver_refuses_cuda_where_there_is_none():
-    from eaglekit.target.load import resolve_device
+    from eaglekit.targets.load import resolve_device
 
     assert resolve_device("auto") == "cpu" and resolve_device("cpu") == "cpu"
     for name in ("cuda", "cuda:1"):

@@ -17,7 +17,7 @@ from eaglekit.cli import main
 from eaglekit.draft.checkpoint import load_draft
 from eaglekit.errors import EaglekitError
 from eaglekit.features.capture import capture_features
-from eaglekit.target.load import load_target
+from eaglekit.targets.load import load_target
 from eaglekit.train.config import TrainConfig
 from eaglekit.train.loop import train
 from test_features import text_rows
@@ -209,7 +209,7 @@ def test_walk_accept_length_predicts_the_engine(data, tmp_path):
     """The held-out accept length training reports is what eaglekit's engine then measures."""
     from eaglekit.engine import DraftRunner, Engine, Sampling, SpecConfig, make_target_runner
     from eaglekit.formats.load import load_draft_for
-    from eaglekit.target.chat import prompt_ids
+    from eaglekit.targets.chat import prompt_ids
     from tiny_conversations import prompts
 
     manifest = train(config(data, tmp_path / "run", max_steps=80, val_every=80, val_data=data["feat"], val_fraction=0.0))

@@ -5,7 +5,7 @@ import torch
 
 from eaglekit.features.capture import capture_features
 from eaglekit.features.conversations import tokenize_conversations
-from eaglekit.target.load import load_target
+from eaglekit.targets.load import load_target
 from eaglekit.train.config import TrainConfig
 from eaglekit.train.loop import train
 from eaglekit.train.target_parts import load_target_parts

@@ -27,7 +27,7 @@ from eaglekit.doctor import run_doctor
 from eaglekit.doctor.run import load_prompts
 from eaglekit.formats import export_draft
 from eaglekit.formats.facts import target_facts
-from eaglekit.target.chat import prompt_ids
+from eaglekit.targets.chat import prompt_ids
 from oracle_draft import oracle_checkpoint, save_repeat_target
 from test_doctor import _aux_off, _aux_off_by_one, _d2t_absolute, planted
 

@@ -35,7 +35,7 @@ def prompts(n: int, seed: int = 0) -> list[str]:
 def generate_conversations(model, tokenizer, n: int, *, max_new_tokens: int = 24, seed: int = 0,
                            batch: int = 32, stop_ids: tuple[int, ...] = ()) -> list[dict]:
     """n single-turn conversations whose answers the model wrote greedily."""
-    from eaglekit.target.chat import prompt_ids
+    from eaglekit.targets.chat import prompt_ids
 
     stops = set(stop_ids) | {tokenizer.eos_token_id}
     rows = []
@@ -87,7 +87,7 @@ def greedy_samples(model, tokenizer, n: int, *, max_new_tokens: int = 32, seed: 
     the target's greedy choice (what regenerated data gives a real target).
     """
     from eaglekit.features.conversations import Sample
-    from eaglekit.target.chat import prompt_ids
+    from eaglekit.targets.chat import prompt_ids
 
     samples = []
     texts = prompts(n, seed)

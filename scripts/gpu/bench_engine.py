@@ -181,8 +181,8 @@ def load_smollm2(args):
     if args.smoke and not args.target:
         model = tiny_llama(args.device)
         return model, [(7 * i + 3) % 500 for i in range(24)], []
-    from eaglekit.target.chat import prompt_ids
-    from eaglekit.target.load import load_target
+    from eaglekit.targets.chat import prompt_ids
+    from eaglekit.targets.load import load_target
 
     target = load_target(args.target or "smollm2", device=args.device, dtype=args.dtype)
     ids = prompt_ids(target.tokenizer, [{"role": "user", "content": PROMPT}])
@@ -285,7 +285,7 @@ def oracle_and_random(args, model, ids, draft, variant: str) -> dict:
     """Plain decoding, then each speculation shape with the oracle (and the random `draft` unless
     --oracle-only or None), in one runner; part s profiles each engine's cycle after its timing."""
     from eaglekit.bench.run import settle_oracle
-    from eaglekit.target.info import default_aux_layer_ids
+    from eaglekit.targets.info import default_aux_layer_ids
 
     new = args.new_tokens
     max_len = round_up(len(ids) + new + 256)

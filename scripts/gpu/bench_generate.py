@@ -46,9 +46,9 @@ from eaglekit.data.readers import SourceSpec, read_source
 from eaglekit.data.records import Prompt, order_key
 from eaglekit.data.regenerate import GenerateConfig, generate_conversations
 from eaglekit.errors import EaglekitError
-from eaglekit.target import load_target
-from eaglekit.target.chat import prompt_ids
-from eaglekit.target.load import text_config
+from eaglekit.targets import load_target
+from eaglekit.targets.chat import prompt_ids
+from eaglekit.targets.load import text_config
 
 REPO = Path(__file__).resolve().parents[2]
 # ../shared/data/train here; on the GPU machine a copy carried under .device/prompts (git-ignored).

@@ -27,8 +27,8 @@ from eaglekit.data.readers import SourceSpec, read_source
 from eaglekit.data.records import order_key
 from eaglekit.engine.batch import BatchDecoder, Request, batch_runner
 from eaglekit.engine.sampling import Sampling
-from eaglekit.target import load_target
-from eaglekit.target.chat import prompt_ids
+from eaglekit.targets import load_target
+from eaglekit.targets.chat import prompt_ids
 
 
 def parse_args(argv=None):

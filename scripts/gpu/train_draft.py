@@ -40,7 +40,7 @@ def log(msg: str) -> None:
 def smoke_target(work: Path) -> str:
     """A tiny random target (the test suite's) saved as an HF folder, with a sharp next-token distribution."""
     sys.path.insert(0, str(REPO / "tests"))
-    from eaglekit.target.load import load_target
+    from eaglekit.targets.load import load_target
     from tiny import save_tiny_target
 
     folder = work / "tiny-target"
@@ -77,8 +77,8 @@ def capture(target: str, conversations: Path, out: Path, *, topk: int, batch_tok
     from eaglekit.artifacts import read_manifest
     from eaglekit.features.capture import capture_features
     from eaglekit.features.conversations import read_conversations, tokenize_conversations
-    from eaglekit.target.info import default_aux_layer_ids
-    from eaglekit.target.load import load_target
+    from eaglekit.targets.info import default_aux_layer_ids
+    from eaglekit.targets.load import load_target
 
     if (out / "manifest.json").is_file() and read_manifest(out).get("complete"):
         return {"reused": True, **read_manifest(out)["counts"]}
@@ -281,7 +281,7 @@ def main() -> None:
         args.val_fraction, args.epochs, args.reserve_s = max(args.val_fraction, 0.1), min(args.epochs, 3.0), 5.0
     elif args.target == "smollm2" or args.target.endswith(".gguf"):
         # Dequantize once into an HF folder: every later load (capture, training, online) is then fast.
-        from eaglekit.target.prepare import prepare_target
+        from eaglekit.targets.prepare import prepare_target
 
         prepared = work / "target-hf"
         if not (prepared / "config.json").is_file():

@@ -213,7 +213,7 @@ def write_manifest(out_dir: str | os.PathLike, *, stage: str, config: dict, targ
         out_dir: the stage's output folder.
         stage: stage name ("target", "generate", "features", "train", ...).
         config: the resolved configuration of the stage.
-        target: the target fingerprint (see `eaglekit.target.fingerprint`), or None.
+        target: the target fingerprint (see `eaglekit.targets.fingerprint`), or None.
         inputs: fingerprints of the input artifacts, by name.
         counts: sizes worth reporting (prompts, tokens, shards ...).
         extra: anything else the stage wants to record (metrics ...).

@@ -15,7 +15,7 @@ from eaglekit import __version__
 from eaglekit.errors import EaglekitError
 
 STAGE_CLIS = (
-    "eaglekit.target.cli",
+    "eaglekit.targets.cli",
     "eaglekit.pipeline.cli",
     "eaglekit.train.vocab_cli",
     "eaglekit.features.cli",

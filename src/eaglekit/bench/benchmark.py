@@ -82,7 +82,7 @@ def cache_slots(cfg: BenchConfig, tokenizer, prompts, specs) -> int:
 
 def benchmark(cfg: BenchConfig, command: str = "") -> dict:
     """Run the benchmark and return the results (see module docstring for the files)."""
-    from eaglekit.target.load import load_target, resolve_device
+    from eaglekit.targets.load import load_target, resolve_device
 
     folder = None
     if cfg.draft not in ("oracle", "random"):  # a wrong path or an unfinished draft fails before the target loads

@@ -16,7 +16,7 @@ import torch
 
 from eaglekit.data.records import Prompt
 from eaglekit.engine.generate import Engine, Generation
-from eaglekit.target.chat import prompt_ids
+from eaglekit.targets.chat import prompt_ids
 
 log = logging.getLogger(__name__)
 

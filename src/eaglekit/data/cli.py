@@ -81,8 +81,8 @@ def run_build(args: argparse.Namespace) -> int:
 
     tokenizer = None
     if args.target:
-        from eaglekit.target.load import load_tokenizer
-        from eaglekit.target.source import resolve_target
+        from eaglekit.targets.load import load_tokenizer
+        from eaglekit.targets.source import resolve_target
 
         tokenizer = load_tokenizer(resolve_target(args.target))
     manifest = build_prompts(
@@ -105,8 +105,8 @@ def run_synthesize(args: argparse.Namespace) -> int:
     from eaglekit.data.magpie import pre_query_template, synthesize, write_synthesized
     from eaglekit.engine.sampling import Sampling
     from eaglekit.errors import EaglekitError
-    from eaglekit.target import load_target
-    from eaglekit.target.load import resolve_device
+    from eaglekit.targets import load_target
+    from eaglekit.targets.load import resolve_device
 
     existing, inputs = None, {}
     if args.top_up:
@@ -147,7 +147,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from eaglekit.data.regenerate import GenerateConfig, generate_conversations, load_prompts
     from eaglekit.engine.sampling import Sampling
     from eaglekit.errors import EaglekitError
-    from eaglekit.target.chat import check_template_masks
+    from eaglekit.targets.chat import check_template_masks
 
     sampling = Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     config = GenerateConfig(max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed, stop_loops=args.stop_loops,
@@ -179,8 +179,8 @@ def run_generate(args: argparse.Namespace) -> int:
 
         backend, target_fp = vllm_local_backend(args, sampling)
     else:
-        from eaglekit.target import load_target
-        from eaglekit.target.load import resolve_device
+        from eaglekit.targets import load_target
+        from eaglekit.targets.load import resolve_device
 
         target = load_target(args.target, device=resolve_device(args.device), dtype=args.dtype)
         check_template_masks(target.tokenizer)
@@ -201,7 +201,7 @@ def run_generate_parallel(args: argparse.Namespace, config) -> int:
     """`--devices`: one `eaglekit generate --worker I/N` process per device, merged into --out."""
     from eaglekit.data.parallel import check_device_flag, generate_parallel, parse_devices
     from eaglekit.errors import EaglekitError
-    from eaglekit.target.chat import check_template_masks
+    from eaglekit.targets.chat import check_template_masks
 
     if args.backend == "openai":
         raise EaglekitError("--devices runs the target on this host; --backend openai sends the prompts to a server",
@@ -234,9 +234,9 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
 
 def target_without_weights(spec: str) -> tuple[object, dict]:
     """The target's tokenizer and fingerprint from its config and tokenizer files (no weights loaded)."""
-    from eaglekit.target.info import load_config
-    from eaglekit.target.load import generation_eos_ids, load_tokenizer, target_fingerprint
-    from eaglekit.target.source import resolve_target
+    from eaglekit.targets.info import load_config
+    from eaglekit.targets.load import generation_eos_ids, load_tokenizer, target_fingerprint
+    from eaglekit.targets.source import resolve_target
 
     source = resolve_target(spec)
     target_config = load_config(source)

@@ -29,7 +29,7 @@ import torch
 from eaglekit.engine.batch import Request
 from eaglekit.engine.sampling import Sampling
 from eaglekit.errors import EaglekitError
-from eaglekit.target.load import text_config
+from eaglekit.targets.load import text_config
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from eaglekit.data.quality import loop_tail
 from eaglekit.data.records import Answer, Conversation
 from eaglekit.engine.batch import Request
 from eaglekit.errors import EaglekitError
-from eaglekit.target.chat import prompt_ids
+from eaglekit.targets.chat import prompt_ids
 
 SORT_WINDOW = 8  # batches' worth of new prompts sorted by length together
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from eaglekit.data.prompts import write_prompt_folder
 from eaglekit.data.records import SPLITS, Prompt, split_of
 from eaglekit.errors import EaglekitError
-from eaglekit.target.chat import find_end_of_turn, render, special_tokens
+from eaglekit.targets.chat import find_end_of_turn, render, special_tokens
 
 log = logging.getLogger(__name__)
 SENTINEL = "EAGLEKIT_SENTINEL_7f3a9c"

@@ -28,7 +28,7 @@ from typing import Iterable, Iterator
 from eaglekit.data.records import Answer, Conversation
 from eaglekit.engine.sampling import Sampling
 from eaglekit.errors import EaglekitError
-from eaglekit.target.chat import prompt_ids
+from eaglekit.targets.chat import prompt_ids
 
 log = logging.getLogger(__name__)
 

@@ -97,8 +97,8 @@ def vllm_local_backend(args, sampling: Sampling):
     """`eaglekit generate --backend vllm`: (LocalBackend over a VllmGenerator, target fingerprint)."""
     from eaglekit.data.local_backend import LocalBackend, context_length
     from eaglekit.features.vllm_capture import TargetFiles
-    from eaglekit.target.chat import check_template_masks
-    from eaglekit.target.load import dtype_name
+    from eaglekit.targets.chat import check_template_masks
+    from eaglekit.targets.load import dtype_name
 
     target = TargetFiles(args.target)
     check_template_masks(target.tokenizer)

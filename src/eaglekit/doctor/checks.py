@@ -260,7 +260,7 @@ def check_rope(ctx: Context) -> Check:
 
 
 def check_aux_layer_ids(ctx: Context) -> Check:
-    from eaglekit.target.info import to_engine_convention
+    from eaglekit.targets.info import to_engine_convention
 
     r, meant = ctx.reading, list(ctx.interp.config.aux_layer_ids)
     N = ctx.facts.num_layers

@@ -17,7 +17,7 @@ import torch
 from eaglekit.doctor.checks import Context, d2t_problems
 from eaglekit.doctor.probe import ProbeResult, ProbeSetup, TargetRun, probe, with_aux
 from eaglekit.formats.names import EMBED
-from eaglekit.target.info import to_engine_convention
+from eaglekit.targets.info import to_engine_convention
 
 # A corrected setup must reach this tau and gain this much over the engine's reading to count.
 MIN_TAU = 1.10

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from eaglekit.formats.detect import Interpretation
 from eaglekit.formats.names import EMBED, MODEL_PREFIX, NATIVE_LAYER, NATIVE_TENSORS, VOCAB_MAPS, native_name
-from eaglekit.target.info import default_aux_layer_ids, from_engine_convention
+from eaglekit.targets.info import default_aux_layer_ids, from_engine_convention
 
 ENGINES = ("sglang", "vllm", "eagle")
 REQUIRED = tuple(n for n in NATIVE_TENSORS if n not in VOCAB_MAPS)

@@ -21,9 +21,9 @@ import torch
 from eaglekit.draft.config import DraftConfig
 from eaglekit.draft.model import Eagle3Draft
 from eaglekit.errors import EaglekitError
-from eaglekit.target.capture import capture_aux_states
-from eaglekit.target.chat import prompt_ids
-from eaglekit.target.load import text_config
+from eaglekit.targets.capture import capture_aux_states
+from eaglekit.targets.chat import prompt_ids
+from eaglekit.targets.load import text_config
 
 
 @dataclass

@@ -119,7 +119,7 @@ def run_doctor(draft: str | Path, target: str, *, engine: str | None = None, pro
         allow_unfinished: check a draft whose training did not finish (refused otherwise); the
             report then says so in a `finished` check.
     """
-    from eaglekit.target.load import resolve_device
+    from eaglekit.targets.load import resolve_device
 
     device, dtype = resolve_device(device), probe_dtype(dtype)
     folder = read_folder(draft)
@@ -133,7 +133,7 @@ def run_doctor(draft: str | Path, target: str, *, engine: str | None = None, pro
 
     @lru_cache(maxsize=1)
     def loaded():
-        from eaglekit.target.load import load_target
+        from eaglekit.targets.load import load_target
 
         return load_target(facts.source, device=device, dtype=dtype)
 
@@ -156,7 +156,7 @@ def run_doctor(draft: str | Path, target: str, *, engine: str | None = None, pro
 def probe_dtype(dtype: str) -> str:
     """The probe's dtype, by its full name ("bf16"/"fp32"/"fp16" accepted); never "auto": the probe
     measures in the dtype the user serves in."""
-    from eaglekit.target.load import DTYPES, dtype_name
+    from eaglekit.targets.load import DTYPES, dtype_name
 
     if str(dtype) not in DTYPES:
         raise EaglekitError(f"unknown probe dtype {dtype!r}",

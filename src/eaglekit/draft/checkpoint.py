@@ -17,7 +17,7 @@ from eaglekit.artifacts import atomic_path, write_json
 from eaglekit.draft.config import DraftConfig
 from eaglekit.draft.model import Eagle3Draft
 from eaglekit.errors import EaglekitError
-from eaglekit.target.source import validate_safetensors
+from eaglekit.targets.source import validate_safetensors
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from eaglekit.artifacts import AUX_CONVENTION
 from eaglekit.errors import EaglekitError
-from eaglekit.target.load import text_config
+from eaglekit.targets.load import text_config
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 

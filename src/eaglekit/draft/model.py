@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eaglekit.draft.config import DraftConfig
-from eaglekit.target.capture import check_fused_width
+from eaglekit.targets.capture import check_fused_width
 
 
 class RMSNorm(nn.Module):

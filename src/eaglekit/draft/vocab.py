@@ -119,7 +119,7 @@ class DraftVocab:
             path = path / VOCAB_FILE
         if not path.is_file():
             raise EaglekitError(f"no draft vocab at {path}", hint="run `eaglekit vocab` or pass its output")
-        from eaglekit.target.source import validate_safetensors
+        from eaglekit.targets.source import validate_safetensors
 
         validate_safetensors(path)
         with safe_open(str(path), framework="pt") as f:

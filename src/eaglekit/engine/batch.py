@@ -40,7 +40,7 @@ from eaglekit.engine.runner import make_target_runner
 from eaglekit.engine.sampling import Sampling, next_token
 from eaglekit.engine.target_fast import fast_unsupported_reason
 from eaglekit.errors import EaglekitError
-from eaglekit.target.load import Target
+from eaglekit.targets.load import Target
 
 log = logging.getLogger(__name__)
 MAX_STOP_IDS = 8          # stop ids the device compares against (padded with -1)
@@ -447,7 +447,7 @@ def generate_batch(target, prompts: list[list[int]], *, max_new_tokens: int, sam
     """Generate an answer for every prompt with continuous batching (the fast path for data).
 
     Args:
-        target: a loaded `eaglekit.target.Target` (or an HF causal LM, then pass stop_token_ids).
+        target: a loaded `eaglekit.targets.Target` (or an HF causal LM, then pass stop_token_ids).
         prompts: token ids of each prompt, chat template already applied (`target.chat.prompt_ids`).
         max_new_tokens: length limit per answer.
         sampling: greedy by default; temperature / top_p / top_k for sampling.

@@ -81,8 +81,8 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from eaglekit.engine import DraftRunner, Engine, make_target_runner
     from eaglekit.formats.load import load_draft_for, random_draft_for, read_draft_folder
-    from eaglekit.target.chat import prompt_ids
-    from eaglekit.target.load import load_target, resolve_device
+    from eaglekit.targets.chat import prompt_ids
+    from eaglekit.targets.load import load_target, resolve_device
 
     # Bad options, a wrong path or an unfinished draft fail before the target loads.
     spec, sampling = spec_from(args), sampling_from(args)

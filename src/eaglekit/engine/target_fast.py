@@ -19,9 +19,9 @@ from torch import nn
 from eaglekit.engine.kv import ATTENTION_KINDS, KVCache, Refill, attend, group_mask, move_slots, stacked_caches
 from eaglekit.engine.tree import cache_mask, causal_block
 from eaglekit.errors import EaglekitError
-from eaglekit.target.capture import decoder_layers
-from eaglekit.target.info import check_aux_layer_ids
-from eaglekit.target.load import text_config
+from eaglekit.targets.capture import decoder_layers
+from eaglekit.targets.info import check_aux_layer_ids
+from eaglekit.targets.load import text_config
 
 # Families whose decoder is exactly Llama's math (pre-norm, rope, SwiGLU, RMSNorm w * x).
 FAST_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")

@@ -21,9 +21,9 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from eaglekit.engine.kv import move_slots, write_slots
 from eaglekit.engine.target_fast import sliding_window
 from eaglekit.errors import EaglekitError
-from eaglekit.target.capture import aux_hooks, concat_aux, decoder_layers
-from eaglekit.target.info import check_aux_layer_ids
-from eaglekit.target.load import text_config
+from eaglekit.targets.capture import aux_hooks, concat_aux, decoder_layers
+from eaglekit.targets.info import check_aux_layer_ids
+from eaglekit.targets.load import text_config
 
 
 class EngineCacheLayer(CacheLayerMixin):

@@ -21,8 +21,8 @@ from eaglekit.features.conversations import Sample
 from eaglekit.features.store import FORMAT, INDEX, TENSORS, read_index, shard_name
 from eaglekit.features.teacher import topk_from_logits
 from eaglekit.progress import Progress
-from eaglekit.target.capture import capture_aux_states
-from eaglekit.target.source import validate_safetensors
+from eaglekit.targets.capture import capture_aux_states
+from eaglekit.targets.source import validate_safetensors
 
 log = logging.getLogger(__name__)
 

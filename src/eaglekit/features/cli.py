@@ -41,8 +41,8 @@ def register(sub) -> None:
 def run_features(args: argparse.Namespace) -> int:
     from eaglekit.features.capture import capture_features
     from eaglekit.features.conversations import read_conversations, tokenize_conversations
-    from eaglekit.target.info import check_aux_layer_ids, default_aux_layer_ids
-    from eaglekit.target.load import load_target, resolve_device
+    from eaglekit.targets.info import check_aux_layer_ids, default_aux_layer_ids
+    from eaglekit.targets.load import load_target, resolve_device
 
     if args.backend == "vllm":
         from eaglekit.features.vllm_capture import run_features_vllm

@@ -3,7 +3,7 @@
 Input: the folder the generate stage writes (`manifest.json` with stage "generate" and the target
 fingerprint, shards `conversations-*.jsonl`), or one plain `.jsonl` file. One line is
 `{"id": str, "source": str, "messages": [{"role": ..., "content": str}, ...]}`. Tokenization uses
-the target's own chat template (`eaglekit.target.chat.tokenize_conversation`).
+the target's own chat template (`eaglekit.targets.chat.tokenize_conversation`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 
 from eaglekit.artifacts import check_same_target, read_manifest, sha256_file
 from eaglekit.errors import EaglekitError
-from eaglekit.target.chat import conversation_texts, encode_texts, join_pieces, special_tokens
+from eaglekit.targets.chat import conversation_texts, encode_texts, join_pieces, special_tokens
 
 log = logging.getLogger(__name__)
 CHUNK = 128  # conversations per tokenizer call: ~400 texts for the Rust loop, few ids held as Python lists
@@ -96,7 +96,7 @@ def tokenize_conversations(tokenizer, rows: list[dict], *, max_length: int,
                            workers: int | None = None) -> tuple[list[Sample], dict]:
     """Tokenize with the target's template; drop conversations without assistant tokens.
 
-    The ids and masks are `eaglekit.target.chat.tokenize_conversation`'s, in the order of `rows`.
+    The ids and masks are `eaglekit.targets.chat.tokenize_conversation`'s, in the order of `rows`.
     The texts of `CHUNK` conversations go to the tokenizer in one call, on `workers` threads (a
     fast tokenizer encodes without the GIL, so chunks encode while the next ones are rendered).
 

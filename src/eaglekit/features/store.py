@@ -23,7 +23,7 @@ from safetensors import safe_open
 
 from eaglekit.artifacts import check_same_target, read_json, read_manifest
 from eaglekit.errors import EaglekitError
-from eaglekit.target.source import validate_safetensors
+from eaglekit.targets.source import validate_safetensors
 
 log = logging.getLogger(__name__)
 

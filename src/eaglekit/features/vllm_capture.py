@@ -30,7 +30,7 @@ import torch
 from eaglekit.errors import EaglekitError
 from eaglekit.features.conversations import Sample
 from eaglekit.features.teacher import topk_from_logits
-from eaglekit.target.info import to_engine_convention
+from eaglekit.targets.info import to_engine_convention
 
 log = logging.getLogger(__name__)
 WORKER_EXTENSION = "eaglekit.features.vllm_capture.AuxStateWorker"
@@ -213,7 +213,7 @@ class TargetFiles:
 
     def __init__(self, spec: str):
         from eaglekit.formats.facts import target_facts
-        from eaglekit.target.load import generation_eos_ids, stop_token_ids
+        from eaglekit.targets.load import generation_eos_ids, stop_token_ids
 
         facts = target_facts(spec)
         if facts.source.kind != "hf_dir":
@@ -232,8 +232,8 @@ def run_features_vllm(args) -> int:
     computing each shard."""
     from eaglekit.features.capture import capture_features
     from eaglekit.features.conversations import read_conversations, tokenize_conversations
-    from eaglekit.target.info import check_aux_layer_ids, default_aux_layer_ids
-    from eaglekit.target.load import dtype_name
+    from eaglekit.targets.info import check_aux_layer_ids, default_aux_layer_ids
+    from eaglekit.targets.load import dtype_name
 
     if args.device_map:
         raise EaglekitError("--device-map is the hf backend's way to split a target", hint="use --tensor-parallel-size")

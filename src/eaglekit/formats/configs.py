@@ -18,7 +18,7 @@ from eaglekit import __version__
 from eaglekit.artifacts import AUX_CONVENTION
 from eaglekit.draft.config import DraftConfig
 from eaglekit.errors import EaglekitError
-from eaglekit.target.info import to_engine_convention
+from eaglekit.targets.info import to_engine_convention
 
 SPECULATORS_ARCHITECTURE = "Eagle3Speculator"
 EAGLE_ARCHITECTURE = "LlamaForCausalLM"

@@ -21,7 +21,7 @@ from eaglekit.draft.config import DraftConfig
 from eaglekit.errors import EaglekitError
 from eaglekit.formats.folder import DraftFolder
 from eaglekit.formats.names import EMBED, NATIVE_TENSORS, layer_style, native_name
-from eaglekit.target.info import default_aux_layer_ids, from_engine_convention
+from eaglekit.targets.info import default_aux_layer_ids, from_engine_convention
 
 FORMAT_LABELS = {
     "native": "eaglekit native checkpoint",

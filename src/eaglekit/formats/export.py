@@ -24,8 +24,8 @@ from eaglekit.formats.facts import TargetFacts, target_facts
 from eaglekit.formats.folder import read_folder
 from eaglekit.formats.importer import native_tensors, read_strict
 from eaglekit.formats.names import check_format, to_format
-from eaglekit.target.info import to_engine_convention
-from eaglekit.target.load import DTYPES
+from eaglekit.targets.info import to_engine_convention
+from eaglekit.targets.load import DTYPES
 
 log = logging.getLogger(__name__)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from eaglekit.target.info import load_config
-from eaglekit.target.load import generation_eos_ids, load_tokenizer, target_fingerprint, text_config
-from eaglekit.target.source import TargetSource, resolve_target
+from eaglekit.targets.info import load_config
+from eaglekit.targets.load import generation_eos_ids, load_tokenizer, target_fingerprint, text_config
+from eaglekit.targets.source import TargetSource, resolve_target
 
 
 @dataclass

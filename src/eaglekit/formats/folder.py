@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from eaglekit.artifacts import MANIFEST, read_json, unfinished_reason
 from eaglekit.errors import EaglekitError
-from eaglekit.target.source import validate_safetensors
+from eaglekit.targets.source import validate_safetensors
 
 INDEX = "model.safetensors.index.json"
 

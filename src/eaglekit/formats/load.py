@@ -60,8 +60,8 @@ def check_fits_target(cfg, target_cfg, path: Path) -> None:
 def random_draft_for(model, device: str):
     """A randomly initialized draft for an HF target model: real draft cost, no acceptance."""
     from eaglekit.draft import DraftConfig, Eagle3Draft
-    from eaglekit.target.info import default_aux_layer_ids
-    from eaglekit.target.load import text_config
+    from eaglekit.targets.info import default_aux_layer_ids
+    from eaglekit.targets.load import text_config
 
     cfg = text_config(model.config)
     config = DraftConfig.for_target(cfg, aux_layer_ids=default_aux_layer_ids(cfg.num_hidden_layers),

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from eaglekit.errors import EaglekitError
-from eaglekit.target import load as target_load
+from eaglekit.targets import load as target_load
 
 
 @dataclass

@@ -15,7 +15,7 @@ from eaglekit.draft.vocab import DraftVocab, build_draft_vocab, count_assistant_
 from eaglekit.errors import EaglekitError
 from eaglekit.features.conversations import is_validation, read_conversations, tokenize_conversations
 from eaglekit.features.store import FeatureStore
-from eaglekit.target.info import check_aux_layer_ids, default_aux_layer_ids
+from eaglekit.targets.info import check_aux_layer_ids, default_aux_layer_ids
 from eaglekit.train.config import TrainConfig
 from eaglekit.train.distributed import Dist
 from eaglekit.train.sources import OfflineSource, OnlineSource
@@ -126,7 +126,7 @@ def build_draft(cfg: TrainConfig, target_config, aux_layer_ids: list[int], vocab
 
 
 def prepare_online(cfg: TrainConfig, dist: Dist) -> Run:
-    from eaglekit.target.load import load_target
+    from eaglekit.targets.load import load_target
 
     if cfg.target_device_map and dist.enabled:
         raise EaglekitError("--target-device-map shards the target over all GPUs and cannot run under torchrun",

@@ -14,7 +14,7 @@ from eaglekit.features.batch import Batch, pad_stack
 from eaglekit.features.conversations import Sample
 from eaglekit.features.store import FeatureStore
 from eaglekit.features.teacher import dense_teacher, sparse_teacher
-from eaglekit.target.capture import capture_aux_states
+from eaglekit.targets.capture import capture_aux_states
 
 
 class OfflineSource:

@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from eaglekit.artifacts import atomic_path, read_json, write_json
 from eaglekit.errors import EaglekitError
-from eaglekit.target.source import validate_safetensors
+from eaglekit.targets.source import validate_safetensors
 
 log = logging.getLogger(__name__)
 STATE_DIR = "trainer_state"

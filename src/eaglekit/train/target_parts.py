@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from eaglekit.target.info import load_config
-from eaglekit.target.load import generation_eos_ids, load_target, load_tokenizer, stop_token_ids, target_fingerprint, text_config
-from eaglekit.target.source import TargetSource, resolve_target
+from eaglekit.targets.info import load_config
+from eaglekit.targets.load import generation_eos_ids, load_target, load_tokenizer, stop_token_ids, target_fingerprint, text_config
+from eaglekit.targets.source import TargetSource, resolve_target
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from eaglekit.errors import EaglekitError
-from eaglekit.target.load import generation_eos_ids, load_tokenizer, target_fingerprint, text_config
-from eaglekit.target.source import TargetSource, resolve_target
+from eaglekit.targets.load import generation_eos_ids, load_tokenizer, target_fingerprint, text_config
+from eaglekit.targets.source import TargetSource, resolve_target
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:

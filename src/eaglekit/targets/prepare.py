@@ -11,7 +11,7 @@ from pathlib import Path
 
 from eaglekit.artifacts import atomic_dir, has_content, write_manifest
 from eaglekit.errors import EaglekitError
-from eaglekit.target.load import Target, load_target, text_config
+from eaglekit.targets.load import Target, load_target, text_config
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from eaglekit.target.source import TargetSource, validate_safetensors
+from eaglekit.targets.source import TargetSource, validate_safetensors
 
 CHUNK = 4096
 GGUF_CHUNKS = (1024, 4096)  # fewest and most samples of a GGUF file

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from eaglekit.errors import EaglekitError
-from eaglekit.target.info import check_aux_layer_ids
-from eaglekit.target.load import text_config
+from eaglekit.targets.info import check_aux_layer_ids
+from eaglekit.targets.load import text_config
 
 SKIP_TOWERS = ("vision", "visual", "audio", "image", "mtp")
 

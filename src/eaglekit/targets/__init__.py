@@ -1,9 +1,9 @@
 """The target model: where it comes from, how it loads, its chat template and its aux states."""
 
-from eaglekit.target.capture import capture_aux_states, decoder_layers
-from eaglekit.target.info import TargetInfo, default_aux_layer_ids, target_info
-from eaglekit.target.load import Target, load_target
-from eaglekit.target.source import TargetSource, resolve_target
+from eaglekit.targets.capture import capture_aux_states, decoder_layers
+from eaglekit.targets.info import TargetInfo, default_aux_layer_ids, target_info
+from eaglekit.targets.load import Target, load_target
+from eaglekit.targets.source import TargetSource, resolve_target
 
 __all__ = [
     "Target", "TargetInfo", "TargetSource", "capture_aux_states", "decoder_layers",

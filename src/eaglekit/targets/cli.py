@@ -24,7 +24,7 @@ def register(sub) -> None:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    from eaglekit.target.info import target_info
+    from eaglekit.targets.info import target_info
 
     info = target_info(args.target).to_dict()
     if args.json:
@@ -37,7 +37,7 @@ def run_info(args: argparse.Namespace) -> int:
 
 
 def run_prepare(args: argparse.Namespace) -> int:
-    from eaglekit.target.prepare import prepare_target
+    from eaglekit.targets.prepare import prepare_target
 
     manifest = prepare_target(args.target, args.out, dtype=args.dtype, overwrite=args.overwrite)
     print(f"prepared {args.target} -> {args.out} ({manifest['counts']['parameters']:,} parameters)")

@@ -14,7 +14,7 @@ import torch
 
 from eaglekit.artifacts import sha256_json
 from eaglekit.errors import EaglekitError
-from eaglekit.target.source import TargetSource, resolve_target
+from eaglekit.targets.source import TargetSource, resolve_target
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def target_fingerprint(config, tokenizer, source: TargetSource) -> dict:
     Config and tokenizer are hashed whole, the weights by a sample of their files (`weights.py`),
     so a fine-tune with the same config is another target.
     """
-    from eaglekit.target.weights import weights_fingerprint
+    from eaglekit.targets.weights import weights_fingerprint
 
     cfg = text_config(config)
     return {
