@@ -23,7 +23,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from make_conversations import TEMPLATES, TOPICS
+from make_prompts import TEMPLATES, TOPICS
 
 FOLLOW_UPS = ["Can you tell me more about {t}?", "How does that relate to {t}?", "Give an example.", "Why is that?",
               "Summarize that in a list."]

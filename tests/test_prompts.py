@@ -292,3 +292,18 @@ def test_cli_build(tmp_path, capsys):
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["counts"]["train"] + manifest["counts"]["validation"] == 34
     assert main(["prompts", "build", "--source", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "x")]) == 2
+
+
+def test_the_evidence_prompt_script_writes_a_prompt_file_the_product_reads(tmp_path):
+    """scripts/make_prompts.py (CPU evidence runs) writes prompts only; `eaglekit generate` reads them."""
+    import subprocess
+    import sys
+
+    from eaglekit.data.regenerate import load_prompts
+
+    out = tmp_path / "p.jsonl"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "make_prompts.py"
+    subprocess.run([sys.executable, str(script), "--num", "30", "--out", str(out)], check=True, capture_output=True)
+    by_split, _ = load_prompts(str(out), ("train",), None)
+    prompts = by_split["train"]
+    assert len(prompts) == 30 and len({p.turns[0] for p in prompts}) == 30 and all(len(p.turns) == 1 for p in prompts)
