@@ -191,7 +191,7 @@ def test_graph_mode_paths_with_a_fake_cuda_graph(monkeypatch):
 
         @staticmethod
         @contextlib.contextmanager
-        def graph(g):
+        def graph(g, pool=None):
             yield
             g.fn = FakeCuda.pending
 
@@ -201,9 +201,9 @@ def test_graph_mode_paths_with_a_fake_cuda_graph(monkeypatch):
 
     original = graphs.Step.capture
 
-    def capture(self, warmup=3):
+    def capture(self, warmup=3, quiet=False):
         FakeCuda.pending = self.fn
-        original(self, warmup)
+        original(self, warmup, quiet)
 
     monkeypatch.setattr(graphs.Step, "capture", capture)
     monkeypatch.setattr(graphs, "torch", types.SimpleNamespace(cuda=FakeCuda))
