@@ -85,3 +85,55 @@ def cycling_model(cycles: list[list[int]], vocab: int = 128):
             head[nxt[t]] += 8 * embed[t]       # logit of nxt[t] is largest where the input is t
         model.lm_head.weight.copy_(head)
     return model
+
+
+class FakeGraph:
+    """Stands in for torch.cuda.CUDAGraph on CPU: replay runs the captured step again."""
+
+    def __init__(self):
+        self.fn = None
+
+    def replay(self):
+        self.fn()
+
+
+def fake_cuda_graphs(monkeypatch) -> None:
+    """`engine.graphs.Step` captures and replays FakeGraphs on CPU (the graph code paths without CUDA)."""
+    import contextlib
+    import types
+
+    from eaglekit.engine import graphs
+
+    class FakeCuda:
+        CUDAGraph = FakeGraph
+        pending = None
+
+        @staticmethod
+        def Stream():
+            return types.SimpleNamespace(wait_stream=lambda other: None)
+
+        current_stream = Stream
+
+        @staticmethod
+        def stream(s):
+            return contextlib.nullcontext()
+
+        @staticmethod
+        @contextlib.contextmanager
+        def graph(g, pool=None):
+            yield
+            g.fn = FakeCuda.pending
+
+        @staticmethod
+        def synchronize(*args):
+            pass
+
+    original = graphs.Step.capture
+
+    def capture(self, warmup=3, quiet=False):
+        FakeCuda.pending = self.fn
+        original(self, warmup, quiet)
+
+    monkeypatch.setattr(graphs.Step, "capture", capture)
+    monkeypatch.setattr(graphs, "torch", types.SimpleNamespace(cuda=FakeCuda))
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)

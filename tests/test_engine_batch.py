@@ -8,7 +8,7 @@ from eaglekit.engine import Engine, Sampling, generate_batch, make_target_runner
 from eaglekit.engine.batch import BatchDecoder, Request
 from eaglekit.engine.kv import Refill, write_slots
 from eaglekit.errors import EaglekitError
-from engine_tiny import cycling_model, one_thread, peaked_model  # noqa: F401 (fixture)
+from engine_tiny import cycling_model, fake_cuda_graphs, one_thread, peaked_model  # noqa: F401 (fixture)
 
 PROMPTS = [[5, 17, 99, 3], [45, 200, 7, 8, 9, 10, 11], [300], [12, 13] * 5, [7, 7, 7]]
 
@@ -192,3 +192,23 @@ def test_stop_loops_ends_an_answer_where_its_loop_is_found():
     with pytest.raises(EaglekitError, match="stop_loops"):
         BatchDecoder(make_target_runner(model, max_len=16, batch_size=2), sampling=Sampling(), graphs=False,
                      compile=False, stop_loops=-1)
+
+
+def test_graphed_refills_and_loop_check_through_the_graph_code_paths(monkeypatch):
+    """With stand-in CUDA graphs (captured steps replayed on CPU): the refill graphs are captured per
+    bucket on first use and replayed with each refill's inputs, and the loop check runs as a captured
+    step; the answers equal the eager decoder's."""
+    model = cycling_model([[10, 11], [20, 21, 22], list(range(40, 100))])
+    prompts = [[11, 10] * 6, [6, 20], [7, 40], [41] * 11 + [42], [5, 10], [7, 50, 51]]
+
+    def run(**kw):
+        decoder = BatchDecoder(make_target_runner(model, max_len=96, batch_size=3), sampling=Sampling(),
+                               compile=False, chunk=2, stop_loops=8, **kw)
+        return [(c.tokens, c.finish_reason) for c in decoder.run(prompts, 30, [2])], decoder
+
+    eager, _ = run(graphs=False)
+    fake_cuda_graphs(monkeypatch)
+    graphed, decoder = run(graphs=True, refill="graphs")
+    assert graphed == eager and "loop" in {reason for _, reason in eager}
+    assert decoder.loop_check.graph is not None and decoder.step.graph is not None
+    assert decoder.refill_steps and all(step.graph is not None for step, _ in decoder.refill_steps.values())

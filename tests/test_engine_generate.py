@@ -8,7 +8,7 @@ import torch
 
 from eaglekit.engine import DraftRunner, Engine, OracleDrafter, Sampling, SpecConfig, make_target_runner
 from eaglekit.engine.tree import cache_mask, causal_block
-from engine_tiny import AUX, PROMPTS, noisy, one_thread, peaked_model, random_draft  # noqa: F401 (fixture)
+from engine_tiny import AUX, PROMPTS, fake_cuda_graphs, noisy, one_thread, peaked_model, random_draft  # noqa: F401 (fixture)
 
 CHAIN = SpecConfig(mode="chain", k=3)
 TREE = SpecConfig(mode="tree", depth=3, top_k=3, total_tokens=10)
@@ -158,55 +158,9 @@ def test_smollm2_greedy_speculation_equals_plain(smollm2_dir):
     assert gen.tokens == ref
 
 
-class FakeGraph:
-    """Stands in for torch.cuda.CUDAGraph on CPU: replay runs the captured step again."""
-
-    def __init__(self):
-        self.fn = None
-
-    def replay(self):
-        self.fn()
-
-
 def test_graph_mode_paths_with_a_fake_cuda_graph(monkeypatch):
     """The graph code paths (lazy capture, state reset before capture, replay) on CPU."""
-    import contextlib
-    import types
-
-    from eaglekit.engine import graphs
-
-    class FakeCuda:
-        CUDAGraph = FakeGraph
-        pending = None
-
-        @staticmethod
-        def Stream():
-            return types.SimpleNamespace(wait_stream=lambda other: None)
-
-        current_stream = Stream
-
-        @staticmethod
-        def stream(s):
-            return contextlib.nullcontext()
-
-        @staticmethod
-        @contextlib.contextmanager
-        def graph(g, pool=None):
-            yield
-            g.fn = FakeCuda.pending
-
-        @staticmethod
-        def synchronize(*args):
-            pass
-
-    original = graphs.Step.capture
-
-    def capture(self, warmup=3, quiet=False):
-        FakeCuda.pending = self.fn
-        original(self, warmup, quiet)
-
-    monkeypatch.setattr(graphs.Step, "capture", capture)
-    monkeypatch.setattr(graphs, "torch", types.SimpleNamespace(cuda=FakeCuda))
+    fake_cuda_graphs(monkeypatch)
     model = peaked_model("llama")
     target = make_target_runner(model, max_len=L, aux_layer_ids=AUX)
     reference = plain_outputs(Engine(target), PROMPTS[:2])
