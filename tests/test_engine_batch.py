@@ -212,3 +212,20 @@ def test_graphed_refills_and_loop_check_through_the_graph_code_paths(monkeypatch
     assert graphed == eager and "loop" in {reason for _, reason in eager}
     assert decoder.loop_check.graph is not None and decoder.step.graph is not None
     assert decoder.refill_steps and all(step.graph is not None for step, _ in decoder.refill_steps.values())
+
+
+def test_eager_cpu_steps_attend_to_the_used_slots_only():
+    """An eager CPU step attends to the slots the rows use so far (rounded up to SPAN_ALIGN), not the
+    whole cache: the answers equal a step over all L slots, also as the span grows past 64 and 128."""
+    model = peaked_model("llama")
+
+    def run(trim):
+        decoder = BatchDecoder(make_target_runner(model, max_len=320, batch_size=3), sampling=Sampling(),
+                               graphs=False, compile=False, chunk=8)
+        assert decoder.trim
+        decoder.trim = trim
+        return [c.tokens for c in decoder.run(PROMPTS, 150, [2])], decoder
+
+    trimmed, decoder = run(True)
+    assert trimmed == run(False)[0] and max(len(t) for t in trimmed) > 128
+    assert decoder._span() % 64 == 0 and decoder._span() < decoder.L
