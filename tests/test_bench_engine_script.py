@@ -37,3 +37,21 @@ def test_bench_engine_smoke(tmp_path, tiny_target_dir, monkeypatch):
     assert list(results["p"]) == variants
     assert all(r["kernels_per_step"] > 0 and r["top"] for r in results["p"].values())
     assert "| a SmolLM2 engine" in (out / "bench_engine.md").read_text()
+
+
+def test_bench_cpu_decode_script_runs_on_a_tiny_target(tmp_path, tiny_target_dir):
+    """scripts/bench_cpu_decode.py: both step forms and a draft's cycle, timed and written."""
+    import subprocess
+
+    from eaglekit.draft.checkpoint import save_draft
+    from eaglekit.targets import load_target
+
+    draft = save_draft(random_draft(load_target(tiny_target_dir).model), tmp_path / "draft")
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_cpu_decode.py"
+    subprocess.run([sys.executable, str(script), "--target", str(tiny_target_dir), "--batch-sizes", "2", "--context", "8",
+                    "--slots", "128", "--steps", "1", "--draft", str(draft), "--new-tokens", "8", "--out", str(tmp_path)],
+                   check=True, capture_output=True)
+    result = json.loads((tmp_path / "bench_cpu_decode.json").read_text())
+    row = result["batch"][0]
+    assert row["batch"] == 2 and row["full_ms"] > 0 and row["trimmed_ms"] > 0
+    assert result["speculation"]["cycle_ms"] > 0 and result["speculation"]["k"] == 3
