@@ -211,6 +211,9 @@ def run_generate_parallel(args: argparse.Namespace, config) -> int:
                             hint="split the target with --tensor-parallel-size instead, or drop --devices")
     if args.worker:
         raise EaglekitError("--devices and --worker do not go together", hint="--devices starts the workers itself")
+    from eaglekit.data.generators import check_engine_settings
+
+    check_engine_settings(args.backend, args.attention, args.cache_slots, args.refill, args.stop_loops)   # before any worker starts
     devices = parse_devices(args.devices)
     check_device_flag(args.device, devices)
     tokenizer, target_fp = target_without_weights(args.target)

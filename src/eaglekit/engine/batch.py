@@ -214,7 +214,7 @@ class BatchDecoder:
 
     def _step(self) -> None:
         B, pos, live = self.B, self.pos, self.live
-        L = self._span() if self.trim else self.L
+        L = self._span() if self.trim and not torch.compiler.is_compiling() else self.L   # traced: the fixed shape
         mask = (self.cols[:L].view(1, L) <= pos.view(B, 1)).view(B, 1, 1, L)       # each row: its slots 0..pos
         logits, _ = self.runner(self.tok, pos.view(B, 1), pos.view(B, 1), mask)      # writes slot pos of each row
         chosen = torch.where(live, next_token(logits[:, -1], self.sampling), self.tok.view(B))   # [B]
