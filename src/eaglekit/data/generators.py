@@ -26,7 +26,7 @@ from typing import Iterator
 
 import torch
 
-from eaglekit.engine.batch import Request
+from eaglekit.engine.batch import Request, check_stop_loops
 from eaglekit.engine.sampling import Sampling
 from eaglekit.errors import EaglekitError
 from eaglekit.targets.load import text_config
@@ -237,8 +237,7 @@ def check_engine_settings(backend: str, attention: str = "auto", cache_slots: in
     if backend in ("local", "engine"):
         if cache_slots is not None and cache_slots < 1:
             raise EaglekitError(f"--cache-slots {cache_slots}", hint="give the slots per row, e.g. 4096")
-        if stop_loops < 0 or stop_loops == 1:
-            raise EaglekitError(f"--stop-loops {stop_loops}", hint="give a window of at least 2 tokens (e.g. 128), or 0 for off")
+        check_stop_loops(stop_loops, cache_slots)
         return
     for flag, value in (("--attention", None if attention == "auto" else attention), ("--cache-slots", cache_slots),
                         ("--refill", None if refill == "eager" else refill), ("--stop-loops", stop_loops or None)):

@@ -51,6 +51,14 @@ LOOP_PERIOD = 64          # --stop-loops: the longest repeated block looked for 
 SPAN_ALIGN = 64           # eager CPU steps attend to the used slots, rounded up to this
 
 
+def check_stop_loops(window: int, slots: int | None = None) -> None:
+    """A loop check's window: 0 (off), or at least 2 tokens (a block of p <= W / 2) and at most a row's slots."""
+    if window < 0 or window == 1 or (slots is not None and window > slots):
+        raise EaglekitError(f"--stop-loops {window}" + (f" with {slots} slots a row" if slots is not None else "")
+                            + " is not a loop check's window (stop_loops)",
+                            hint="give a window of at least 2 tokens (e.g. 128), at most the slots, or 0 for off")
+
+
 @dataclass
 class Completion:
     """tokens: new tokens, the stop token included if one ended it; finish_reason "stop" | "length" | "loop"."""
@@ -203,9 +211,7 @@ class BatchDecoder:
         # refills replay one CUDA graph per (rows, prompt length) bucket, captured on first use.
         self.refill_steps: dict[tuple[int, int], tuple[Step, tuple[torch.Tensor, ...]]] = {}
         self.refill_pool = torch.cuda.graph_pool_handle() if graphs and refill == "graphs" else None
-        if not 0 <= stop_loops <= L:
-            raise EaglekitError(f"stop_loops {stop_loops} with {L} slots a row",
-                                hint="give the window in tokens (e.g. 128, at most the slots), or 0 for off")
+        check_stop_loops(stop_loops, L)
         self.stop_loops = stop_loops
         self.loop_check = Step(self._loop_check, use_graph=graphs, name="loop check") if stop_loops else None
         self.step.capture()                        # on dummy state: every row empty
@@ -292,17 +298,17 @@ class BatchDecoder:
         the bucket's first use with these inputs in its buffers: the capture's warm-up runs the refill,
         and the replay runs it again (the same state; sampled, the replay's token is the one kept)."""
         R, P = inputs[0].shape
-        if (R, P) not in self.refill_steps:
+        first_use = (R, P) not in self.refill_steps
+        if first_use:
             buffers = tuple(torch.empty_like(t) for t in inputs)
             step = Step(lambda: self._refill_rows(*buffers), use_graph=self.graphs, name=f"refill {R}x{P}",
                         pool=self.refill_pool)
             self.refill_steps[(R, P)] = step, buffers
-            for buffer, t in zip(buffers, inputs):
-                buffer.copy_(t)
-            step.capture(warmup=1, quiet=True)
         step, buffers = self.refill_steps[(R, P)]
         for buffer, t in zip(buffers, inputs):
             buffer.copy_(t, non_blocking=True)
+        if first_use:
+            step.capture(warmup=1, quiet=True)
         step()
 
     def _refill_rows(self, ids: torch.Tensor, n: torch.Tensor, budget: torch.Tensor, rows: torch.Tensor) -> None:
