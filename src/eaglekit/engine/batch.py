@@ -327,7 +327,7 @@ class BatchDecoder:
         self.tok[rows] = first.view(-1, 1)
         self.pos[rows] = n
         self.start[rows] = n
-        self.looped[rows] = False
+        self.looped.index_fill_(0, rows, False)                                         # a scalar fill: no host tensor in a captured graph
         self.last[rows] = n + budget - 1
         self.out[rows, n] = first
         stopped = (first.view(-1, 1) == self.stops.view(1, -1)).any(-1)
