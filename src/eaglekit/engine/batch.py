@@ -369,10 +369,11 @@ class BatchDecoder:
         `take` is asked whenever a row is free; a request it returns after an answer was yielded
         (a conversation's next turn) is served in the same run. Answers come back as they end.
 
-        One round: read which rows ended (the one sync), queue `chunk` decode steps, queue the
-        prefill of the requests taken last round behind them, then hand out the answers and take
-        requests for the free rows while the GPU works. A freed row so waits a round for its
-        prefill, and the host's work (and the eager prefill's launches) hide behind the steps.
+        One round: read which rows ended (the one sync); queue the first `cover` decode steps; hand
+        out the answers and take requests for the free rows while the GPU runs them; queue the new
+        rows' prefill, then the round's other steps and the loop check. A freed row so idles for the
+        rest of the round it ended in and `cover` steps (~12 of 16), not two more rounds; the host's
+        work hides behind the covering steps.
         """
         self.set_stop_ids(stop_ids)
         self.live.zero_()
@@ -380,27 +381,33 @@ class BatchDecoder:
         self.clock.reset()
         held: list[Request | None] = [None] * self.B          # the request each row answers
         free = list(range(self.B - 1, -1, -1))                 # popped from the end: row 0 first
-        waiting = self._take(take, free)                        # (row, request): prefilled next round
+        cover = max(1, self.chunk // 4)                        # steps queued ahead of the host's work
+        ended: list = []
         while True:
-            ended = self._ended(held, free)                    # sync; the ended rows' answers are copied
-            self.clock.collect()                               # the last round's events have completed
             busy = any(r is not None for r in held)
             if busy:
-                with self.clock.phase("decode"):
-                    for _ in range(self.chunk):
-                        self.step()
-                    if self.loop_check:
-                        self.loop_check()
-                self.steps += self.chunk
-            if waiting:
-                with self.clock.phase("refill"):
-                    self.refill([row for row, _ in waiting], [r for _, r in waiting])
-                for row, request in waiting:
-                    held[row] = request
-            elif not busy and not ended:
-                return
+                self._decode(cover)
             yield from self._answers(ended)
-            waiting = self._take(take, free)
+            taken = self._take(take, free)
+            if taken:
+                with self.clock.phase("refill"):
+                    self.refill([row for row, _ in taken], [r for _, r in taken])
+                for row, request in taken:
+                    held[row] = request
+            elif not busy:
+                return
+            self._decode(self.chunk - cover if busy else self.chunk, check=True)
+            ended = self._ended(held, free)                    # sync; the ended rows' answers are copied
+            self.clock.collect()                               # the round's events have completed
+
+    def _decode(self, steps: int, check: bool = False) -> None:
+        """Queue `steps` batch decode steps (then the loop check, if asked and on)."""
+        with self.clock.phase("decode"):
+            for _ in range(steps):
+                self.step()
+            if check and self.loop_check:
+                self.loop_check()
+        self.steps += steps
 
     def _take(self, take: Callable[[], Request | None], free: list[int]) -> list[tuple[int, Request]]:
         """Requests for the free rows, as many as `take` has now."""
