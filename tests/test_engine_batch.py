@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from eaglekit.engine import Engine, Sampling, generate_batch, make_target_runner
-from eaglekit.engine.batch import BatchDecoder, Request
+from eaglekit.engine.batch import BatchDecoder, Request, bucket
 from eaglekit.engine.kv import Refill, write_slots
 from eaglekit.errors import EaglekitError
 from engine_tiny import cycling_model, fake_cuda_graphs, one_thread, peaked_model  # noqa: F401 (fixture)
@@ -96,11 +96,11 @@ def test_served_follow_ups_and_chunks_of_steps():
 
 
 def test_graphed_refills_equal_eager_ones():
-    """Refills at the graphs' bucketed shapes (prompts padded to powers of two >= REFILL_MIN, rows
-    to powers of two by sending the last one again; captured on CUDA, run as they are here) give
+    """Refills at the graphs' bucketed shapes (prompts padded to a `bucket` >= REFILL_MIN, rows to a
+    bucket by sending the last one again; captured on CUDA, run as they are here) give
     the answers eager refills give, also for a next turn's longer prompt; the generic runner refuses them."""
     model = peaked_model("llama")
-    first = PROMPTS + [[9, 8, 7, 6, 5, 4, 3, 2] * 9]                 # 72 tokens: the 128 bucket
+    first = PROMPTS + [[9, 8, 7, 6, 5, 4, 3, 2] * 9]                 # 72 tokens: the 96 bucket
     limits = [9, 3, 5, 2, 4, 6]
 
     def answers(refill):
@@ -120,11 +120,19 @@ def test_graphed_refills_equal_eager_ones():
     stats, eager_stats = decoder.stats(), eager_decoder.stats()
     assert stats["refills"] == eager_stats["refills"] and stats["refill_tokens"] == eager_stats["refill_tokens"]
     shapes = set(decoder.refill_steps)
-    assert all(r & (r - 1) == 0 and p in (64, 128) for r, p in shapes) and {p for _, p in shapes} == {64, 128}
+    assert all(bucket(r) == r and p in (64, 96) for r, p in shapes) and {p for _, p in shapes} == {64, 96}
     assert any(r > 1 for r, _ in shapes) and stats["refill_padded_tokens"] > eager_stats["refill_padded_tokens"]
     with pytest.raises(EaglekitError, match="fast runner"):
         BatchDecoder(make_target_runner(peaked_model("gemma"), max_len=64, batch_size=2), sampling=Sampling(),
                      graphs=False, compile=False, refill="graphs")
+
+
+def test_refill_buckets_pad_at_most_half_again():
+    """Buckets are 2^k and 3 * 2^(k-1): each n pads to the least of them >= n, at most 1.5x n."""
+    got = [bucket(n) for n in range(1, 2049)]
+    assert got[:13] == [1, 2, 3, 4, 6, 6, 8, 8, 12, 12, 12, 12, 16]
+    assert all(n <= b <= max(n * 3 / 2, n + 1) for n, b in enumerate(got, 1))
+    assert len(set(got)) == 22
 
 
 def test_batch_decoder_refuses_what_a_row_cannot_hold():
