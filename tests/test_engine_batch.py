@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from eaglekit.engine import Engine, Sampling, generate_batch, make_target_runner
-from eaglekit.engine.batch import BatchDecoder, Request, bucket
+from eaglekit.engine.batch import BatchDecoder, Request, bucket, common_prefix
 from eaglekit.engine.kv import Refill, write_slots
 from eaglekit.errors import EaglekitError
 from engine_tiny import cycling_model, fake_cuda_graphs, one_thread, peaked_model  # noqa: F401 (fixture)
@@ -95,6 +95,45 @@ def test_served_follow_ups_and_chunks_of_steps():
     assert [got[("follow", i)] for i in range(3)] == [g.tokens for g in ref_follow]
 
 
+@pytest.mark.parametrize("arch,refill", [("llama", "eager"), ("llama", "graphs"), ("gemma", "eager")])
+def test_a_sessions_next_turn_resumes_its_row_and_answers_as_a_fresh_prefill(arch, refill):
+    """A next turn of the same session goes back to its row and prefills only what its prompt adds after
+    the tokens the row holds (the last prompt and answer, all but the answer's last token); its answer
+    equals batch-1 decoding of the whole prompt. A prompt that rewrites the history resumes only its
+    common prefix; a request without a session never resumes."""
+    model = peaked_model(arch)
+    first = [[5, 17, 99, 3], [45, 200, 7, 8, 9, 10, 11], [300, 301, 302]]
+    limits = [7, 3, 5]
+    ref_first = singles_of(model, first, limits)
+    follow = {i: first[i] + ref_first[i].tokens + [42, 43] for i in range(3)}
+    follow[2] = first[2][:2] + [77] + follow[2][3:]                  # the history differs from token 2 on
+    ref_follow = singles_of(model, list(follow.values()), [4, 4, 4])
+    decoder = BatchDecoder(make_target_runner(model, max_len=96, batch_size=2), sampling=Sampling(),
+                           graphs=False, compile=False, chunk=2, refill=refill)
+    queue = [Request(p, n, key=("first", i), session=i) for i, (p, n) in enumerate(zip(first, limits))]
+    queue.append(Request([9, 9, 9], 2, key=("lone", 0)))
+    got = {}
+    for request, completion in decoder.serve(lambda: queue.pop(0) if queue else None, []):
+        got[request.key] = completion.tokens
+        kind, i = request.key
+        if kind == "first":
+            queue.insert(0, Request(follow[i], 4, key=("follow", i), session=i))   # next turns first, as LocalBackend
+    assert [got[("first", i)] for i in range(3)] == [g.tokens for g in ref_first]
+    assert [got[("follow", i)] for i in range(3)] == [g.tokens for g in ref_follow]
+    # resumed: prompt + answer but its last token for turns 0 and 1; turn 2 only its first 2 tokens
+    resumed = [len(first[i]) + len(ref_first[i].tokens) - 1 for i in range(2)] + [2]
+    stats = decoder.stats()
+    assert stats["resumed_tokens"] == sum(resumed)
+    assert stats["refill_tokens"] == sum(map(len, first)) + 3 + sum(len(follow[i]) - resumed[i] for i in range(3))
+
+
+def test_common_prefix():
+    assert [common_prefix(a, b) for a, b in [([], [1]), ([1, 2, 3], [1, 2, 3, 4]), ([1, 2, 3, 4], [1, 2]),
+                                                ([1, 2, 3, 4, 5], [1, 2, 9, 4, 5]), ([7], [8])]] == [0, 3, 2, 2, 0]
+    a = list(range(1000))
+    assert all(common_prefix(a, a[:k] + [-1] + a[k + 1:]) == k for k in range(0, 1000, 37))
+
+
 def test_graphed_refills_equal_eager_ones():
     """Refills at the graphs' bucketed shapes (prompts padded to a `bucket` >= REFILL_MIN, rows to a
     bucket by sending the last one again; captured on CUDA, run as they are here) give
@@ -120,8 +159,8 @@ def test_graphed_refills_equal_eager_ones():
     stats, eager_stats = decoder.stats(), eager_decoder.stats()
     assert stats["refills"] == eager_stats["refills"] and stats["refill_tokens"] == eager_stats["refill_tokens"]
     shapes = set(decoder.refill_steps)
-    assert all(bucket(r) == r and p in (64, 96) for r, p in shapes) and {p for _, p in shapes} == {64, 96}
-    assert any(r > 1 for r, _ in shapes) and stats["refill_padded_tokens"] > eager_stats["refill_padded_tokens"]
+    assert all(bucket(r) == r and p in (64, 96) and not c for r, p, c in shapes) and {p for _, p, _ in shapes} == {64, 96}
+    assert any(r > 1 for r, _, _ in shapes) and stats["refill_padded_tokens"] > eager_stats["refill_padded_tokens"]
     with pytest.raises(EaglekitError, match="fast runner"):
         BatchDecoder(make_target_runner(peaked_model("gemma"), max_len=64, batch_size=2), sampling=Sampling(),
                      graphs=False, compile=False, refill="graphs")

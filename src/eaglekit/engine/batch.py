@@ -9,10 +9,16 @@ token's slot is its position and nothing is padded. The decode step (fixed shape
 advances every live row by one token at its own slot (`kv.write_slots` with [B, 1] slots) and
 marks on the device the rows that ended (a stop token, or the row's own token limit); an ended row
 stops advancing. The host looks every `chunk` steps: it hands out the answers of the rows that
-ended and refills those rows with the next prompts at once, in one eager prefill written into
-their rows only (`kv.Refill`); the other rows' caches are untouched. Answers are as long as each
+ended and refills those rows with the next prompts at once, in one prefill written into their
+rows only (`kv.Refill`); the other rows' caches are untouched. Answers are as long as each
 request allows (its own max_new_tokens), never cut to a batch's longest, and a batch never waits
 for its longest answer.
+
+A conversation's next turn (a request of the same `session`) goes back to the row its last turn
+ended in, while that row is free: the row's cache still holds the last prompt and answer, so only
+the tokens the new prompt adds after their common prefix are prefilled (attending to the row's
+cached slots). Without it, every turn re-prefilled its whole conversation: 8.34M prompt tokens for
+2.59M answer tokens on the recipe's mix (docs/results/2026-12-01-h200-late).
 
 `serve` takes requests from a function, so a caller can queue a conversation's next turn as soon
 as its answer comes back (`data.local_backend`); `run` answers a list. The runner is the engine's
@@ -20,7 +26,7 @@ target runner (FAST when the config allows, else GENERIC): greedy output equals 
 plain batch-1 decoding.
 
 Shapes: B rows, R refilled rows, P prompt length (padded within a refill), L cache slots, V vocab,
-S stop ids.
+S stop ids, C a refill's span of cached slots read (0: the prompts attend to themselves only).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Hashable, Iterator
 
 import torch
 
@@ -49,6 +55,7 @@ REFILL_KINDS = ("eager", "graphs")
 REFILL_MIN = 64           # graphed refills pad prompts to a `bucket` at least this long
 LOOP_PERIOD = 64          # --stop-loops: the longest repeated block looked for (data.quality.MAX_PERIOD)
 SPAN_ALIGN = 64           # eager CPU steps attend to the used slots, rounded up to this
+RESUME_SLOTS = 1 << 18    # rows x cached slots one resuming refill reads (64 rows of 4096 slots)
 
 
 def check_stop_loops(window: int, slots: int | None = None) -> None:
@@ -74,6 +81,19 @@ class Request:
     ids: list[int]
     max_new_tokens: int
     key: object = None
+    session: Hashable | None = None   # a conversation's turns share one: the next resumes in the last one's row
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """The length of the longest common prefix of two token lists (slice compares: C speed)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n                       # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if a[lo:mid] == b[lo:mid] else (lo, mid)
+    return lo
 
 
 def batch_attention(model, max_len: int, runner: str = "auto", attention: str | None = None) -> str | None:
@@ -208,7 +228,10 @@ class BatchDecoder:
         self.cols = torch.arange(L, **long)
         self.stop_set: set[int] = set()
         self.steps = self.refills = self.tokens = self.loop_stops = 0   # counters since the last `serve` started (`stats`)
-        self.refill_tokens = self.refill_padded_tokens = 0
+        self.refill_tokens = self.refill_padded_tokens = self.resumed_tokens = 0
+        # A free row whose cache a session's next turn can resume: session -> (row, tokens at its slots 0..)
+        self.kept: dict[Hashable, tuple[int, list[int]]] = {}
+        self.kept_by_row: dict[int, Hashable] = {}
         self.clock = PhaseClock(self.device)          # device time of the decode steps and of the refills
         self.step = Step(compiled(self._step, compile, compile_mode), use_graph=graphs, name="batch decode")
         self.refill_kind, self.graphs = refill, graphs
@@ -218,7 +241,7 @@ class BatchDecoder:
         # An eager refill is launch-bound: ~1400 kernels queued from Python, ~49 ms a round on an H200
         # for ~1.7k prompt tokens whose compute is 1-2 ms (docs/results/2026-12-01-h200-night). Graphed
         # refills replay one CUDA graph per (rows, prompt length) bucket, captured on first use.
-        self.refill_steps: dict[tuple[int, int], tuple[Step, tuple[torch.Tensor, ...]]] = {}
+        self.refill_steps: dict[tuple[int, int, int], tuple[Step, tuple[torch.Tensor, ...]]] = {}
         self.refill_pool = torch.cuda.graph_pool_handle() if graphs and refill == "graphs" else None
         check_stop_loops(stop_loops, L)
         self.stop_loops = stop_loops
@@ -261,36 +284,48 @@ class BatchDecoder:
 
     # ---- refilling rows ----------------------------------------------------------------------
 
-    def refill(self, rows: list[int], requests: list[Request]) -> None:
-        """Prefill the requests' prompts into these rows, in forwards of about `prefill_tokens` (padding included)."""
-        order = sorted(range(len(rows)), key=lambda i: len(requests[i].ids))   # similar lengths pad little
+    def refill(self, rows: list[int], requests: list[Request], cached: list[int] | None = None) -> None:
+        """Prefill the requests' prompts into these rows, in forwards of about `prefill_tokens` (padding
+        included). cached[i]: the first tokens of prompt i that row i's cache holds already (resumed,
+        not prefilled again); fresh and resumed prompts go in separate forwards."""
+        cached = cached or [0] * len(rows)
+        order = sorted(range(len(rows)), key=lambda i: (cached[i] > 0, len(requests[i].ids) - cached[i]))
         group: list[int] = []
         for i in order:
-            longest = self._padded_length(len(requests[i].ids))   # the forward's length, padding included
-            if group and self._padded_rows(len(group) + 1) * longest > self.prefill_tokens:
-                self._prefill([rows[j] for j in group], [requests[j] for j in group])
+            if group and ((cached[group[0]] > 0) != (cached[i] > 0) or not self._fits(group + [i], requests, cached)):
+                self._prefill([rows[j] for j in group], [requests[j] for j in group], [cached[j] for j in group])
                 group = []
             group.append(i)
         if group:
-            self._prefill([rows[j] for j in group], [requests[j] for j in group])
+            self._prefill([rows[j] for j in group], [requests[j] for j in group], [cached[j] for j in group])
 
-    def _prefill(self, rows: list[int], requests: list[Request]) -> None:
-        """One forward over R left-padded prompts, each written at slots 0..n-1 of its own row.
+    def _fits(self, group: list[int], requests: list[Request], cached: list[int]) -> bool:
+        R = self._padded_rows(len(group))
+        P = self._padded_length(max(len(requests[i].ids) - cached[i] for i in group))
+        span = self._span_read(max(len(requests[i].ids) for i in group)) if cached[group[0]] else 0
+        return R * P <= self.prefill_tokens and R * span <= RESUME_SLOTS
+
+    def _prefill(self, rows: list[int], requests: list[Request], cached: list[int]) -> None:
+        """One forward over R left-padded new prompt tokens (each prompt's tokens after its cached
+        ones), written at their slots in their own rows.
 
         Queued without a sync (inputs built on the host, copied asynchronously), so it runs behind
         the decode steps queued before it."""
         self.refills += len(rows)
-        self.refill_tokens += sum(len(r.ids) for r in requests)
-        P = self._padded_length(max(len(r.ids) for r in requests))
+        self.refill_tokens += sum(len(r.ids) - c for r, c in zip(requests, cached))
+        self.resumed_tokens += sum(cached)
+        P = self._padded_length(max(len(r.ids) - c for r, c in zip(requests, cached)))
+        span = self._span_read(max(len(r.ids) for r in requests)) if any(cached) else 0
         extra = self._padded_rows(len(rows)) - len(rows)     # graphed: the last request again (same values, same places)
-        rows, requests = rows + rows[-1:] * extra, requests + requests[-1:] * extra
+        rows, requests, cached = rows + rows[-1:] * extra, requests + requests[-1:] * extra, cached + cached[-1:] * extra
         self.refill_padded_tokens += len(rows) * P
-        ids = self._upload([[0] * (P - len(r.ids)) + r.ids for r in requests])        # [R, P]
-        inputs = (ids, *(self._upload(x) for x in ([len(r.ids) for r in requests], [r.max_new_tokens for r in requests], rows)))
+        ids = self._upload([[0] * (P - len(r.ids) + c) + r.ids[c:] for r, c in zip(requests, cached)])   # [R, P]
+        lists = ([len(r.ids) for r in requests], [r.max_new_tokens for r in requests], rows, cached)
+        inputs = (ids, *(self._upload(x) for x in lists))
         if self.refill_kind == "graphs":
-            self._refill_graphed(inputs)
+            self._refill_graphed(inputs, span)
         else:
-            self._refill_rows(*inputs)
+            self._refill_rows(*inputs, span=span)
 
     def _padded_length(self, longest: int) -> int:
         """Graphed refills pad prompts to a bucket (`bucket`, at least REFILL_MIN, at most the row's
@@ -302,33 +337,47 @@ class BatchDecoder:
     def _padded_rows(self, rows: int) -> int:
         return rows if self.refill_kind == "eager" else bucket(rows)
 
-    def _refill_graphed(self, inputs: tuple[torch.Tensor, ...]) -> None:
-        """The refill as a replay of its bucket's graph (ids [R, P], n, budget, rows [R]), captured on
-        the bucket's first use with these inputs in its buffers: the capture's warm-up runs the refill,
-        and the replay runs it again (the same state; sampled, the replay's token is the one kept)."""
+    def _span_read(self, longest: int) -> int:
+        """The cached slots a resuming refill reads: its longest prompt's, bucketed when graphed."""
+        return self._padded_length(longest)
+
+    def _refill_graphed(self, inputs: tuple[torch.Tensor, ...], span: int) -> None:
+        """The refill as a replay of its bucket's graph (ids [R, P], n, budget, rows, cached [R]; C),
+        captured on the bucket's first use with these inputs in its buffers: the capture's warm-up
+        runs the refill, and the replay runs it again (the same state; sampled, the replay's token is
+        the one kept)."""
         R, P = inputs[0].shape
-        first_use = (R, P) not in self.refill_steps
+        first_use = (R, P, span) not in self.refill_steps
         if first_use:
             buffers = tuple(torch.empty_like(t) for t in inputs)
-            step = Step(lambda: self._refill_rows(*buffers), use_graph=self.graphs, name=f"refill {R}x{P}",
-                        pool=self.refill_pool)
-            self.refill_steps[(R, P)] = step, buffers
-        step, buffers = self.refill_steps[(R, P)]
+            step = Step(lambda: self._refill_rows(*buffers, span=span), use_graph=self.graphs,
+                        name=f"refill {R}x{P}" + (f" reading {span} slots" if span else ""), pool=self.refill_pool)
+            self.refill_steps[(R, P, span)] = step, buffers
+        step, buffers = self.refill_steps[(R, P, span)]
         for buffer, t in zip(buffers, inputs):
             buffer.copy_(t, non_blocking=True)
         if first_use:
             step.capture(warmup=1, quiet=True)
         step()
 
-    def _refill_rows(self, ids: torch.Tensor, n: torch.Tensor, budget: torch.Tensor, rows: torch.Tensor) -> None:
-        """ids [R, P] left-padded prompts of lengths n [R], token budgets [R], cache rows [R]: the
-        forward and the rows' new state, tensors only (so that it is captured in a graph)."""
-        P = ids.shape[1]
-        pad = P - n                                                                     # [R]
-        cols = torch.arange(P, device=ids.device)
-        slots = (cols.view(1, P) - pad.view(-1, 1)).remainder(P)      # prompt at 0..n-1, padding at n..P-1 [R, P]
-        positions = (cols.view(1, P) - pad.view(-1, 1)).clamp(min=0)
-        logits, _ = self.runner(ids, positions, Refill(rows, slots), padded_mask(pad, cols, P), last_only=True)
+    def _refill_rows(self, ids: torch.Tensor, n: torch.Tensor, budget: torch.Tensor, rows: torch.Tensor,
+                     cached: torch.Tensor, span: int = 0) -> None:
+        """ids [R, P] the left-padded new tokens of prompts of lengths n [R] whose first cached [R]
+        tokens the rows hold, token budgets [R], cache rows [R]: the forward and the rows' new state,
+        tensors only (so that it is captured in a graph). span C > 0: the new tokens attend to their
+        rows' slots 0..C-1 (cached and new); 0: nothing is cached, they attend to themselves only."""
+        R, P = ids.shape
+        pad = P - (n - cached)                                                          # [R]
+        cols = torch.arange(P, device=ids.device).view(1, P)
+        k = cols - pad.view(R, 1)                               # the index among the new tokens; < 0: padding
+        # Padding goes to slots after the prompt (the row writes them later, before it reads them).
+        slots = torch.where(k >= 0, cached.view(R, 1) + k, (n.view(R, 1) + cols).clamp(max=self.L - 1))   # [R, P]
+        positions = (cached.view(R, 1) + k).clamp(min=0)
+        if span:    # each token sees its row's slots up to its own: a padding token's is past the prompt
+            mask = (torch.arange(span, device=ids.device).view(1, 1, span) <= slots.view(R, P, 1)).unsqueeze(1)
+        else:
+            mask = padded_mask(pad, cols.view(P), P)
+        logits, _ = self.runner(ids, positions, Refill(rows, slots, span), mask, last_only=True)
         first = next_token(logits[:, -1], self.sampling)                                # [R]
         # A row sent twice (a graphed refill's padding) keeps its first copy's token: sampled, the copies may
         # differ, and an index_put from two sources leaves tok / out / live each with either one.
@@ -387,9 +436,12 @@ class BatchDecoder:
         self.set_stop_ids(stop_ids)
         self.live.zero_()
         self.steps = self.refills = self.tokens = self.refill_tokens = self.refill_padded_tokens = self.loop_stops = 0
+        self.resumed_tokens = 0
+        self.kept.clear()
+        self.kept_by_row.clear()
         self.clock.reset()
         held: list[Request | None] = [None] * self.B          # the request each row answers
-        free = list(range(self.B - 1, -1, -1))                 # popped from the end: row 0 first
+        free = list(range(self.B))                             # the longest free first (its cache the least likely resumed)
         cover = max(1, self.chunk // 4)                        # steps queued ahead of the host's work
         ended: list = []
         while True:
@@ -400,8 +452,8 @@ class BatchDecoder:
             taken = self._take(take, free)
             if taken:
                 with self.clock.phase("refill"):
-                    self.refill([row for row, _ in taken], [r for _, r in taken])
-                for row, request in taken:
+                    self.refill(*(list(x) for x in zip(*taken)))
+                for row, request, _ in taken:
                     held[row] = request
             elif not busy:
                 return
@@ -418,16 +470,41 @@ class BatchDecoder:
                 self.loop_check()
         self.steps += steps
 
-    def _take(self, take: Callable[[], Request | None], free: list[int]) -> list[tuple[int, Request]]:
-        """Requests for the free rows, as many as `take` has now."""
+    def _take(self, take: Callable[[], Request | None], free: list[int]) -> list[tuple[int, Request, int]]:
+        """(row, request, prompt tokens its cache holds) for the free rows, as many as `take` has now."""
         taken = []
         while free and (request := take()) is not None:
             self.check(request)
-            taken.append((free.pop(), request))
+            taken.append(self._row_for(request, free))
         return taken
 
+    def _row_for(self, request: Request, free: list[int]) -> tuple[int, Request, int]:
+        """A free row for the request: the one its session's last turn ended in while its cache
+        begins the prompt (resumed: only the rest is prefilled), else the longest free one."""
+        row, tokens = self.kept.get(request.session, (None, [])) if request.session is not None else (None, [])
+        cached = min(common_prefix(tokens, request.ids), len(request.ids) - 1)   # the last token's logits are needed
+        if row is None or cached < 1:
+            row = free[0]
+            cached = 0
+        free.remove(row)
+        self._forget(row)
+        return row, request, cached
+
+    def _keep(self, row: int, session: Hashable, tokens: list[int]) -> None:
+        """Remember what a freed row's cache holds (tokens at slots 0..), for its session's next turn."""
+        if session in self.kept:
+            self._forget(self.kept[session][0])
+        self.kept[session] = (row, tokens)
+        self.kept_by_row[row] = session
+
+    def _forget(self, row: int) -> None:
+        session = self.kept_by_row.pop(row, None)
+        if session is not None:
+            del self.kept[session]
+
     def _ended(self, held: list, free: list[int]) -> list[tuple[Request, list[int]]]:
-        """(request, row tokens up to its last one) of every row that ended since the last look; frees them."""
+        """(request, row tokens up to its last one) of every row that ended since the last look; frees
+        them, and keeps what a session's row holds for its next turn."""
         live = self.live.cpu().tolist()                        # the sync of the round (the GIL is released)
         rows = [b for b in range(self.B) if held[b] is not None and not live[b]]
         if not rows:
@@ -437,7 +514,10 @@ class BatchDecoder:
         outs = self.out[index, :int(ends.max()) + 1].cpu()     # [E, <= L], copied before the next steps run
         ended = []
         for i, b in enumerate(rows):
-            ended.append((held[b], outs[i, :int(ends[i]) + 1], looped[i]))
+            request, end = held[b], int(ends[i])
+            ended.append((request, outs[i, :end + 1], looped[i]))
+            if request.session is not None:   # slots 0..end-1 hold the prompt and the answer but its last token
+                self._keep(b, request.session, request.ids + outs[i, len(request.ids):end].tolist())
             held[b] = None
             free.append(b)
         return ended
@@ -458,6 +538,7 @@ class BatchDecoder:
         return {"rows": self.B, "slots": self.L, "chunk": self.chunk, "steps": self.steps, "refills": self.refills,
                 "answer_tokens": self.tokens, "occupancy": round(made / max(self.steps * self.B, 1), 4),
                 "refill_tokens": self.refill_tokens, "refill_padded_tokens": self.refill_padded_tokens,
+                "resumed_tokens": self.resumed_tokens,
                 "loop_stops": self.loop_stops,
                 **self.clock.summary(steps=self.steps)}
 

@@ -22,8 +22,10 @@ from eaglekit.engine.flex import attend_flex
 @dataclass(frozen=True)
 class Refill:
     """Where the prompts of new sequences go in a batch cache: the tokens of row rows[i] at
-    slots[i]. Nothing is cached before a new sequence, so its prompt attends only to itself: the
-    write returns the new keys/values, and the mask is over the T new tokens ([R, 1, T, T]).
+    slots[i]. span 0: nothing is cached before them, so the prompts attend only to themselves: the
+    write returns the new keys/values, and the mask is over the T new tokens ([R, 1, T, T]). span
+    C > 0 (a resumed row: its cache holds the prompt's first tokens): the write returns the rows'
+    slots 0..C-1, the new ones included, and the mask is [R, 1, T, C].
 
     rows:  [R] cache rows (a row given twice must come with the same tokens: graphed refills pad so)
     slots: [R, T] the slot of each token (its position; padding goes to slots the row writes later)
@@ -31,18 +33,20 @@ class Refill:
 
     rows: torch.Tensor
     slots: torch.Tensor
+    span: int = 0
 
 
 def write_slots(cache: torch.Tensor, slots, new: torch.Tensor) -> torch.Tensor:
     """Store new [B', h, T, d] in cache [B, h, L, d]; return what attention reads.
 
     slots [T]: the same slots in every row, [B, T]: each row its own (B' = B); both return the
-    whole cache. A `Refill`: rows.shape[0] = B' rows of the cache, returns `new` itself.
+    whole cache. A `Refill`: rows.shape[0] = B' rows of the cache, returns `new` itself (span 0)
+    or the rows' first `span` slots.
     """
     if isinstance(slots, Refill):
         R, T = slots.slots.shape
         cache[slots.rows.view(R, 1), :, slots.slots] = new.transpose(1, 2)     # indexed as [R, T, h, d]
-        return new
+        return cache[:, :, :slots.span].index_select(0, slots.rows) if slots.span else new   # [R, h, C|T, d]
     if slots.dim() == 1:
         cache.index_copy_(2, slots, new)
     else:   # an index_put, not scatter_: Inductor's scatter_ on a cache view rewrote the whole cache

@@ -162,8 +162,8 @@ class FastLayer(nn.Module):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         k_all, v_all = self.cache.write(slots, k, v)
-        # A refill's prompts attend only to themselves ([R, 1, T, T]): no cache blocks to skip, so
-        # flex (which wants L a multiple of its block) has nothing to gain there.
+        # A refill's prompts attend to themselves ([R, 1, T, T]) or to their rows' first C slots: no
+        # cache blocks to skip, so flex (which wants L a multiple of its block) has nothing to gain there.
         kind = "sdpa" if isinstance(slots, Refill) else kernel_for_rows(self.attention, T, self.small_rows)
         out = attend(q, k_all, v_all, mask, kind).transpose(1, 2).reshape(B, T, self.nh * self.d)
         x = x + linear(out, self.wo, self.bo, rows)
