@@ -44,28 +44,30 @@ def test_plain_and_speculative_engines_on_cuda_equal_the_cpu():
 @pytest.mark.parametrize("refill", ["eager", "graphs"])
 def test_batch_decoder_on_cuda_equals_the_eager_cpu_decoder(refill):
     """Flex attention in the captured step, rows refilled (eagerly, or replaying a graph per bucket)
-    while others decode, a conversation's next turn queued after its answer."""
+    while others decode, a conversation's next turn queued after its answer and resumed in its row
+    (the CPU reference prefills it whole)."""
     prompts = PROMPTS + [[9, 8, 7, 6, 5, 4, 3, 2] * 9, [100, 200]]
     limits = [20, 3, 9, 5, 7]
 
-    def serve(model, **kw):
+    def serve(model, sessions=True, **kw):
         decoder = BatchDecoder(batch_runner(model, max_len=256, batch_size=3, **kw.pop("runner_kw", {})),
                                sampling=Sampling(), chunk=4, **kw)
-        queue = [Request(p, n, key=("first", i)) for i, (p, n) in enumerate(zip(prompts, limits))]
+        queue = [Request(p, n, key=("first", i), session=i if sessions else None) for i, (p, n) in enumerate(zip(prompts, limits))]
         got = {}
         for request, completion in decoder.serve(lambda: queue.pop(0) if queue else None, [2]):
             got[request.key] = completion.tokens
             kind, i = request.key
             if kind == "first" and i < 2:
-                queue.append(Request(prompts[i] + completion.tokens + [42], 6, key=("next", i)))
+                queue.insert(0, Request(prompts[i] + completion.tokens + [42], 6, key=("next", i), session=i if sessions else None))
         return got, decoder
 
-    reference, _ = serve(peaked_model("llama"), graphs=False, compile=False, runner_kw={"attention": "sdpa"})
+    reference, _ = serve(peaked_model("llama"), sessions=False, graphs=False, compile=False, runner_kw={"attention": "sdpa"})
     got, decoder = serve(on("cuda"), graphs=True, compile=True, refill=refill)
     assert decoder.runner.attention == "flex"
     assert got == reference
     stats = decoder.stats()
     assert stats["decode_s"] > 0 and stats["refill_s"] > 0    # CUDA events, read after the syncs
+    assert stats["resumed_tokens"] > 0
 
 
 def test_the_captured_loop_check_ends_the_answers_the_cpu_check_ends():
