@@ -338,8 +338,12 @@ class BatchDecoder:
         return rows if self.refill_kind == "eager" else bucket(rows)
 
     def _span_read(self, longest: int) -> int:
-        """The cached slots a resuming refill reads: its longest prompt's, bucketed when graphed."""
-        return self._padded_length(longest)
+        """The cached slots a resuming refill reads: its longest prompt's; graphed, a power of two. It is
+        a third bucket dimension, and each new (rows, length, span) costs a capture: the finer row and
+        length buckets alone added ~2.2 s of refill time to a 2,000-prompt run (2026-12-01-h200-late)."""
+        if self.refill_kind == "eager":
+            return longest
+        return min(max(REFILL_MIN, 1 << (longest - 1).bit_length()), self.L)
 
     def _refill_graphed(self, inputs: tuple[torch.Tensor, ...], span: int) -> None:
         """The refill as a replay of its bucket's graph (ids [R, P], n, budget, rows, cached [R]; C),
