@@ -127,6 +127,19 @@ def test_a_sessions_next_turn_resumes_its_row_and_answers_as_a_fresh_prefill(arc
     assert stats["refill_tokens"] == sum(map(len, first)) + 3 + sum(len(follow[i]) - resumed[i] for i in range(3))
 
 
+def test_an_eager_cpu_refill_splits_prompts_that_would_pad_past_twice_their_tokens():
+    """On a CPU a forward costs its padded tokens: a round's prompts of 3 and 40 tokens go in two
+    forwards, not one padded to 80; the answers do not change."""
+    model = peaked_model("llama")
+    prompts = [[5, 6, 7], list(range(10, 50)), [8, 9, 10]]
+    ref = singles_of(model, prompts, [3, 3, 3])
+    decoder = BatchDecoder(make_target_runner(model, max_len=64, batch_size=3), sampling=Sampling(),
+                           graphs=False, compile=False)
+    assert [c.tokens for c in decoder.run(prompts, 3, [])] == [g.tokens for g in ref]
+    stats = decoder.stats()
+    assert stats["refill_tokens"] == 46 and stats["refill_padded_tokens"] == 3 + 3 + 40
+
+
 def test_common_prefix():
     assert [common_prefix(a, b) for a, b in [([], [1]), ([1, 2, 3], [1, 2, 3, 4]), ([1, 2, 3, 4], [1, 2]),
                                                 ([1, 2, 3, 4, 5], [1, 2, 9, 4, 5]), ([7], [8])]] == [0, 3, 2, 2, 0]

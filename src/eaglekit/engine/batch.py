@@ -238,6 +238,10 @@ class BatchDecoder:
         # On a CPU, attention over all L slots was ~a fifth of a batch-16 step (SmolLM2, 512 slots,
         # contexts of ~100-200 tokens): eager CPU steps of the fast runner attend to the used span.
         self.trim = self.device.type == "cpu" and not graphs and not compile and getattr(runner, "kind", None) == "fast"
+        # A CPU forward costs its tokens, padding included; a CUDA one is launch-bound (eager) or a
+        # replay (graphed): there fewer forwards win, here less padding does (resumed turns of a
+        # round padded 3.3x, docs/results/2026-12-01-cpu-resume).
+        self.compute_bound = self.device.type == "cpu" and refill == "eager"
         # An eager refill is launch-bound: ~1400 kernels queued from Python, ~49 ms a round on an H200
         # for ~1.7k prompt tokens whose compute is 1-2 ms (docs/results/2026-12-01-h200-night). Graphed
         # refills replay one CUDA graph per (rows, prompt length) bucket, captured on first use.
@@ -300,10 +304,13 @@ class BatchDecoder:
             self._prefill([rows[j] for j in group], [requests[j] for j in group], [cached[j] for j in group])
 
     def _fits(self, group: list[int], requests: list[Request], cached: list[int]) -> bool:
-        R = self._padded_rows(len(group))
-        P = self._padded_length(max(len(requests[i].ids) - cached[i] for i in group))
+        """Whether these prompts go in one forward: within the token and span budgets and, where the
+        forward is compute-bound (an eager CPU refill), padded to at most twice their own tokens."""
+        new = [len(requests[i].ids) - cached[i] for i in group]
+        R, P = self._padded_rows(len(group)), self._padded_length(max(new))
         span = self._span_read(max(len(requests[i].ids) for i in group)) if cached[group[0]] else 0
-        return R * P <= self.prefill_tokens and R * span <= RESUME_SLOTS
+        padded_ok = not self.compute_bound or R * P <= 2 * sum(new)
+        return R * P <= self.prefill_tokens and R * span <= RESUME_SLOTS and padded_ok
 
     def _prefill(self, rows: list[int], requests: list[Request], cached: list[int]) -> None:
         """One forward over R left-padded new prompt tokens (each prompt's tokens after its cached
