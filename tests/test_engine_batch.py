@@ -5,9 +5,10 @@ import pytest
 import torch
 
 from eaglekit.engine import Engine, Sampling, generate_batch, make_target_runner
-from eaglekit.engine.batch import BatchDecoder, Request, bucket, common_prefix
+from eaglekit.engine.batch import BatchDecoder, Request, bucket
 from eaglekit.engine.kv import Refill, write_slots
 from eaglekit.errors import EaglekitError
+from eaglekit.targets.chat import common_prefix
 from engine_tiny import cycling_model, fake_cuda_graphs, one_thread, peaked_model  # noqa: F401 (fixture)
 
 PROMPTS = [[5, 17, 99, 3], [45, 200, 7, 8, 9, 10, 11], [300], [12, 13] * 5, [7, 7, 7]]
@@ -100,31 +101,38 @@ def test_a_sessions_next_turn_resumes_its_row_and_answers_as_a_fresh_prefill(arc
     """A next turn of the same session goes back to its row and prefills only what its prompt adds after
     the tokens the row holds (the last prompt and answer, all but the answer's last token); its answer
     equals batch-1 decoding of the whole prompt. A prompt that rewrites the history resumes only its
-    common prefix; a request without a session never resumes."""
+    common prefix, and not at all below RESUME_MIN tokens; a request without a session never resumes,
+    and a session's last request keeps no row.
+    Six sessions end together: five resume in one refill (graphed: padded to 6 rows by a duplicate),
+    and 72 slots a row push a graphed refill's padding past the last slot (clamped there)."""
     model = peaked_model(arch)
-    first = [[5, 17, 99, 3], [45, 200, 7, 8, 9, 10, 11], [300, 301, 302]]
-    limits = [7, 3, 5]
-    ref_first = singles_of(model, first, limits)
-    follow = {i: first[i] + ref_first[i].tokens + [42, 43] for i in range(3)}
-    follow[2] = first[2][:2] + [77] + follow[2][3:]                  # the history differs from token 2 on
-    ref_follow = singles_of(model, list(follow.values()), [4, 4, 4])
-    decoder = BatchDecoder(make_target_runner(model, max_len=96, batch_size=2), sampling=Sampling(),
+    first = [[(7 * s + 3 * i) % 250 + 1 for i in range(18 + s)] for s in range(6)]
+    ref_first = singles_of(model, first, [5] * 6)
+    follow = {s: first[s] + ref_first[s].tokens + [42, 43] for s in range(6)}
+    follow[2] = follow[2][:17] + [77] + follow[2][18:]               # the history differs from token 17 on
+    follow[5] = follow[5][:3] + [77] + follow[5][4:]                 # ... from token 3: too little to resume
+    ref_follow = singles_of(model, [follow[s] for s in range(6)], [4] * 6)
+    decoder = BatchDecoder(make_target_runner(model, max_len=72, batch_size=6), sampling=Sampling(),
                            graphs=False, compile=False, chunk=2, refill=refill)
-    queue = [Request(p, n, key=("first", i), session=i) for i, (p, n) in enumerate(zip(first, limits))]
-    queue.append(Request([9, 9, 9], 2, key=("lone", 0)))
+    queue = [Request(p, 5, key=("first", s), session=s) for s, p in enumerate(first)]
     got = {}
     for request, completion in decoder.serve(lambda: queue.pop(0) if queue else None, []):
         got[request.key] = completion.tokens
-        kind, i = request.key
+        kind, s = request.key
         if kind == "first":
-            queue.insert(0, Request(follow[i], 4, key=("follow", i), session=i))   # next turns first, as LocalBackend
-    assert [got[("first", i)] for i in range(3)] == [g.tokens for g in ref_first]
-    assert [got[("follow", i)] for i in range(3)] == [g.tokens for g in ref_follow]
-    # resumed: prompt + answer but its last token for turns 0 and 1; turn 2 only its first 2 tokens
-    resumed = [len(first[i]) + len(ref_first[i].tokens) - 1 for i in range(2)] + [2]
+            queue.insert(0, Request(follow[s], 4, key=("follow", s), session=s, session_ends=True))   # as LocalBackend
+            if s == 5:
+                queue.append(Request([9, 9, 9], 2, key=("lone", 0)))
+    assert [got[("first", s)] for s in range(6)] == [g.tokens for g in ref_first]
+    assert [got[("follow", s)] for s in range(6)] == [g.tokens for g in ref_follow]
+    resumed = [len(first[s]) + 5 - 1 for s in range(6)]
+    resumed[2], resumed[5] = 17, 0
     stats = decoder.stats()
     assert stats["resumed_tokens"] == sum(resumed)
-    assert stats["refill_tokens"] == sum(map(len, first)) + 3 + sum(len(follow[i]) - resumed[i] for i in range(3))
+    assert stats["refill_tokens"] == sum(map(len, first)) + 3 + sum(len(follow[s]) - resumed[s] for s in range(6))
+    assert not decoder.kept           # the sessions' last turns leave no row waiting
+    if refill == "graphs":    # the five resumed rows in one forward of 6 (a duplicate), reading 64 slots
+        assert (6, 64, 64) in decoder.refill_steps
 
 
 def test_an_eager_cpu_refill_splits_prompts_that_would_pad_past_twice_their_tokens():
@@ -140,7 +148,7 @@ def test_an_eager_cpu_refill_splits_prompts_that_would_pad_past_twice_their_toke
     assert stats["refill_tokens"] == 46 and stats["refill_padded_tokens"] == 3 + 3 + 40
 
 
-def test_common_prefix():
+def test_common_prefix_of_token_lists():
     assert [common_prefix(a, b) for a, b in [([], [1]), ([1, 2, 3], [1, 2, 3, 4]), ([1, 2, 3, 4], [1, 2]),
                                                 ([1, 2, 3, 4, 5], [1, 2, 9, 4, 5]), ([7], [8])]] == [0, 3, 2, 2, 0]
     a = list(range(1000))

@@ -265,6 +265,7 @@ def test_resume_after_sigkill_loses_nothing_and_repeats_nothing(tmp_path, tiny_t
     loop = clean_manifest["decoder"]["serve_loops"][0]
     assert loop["steps"] > 0 and loop["refills"] == clean_manifest["counts"]["assistant_turns"] > n and loop["refill_tokens"] <= loop["refill_padded_tokens"]
     assert loop["decode_s"] > 0 and loop["refill_s"] > 0 and loop["wall_s"] >= loop["decode_s"] + loop["refill_s"] - 1e-3
+    assert loop["resumed_tokens"] > 0     # later turns resumed their conversation's row (the same answers, above)
 
 
 def read_lines(folder: Path) -> list[bytes]:

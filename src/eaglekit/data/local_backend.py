@@ -74,7 +74,8 @@ class LocalBackend:
                 ids = self._ids(conv)
                 budget = self._budget(conv, ids)
                 if budget:
-                    return Request(ids, budget, key=conv, session=id(conv))   # its next turn resumes its row
+                    last = len(conv.answers) + 1 == len(conv.prompt.turns)
+                    return Request(ids, budget, key=conv, session=id(conv), session_ends=last)   # the next turn resumes its row
                 finished.append(conv)          # skipped: no room left in the context
             return None
 

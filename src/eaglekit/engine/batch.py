@@ -46,6 +46,7 @@ from eaglekit.engine.runner import make_target_runner
 from eaglekit.engine.sampling import Sampling, next_token
 from eaglekit.engine.target_fast import fast_unsupported_reason
 from eaglekit.errors import EaglekitError
+from eaglekit.targets.chat import common_prefix
 from eaglekit.targets.load import Target
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ REFILL_MIN = 64           # graphed refills pad prompts to a `bucket` at least t
 LOOP_PERIOD = 64          # --stop-loops: the longest repeated block looked for (data.quality.MAX_PERIOD)
 SPAN_ALIGN = 64           # eager CPU steps attend to the used slots, rounded up to this
 RESUME_SLOTS = 1 << 18    # rows x cached slots one resuming refill reads (64 rows of 4096 slots)
+RESUME_MIN = 16           # cached tokens worth resuming (fewer: a shared header, not the session's history)
 
 
 def check_stop_loops(window: int, slots: int | None = None) -> None:
@@ -82,18 +84,7 @@ class Request:
     max_new_tokens: int
     key: object = None
     session: Hashable | None = None   # a conversation's turns share one: the next resumes in the last one's row
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """The length of the longest common prefix of two token lists (slice compares: C speed)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n                       # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if a[lo:mid] == b[lo:mid] else (lo, mid)
-    return lo
+    session_ends: bool = False        # its session's last request: nothing waits for its row after it
 
 
 def batch_attention(model, max_len: int, runner: str = "auto", attention: str | None = None) -> str | None:
@@ -490,13 +481,14 @@ class BatchDecoder:
         return taken
 
     def _row_for(self, request: Request, free: list[int]) -> tuple[int, Request, int]:
-        """A free row for the request: the one its session's last turn ended in while its cache
-        begins the prompt (resumed: only the rest is prefilled), else the longest free one."""
+        """A free row for the request: the one its session's last turn ended in (resumed where its cache
+        begins the prompt: only the rest is prefilled), else one no session waits for."""
         row, tokens = self.kept.get(request.session, (None, [])) if request.session is not None else (None, [])
         cached = min(common_prefix(tokens, request.ids), len(request.ids) - 1)   # the last token's logits are needed
-        if row is None or cached < 1:
-            row = free[0]
+        if cached < RESUME_MIN:
             cached = 0
+        if row is None:           # a row no session waits for, else the longest free
+            row = next((r for r in free if r not in self.kept_by_row), free[0])
         free.remove(row)
         self._forget(row)
         return row, request, cached
@@ -527,7 +519,7 @@ class BatchDecoder:
         for i, b in enumerate(rows):
             request, end = held[b], int(ends[i])
             ended.append((request, outs[i, :end + 1], looped[i]))
-            if request.session is not None:   # slots 0..end-1 hold the prompt and the answer but its last token
+            if request.session is not None and not request.session_ends:   # slots 0..end-1: the prompt and the answer but its last token
                 self._keep(b, request.session, request.ids + outs[i, len(request.ids):end].tolist())
             held[b] = None
             free.append(b)

@@ -28,6 +28,7 @@ guessing.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from eaglekit.errors import EaglekitError
 
@@ -100,9 +101,9 @@ def answer_text(content: str) -> str:
     return content.split("</think>")[-1].strip()
 
 
-def common_prefix(a: str, b: str) -> int:
-    """Length of the longest common prefix (string compares in C: this runs once per turn on whole
-    conversations, where a character loop in Python cost seconds per thousand conversations)."""
+def common_prefix(a: Sequence, b: Sequence) -> int:
+    """Length of the longest common prefix of two strings or lists (slice compares in C: this runs
+    once per turn on whole conversations, where a loop in Python cost seconds per thousand of them)."""
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
         return n
