@@ -398,32 +398,17 @@ def part_p(args, smol, ids) -> dict:
 
 def profile_decode(args, engine: Engine, ids, steps: int = 32) -> dict:
     """The kernels of `steps` replays of the captured decode step (CUDA graphs are traced kernel by
-    kernel): their count per step, the top ones by time, and the share of the step's wall time they
-    fill (the rest is launch gaps)."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
+    kernel; on a CPU its ops): their count per step, the top ones by time, and the share of the
+    step's wall time they fill (the rest is launch gaps)."""
+    from eaglekit.engine.profile import kernel_profile
 
     engine.generate(ids, 16, speculative=False)                      # compile + capture; leaves a state
-    cuda = torch.device(args.device).type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    sync(args.device)
-    start = time.perf_counter()
-    with profile(activities=activities) as prof:
-        for _ in range(steps):
-            engine.decode()
-        sync(args.device)
-    wall_us = 1e6 * (time.perf_counter() - start) / steps
-    kind = DeviceType.CUDA if cuda else DeviceType.CPU
-    def self_us(e):
-        return getattr(e, "self_device_time_total", 0.0) if cuda else e.self_cpu_time_total
-    kernels = [e for e in prof.key_averages() if e.device_type == kind and self_us(e) > 0]
-    busy_us = sum(self_us(e) for e in kernels) / steps
-    top = sorted(kernels, key=self_us, reverse=True)[:25]
-    return {"steps": steps, "wall_us_per_step": wall_us, "kernel_us_per_step": busy_us,
-            "busy_share": busy_us / wall_us if cuda else None,
-            "kernels_per_step": sum(e.count for e in kernels) / steps,
-            "top": [{"name": e.key[:160], "per_step": e.count / steps, "us_per_step": self_us(e) / steps}
-                    for e in top]}
+    device = torch.device(args.device)
+    pr = kernel_profile(engine.decode, device, calls=steps, top=25, cpu_ops=True)
+    return {"steps": steps, "wall_us_per_step": 1000 * pr["wall_ms"], "kernel_us_per_step": 1000 * pr["busy_ms"],
+            "busy_share": pr["busy_ms"] / pr["wall_ms"] if device.type == "cuda" else None,
+            "kernels_per_step": pr["kernels"],
+            "top": [{"name": k["name"], "per_step": k["per_call"], "us_per_step": k["us_per_call"]} for k in pr["top"]]}
 
 
 def round_up(n: int, to: int = 128) -> int:

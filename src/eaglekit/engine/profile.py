@@ -45,27 +45,33 @@ def kernels_per_call(fn, device: torch.device, calls: int = 8) -> float | None:
     return None if profiled is None else profiled["kernels"]
 
 
-def kernel_profile(fn, device: torch.device, calls: int = 8, top: int = 12) -> dict | None:
+def kernel_profile(fn, device: torch.device, calls: int = 8, top: int = 12, cpu_ops: bool = False) -> dict | None:
     """fn's device kernels per call: their count, their summed time (`busy_ms`; against `wall_ms`,
-    the rest is launch gaps) and the `top` ones by time; None off CUDA."""
+    the rest is launch gaps) and the `top` ones by time. Off CUDA: None, or with `cpu_ops` the same
+    for the CPU's ops (self times, so nested ops are not counted twice)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    if device.type != "cuda":
+    cuda = device.type == "cuda"
+    if not cuda and not cpu_ops:
         return None
     fn()
     _sync(device)
     start = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         for _ in range(calls):
             fn()
         _sync(device)
     wall_ms = 1000 * (time.perf_counter() - start) / calls          # profiled: an upper bound
-    events = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
-    timed = sorted((e for e in events if e.self_device_time_total > 0), key=lambda e: e.self_device_time_total, reverse=True)
+
+    def self_us(e):
+        return e.self_device_time_total if cuda else e.self_cpu_time_total
+
+    events = [e for e in prof.key_averages() if e.device_type == (DeviceType.CUDA if cuda else DeviceType.CPU)]
+    timed = sorted((e for e in events if self_us(e) > 0), key=self_us, reverse=True)
     return {"kernels": sum(e.count for e in events) / calls, "wall_ms": wall_ms,
-            "busy_ms": sum(e.self_device_time_total for e in timed) / calls / 1000,
-            "top": [{"name": e.key[:120], "per_call": e.count / calls, "us_per_call": e.self_device_time_total / calls}
+            "busy_ms": sum(self_us(e) for e in timed) / calls / 1000,
+            "top": [{"name": e.key[:120], "per_call": e.count / calls, "us_per_call": self_us(e) / calls}
                     for e in timed[:top]]}
 
 
