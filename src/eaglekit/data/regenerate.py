@@ -238,10 +238,11 @@ def _finish(out: Path, shards: JsonlShards, identity: dict, config: GenerateConf
         extra["decoder"] = decoder
         for loop in decoder["serve_loops"]:
             log.info("decoder: %d rows x %d slots, %d steps (%s ms each), occupancy %.2f; device seconds: "
-                     "decode %s, refill %s (%d prompt tokens, %d padded), other %s of %s wall",
+                     "decode %s, refill %s (%d prompt tokens, %d padded, %d resumed from the rows' caches), "
+                     "other %s of %s wall",
                      loop["rows"], loop["slots"], loop["steps"], loop.get("step_ms"), loop["occupancy"],
                      loop.get("decode_s", 0), loop.get("refill_s", 0), loop["refill_tokens"],
-                     loop["refill_padded_tokens"], loop["other_s"], loop["wall_s"])
+                     loop["refill_padded_tokens"], loop.get("resumed_tokens", 0), loop["other_s"], loop["wall_s"])
     manifest = write_manifest(out, stage="generate", config=resolved, target=identity["target"],
                               inputs=identity["inputs"], counts=counts, extra=extra)
     loops = (counts["answer_tokens_in_loops"] or 0) / max(counts["answer_tokens_checked_for_loops"], 1)
