@@ -8,6 +8,7 @@ import yaml
 from eaglekit.cli import main
 from eaglekit.errors import EaglekitError
 from eaglekit.pipeline.recipe import apply_override, load_recipe, to_flags
+from eaglekit.pipeline.run import planned_stages
 
 PROMPTS = ["Count from one to ten.", "What is the capital of France?", "Write a function that adds two numbers.",
            "Hello! How can I help you today?", "Solve 12 * 7.", "Tell me about the quick brown fox.",
@@ -50,6 +51,7 @@ def test_run_chains_every_stage_and_resumes(tiny_target_dir, tmp_path, capsys):
     stages = ["target", "prompts", "generate", "features", "train", "export-sglang", "export-vllm",
               "export-eagle", "doctor", "bench"]
     assert list(state["stages"]) == stages
+    assert planned_stages(load_recipe(recipe), out) == stages      # the log's "stage k of N"
     assert all(s["status"] == "done" for s in state["stages"].values())
     for folder in ("prompts", "conversations", "features", "draft", "export/vllm", "doctor", "bench"):
         assert (out / folder / "manifest.json").is_file(), folder

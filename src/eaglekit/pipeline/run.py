@@ -47,6 +47,8 @@ class Pipeline:
         self.out = out
         self.stop_before = stop_before
         self.plan = plan  # a list: collect each stage's command line instead of running it (`eaglekit run --plan`)
+        self.plan_names: list[str] = []   # with `plan`: the stages' names, in order
+        self.planned: list[str] | None = None   # the names of every stage this run will pass, for "stage k of N"
         self.state_path = out / STATE
         self.state = read_json(self.state_path, "pipeline state") \
             if self.state_path.is_file() and plan is None else {"stages": {}}
@@ -63,6 +65,7 @@ class Pipeline:
             raise StopBefore(name)
         if self.plan is not None:
             self.plan.append(shlex.join(command_line(argv, processes)))
+            self.plan_names.append(name)
             return 0
         done = self.state["stages"].get(name)
         if done and done["argv"] == argv and done["status"] == "done":
@@ -70,7 +73,9 @@ class Pipeline:
             return done["exit_code"]
         if done and done["argv"] == argv and resume_flag and resume_marker is not None and resume_marker.exists():
             argv = argv + [resume_flag]
-        log.info("[%s] %s (the run so far: %s)", name, shlex.join(["eaglekit", *argv]),
+        where = f"stage {self.planned.index(name) + 1} of {len(self.planned)}, " \
+            if self.planned and name in self.planned else ""
+        log.info("[%s] %s (%sthe run so far: %s)", name, shlex.join(["eaglekit", *argv]), where,
                  duration(time.time() - self.started))
         self.record(name, argv, "running", None, 0.0)
         start = time.time()
@@ -210,8 +215,20 @@ def plan_pipeline(recipe: dict, out: str | Path | None = None) -> list[str]:
     return pipe.plan
 
 
+def planned_stages(recipe: dict, out: Path) -> list[str] | None:
+    """The names of the stages `recipe` runs, in order; None where the plan needs an earlier stage's
+    output (the scaling slices' step budget comes from the main draft)."""
+    pipe = Pipeline(recipe, out, plan=[])
+    try:
+        run_stages(pipe, recipe, out)
+    except (EaglekitError, OSError):
+        return None
+    return pipe.plan_names
+
+
 def run_locked(recipe: dict, out: Path, stop_before: str | None) -> dict:
     pipe = Pipeline(recipe, out, stop_before)
+    pipe.planned = planned_stages(recipe, out)
     try:
         run_stages(pipe, recipe, out)
     except StopBefore as stop:
