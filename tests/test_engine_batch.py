@@ -297,3 +297,11 @@ def test_eager_cpu_steps_attend_to_the_used_slots_only():
     trimmed, decoder = run(True)
     assert trimmed == run(False)[0] and max(len(t) for t in trimmed) > 128
     assert decoder._span() % 64 == 0 and decoder._span() < decoder.L
+
+
+def test_the_engines_loop_check_looks_for_the_blocks_the_data_check_does():
+    """The engine may not import the data package (a layer above it), so the constant lives twice."""
+    from eaglekit.data.quality import MAX_PERIOD
+    from eaglekit.engine.batch import LOOP_PERIOD
+
+    assert LOOP_PERIOD == MAX_PERIOD

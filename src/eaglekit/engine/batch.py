@@ -39,7 +39,6 @@ from typing import Callable, Hashable, Iterator
 
 import torch
 
-from eaglekit.data.quality import MAX_PERIOD  # --stop-loops looks for the blocks the data check does
 from eaglekit.engine.flex import BLOCK
 from eaglekit.engine.graphs import COMPILE_MODE, Step, compiled
 from eaglekit.engine.kv import Refill
@@ -55,6 +54,8 @@ MAX_STOP_IDS = 8          # stop ids the device compares against (padded with -1
 PREFILL_TOKENS = 16384    # prompt tokens (padding included) per refill forward
 REFILL_KINDS = ("eager", "graphs")
 REFILL_MIN = 64           # graphed refills pad prompts to a `bucket` at least this long
+LOOP_PERIOD = 64          # --stop-loops: the longest repeated block looked for (= data.quality.MAX_PERIOD; the
+                          # engine is a layer below data and may not import it)
 SPAN_ALIGN = 64           # eager CPU steps attend to the used slots, rounded up to this
 RESUME_SLOTS = 1 << 18    # rows x cached slots one resuming refill reads (64 rows of 4096 slots)
 RESUME_MIN = 16           # cached tokens worth resuming (fewer: a shared header, not the session's history)
@@ -188,7 +189,7 @@ class BatchDecoder:
         prefill_tokens: prompt tokens per refill forward (more refills are split into several).
         refill: "eager" forwards or "graphs" (one CUDA graph per bucket of rows x prompt length).
         stop_loops: W > 0 ends a row (finish_reason "loop") once its answer's last W tokens repeat a
-            block of p <= min(W / 2, MAX_PERIOD) tokens (so the block occurs at least 3 times in a
+            block of p <= min(W / 2, LOOP_PERIOD) tokens (so the block occurs at least 3 times in a
             row), checked on the device after every `chunk` steps; 0: answers run to a stop or their limit.
     """
 
@@ -262,7 +263,7 @@ class BatchDecoder:
         """End the live rows whose last W answer tokens repeat a block of p tokens (p <= W / 2):
         out[b, s] == out[b, s - p] for every slot s of the window, all inside the answer."""
         B, W = self.B, self.stop_loops
-        periods = torch.arange(1, min(W // 2, MAX_PERIOD) + 1, device=self.device)             # [P]
+        periods = torch.arange(1, min(W // 2, LOOP_PERIOD) + 1, device=self.device)             # [P]
         window = self.pos.view(B, 1) - W + 1 + torch.arange(W, device=self.device).view(1, W)   # [B, W]
         before = window.view(B, 1, W) - periods.view(1, -1, 1)                                 # [B, P, W]
         now = self.out.gather(1, window.clamp(min=0))
