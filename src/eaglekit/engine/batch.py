@@ -121,7 +121,8 @@ def bucket(n: int) -> int:
     """The least 2^k or 3 * 2^(k-1) >= n (1, 2, 3, 4, 6, 8, 12, 16, 24, ...): a graphed refill's rows
     and prompt length. Powers of two alone padded the recipe's refills 2.3x (8.34M prompt tokens to
     19.40M, docs/results/2026-12-01-h200-late); these steps pad at most 1.5x a dimension, for twice
-    the graphs (each captured in milliseconds: refills are not compiled)."""
+    the graphs. Each is captured on first use (a warm-up run, the capture, a sync): on 2,000 one-turn
+    prompts the extra buckets cost ~2.2 s more than the padding they saved (measured there)."""
     power = 1 << (n - 1).bit_length()
     return power * 3 // 4 if n <= power * 3 // 4 else power
 
