@@ -507,9 +507,9 @@ class BatchDecoder:
         if session is not None:
             del self.kept[session]
 
-    def _ended(self, held: list, free: list[int]) -> list[tuple[Request, list[int]]]:
-        """(request, row tokens up to its last one) of every row that ended since the last look; frees
-        them, and keeps what a session's row holds for its next turn."""
+    def _ended(self, held: list, free: list[int]) -> list[tuple[Request, list[int], bool]]:
+        """(request, answer tokens, looped) of every row that ended since the last look; frees them,
+        and keeps what a session's row holds for its next turn."""
         live = self.live.cpu().tolist()                        # the sync of the round (the GIL is released)
         rows = [b for b in range(self.B) if held[b] is not None and not live[b]]
         if not rows:
@@ -519,17 +519,17 @@ class BatchDecoder:
         outs = self.out[index, :int(ends.max()) + 1].cpu()     # [E, <= L], copied before the next steps run
         ended = []
         for i, b in enumerate(rows):
-            request, end = held[b], int(ends[i])
-            ended.append((request, outs[i, :end + 1], looped[i]))
+            request = held[b]
+            answer = outs[i, len(request.ids):int(ends[i]) + 1].tolist()   # the answer starts at the prompt's length
+            ended.append((request, answer, looped[i]))
             if request.session is not None and not request.session_ends:   # slots 0..end-1: the prompt and the answer but its last token
-                self._keep(b, request.session, request.ids + outs[i, len(request.ids):end].tolist())
+                self._keep(b, request.session, request.ids + answer[:-1])
             held[b] = None
             free.append(b)
         return ended
 
     def _answers(self, ended: list) -> Iterator[tuple[Request, Completion]]:
-        for request, row, looped in ended:
-            tokens = row[len(request.ids):].tolist()           # the answer starts at the prompt's length
+        for request, tokens, looped in ended:
             self.tokens += len(tokens)
             self.loop_stops += looped
             reason = "loop" if looped else "stop" if tokens[-1] in self.stop_set else "length"

@@ -46,8 +46,7 @@ class Pipeline:
         self.recipe = recipe
         self.out = out
         self.stop_before = stop_before
-        self.plan = plan  # a list: collect each stage's command line instead of running it (`eaglekit run --plan`)
-        self.plan_names: list[str] = []   # with `plan`: the stages' names, in order
+        self.plan = plan  # a list: collect each stage's (name, command line) instead of running it (`eaglekit run --plan`)
         self.planned: list[str] | None = None   # the names of every stage this run will pass, for "stage k of N"
         self.state_path = out / STATE
         self.state = read_json(self.state_path, "pipeline state") \
@@ -64,8 +63,7 @@ class Pipeline:
         if name == self.stop_before:
             raise StopBefore(name)
         if self.plan is not None:
-            self.plan.append(shlex.join(command_line(argv, processes)))
-            self.plan_names.append(name)
+            self.plan.append((name, shlex.join(command_line(argv, processes))))
             return 0
         done = self.state["stages"].get(name)
         if done and done["argv"] == argv and done["status"] == "done":
@@ -210,20 +208,23 @@ def run_pipeline(recipe: dict, out: str | Path | None = None, stop_before: str |
 def plan_pipeline(recipe: dict, out: str | Path | None = None) -> list[str]:
     """The command line of every stage of `recipe`, in order, running none (`eaglekit run --plan`)."""
     out = Path(out or recipe.get("out") or Path("runs") / recipe.get("name", "run"))
-    pipe = Pipeline(recipe, out, plan=[])
-    run_stages(pipe, recipe, out)
-    return pipe.plan
+    return [command for _, command in planned(recipe, out)]
 
 
 def planned_stages(recipe: dict, out: Path) -> list[str] | None:
     """The names of the stages `recipe` runs, in order; None where the plan needs an earlier stage's
     output (the scaling slices' step budget comes from the main draft)."""
-    pipe = Pipeline(recipe, out, plan=[])
     try:
-        run_stages(pipe, recipe, out)
+        return [name for name, _ in planned(recipe, out)]
     except (EaglekitError, OSError):
         return None
-    return pipe.plan_names
+
+
+def planned(recipe: dict, out: Path) -> list[tuple[str, str]]:
+    """(name, command line) of every stage of `recipe`, in order, running none."""
+    pipe = Pipeline(recipe, out, plan=[])
+    run_stages(pipe, recipe, out)
+    return pipe.plan
 
 
 def run_locked(recipe: dict, out: Path, stop_before: str | None) -> dict:
