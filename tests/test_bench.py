@@ -29,9 +29,13 @@ def run_bench(tmp_path, target, prompts, draft, *extra):
 
 
 def test_bench_oracle_tree_multi_turn(tmp_path, tiny_target_dir, prompts_file):
-    out, result = run_bench(tmp_path, tiny_target_dir, prompts_file, "oracle",
+    out, result = run_bench(tmp_path, tiny_target_dir, prompts_file, "oracle", "--hf-prompts", "2",
                             "--mode", "tree", "--depth", "3", "--tree-top-k", "2", "--total-tokens", "6")
     s = result["summary"]
+    # HF generate ran on the first two prompts only (three turns), and is compared on those
+    assert [("hf" in r) for r in result["turns"]] == [True, True, True, False]
+    assert s["hf_prompts"] == 2 and s["hf_tok_s"] > 0 and s["baseline_vs_hf"] > 0
+    assert "HF generate, on the first 2 of 3 prompts" in (out / "report.md").read_text()
     for key in ("tau", "speedup", "baseline_tok_s", "spec_tok_s", "hf_tok_s", "per_position_acceptance",
                 "greedy_match", "device", "date", "command", "config"):
         assert key in s

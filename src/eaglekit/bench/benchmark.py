@@ -45,6 +45,7 @@ class BenchConfig:
     limit: int | None = None
     sweep: bool = False
     hf: bool = True
+    hf_prompts: int | None = 8                   # HF generate on the first N prompts only (None: all)
     device: str = "auto"
     dtype: str = "auto"
     runner: str = "auto"
@@ -113,7 +114,7 @@ def benchmark(cfg: BenchConfig, command: str = "") -> dict:
     start = time.time()
     engine, oracle = engine_for(specs[0])
     engines = [engine]
-    turns = run_baselines(engine, target, prompts, max_new_tokens=cfg.max_new_tokens, hf=cfg.hf, seed=cfg.seed,
+    turns = run_baselines(engine, target, prompts, max_new_tokens=cfg.max_new_tokens, hf=cfg.hf, hf_prompts=cfg.hf_prompts, seed=cfg.seed,
                           warmup=cfg.warmup)
     for i, spec in enumerate(specs):
         if i:

@@ -22,6 +22,10 @@ def register(sub) -> None:
     add_engine_args(p)
     p.add_argument("--sweep", action="store_true", help="try several chain lengths and tree shapes; report the fastest")
     p.add_argument("--no-hf", dest="hf", action="store_false", help="skip HF generate")
+    p.add_argument("--hf-prompts", type=int, default=8,
+                   help="HF generate on the first N prompts only (all their turns), compared with plain and "
+                   "speculative decoding on the same prompts; HF runs ~40x slower than the engine, so all of "
+                   "MT-bench would cost minutes (0: all prompts)")
     p.add_argument("--warmup", type=int, default=1, help="untimed warm-up generations per method")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--allow-unfinished", action="store_true",
@@ -45,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = BenchConfig(target=args.target, draft=args.draft, prompts=args.prompts, spec=spec_from(args),
                       sampling=sampling_from(args), max_new_tokens=args.max_new_tokens, limit=args.limit,
-                      sweep=args.sweep, hf=args.hf, device=args.device, dtype=args.dtype, runner=args.runner,
+                      sweep=args.sweep, hf=args.hf, hf_prompts=args.hf_prompts or None, device=args.device, dtype=args.dtype, runner=args.runner,
                       graphs=args.graphs, compile=args.compile, max_len=args.max_len, warmup=args.warmup,
                       seed=args.seed, allow_unfinished=args.allow_unfinished)
     result = benchmark(cfg, command=command_line(args))

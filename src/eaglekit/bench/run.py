@@ -74,8 +74,10 @@ def hf_generate(model, ids: list[int], max_new_tokens: int, stop_ids: list[int])
 
 
 def run_baselines(engine: Engine, target, prompts: list[Prompt], *, max_new_tokens: int, hf: bool,
-                  seed: int | None, warmup: int = 1) -> list[Turn]:
-    """Plain decoding (and HF generate) of every turn; turn k+1 follows the plain turn-k answer."""
+                  seed: int | None, warmup: int = 1, hf_prompts: int | None = None) -> list[Turn]:
+    """Plain decoding of every turn (and HF generate of the first `hf_prompts` prompts' turns: HF is
+    tens of times slower, so a whole benchmark's worth would dominate the run); turn k+1 follows the
+    plain turn-k answer."""
     tokenizer, stops = target.tokenizer, target.stop_token_ids
     first = conversation_ids(tokenizer, prompts[0], [])[0]
     for _ in range(warmup):
@@ -83,17 +85,19 @@ def run_baselines(engine: Engine, target, prompts: list[Prompt], *, max_new_toke
         if hf:
             hf_generate(target.model, first, max_new_tokens, stops)
     turns: list[Turn] = []
-    for prompt in prompts:
+    for n, prompt in enumerate(prompts):
         answers: list[str] = []
+        with_hf = hf and (hf_prompts is None or n < hf_prompts)
         for k in range(len(prompt.turns)):
             ids = conversation_ids(tokenizer, prompt, answers)[k]
             turn = Turn(prompt_id=prompt.id, turn=k, ids=ids,
-                        hf=hf_generate(target.model, ids, max_new_tokens, stops) if hf else None,
+                        hf=hf_generate(target.model, ids, max_new_tokens, stops) if with_hf else None,
                         plain=engine.generate(ids, max_new_tokens, speculative=False, seed=seed))
             turns.append(turn)
             answers.append(answer_text(tokenizer, turn.plain.tokens, set(stops)))
-            log.info("%s turn %d: %d tokens plain %.1f tok/s", prompt.id, k, len(turn.plain.tokens),
-                     len(turn.plain.tokens) / turn.plain.seconds)
+            log.info("%s turn %d: %d tokens plain %.1f tok/s%s", prompt.id, k, len(turn.plain.tokens),
+                     len(turn.plain.tokens) / turn.plain.seconds,
+                     f", HF generate {len(turn.hf.tokens) / turn.hf.seconds:.1f} tok/s" if turn.hf else "")
     return turns
 
 

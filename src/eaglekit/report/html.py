@@ -287,6 +287,9 @@ def speed_section(data: RunData) -> str:
         if s.get("hf_tok_s") is not None:
             groups.append("HF generate")
             values.append(s["hf_tok_s"])
+            if s.get("hf_prompts") and s["hf_prompts"] < s["prompts"]:
+                notes.append(f"HF generate ran on the first {s['hf_prompts']} of {s['prompts']} prompts; "
+                             "its ratios compare the methods on those prompts")
         else:
             notes.append("HF generate: not run (the bench ran with --no-hf)")
         groups += ["plain decoding (eaglekit engine)", f"speculative ({s['spec']})"]
