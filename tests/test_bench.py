@@ -141,15 +141,19 @@ def test_speculation_shape_follows_the_device_unless_given():
     """An unset --mode / --k: a 32-node tree on CUDA, a chain of 3 on a CPU; flags always win."""
     import argparse
 
-    from eaglekit.engine.cli import add_engine_args, spec_from
+    from eaglekit.engine.options import GROUPS, EngineOptions
+    from eaglekit.options import add_options, options_from_args
 
     parser = argparse.ArgumentParser()
-    add_engine_args(parser)
-    assert spec_from(parser.parse_args(["--device", "cpu"])).to_dict() == {"mode": "chain", "k": 3}
-    assert spec_from(parser.parse_args(["--device", "cuda"])).to_dict() == {"mode": "tree", "depth": 6, "top_k": 8,
-                                                                             "total_tokens": 32}
-    assert spec_from(parser.parse_args(["--device", "cpu", "--mode", "tree"])).num_nodes == 32
-    assert spec_from(parser.parse_args(["--device", "cuda", "--mode", "chain"])).k == 5
+    add_options(parser, EngineOptions, GROUPS)
+
+    def spec_from(argv):
+        return options_from_args(EngineOptions, parser.parse_args(argv)).spec_config()
+
+    assert spec_from(["--device", "cpu"]).to_dict() == {"mode": "chain", "k": 3}
+    assert spec_from(["--device", "cuda"]).to_dict() == {"mode": "tree", "depth": 6, "top_k": 8, "total_tokens": 32}
+    assert spec_from(["--device", "cpu", "--mode", "tree"]).num_nodes == 32
+    assert spec_from(["--device", "cuda", "--mode", "chain"]).k == 5
 
 
 def test_top_k_is_sampling_in_every_subcommand_and_the_tree_width_has_its_own_flag(tmp_path, capsys):

@@ -47,3 +47,40 @@ def test_an_option_of_an_unknown_type_needs_a_parser():
 
     with pytest.raises(EaglekitError, match="parse="):
         add_options(argparse.ArgumentParser(), Odd, groups={"g": "g"})
+
+
+def switch_names(cls) -> set[str]:
+    """A dataclass's flags as `add_options` makes them: a True-by-default bool is `--no-NAME`."""
+    out = set()
+    for f in fields(cls):
+        if f.metadata:
+            name = f.name.replace("_", "-")
+            out.add(f"no-{name}" if f.default is True else name)
+    return out
+
+
+def test_bench_and_speculate_flags_are_their_options_fields():
+    from eaglekit.bench.options import BenchOptions
+    from eaglekit.engine.options import EngineOptions, SpeculateOptions
+
+    assert stage_flags(("bench",)) == switch_names(BenchOptions)
+    assert stage_flags(("speculate",)) == switch_names(SpeculateOptions)
+    shared = switch_names(EngineOptions)
+    assert shared <= switch_names(BenchOptions) and shared <= switch_names(SpeculateOptions)
+    assert {"tree-top-k", "top-k", "no-hf", "hf-prompts", "no-graphs"} <= stage_flags(("bench",))
+
+
+def test_bench_options_parse_and_rebuild_their_command_line():
+    """The flags `eaglekit run` rebuilds for the record give back the same options."""
+    from eaglekit.bench.cli import command_line
+    from eaglekit.bench.options import BenchOptions
+    from eaglekit.options import options_from_args
+
+    argv = ["bench", "--draft", "d", "--mode", "chain", "--k", "4", "--no-hf", "--hf-prompts", "3", "--no-graphs",
+            "--device", "cpu", "--limit", "2"]
+    opts = options_from_args(BenchOptions, build_parser().parse_args(argv))
+    assert opts == BenchOptions(draft="d", mode="chain", k=4, hf=False, hf_prompts=3, no_graphs=True, device="cpu",
+                                limit=2)
+    assert (opts.graphs, opts.compile, opts.spec_config().to_dict()) == (False, None, {"mode": "chain", "k": 4})
+    rebuilt = command_line(build_parser().parse_args(argv)).split()[1:]   # without "eaglekit"
+    assert options_from_args(BenchOptions, build_parser().parse_args(rebuilt)) == opts

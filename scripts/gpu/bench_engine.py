@@ -349,13 +349,15 @@ def profile_cycle(args, engine: Engine, ids) -> dict:
 
 def part_d(args) -> dict:
     """A trained draft on --prompts, through `eaglekit bench` (HF generate is part a's number)."""
-    from eaglekit.bench.benchmark import BenchConfig, benchmark
+    from eaglekit.bench.benchmark import benchmark
+    from eaglekit.bench.options import BenchOptions
+    from eaglekit.engine.options import shape_options
 
     results = {}
     for spec in SMOKE_SPECS if args.smoke else (SpecConfig(mode="chain", k=args.k), TREE):
-        cfg = BenchConfig(target=args.target or "smollm2", draft=args.draft, prompts=args.prompts, spec=spec,
-                          max_new_tokens=args.new_tokens, limit=args.limit, hf=False, device=args.device,
-                          dtype=args.dtype, compile=args.compile)
+        cfg = BenchOptions(target=args.target or "smollm2", draft=args.draft, prompts=args.prompts, **shape_options(spec),
+                           max_new_tokens=args.new_tokens, limit=args.limit, hf=False, device=args.device,
+                           dtype=args.dtype, no_compile=args.compile is False)
         res = benchmark(cfg, command=" ".join(sys.argv))
         results[spec.label()] = {k: res["summary"][k] for k in ("tau", "speedup", "baseline_tok_s", "spec_tok_s",
                                                                  "per_position_acceptance", "greedy_match", "turns")}

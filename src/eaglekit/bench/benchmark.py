@@ -11,16 +11,16 @@ from __future__ import annotations
 import logging
 import platform
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from eaglekit.artifacts import MANIFEST, atomic_path, sha256_file, write_json, write_manifest, writer_lock
+from eaglekit.bench.options import BenchOptions
 from eaglekit.bench.prompts import load_bench_prompts
 from eaglekit.bench.report import markdown, plot, summarize, turn_records, verdict
 from eaglekit.bench.run import bracket_plain, conversation_ids, run_baselines, run_speculation
-from eaglekit.engine import DraftRunner, Engine, OracleDrafter, Sampling, SpecConfig, make_target_runner
+from eaglekit.engine import DraftRunner, Engine, OracleDrafter, SpecConfig, make_target_runner
 from eaglekit.formats.detect import FORMAT_LABELS, detect_format
 from eaglekit.formats.load import load_draft_for, random_draft_for, read_draft_folder
 
@@ -34,41 +34,13 @@ SWEEP = (SpecConfig(mode="chain", k=3), SpecConfig(mode="chain", k=5),
          SpecConfig(mode="tree", depth=6, top_k=8, total_tokens=32))
 
 
-@dataclass
-class BenchConfig:
-    target: str
-    draft: str                                   # a draft checkpoint folder, "oracle" or "random"
-    prompts: str | None = None
-    spec: SpecConfig = field(default_factory=SpecConfig)
-    sampling: Sampling = field(default_factory=Sampling)
-    max_new_tokens: int = 256
-    limit: int | None = None
-    sweep: bool = False
-    hf: bool = True
-    hf_prompts: int | None = 8                   # HF generate on the first N prompts only (None: all)
-    device: str = "auto"
-    dtype: str = "auto"
-    runner: str = "auto"
-    graphs: bool | None = None
-    compile: bool | None = None
-    max_len: int | None = None
-    warmup: int = 1
-    seed: int = 0
-    allow_unfinished: bool = False               # bench a draft whose training did not finish (marked so)
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["spec"], d["sampling"] = self.spec.to_dict(), self.sampling.to_dict()
-        return d
-
-
 def device_name(device: str) -> str:
     if device.startswith("cuda"):
         return torch.cuda.get_device_name(torch.device(device))
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
-def cache_slots(cfg: BenchConfig, tokenizer, prompts, specs) -> int:
+def cache_slots(cfg: BenchOptions, tokenizer, prompts, specs) -> int:
     """Enough slots for the longest conversation: every turn's request + answers + draft headroom."""
     if cfg.max_len:
         return cfg.max_len
@@ -81,17 +53,18 @@ def cache_slots(cfg: BenchConfig, tokenizer, prompts, specs) -> int:
     return -(-(longest + headroom) // 128) * 128
 
 
-def benchmark(cfg: BenchConfig, command: str = "") -> dict:
+def benchmark(cfg: BenchOptions, command: str = "") -> dict:
     """Run the benchmark and return the results (see module docstring for the files)."""
     from eaglekit.targets.load import load_target, resolve_device
 
+    spec, sampling = cfg.spec_config(), cfg.sampling()    # bad options fail first
     folder = None
     if cfg.draft not in ("oracle", "random"):  # a wrong path or an unfinished draft fails before the target loads
         folder = read_draft_folder(cfg.draft, allow_unfinished=cfg.allow_unfinished)
     prompts = load_bench_prompts(cfg.prompts, cfg.limit)
     device = resolve_device(cfg.device)
     target = load_target(cfg.target, device=device, dtype=cfg.dtype)
-    specs = list(SWEEP) if cfg.sweep else [cfg.spec]
+    specs = list(SWEEP) if cfg.sweep else [spec]
     draft = None
     if cfg.draft == "random":
         draft = random_draft_for(target.model, device)
@@ -106,15 +79,15 @@ def benchmark(cfg: BenchConfig, command: str = "") -> dict:
         if draft is None:
             drafter = OracleDrafter([], spec=spec, vocab_size=runner.vocab_size, max_len=max_len, device=device)
         else:
-            drafter = DraftRunner(draft, spec=spec, sampling=cfg.sampling, max_len=max_len)
-        engine = Engine(runner, drafter=drafter, spec=spec, sampling=cfg.sampling,
+            drafter = DraftRunner(draft, spec=spec, sampling=sampling, max_len=max_len)
+        engine = Engine(runner, drafter=drafter, spec=spec, sampling=sampling,
                         stop_token_ids=target.stop_token_ids, graphs=cfg.graphs, compile=cfg.compile)
         return engine, (drafter if draft is None else None)
 
     start = time.time()
     engine, oracle = engine_for(specs[0])
     engines = [engine]
-    turns = run_baselines(engine, target, prompts, max_new_tokens=cfg.max_new_tokens, hf=cfg.hf, hf_prompts=cfg.hf_prompts, seed=cfg.seed,
+    turns = run_baselines(engine, target, prompts, max_new_tokens=cfg.max_new_tokens, hf=cfg.hf, hf_prompts=cfg.hf_prompts or None, seed=cfg.seed,
                           warmup=cfg.warmup)
     for i, spec in enumerate(specs):
         if i:
@@ -123,10 +96,10 @@ def benchmark(cfg: BenchConfig, command: str = "") -> dict:
         run_speculation(engine, turns, spec.label(), max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
                         oracle=oracle, warmup=cfg.warmup)
     timing = bracket_plain(engine, turns, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
-    sweep = [{**summarize(turns, spec.label(), spec.max_depth, cfg.sampling.greedy)["summary"], "config": spec.to_dict()}
+    sweep = [{**summarize(turns, spec.label(), spec.max_depth, sampling.greedy)["summary"], "config": spec.to_dict()}
              for spec in specs]
     best = max(range(len(specs)), key=lambda i: sweep[i]["spec_tok_s"])
-    result = summarize(turns, specs[best].label(), specs[best].max_depth, cfg.sampling.greedy)
+    result = summarize(turns, specs[best].label(), specs[best].max_depth, sampling.greedy)
     profile = slow_cycle_profile(engines[best], result["summary"], turns[0].ids, cfg.max_new_tokens)
     result["summary"]["verdict"] = verdict(result["summary"], profile)
     result["cycle_profile"] = profile
@@ -139,8 +112,8 @@ def benchmark(cfg: BenchConfig, command: str = "") -> dict:
     result["summary"]["timing"] = timing
     result["summary"]["draft_format"] = FORMAT_LABELS[detect_format(folder.config)] if folder else cfg.draft
     result["summary"]["unfinished_draft"] = folder.unfinished if folder else None
-    result["config"] = {"target": cfg.target, "draft": cfg.draft, "sampling": "greedy" if cfg.sampling.greedy
-                        else f"T={cfg.sampling.temperature} top_p={cfg.sampling.top_p} top_k={cfg.sampling.top_k}",
+    result["config"] = {"target": cfg.target, "draft": cfg.draft, "sampling": "greedy" if sampling.greedy
+                        else f"T={sampling.temperature} top_p={sampling.top_p} top_k={sampling.top_k}",
                         "max_new_tokens": cfg.max_new_tokens}
     if cfg.sweep:
         result["sweep"] = sweep
@@ -163,14 +136,14 @@ def runner_dtype(runner) -> torch.dtype:
     return next(runner.parameters()).dtype
 
 
-def write_outputs(result: dict, cfg: BenchConfig, out: str | Path, json_path: str | None = None) -> dict:
+def write_outputs(result: dict, cfg: BenchOptions, out: str | Path, json_path: str | None = None) -> dict:
     """Write results.json, report.md, acceptance.png and manifest.json (last) into `out`, holding its writer lock."""
     with writer_lock(out, stage="bench"):
         (Path(out) / MANIFEST).unlink(missing_ok=True)  # an earlier run's manifest must not vouch for these files
         return _write_outputs(result, cfg, Path(out), json_path)
 
 
-def _write_outputs(result: dict, cfg: BenchConfig, out: Path, json_path: str | None) -> dict:
+def _write_outputs(result: dict, cfg: BenchOptions, out: Path, json_path: str | None) -> dict:
     why_no_plot = plot(result, out / "acceptance.png")
     if why_no_plot:
         log.warning(why_no_plot)

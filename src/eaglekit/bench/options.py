@@ -1,0 +1,38 @@
+"""`eaglekit bench`'s options, declared once (`eaglekit.options`): the engine's (speculation shape,
+sampling, runtime: `eaglekit.engine.options`) and bench's own. Its flags, the recipe keys of the
+`bench` section and the benchmark's config are all these fields. No torch here."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from eaglekit.engine.options import GROUPS, EngineOptions
+from eaglekit.options import option
+
+__all__ = ["GROUPS", "BenchOptions"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchOptions(EngineOptions):
+    target: str = option("smollm2", "smollm2, an HF model folder or a .gguf file", group="main")
+    draft: str = option(help="a draft folder (eaglekit, SGLang, speculators or EAGLE), `oracle` (replays the target's "
+                             "greedy answer: engine overhead) or `random` (random weights: draft cost, no acceptance)",
+                        group="main", required=True)
+    prompts: str | None = option(None, "JSONL ({id, turns} / {messages} / {prompt}) or an `eaglekit prompts` folder "
+                                       "(default: a small built-in set)", group="main")
+    limit: int | None = option(None, "only the first N prompts", group="main")
+    sweep: bool = option(False, "try several chain lengths and tree shapes; report the fastest", group="main")
+    hf: bool = option(True, "skip HF generate", group="main")
+    hf_prompts: int = option(8, "HF generate on the first N prompts only (all their turns), compared with plain and "
+                                "speculative decoding on the same prompts; HF runs ~40x slower than the engine, so all "
+                                "of MT-bench would cost minutes (0: all prompts)", group="main")
+    warmup: int = option(1, "untimed warm-up generations per method", group="main")
+    seed: int = option(0, "seed of the sampling", group="main")
+    allow_unfinished: bool = option(False, "bench a draft whose training did not finish (refused otherwise; the "
+                                           "results say so)", group="main")
+    json: str | None = option(None, "also write the results JSON here", group="main")
+    out: str = option("runs/bench", "output folder (results.json, report.md, plot, manifest)", group="main")
+
+    def to_dict(self) -> dict:
+        """The options as given, with the speculation shape and sampling they resolve to."""
+        return {**asdict(self), "spec": self.spec_config().to_dict(), "sampling": self.sampling().to_dict()}
