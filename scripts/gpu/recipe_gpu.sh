@@ -12,7 +12,7 @@
 #   3. eaglekit bench tree on prompts the recipe never saw or tuned on (HumanEval + Alpaca, 20 each);
 #   4. bench_generate.py: the engine's batch decoder beside HF generate at the same batch.
 # Env: W (work folder, /root/work), GPUS (1), TRAIN_S (train.time-budget-s), LIMIT (MT-bench prompts),
-# REFILL (generate.refill: eager or graphs).
+# REFILL (generate.refill: graphs, the recipe's, or eager).
 set -u
 VERB=${1:?start or wait}
 W=${W:-/root/work}
@@ -34,14 +34,14 @@ session() {
   recipe() {  # the recipe with this session's overrides, plus any given
     python3 -m eaglekit run --recipe smollm2-h200 --out "$RUN" gpus="${GPUS:-1}" target="$t" \
       "prompts.source=[$full$w]" "train.time-budget-s=${TRAIN_S:-480}" train.no-progress=true \
-      "bench.prompts=$eval/mt_bench.jsonl" "bench.limit=${LIMIT:-40}" "generate.refill=${REFILL:-eager}" "$@" 2>&1 | quiet >> "$LOG"
+      "bench.prompts=$eval/mt_bench.jsonl" "bench.limit=${LIMIT:-40}" "generate.refill=${REFILL:-graphs}" "$@" 2>&1 | quiet >> "$LOG"
     return "${PIPESTATUS[0]}"
   }
   t0=$(date +%s); stamp "pipeline starts"
   recipe
   local code=$?
   stamp "pipeline exit $code after $(( $(date +%s) - t0 )) s"
-  if [[ $code != 0 ]] && grep -q "stage generate failed" "$LOG" && [[ ${REFILL:-eager} != eager ]]; then
+  if [[ $code != 0 ]] && grep -q "stage generate failed" "$LOG" && [[ ${REFILL:-graphs} != eager ]]; then
     stamp "generate failed: the pipeline again with generate.refill=eager (said so in the results)"
     REFILL=eager recipe
     code=$?
