@@ -1,6 +1,9 @@
 """`eaglekit run` end to end on a tiny target: every stage, one folder, resumable."""
 
 import json
+import logging
+import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -8,7 +11,7 @@ import yaml
 from eaglekit.cli import main
 from eaglekit.errors import EaglekitError
 from eaglekit.pipeline.recipe import apply_override, load_recipe, to_flags
-from eaglekit.pipeline.run import planned_stages
+from eaglekit.pipeline.run import PlannedStage, StageTime, TimeLeft, known_stage_time, planned_stages, run_time_left
 
 PROMPTS = ["Count from one to ten.", "What is the capital of France?", "Write a function that adds two numbers.",
            "Hello! How can I help you today?", "Solve 12 * 7.", "Tell me about the quick brown fox.",
@@ -34,7 +37,8 @@ def tiny_recipe(tmp_path, target) -> str:
     return str(path)
 
 
-def test_run_chains_every_stage_and_resumes(tiny_target_dir, tmp_path, capsys):
+def test_run_chains_every_stage_and_resumes(tiny_target_dir, tmp_path, capsys, caplog):
+    caplog.set_level(logging.INFO)
     recipe, out = tiny_recipe(tmp_path, tiny_target_dir), tmp_path / "run"
     # --stop-before runs the data stages only; the full run then goes on from there.
     assert main(["run", "--recipe", recipe, "--out", str(out), "--stop-before", "train"]) == 0
@@ -52,6 +56,7 @@ def test_run_chains_every_stage_and_resumes(tiny_target_dir, tmp_path, capsys):
               "export-eagle", "doctor", "bench"]
     assert list(state["stages"]) == stages
     assert planned_stages(load_recipe(recipe), out) == stages      # the log's "stage k of N"
+    assert "[bench] time left for the run not known yet: bench" in caplog.text   # nothing times a bench
     assert all(s["status"] == "done" for s in state["stages"].values())
     for folder in ("prompts", "conversations", "features", "draft", "export/vllm", "doctor", "bench"):
         assert (out / folder / "manifest.json").is_file(), folder
@@ -144,3 +149,69 @@ def test_builtin_recipes_parse_and_unknown_ones_are_refused(tmp_path):
     bad.write_text("trian: {epochs: 1}\n")
     with pytest.raises(EaglekitError, match="unknown sections"):
         load_recipe(str(bad))
+
+
+def test_time_left_is_about_only_when_every_stage_is_timed():
+    assert run_time_left([("train", StageTime(200)), ("bench", StageTime(70))]).text() == \
+        "about 4m30s left for the run"
+    # A time budget is a floor (start-up comes on top); a stage nothing times makes the sum a floor too.
+    assert run_time_left([("train", StageTime(480, floor=True))]).text() == "at least 8m00s left for the run"
+    left = run_time_left([("generate", None), ("train", StageTime(480, floor=True)), ("bench", None)],
+                         "the scaling slices (planned once train is done)")
+    assert left == TimeLeft(480, True, ("generate", "bench", "the scaling slices (planned once train is done)"))
+    assert left.text() == ("at least 8m00s left for the run; not known yet: generate, bench, "
+                           "the scaling slices (planned once train is done)")
+    assert run_time_left([("generate", None), ("features", None)]).text() == \
+        "time left for the run not known yet: generate, features"
+
+
+def test_known_stage_times_come_from_a_budget_or_a_like_stage_that_ran(tmp_path):
+    train = PlannedStage("train", ["train", "--time-budget-s", "480", "--out", "d"])
+    assert known_stage_time(train, {"stages": {}}, tmp_path) == StageTime(480, floor=True)
+    slice_train = PlannedStage("scaling-0.5-train", ["train", "--max-steps", "100", "--out", "s"])
+    slice_bench = PlannedStage("scaling-0.5-bench", ["bench", "--out", "b"])
+    empty = {"stages": {}}
+    assert known_stage_time(slice_train, empty, tmp_path) is None and known_stage_time(slice_bench, empty, tmp_path) is None
+    (tmp_path / "draft").mkdir()
+    (tmp_path / "draft" / "manifest.json").write_text(json.dumps({"steps": {"done": 400}}))
+    state = {"stages": {"train": {"status": "done", "seconds": 600.0}, "bench": {"status": "done", "seconds": 90.0}}}
+    assert known_stage_time(slice_train, state, tmp_path) == StageTime(150.0)   # 1.5 s a step, 100 steps
+    assert known_stage_time(slice_bench, state, tmp_path) == StageTime(90.0)
+    state["stages"]["train"]["resumed"] = True    # its seconds are only the part after the resume
+    assert known_stage_time(slice_train, state, tmp_path) is None
+    assert known_stage_time(PlannedStage("doctor", ["doctor"]), state, tmp_path) is None
+
+
+def test_run_logs_its_time_left_at_each_stage_and_in_progress_lines(tmp_path, monkeypatch, caplog):
+    """Stages faked: each start says the run's time left, a stage's progress lines too, and the
+    scaling slices (unplanned until the main draft's steps are known) are named as not known yet."""
+    from eaglekit.pipeline import run as pipeline_run
+    from eaglekit.progress import Progress
+
+    def fake_stage(argv, processes=1):
+        if argv[0] == "generate":
+            Progress(4, desc="generate", unit="prompt", every_s=0, bar=False).update(2)
+        if argv[0] == "train" and "--train-fraction" not in argv:
+            draft = Path(argv[argv.index("--out") + 1])
+            draft.mkdir(parents=True)
+            (draft / "manifest.json").write_text(json.dumps({"steps": {"done": 10}}))
+        return 0
+
+    monkeypatch.setattr(pipeline_run, "run_eaglekit", fake_stage)
+    recipe = {"target": "T", "prepare": False, "prompts": {"source": ["p.jsonl"]}, "train": {"time-budget-s": 600},
+              "export": {"formats": ["vllm"]}, "bench": {"k": 2}, "scaling": {"fractions": [0.5, 1.0]}}
+    caplog.set_level(logging.INFO)
+    pipe = pipeline_run.Pipeline(recipe, tmp_path)
+    pipe.whole_plan, pipe.plan_is_whole = pipeline_run.plan_so_far(recipe, tmp_path)
+    assert not pipe.plan_is_whole
+    pipeline_run.run_stages(pipe, recipe, tmp_path)
+    lines = [r.getMessage() for r in caplog.records]
+    at_start = {m.group(1): m.group(2) for m in (re.match(r"\[(\S+)\] (.*for the run.*)", line) for line in lines) if m}
+    assert at_start["prompts"] == ("at least 10m00s left for the run; not known yet: prompts, generate, features, "
+                                   "export-vllm, doctor, bench, the scaling slices (planned once train is done)")
+    progress = next(line for line in lines if line.startswith("generate: 2/4 prompts"))
+    assert re.search(r" left \| at least 10m00s left for the run; not known yet: features, export-vllm", progress)
+    assert at_start["train"].startswith("at least 10m00s left for the run; not known yet: export-vllm, doctor")
+    # once the main draft is done the slices are planned: their trainings are timed by its seconds a step
+    assert "scaling-0.5-train" not in at_start["export-vllm"] and "scaling-0.5-bench" in at_start["export-vllm"]
+    assert at_start["scaling-1-bench"].startswith("about ")     # the main bench's time times it

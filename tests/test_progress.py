@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from eaglekit.progress import Progress, duration
+from eaglekit.progress import Progress, duration, run_outlook
 
 
 def test_duration_reads_like_a_clock():
@@ -41,3 +41,17 @@ def test_unknown_total_has_no_time_left(caplog):
     p = Progress(None, desc="capture", unit="shard", every_s=0, bar=False)
     p.update(3)
     assert caplog.records[-1].getMessage().startswith("capture: 3 shards, ") and "left" not in caplog.records[-1].getMessage()
+
+
+def test_lines_inside_a_run_also_say_the_runs_time_left(caplog, monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr("eaglekit.progress.time.perf_counter", lambda: now[0])
+    caplog.set_level(logging.INFO, logger="eaglekit.progress")
+    seen = []
+    with run_outlook(lambda left: seen.append(left) or "at least 9m left for the run"):
+        p = Progress(10, desc="train", unit="step", every_s=0, bar=False)
+        now[0] += 10
+        p.update(5)
+    assert caplog.records[-1].getMessage().endswith("10s left | at least 9m left for the run") and seen == [10.0]
+    p.update(1)                                      # outside `eaglekit run` (the block closed): no run tail
+    assert "|" not in caplog.records[-1].getMessage()

@@ -5,15 +5,34 @@ rate and the time left, so that no stage is silent for minutes.
     progress = Progress(total=len(plan), done=len(finished), desc="capture", unit="shard")
     progress.update(1, tok_s="12,000")
     progress.close()
+
+Inside `eaglekit run` each line also says the whole run's time left (`run_outlook`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
+from collections.abc import Callable, Iterator
 
 log = logging.getLogger("eaglekit.progress")
+
+# Set by `eaglekit run` while a stage runs in its process: from the stage's own seconds left (None: not
+# known yet) to the run's outlook, so a periodic line also tells the run's time left, not only the stage's.
+_run_outlook: Callable[[float | None], str] | None = None
+
+
+@contextlib.contextmanager
+def run_outlook(outlook: Callable[[float | None], str]) -> Iterator[None]:
+    """Within it, every periodic progress line ends with ' | ' + outlook(its job's seconds left)."""
+    global _run_outlook
+    earlier, _run_outlook = _run_outlook, outlook
+    try:
+        yield
+    finally:
+        _run_outlook = earlier
 
 
 def duration(seconds: float) -> str:
@@ -75,7 +94,7 @@ class Progress:
         now = time.perf_counter()
         if now - self.last_line >= self.every_s:
             self.last_line = now
-            log.info("%s", self.line())
+            log.info("%s%s", self.line(), self.run_tail())
 
     def line(self) -> str:
         """'generate: 10240/42201 prompts (24 %), 28.3 prompts/s, tok/s 8,620, 18m49s left'."""
@@ -85,6 +104,10 @@ class Progress:
         left = self.seconds_left()
         tail = f", {duration(left)} left" if left is not None else ""
         return f"{self.desc}: {self.done}{of}, {self.rate():.3g} {self.unit}s/s{extra}{tail}"
+
+    def run_tail(self) -> str:
+        """' | run: ...' inside `eaglekit run` (see run_outlook), else ''."""
+        return f" | {_run_outlook(self.seconds_left())}" if _run_outlook is not None else ""
 
     def set_total(self, total: int) -> None:
         self.total = total

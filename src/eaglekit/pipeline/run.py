@@ -28,26 +28,42 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from eaglekit.artifacts import read_json, write_json, writer_lock
 from eaglekit.errors import EaglekitError
 from eaglekit.pipeline.recipe import to_flags
 from eaglekit.pipeline.scaling import run_scaling, scaling_plan, scaling_summary
-from eaglekit.progress import duration
+from eaglekit.progress import duration, run_outlook
 from eaglekit.report.html import write_report
 
 log = logging.getLogger(__name__)
 STATE = "pipeline.json"
 
 
+class PlannedStage(NamedTuple):
+    name: str
+    argv: list[str]
+    processes: int = 1
+
+    def command(self) -> str:
+        return shlex.join(command_line(self.argv, self.processes))
+
+
 class Pipeline:
-    def __init__(self, recipe: dict, out: Path, stop_before: str | None = None, plan: list[str] | None = None):
+    def __init__(self, recipe: dict, out: Path, stop_before: str | None = None,
+                 plan: list[PlannedStage] | None = None):
         self.recipe = recipe
         self.out = out
         self.stop_before = stop_before
-        self.plan = plan  # a list: collect each stage's (name, command line) instead of running it (`eaglekit run --plan`)
+        self.plan = plan  # a list: collect each stage instead of running it (`eaglekit run --plan`)
         self.planned: list[str] | None = None   # the names of every stage this run will pass, for "stage k of N"
+        self.whole_plan: list[PlannedStage] = []  # the stages as planned, for the run's time left
+        self.plan_is_whole = True                # False: the plan stopped at a stage that needs an earlier output
+        self.ahead: list[tuple[str, StageTime | None]] = []   # the stages after the running one, each's known time
         self.state_path = out / STATE
         self.state = read_json(self.state_path, "pipeline state") \
             if self.state_path.is_file() and plan is None else {"stages": {}}
@@ -63,33 +79,163 @@ class Pipeline:
         if name == self.stop_before:
             raise StopBefore(name)
         if self.plan is not None:
-            self.plan.append((name, shlex.join(command_line(argv, processes))))
+            self.plan.append(PlannedStage(name, argv, processes))
             return 0
         done = self.state["stages"].get(name)
-        if done and done["argv"] == argv and done["status"] == "done":
+        if finished(self.state, name, argv):
             log.info("[%s] done earlier, skipped (%s)", name, shlex.join(["eaglekit", *argv]))
             return done["exit_code"]
-        if done and done["argv"] == argv and resume_flag and resume_marker is not None and resume_marker.exists():
+        resumed = bool(done and done["argv"] == argv and resume_flag and resume_marker is not None
+                       and resume_marker.exists())
+        if resumed:
             argv = argv + [resume_flag]
         where = f"stage {self.planned.index(name) + 1} of {len(self.planned)}, " \
             if self.planned and name in self.planned else ""
         log.info("[%s] %s (%sthe run so far: %s)", name, shlex.join(["eaglekit", *argv]), where,
                  duration(time.time() - self.started))
+        self.look_ahead(name)
+        log.info("[%s] %s", name, self.time_left(name, None).text())
         self.record(name, argv, "running", None, 0.0)
         start = time.time()
-        code = run_eaglekit(argv, processes)
+        # A stage in this process adds the run's time left to its progress lines (torchrun's cannot).
+        with run_outlook(lambda left: self.time_left(name, None if left is None else StageTime(left)).text()):
+            code = run_eaglekit(argv, processes)
         release_device_memory()
         seconds = round(time.time() - start, 1)
         if code not in ok_codes:
             self.record(name, argv, "failed", code, seconds)
             raise EaglekitError(f"stage {name} failed (exit {code}): {shlex.join(['eaglekit', *argv])}",
                                 hint="fix the cause and rerun `eaglekit run`; finished stages are skipped")
-        self.record(name, argv[:-1] if argv[-1:] == [resume_flag] else argv, "done", code, seconds)
+        self.record(name, argv[:-1] if resumed else argv, "done", code, seconds, resumed=resumed)
         return code
 
-    def record(self, name: str, argv: list[str], status: str, code: int | None, seconds: float) -> None:
-        self.state["stages"][name] = {"argv": argv, "status": status, "exit_code": code, "seconds": seconds}
+    def record(self, name: str, argv: list[str], status: str, code: int | None, seconds: float,
+               resumed: bool = False) -> None:
+        """`resumed`: the seconds cover only the part after the resume (no measure of the whole stage)."""
+        self.state["stages"][name] = {"argv": argv, "status": status, "exit_code": code, "seconds": seconds,
+                                      "resumed": resumed}
         write_json(self.state_path, self.state)
+
+    def look_ahead(self, name: str) -> None:
+        """At a stage's start: the stages after it that will run, and what each is known to take."""
+        if not self.plan_is_whole:   # the stage it stopped at may be plannable now (the main draft is done)
+            self.whole_plan, self.plan_is_whole = plan_so_far(self.recipe, self.out)
+        names = [s.name for s in self.whole_plan]
+        after = self.whole_plan[names.index(name) + 1:] if name in names else []
+        after = [s for s in until_stop(after, self.stop_before) if not finished(self.state, s.name, s.argv)]
+        self.ahead = [(s.name, known_stage_time(s, self.state, self.out)) for s in after]
+
+    def time_left(self, name: str, own: StageTime | None) -> TimeLeft:
+        """The run's time left while `name` runs: its own (`own`, else what is known of it) and the rest."""
+        own = own or known_stage_time(self.stage_planned(name), self.state, self.out)
+        unplanned = "the scaling slices (planned once train is done)" if self.runs_unplanned_stages() else None
+        return run_time_left([(name, own), *self.ahead], unplanned)
+
+    def stage_planned(self, name: str) -> PlannedStage | None:
+        return next((s for s in self.whole_plan if s.name == name), None)
+
+    def runs_unplanned_stages(self) -> bool:
+        """The plan stopped short (at scaling, the only stage whose plan needs an earlier output) and
+        --stop-before does not stop the run before that point."""
+        if self.plan_is_whole:
+            return False
+        return not self.stop_before or (self.stop_before != "scaling"
+                                        and self.stop_before not in {s.name for s in self.whole_plan})
+
+
+def finished(state: dict, name: str, argv: list[str]) -> bool:
+    """Recorded as done with this exact command: the stage is skipped."""
+    done = state["stages"].get(name)
+    return bool(done) and done["argv"] == argv and done["status"] == "done"
+
+
+def until_stop(stages: list[PlannedStage], stop_before: str | None) -> list[PlannedStage]:
+    """The stages before `stop_before` (`scaling` stops before every scaling-* stage)."""
+    for i, s in enumerate(stages):
+        if stop_before and (s.name == stop_before or s.name.startswith(f"{stop_before}-")):
+            return stages[:i]
+    return stages
+
+
+# ---- the run's time left --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StageTime:
+    """What a stage will take, in seconds; `floor`: at least that (a time budget: start-up comes on top)."""
+    seconds: float
+    floor: bool = False
+
+
+@dataclass(frozen=True)
+class TimeLeft:
+    """The run's time left: the sum of what is known, and the stages nothing tells the time of yet
+    (then the sum is only a floor, and says so)."""
+    seconds: float
+    floor: bool
+    unknown: tuple[str, ...]
+
+    def text(self) -> str:
+        """'about 3m10s left for the run', or 'at least 8m00s ...; not known yet: doctor, bench'."""
+        if self.unknown and self.seconds <= 0:
+            return f"time left for the run not known yet: {', '.join(self.unknown)}"
+        left = f"{'at least' if self.floor or self.unknown else 'about'} {duration(self.seconds)} left for the run"
+        return f"{left}; not known yet: {', '.join(self.unknown)}" if self.unknown else left
+
+
+def run_time_left(stages: Sequence[tuple[str, StageTime | None]], unplanned: str | None = None) -> TimeLeft:
+    """The stages still to run (name, known time or None), the running one first; `unplanned`: the
+    stages the plan cannot name yet, in words (their time is not known either)."""
+    known = [t for _, t in stages if t is not None]
+    unknown = tuple(name for name, t in stages if t is None) + ((unplanned,) if unplanned else ())
+    return TimeLeft(sum(t.seconds for t in known), any(t.floor for t in known), unknown)
+
+
+def known_stage_time(stage: PlannedStage | None, state: dict, out: Path) -> StageTime | None:
+    """What a stage that has not reported progress will take, where something says it: its own time
+    budget (train's --time-budget-s), or a stage like it that ran (a scaling slice's training: the main
+    draft's seconds a step times its steps; a slice's bench: the main bench's seconds). Else None."""
+    if stage is None:
+        return None
+    budget = flag_value(stage.argv, "--time-budget-s")
+    if budget is not None:
+        return StageTime(budget, floor=True)
+    if stage.name.startswith("scaling-") and stage.name.endswith("-train"):
+        steps = flag_value(stage.argv, "--max-steps")
+        per_step = main_draft_step_seconds(state, out)
+        return StageTime(per_step * steps) if steps is not None and per_step is not None else None
+    if stage.name.startswith("scaling-") and stage.name.endswith("-bench"):
+        return measured_stage_time(state, "bench")
+    return None
+
+
+def flag_value(argv: list[str], flag: str) -> float | None:
+    """The number after `flag` in a stage's command line, None without it (or not a number: the
+    stage's own parser says so when it runs)."""
+    if flag not in argv[:-1]:
+        return None
+    try:
+        return float(argv[argv.index(flag) + 1])
+    except ValueError:
+        return None
+
+
+def measured_stage_time(state: dict, name: str) -> StageTime | None:
+    """A finished stage's seconds, where they measured it whole (not only the part after a resume)."""
+    done = state["stages"].get(name) or {}
+    if done.get("status") != "done" or done.get("resumed"):
+        return None
+    return StageTime(float(done["seconds"]))
+
+
+def main_draft_step_seconds(state: dict, out: Path) -> float | None:
+    """Seconds an optimizer step of the main draft's training took, start-up included (None: not measured)."""
+    train = measured_stage_time(state, "train")
+    manifest = out / "draft" / "manifest.json"
+    if train is None or not manifest.is_file():
+        return None
+    steps = (read_json(manifest, "draft manifest").get("steps") or {}).get("done")
+    return train.seconds / steps if steps else None
 
 
 STAGES = ("target", "prompts", "synthesize", "generate", "features", "val-prompts", "val-generate", "val-features",
@@ -208,28 +354,40 @@ def run_pipeline(recipe: dict, out: str | Path | None = None, stop_before: str |
 def plan_pipeline(recipe: dict, out: str | Path | None = None) -> list[str]:
     """The command line of every stage of `recipe`, in order, running none (`eaglekit run --plan`)."""
     out = Path(out or recipe.get("out") or Path("runs") / recipe.get("name", "run"))
-    return [command for _, command in planned(recipe, out)]
+    return [stage.command() for stage in planned(recipe, out)]
 
 
 def planned_stages(recipe: dict, out: Path) -> list[str] | None:
     """The names of the stages `recipe` runs, in order; None where the plan needs an earlier stage's
     output (the scaling slices' step budget comes from the main draft)."""
     try:
-        return [name for name, _ in planned(recipe, out)]
+        return [stage.name for stage in planned(recipe, out)]
     except (EaglekitError, OSError):
         return None
 
 
-def planned(recipe: dict, out: Path) -> list[tuple[str, str]]:
-    """(name, command line) of every stage of `recipe`, in order, running none."""
+def planned(recipe: dict, out: Path) -> list[PlannedStage]:
+    """Every stage of `recipe`, in order, running none."""
     pipe = Pipeline(recipe, out, plan=[])
     run_stages(pipe, recipe, out)
     return pipe.plan
 
 
+def plan_so_far(recipe: dict, out: Path) -> tuple[list[PlannedStage], bool]:
+    """The stages of `recipe` that can be planned now, and whether that is all of them (False where
+    a stage's plan needs an earlier stage's output: the scaling slices' steps come from the main draft)."""
+    pipe = Pipeline(recipe, out, plan=[])
+    try:
+        run_stages(pipe, recipe, out)
+    except (EaglekitError, OSError):
+        return pipe.plan, False
+    return pipe.plan, True
+
+
 def run_locked(recipe: dict, out: Path, stop_before: str | None) -> dict:
     pipe = Pipeline(recipe, out, stop_before)
-    pipe.planned = planned_stages(recipe, out)
+    pipe.whole_plan, pipe.plan_is_whole = plan_so_far(recipe, out)   # one pass: it may write scaling's summary
+    pipe.planned = [stage.name for stage in pipe.whole_plan] if pipe.plan_is_whole else None
     try:
         run_stages(pipe, recipe, out)
     except StopBefore as stop:
