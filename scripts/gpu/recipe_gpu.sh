@@ -5,6 +5,7 @@
 # After setup.sh, from the repo root:
 #   bash scripts/gpu/recipe_gpu.sh start PROMPTS_DIR EVAL_DIR   # launch the session, return at once
 #   bash scripts/gpu/recipe_gpu.sh wait SECONDS                 # follow it; pack what exists into $OUT
+#   bash scripts/gpu/recipe_gpu.sh bench DRAFT_DIR EVAL_DIR     # steps 1's bench stage, 2 and 3 for an earlier draft
 # The session, in order (each step timed in $W/session.log):
 #   1. eaglekit run --recipe smollm2-h200 on every prompt file of PROMPTS_DIR (weights below), bench
 #      stage on MT-bench (EVAL_DIR/mt_bench.jsonl), tree d6/k8/32;
@@ -21,6 +22,35 @@ LOG=$W/session.log
 mkdir -p "$W"
 stamp() { echo "[recipe_gpu $(date +%H:%M:%S)] $*" >> "$LOG"; }
 quiet() { grep --line-buffered -v "it/s\]\|s/it\]\|s/it$\|it/s$" ; }
+
+bench_tree() {  # what the recipe's bench stage measures, for a draft trained earlier (HF generate on 8 prompts)
+  local draft=$1 eval=$2 t0
+  t0=$(date +%s)
+  python3 -m eaglekit bench --target "$EAGLEKIT_SMOLLM2_DIR" --draft "$draft" --prompts "$eval/mt_bench.jsonl" \
+    --limit "${LIMIT:-40}" --max-new-tokens 256 --mode tree --depth 6 --tree-top-k 8 --total-tokens 32 \
+    --out "$W/bench-tree" 2>&1 | quiet | tail -30 >> "$LOG"
+  stamp "bench tree (MT-bench) done after $(( $(date +%s) - t0 )) s"
+}
+
+benches() {  # the draft on MT-bench as a chain of 5, then as a tree on prompts the recipe never saw
+  local draft=$1 eval=$2 t=$EAGLEKIT_SMOLLM2_DIR t0
+  t0=$(date +%s)
+  python3 -m eaglekit bench --target "$t" --draft "$draft" --prompts "$eval/mt_bench.jsonl" --limit "${LIMIT:-40}" \
+    --max-new-tokens 256 --no-hf --mode chain --k 5 --out "$W/bench-chain" 2>&1 | quiet | tail -30 >> "$LOG"
+  stamp "bench chain 5 done after $(( $(date +%s) - t0 )) s"
+  t0=$(date +%s)
+  python3 - "$eval" "$W/heldout.jsonl" <<'PY'
+import itertools, json, sys
+from pathlib import Path
+ev, out = Path(sys.argv[1]), Path(sys.argv[2])
+lines = [l for name in ("humaneval.jsonl", "alpaca.jsonl") for l in itertools.islice(open(ev / name), 20)]
+out.write_text("".join(lines))
+PY
+  python3 -m eaglekit bench --target "$t" --draft "$draft" --prompts "$W/heldout.jsonl" \
+    --max-new-tokens 256 --no-hf --mode tree --depth 6 --tree-top-k 8 --total-tokens 32 --out "$W/bench-heldout" \
+    2>&1 | quiet | tail -30 >> "$LOG"
+  stamp "bench held-out tree done after $(( $(date +%s) - t0 )) s"
+}
 
 session() {
   local prompts=$1 eval=$2 t=$EAGLEKIT_SMOLLM2_DIR t0
@@ -52,22 +82,7 @@ session() {
     REFILL=eager recipe generate.attention=sdpa
     stamp "pipeline (sdpa) exit $? after $(( $(date +%s) - t0 )) s"
   fi
-  t0=$(date +%s)
-  python3 -m eaglekit bench --target "$t" --draft "$RUN/draft" --prompts "$eval/mt_bench.jsonl" --limit "${LIMIT:-40}" \
-    --max-new-tokens 256 --no-hf --mode chain --k 5 --out "$W/bench-chain" 2>&1 | quiet | tail -30 >> "$LOG"
-  stamp "bench chain 5 done after $(( $(date +%s) - t0 )) s"
-  t0=$(date +%s)
-  python3 - "$eval" "$W/heldout.jsonl" <<'PY'
-import itertools, json, sys
-from pathlib import Path
-ev, out = Path(sys.argv[1]), Path(sys.argv[2])
-lines = [l for name in ("humaneval.jsonl", "alpaca.jsonl") for l in itertools.islice(open(ev / name), 20)]
-out.write_text("".join(lines))
-PY
-  python3 -m eaglekit bench --target "$t" --draft "$RUN/draft" --prompts "$W/heldout.jsonl" \
-    --max-new-tokens 256 --no-hf --mode tree --depth 6 --tree-top-k 8 --total-tokens 32 --out "$W/bench-heldout" \
-    2>&1 | quiet | tail -30 >> "$LOG"
-  stamp "bench held-out tree done after $(( $(date +%s) - t0 )) s"
+  benches "$RUN/draft" "$eval"
   t0=$(date +%s)
   python3 scripts/gpu/bench_generate.py --target "$t" --prompts "$prompts" --num-prompts 4096 --hf-prompts 512 \
     --batch-size 512 --max-new-tokens 512 --out "$W/bench-generate" 2>&1 | quiet | tail -30 >> "$LOG"
@@ -81,8 +96,8 @@ pack() {  # what exists so far, in one archive (files back from $OUT: at most 8)
            draft/log.jsonl draft/config.json doctor/report.json bench/results.json bench/report.md; do
     [[ -e $RUN/$f ]] && files+=("run/$f")
   done
-  for f in bench-chain/results.json bench-chain/report.md bench-heldout/results.json bench-heldout/report.md \
-           bench-generate/bench_generate.json; do
+  for f in bench-tree/results.json bench-tree/report.md bench-chain/results.json bench-chain/report.md \
+           bench-heldout/results.json bench-heldout/report.md bench-generate/bench_generate.json; do
     [[ -e $W/$f ]] && files+=("$f")
   done
   tar -czf "$OUT/results.tar.gz" -C "$W" "${files[@]}" 2>/dev/null
@@ -106,10 +121,17 @@ case $VERB in
     export -f session stamp quiet; export W RUN LOG
     setsid nohup bash -c "session '$PROMPTS' '$EVAL'" > "$W/session.out" 2>&1 < /dev/null &
     stamp "session launched (pid $!)"; sleep 2; cat "$LOG" ;;
+  bench)   # a draft trained in an earlier session: the three benches alone, in the background
+    : "${EAGLEKIT_SMOLLM2_DIR:?run setup.sh first}"
+    DRAFT=${2:?draft folder}; EVAL=${3:?eval folder}
+    export -f bench_tree benches stamp quiet; export W RUN LOG
+    setsid nohup bash -c "bench_tree '$DRAFT' '$EVAL'; benches '$DRAFT' '$EVAL'; stamp 'session done'" \
+      > "$W/session.out" 2>&1 < /dev/null &
+    stamp "benches launched (pid $!)"; sleep 2; cat "$LOG" ;;
   wait)
     OUT=${OUT:?OUT is the folder that comes back}
     end=$(( $(date +%s) + ${2:?seconds} ))
     while (( $(date +%s) < end )) && ! grep -q "session done" "$LOG"; do sleep 10; done
     pack; tail -40 "$LOG" ;;
-  *) echo "unknown verb $VERB (start, wait)"; exit 2 ;;
+  *) echo "unknown verb $VERB (start, bench, wait)"; exit 2 ;;
 esac
