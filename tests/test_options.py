@@ -84,3 +84,13 @@ def test_bench_options_parse_and_rebuild_their_command_line():
     assert (opts.graphs, opts.compile, opts.spec_config().to_dict()) == (False, None, {"mode": "chain", "k": 4})
     rebuilt = command_line(build_parser().parse_args(argv)).split()[1:]   # without "eaglekit"
     assert options_from_args(BenchOptions, build_parser().parse_args(rebuilt)) == opts
+
+
+def test_doctor_flags_are_its_options_fields_and_keep_their_forms():
+    from eaglekit.doctor.options import DoctorOptions
+
+    assert stage_flags(("doctor",)) == switch_names(DoctorOptions)
+    args = build_parser().parse_args(["doctor", "d", "-k", "4", "--probe"])
+    assert (args.draft, args.k, args.probe, args.dtype) == ("d", 4, "builtin", DoctorOptions.dtype)
+    assert build_parser().parse_args(["doctor", "d", "--probe", "p.jsonl"]).probe == "p.jsonl"
+    assert build_parser().parse_args(["doctor", "d"]).probe is None

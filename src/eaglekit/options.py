@@ -29,7 +29,8 @@ _TYPES = {"int": int, "float": float, "str": str}
 
 
 def option(default: Any = MISSING, help: str = "", *, group: str, choices: tuple | None = None,
-           parse: Callable[[str], Any] | None = None, cli_default: Any = MISSING, required: bool = False):
+           parse: Callable[[str], Any] | None = None, cli_default: Any = MISSING, required: bool = False,
+           aliases: tuple[str, ...] = (), flag: dict | None = None):
     """A dataclass field that is also a flag.
 
     Args:
@@ -40,9 +41,11 @@ def option(default: Any = MISSING, help: str = "", *, group: str, choices: tuple
         parse: turns the flag's text into the field's value (else the annotation's type).
         cli_default: the flag's default where it differs from the dataclass's (e.g. a target name).
         required: the flag must be given.
+        aliases: more names of the flag (`-k` beside `--k`).
+        flag: more `add_argument` settings (nargs, const, metavar) of a valued flag.
     """
     meta = {_KEY: dict(help=help, group=group, choices=choices, parse=parse, cli_default=cli_default,
-                       required=required)}
+                       required=required, aliases=aliases, flag=flag or {})}
     return field(default=default, metadata=meta)
 
 
@@ -84,8 +87,8 @@ def add_options(parser: argparse.ArgumentParser, cls, groups: dict[str, str | No
             group.add_argument(f"--{name}", dest=f.name, action="store_true", help=meta["help"])
         else:
             extra = {} if default is MISSING else {"default": default}
-            group.add_argument(f"--{name}", dest=f.name, type=kind, choices=meta["choices"],
-                               required=meta["required"], help=meta["help"], **extra)
+            group.add_argument(*meta["aliases"], f"--{name}", dest=f.name, type=kind, choices=meta["choices"],
+                               required=meta["required"], help=meta["help"], **extra, **meta["flag"])
 
 
 def options_argv(cls, args: argparse.Namespace, skip: tuple[str, ...] = (), skip_groups: tuple[str, ...] = ()) -> list[str]:

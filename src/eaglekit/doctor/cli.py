@@ -5,27 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 
+from eaglekit.doctor.options import GROUPS, DoctorOptions
+from eaglekit.options import add_options
+
 
 def register(sub) -> None:
     doc = sub.add_parser("doctor", help="check a draft folder against a target as an engine would serve it")
     doc.add_argument("draft", help="any draft folder: eaglekit, SGLang, EAGLE, ModelOpt or speculators (vLLM)")
-    doc.add_argument("--target", default="smollm2", help="smollm2 (default), an HF model folder or a .gguf file")
-    doc.add_argument("--engine", choices=("sglang", "vllm", "eagle"),
-                     help="the engine to check for (default: the one the folder's format is made for)")
-    doc.add_argument("--probe", nargs="?", const="builtin", metavar="PROMPTS",
-                     help="run the live probe on a prompts file (no value: built-in prompts)")
-    doc.add_argument("-k", "--k", type=int, default=3, help="draft tokens per step in the probe (default 3; --k as in bench)")
-    doc.add_argument("--max-new-tokens", type=int, default=64, help="continuation length per prompt (default 64)")
-    doc.add_argument("--num-prompts", type=int, default=6, help="prompts used by the probe (default 6)")
-    doc.add_argument("--device", default="auto",
-                     help="where the target runs for the probe (default auto: the GPU when there is one)")
-    doc.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32", "float16", "bf16", "fp32", "fp16"),
-                     help="the dtype the probe runs in: the one you serve in (default bfloat16)")
-    doc.add_argument("--diagnose", action="store_true", help="run the diagnosis even when acceptance is fine")
-    doc.add_argument("--allow-unfinished", action="store_true",
-                     help="check a draft whose training did not finish (refused otherwise; the report says so)")
-    doc.add_argument("--json", action="store_true", help="print the report as JSON")
-    doc.add_argument("--out", help="also write report.json and manifest.json into this folder")
+    add_options(doc, DoctorOptions, GROUPS)
     doc.set_defaults(func=run)
 
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from eaglekit.doctor.options import ENGINES  # noqa: F401 (the engines' names, declared with the options)
 from eaglekit.formats.detect import Interpretation
 from eaglekit.formats.names import EMBED, MODEL_PREFIX, NATIVE_LAYER, NATIVE_TENSORS, VOCAB_MAPS, native_name
 from eaglekit.targets.info import default_aux_layer_ids, from_engine_convention
 
-ENGINES = ("sglang", "vllm", "eagle")
 REQUIRED = tuple(n for n in NATIVE_TENSORS if n not in VOCAB_MAPS)
 LAYER_PARAMS = tuple(n[len(NATIVE_LAYER):] for n in NATIVE_TENSORS if n.startswith(NATIVE_LAYER))
 DEFAULTS = "the engine's default layers"

@@ -10,6 +10,7 @@ from pathlib import Path
 from eaglekit.artifacts import refuse_unfinished
 from eaglekit.doctor.checks import FAIL, PASS, WARN, Check, Context, run_checks
 from eaglekit.doctor.engines import ENGINES, read_as
+from eaglekit.doctor.options import DoctorOptions
 from eaglekit.errors import EaglekitError
 from eaglekit.formats.detect import interpret
 from eaglekit.formats.facts import target_facts
@@ -93,9 +94,10 @@ def training_tau(manifest: dict | None, k: int) -> tuple[float | None, str]:
     return None, "no training metrics recorded"
 
 
-def run_doctor(draft: str | Path, target: str, *, engine: str | None = None, prompts: str | None = None,
-               run_probe: bool = False, k: int = 3, max_new_tokens: int = 64, num_prompts: int = 6,
-               diagnose_always: bool = False, device: str = "auto", dtype: str = "bfloat16",
+def run_doctor(draft: str | Path, target: str = DoctorOptions.target, *, engine: str | None = None,
+               prompts: str | None = None, run_probe: bool = False, k: int = DoctorOptions.k,
+               max_new_tokens: int = DoctorOptions.max_new_tokens, num_prompts: int = DoctorOptions.num_prompts,
+               diagnose_always: bool = False, device: str = DoctorOptions.device, dtype: str = DoctorOptions.dtype,
                allow_unfinished: bool = False) -> Report:
     """Check a draft folder against a target as `engine` would serve it.
 

@@ -1,0 +1,34 @@
+"""`eaglekit doctor`'s options, declared once (`eaglekit.options`): its flags, the recipe keys of the
+`doctor` section and `run_doctor`'s defaults. The draft folder is the command's one positional
+argument. No torch here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eaglekit.options import option
+
+ENGINES = ("sglang", "vllm", "eagle")
+DTYPES = ("bfloat16", "float32", "float16", "bf16", "fp32", "fp16")
+GROUPS = {"main": None}
+
+
+@dataclass(frozen=True, kw_only=True)
+class DoctorOptions:
+    target: str = option("smollm2", "smollm2 (default), an HF model folder or a .gguf file", group="main")
+    engine: str | None = option(None, "the engine to check for (default: the one the folder's format is made for)",
+                                group="main", choices=ENGINES)
+    probe: str | None = option(None, "run the live probe on a prompts file (no value: built-in prompts)", group="main",
+                               flag={"nargs": "?", "const": "builtin", "metavar": "PROMPTS"})
+    k: int = option(3, "draft tokens per step in the probe (default 3; --k as in bench)", group="main", aliases=("-k",))
+    max_new_tokens: int = option(64, "continuation length per prompt (default 64)", group="main")
+    num_prompts: int = option(6, "prompts used by the probe (default 6)", group="main")
+    device: str = option("auto", "where the target runs for the probe (default auto: the GPU when there is one)",
+                         group="main")
+    dtype: str = option("bfloat16", "the dtype the probe runs in: the one you serve in (default bfloat16)",
+                        group="main", choices=DTYPES)
+    diagnose: bool = option(False, "run the diagnosis even when acceptance is fine", group="main")
+    allow_unfinished: bool = option(False, "check a draft whose training did not finish (refused otherwise; the "
+                                           "report says so)", group="main")
+    json: bool = option(False, "print the report as JSON", group="main")
+    out: str | None = option(None, "also write report.json and manifest.json into this folder", group="main")
