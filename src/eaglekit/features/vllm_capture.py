@@ -230,45 +230,34 @@ class TargetFiles:
 def run_features_vllm(args) -> int:
     """`eaglekit features --backend vllm`: the HF path's flow (`features.cli.run_features`) with vLLM
     computing each shard."""
-    from eaglekit.features.capture import capture_features
-    from eaglekit.features.conversations import read_conversations, tokenize_conversations
-    from eaglekit.targets.info import check_aux_layer_ids, default_aux_layer_ids
+    from eaglekit.features.cli import capture_conversations
     from eaglekit.targets.load import dtype_name
 
     if args.device_map:
         raise EaglekitError("--device-map is the hf backend's way to split a target", hint="use --tensor-parallel-size")
     import_vllm()  # before anything is written
     target = TargetFiles(args.target)
-    layers = target.config.num_hidden_layers
-    aux = check_aux_layer_ids(args.aux_layer_ids or default_aux_layer_ids(layers), layers)
-    rows, data_fp = read_conversations(args.data, target_fingerprint=target.fingerprint())
-    samples, _ = tokenize_conversations(target.tokenizer, rows, max_length=args.max_length)
-    if not samples:
-        raise EaglekitError(f"{args.data} holds no conversations", hint="run eaglekit generate first")
     engine_args = {}
     if args.gpu_memory_utilization is not None:
         engine_args["gpu_memory_utilization"] = args.gpu_memory_utilization
     dtype = dtype_name(args.dtype)   # vLLM's spelling
-    capture = None
+    captures: list[VllmCapture] = []
 
-    def shard_capture(shard_samples):
-        nonlocal capture
-        if capture is None:  # started at the first shard to capture: a finished folder starts no engine
-            capture = VllmCapture(target.source.path, aux_layer_ids=aux, topk=args.teacher_topk,
-                                  max_model_len=max(s.length for s in samples) + 1,
-                                  tensor_parallel_size=args.tensor_parallel_size, dtype=dtype,
-                                  batch_tokens=args.batch_tokens, engine_args=engine_args)
-        return capture.capture_shard(shard_samples)
+    def shard_capture_for(aux: list[int], samples):
+        def shard_capture(shard_samples):
+            if not captures:  # started at the first shard to capture: a finished folder starts no engine
+                captures.append(VllmCapture(target.source.path, aux_layer_ids=aux, topk=args.teacher_topk,
+                                            max_model_len=max(s.length for s in samples) + 1,
+                                            tensor_parallel_size=args.tensor_parallel_size, dtype=dtype,
+                                            batch_tokens=args.batch_tokens, engine_args=engine_args))
+            return captures[0].capture_shard(shard_samples)
+        return shard_capture
 
-    config = {"max_length": args.max_length, "backend": "vllm", "tensor_parallel_size": args.tensor_parallel_size,
-              "dtype": dtype}
+    config = {"backend": "vllm", "tensor_parallel_size": args.tensor_parallel_size, "dtype": dtype}
     try:
-        manifest = capture_features(target, samples, args.out, aux_layer_ids=aux, topk=args.teacher_topk,
-                                    shard_tokens=args.shard_tokens, batch_tokens=args.batch_tokens, config=config,
-                                    inputs={"data": data_fp}, overwrite=args.overwrite,
-                                    progress=not args.no_progress, shard_capture=shard_capture)
+        manifest = capture_conversations(args, target, config=config, shard_capture_for=shard_capture_for)
     finally:
-        if capture is not None:
+        for capture in captures:
             capture.close()
     c = manifest["counts"]
     print(f"features (vllm, tp {args.tensor_parallel_size}): {c['samples']} conversations, {c['tokens']} tokens in "
