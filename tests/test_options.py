@@ -94,3 +94,14 @@ def test_doctor_flags_are_its_options_fields_and_keep_their_forms():
     assert (args.draft, args.k, args.probe, args.dtype) == ("d", 4, "builtin", DoctorOptions.dtype)
     assert build_parser().parse_args(["doctor", "d", "--probe", "p.jsonl"]).probe == "p.jsonl"
     assert build_parser().parse_args(["doctor", "d"]).probe is None
+
+
+def test_export_and_import_flags_are_their_options_fields():
+    from eaglekit.formats.options import ExportOptions, ImportOptions
+
+    assert stage_flags(("export",)) == switch_names(ExportOptions)
+    assert stage_flags(("import",)) == switch_names(ImportOptions)
+    args = build_parser().parse_args(["import", "d", "--out", "o", "--aux-layer-ids", "1,14,25"])
+    assert (args.draft, args.aux_layer_ids) == ("d", (1, 14, 25))
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["export", "c", "--out", "o", "--format", "bogus"])

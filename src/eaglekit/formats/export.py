@@ -24,6 +24,7 @@ from eaglekit.formats.facts import TargetFacts, target_facts
 from eaglekit.formats.folder import read_folder
 from eaglekit.formats.importer import native_tensors, read_strict
 from eaglekit.formats.names import check_format, to_format
+from eaglekit.formats.options import ExportOptions
 from eaglekit.targets.info import to_engine_convention
 from eaglekit.targets.load import DTYPES
 
@@ -72,7 +73,8 @@ def verify_export(folder: Path, fmt: str, expected: dict[str, torch.Tensor], cfg
 
 
 def export_draft(ckpt: str | Path, fmt: str, out: str | Path, *, target: str | None = None,
-                 dtype: str = "bfloat16", speculative_tokens: int = 3, overwrite: bool = False,
+                 dtype: str = ExportOptions.dtype, speculative_tokens: int = ExportOptions.speculative_tokens,
+                 overwrite: bool = False,
                  allow_unfinished: bool = False) -> dict:
     """Export a draft checkpoint for an engine and verify it before reporting success.
 
