@@ -105,3 +105,14 @@ def test_export_and_import_flags_are_their_options_fields():
     assert (args.draft, args.aux_layer_ids) == ("d", (1, 14, 25))
     with pytest.raises(SystemExit):
         build_parser().parse_args(["export", "c", "--out", "o", "--format", "bogus"])
+
+
+def test_prompts_flags_are_their_options_fields():
+    from eaglekit.data.options import GenerateOptions, PromptsBuildOptions, SynthesizeOptions
+
+    assert stage_flags(("prompts", "build")) == switch_names(PromptsBuildOptions)
+    local = {f.name.replace("_", "-") for f in fields(GenerateOptions) if f.metadata.get("eaglekit_option", {}).get("group") == "local"}
+    assert stage_flags(("prompts", "synthesize")) == switch_names(SynthesizeOptions) | local | {"backend"}
+    args = build_parser().parse_args(["prompts", "build", "--source", "a.jsonl", "--source", "b.jsonl,weight=2",
+                                      "--out", "o"])
+    assert (args.source, args.validation_fraction) == (["a.jsonl", "b.jsonl,weight=2"], 0.02)

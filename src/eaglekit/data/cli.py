@@ -10,6 +10,9 @@ log = logging.getLogger(__name__)
 
 
 def register(sub) -> None:
+    from eaglekit.data.options import GROUPS, GenerateOptions, PromptsBuildOptions, SynthesizeOptions
+    from eaglekit.options import add_options
+
     prompts = sub.add_parser("prompts", help="build a prompt set from datasets, or synthesize one with the target")
     psub = prompts.add_subparsers(dest="prompts_command", metavar="ACTION", required=True)
 
@@ -18,43 +21,15 @@ def register(sub) -> None:
                                         "[,split=S][,subset=S]; LOCATION is a .jsonl/.json/.parquet/.txt file, a "
                                         "folder of them, or hf:<dataset>. Formats: auto (default), turns, sharegpt, "
                                         "openai, alpaca, prompt, text.")
-    build.add_argument("--source", action="append", required=True, help="a prompt source (repeatable)")
-    build.add_argument("--out", required=True, help="output folder")
-    build.add_argument("--num-prompts", type=int, help="total prompts in the mix (default: weight x size of each)")
-    build.add_argument("--validation-fraction", type=float, default=0.02, help="held-out share (hash of the prompt)")
-    build.add_argument("--min-chars", type=int, default=1, help="drop shorter prompts")
-    build.add_argument("--max-chars", type=int, help="drop longer prompts")
-    build.add_argument("--max-tokens", type=int, help="drop prompts longer than this in target tokens (needs --target)")
-    build.add_argument("--max-turns", type=int, help="drop prompts with more user turns")
-    build.add_argument("--target", help="target whose tokenizer counts --max-tokens")
-    build.add_argument("--seed", type=int, default=0, help="seed of the split and of subsets")
-    build.add_argument("--strict", action="store_true", help="a malformed record is an error (default: skip, report)")
-    build.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    add_options(build, PromptsBuildOptions, groups=GROUPS, only=("main",))
     build.set_defaults(func=run_build)
 
     synth = psub.add_parser("synthesize", help="let the target write prompts (Magpie)")
-    synth.add_argument("--target", default="smollm2", help="smollm2, an HF model folder or a .gguf file")
-    synth.add_argument("--out", required=True, help="output folder")
-    synth.add_argument("--num-prompts", type=int, required=True,
-                       help="prompts wanted in total (with --top-up: existing ones included)")
-    synth.add_argument("--top-up", help="a prompts folder to complete up to --num-prompts")
-    synth.add_argument("--system", help="system prompt to write the questions under (default: the template's)")
-    synth.add_argument("--temperature", type=float, default=1.0)
-    synth.add_argument("--top-p", type=float, default=1.0)
-    synth.add_argument("--top-k", type=int, default=0)
-    synth.add_argument("--max-new-tokens", type=int, default=256, help="longer questions are dropped")
-    synth.add_argument("--min-chars", type=int, default=10, help="shorter questions are dropped")
-    synth.add_argument("--max-attempts", type=int, help="samples drawn at most (default 4 x wanted)")
-    synth.add_argument("--validation-fraction", type=float, default=0.02)
+    add_options(synth, SynthesizeOptions, groups=GROUPS, only=("main",))
     add_local_args(synth)
-    synth.add_argument("--seed", type=int, default=0)
-    synth.add_argument("--overwrite", action="store_true")
     synth.set_defaults(func=run_synthesize)
 
     gen = sub.add_parser("generate", help="the target answers every prompt (local or an OpenAI-compatible server)")
-    from eaglekit.data.options import GROUPS, GenerateOptions
-    from eaglekit.options import add_options
-
     add_options(gen, GenerateOptions, groups=GROUPS)
     par = gen.add_argument_group("several devices of this host (data parallel; local, engine and hf backends)")
     par.add_argument("--devices", action="append",

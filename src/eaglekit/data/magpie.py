@@ -15,6 +15,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass
 
+from eaglekit.data.options import GenerateOptions, SynthesizeOptions
 from eaglekit.data.prompts import write_prompt_folder
 from eaglekit.data.records import SPLITS, Prompt, split_of
 from eaglekit.errors import EaglekitError
@@ -59,7 +60,8 @@ def pre_query_template(tokenizer, system: str | None = None, **template_kwargs) 
 
 
 def synthesize(tokenizer, generator, pre_query: PreQuery, num_prompts: int, *, existing: list[Prompt] = (),
-               batch_size: int = 32, max_new_tokens: int = 256, min_chars: int = 10, max_attempts: int | None = None,
+               batch_size: int = GenerateOptions.batch_size, max_new_tokens: int = SynthesizeOptions.max_new_tokens,
+               min_chars: int = SynthesizeOptions.min_chars, max_attempts: int | None = None,
                system: str | None = None) -> tuple[list[Prompt], dict]:
     """Sample questions from the target until `num_prompts` new unique ones are found.
 

@@ -75,3 +75,44 @@ class GenerateOptions:
     max_retries: int = option(5, "retries of a failed request", group="openai")
     check_template: bool = option(True, "do not compare the server's prompt token counts with the target's template",
                                   group="openai")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PromptsBuildOptions:
+    """`eaglekit prompts build` (and the recipe's `prompts` / `validation` sections)."""
+    source: list[str] = option(help="a prompt source (repeatable)", group="main", required=True, parse=str,
+                               flag={"action": "append"})
+    out: str = option(help="output folder", group="main", required=True)
+    num_prompts: int | None = option(None, "total prompts in the mix (default: weight x size of each)", group="main")
+    validation_fraction: float = option(0.02, "held-out share (hash of the prompt)", group="main")
+    min_chars: int = option(1, "drop shorter prompts", group="main")
+    max_chars: int | None = option(None, "drop longer prompts", group="main")
+    max_tokens: int | None = option(None, "drop prompts longer than this in target tokens (needs --target)",
+                                    group="main")
+    max_turns: int | None = option(None, "drop prompts with more user turns", group="main")
+    target: str | None = option(None, "target whose tokenizer counts --max-tokens", group="main")
+    seed: int = option(0, "seed of the split and of subsets", group="main")
+    strict: bool = option(False, "a malformed record is an error (default: skip, report)", group="main")
+    overwrite: bool = option(False, "replace an existing output folder", group="main")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SynthesizeOptions:
+    """`eaglekit prompts synthesize` (Magpie); its local-generation flags are `GenerateOptions`' own."""
+    target: str = option("smollm2", "smollm2, an HF model folder or a .gguf file", group="main")
+    out: str = option(help="output folder", group="main", required=True)
+    num_prompts: int = option(help="prompts wanted in total (with --top-up: existing ones included)", group="main",
+                              required=True)
+    top_up: str | None = option(None, "a prompts folder to complete up to --num-prompts", group="main")
+    system: str | None = option(None, "system prompt to write the questions under (default: the template's)",
+                                group="main")
+    temperature: float = option(1.0, "sampling temperature of the questions", group="main")
+    top_p: float = option(1.0, "nucleus sampling", group="main")
+    top_k: int = option(0, "sampling from the k most likely tokens only (0 = off)", group="main")
+    max_new_tokens: int = option(256, "longer questions are dropped", group="main")
+    min_chars: int = option(10, "shorter questions are dropped", group="main")
+    max_attempts: int | None = option(None, "samples drawn at most (default 4 x wanted)", group="main")
+    validation_fraction: float = option(PromptsBuildOptions.validation_fraction, "held-out share (hash of the prompt)",
+                                        group="main")
+    seed: int = option(0, "seed of the sampling and of the split", group="main")
+    overwrite: bool = option(False, "replace an existing output folder", group="main")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from eaglekit.artifacts import atomic_dir, write_manifest
 from eaglekit.data.folder import write_jsonl
+from eaglekit.data.options import PromptsBuildOptions
 from eaglekit.data.readers import ReadReport, SourceSpec, read_source
 from eaglekit.data.records import SPLITS, Prompt, order_key, split_of
 from eaglekit.errors import EaglekitError
@@ -40,7 +41,8 @@ class Filters:
 
 
 def build_prompts(sources: list[SourceSpec], out: str | Path, *, filters: Filters = Filters(),
-                  validation_fraction: float = 0.02, num_prompts: int | None = None, seed: int = 0,
+                  validation_fraction: float = PromptsBuildOptions.validation_fraction, num_prompts: int | None = None,
+                  seed: int = 0,
                   tokenizer=None, strict: bool = False, overwrite: bool = False) -> dict:
     """Build a prompts folder from several sources and return its manifest.
 
