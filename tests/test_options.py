@@ -116,3 +116,11 @@ def test_prompts_flags_are_their_options_fields():
     args = build_parser().parse_args(["prompts", "build", "--source", "a.jsonl", "--source", "b.jsonl,weight=2",
                                       "--out", "o"])
     assert (args.source, args.validation_fraction) == (["a.jsonl", "b.jsonl,weight=2"], 0.02)
+
+
+def test_features_flags_are_its_options_fields():
+    from eaglekit.features.options import FeaturesOptions
+
+    assert stage_flags(("features",)) == switch_names(FeaturesOptions)
+    args = build_parser().parse_args(["features", "--data", "d", "--out", "o", "--aux-layer-ids", "1,2", "--no-progress"])
+    assert (args.aux_layer_ids, args.progress, args.batch_tokens) == ((1, 2), False, FeaturesOptions.batch_tokens)

@@ -18,6 +18,7 @@ from eaglekit.artifacts import MANIFEST, atomic_path, read_manifest, write_json,
 from eaglekit.errors import EaglekitError
 from eaglekit.features.batch import pack_by_tokens, pad_stack
 from eaglekit.features.conversations import Sample
+from eaglekit.features.options import FeaturesOptions
 from eaglekit.features.store import FORMAT, INDEX, TENSORS, read_index, shard_name
 from eaglekit.features.teacher import topk_from_logits
 from eaglekit.progress import Progress
@@ -97,8 +98,9 @@ def capture_features(target, samples: list[Sample], out: str | Path, **kwargs) -
         return capture_into(target, samples, Path(out), **kwargs)
 
 
-def capture_into(target, samples: list[Sample], out: str | Path, *, aux_layer_ids: list[int], topk: int = 32,
-                 shard_tokens: int = 262144, batch_tokens: int = 8192, config: dict | None = None,
+def capture_into(target, samples: list[Sample], out: str | Path, *, aux_layer_ids: list[int],
+                 topk: int = FeaturesOptions.teacher_topk, shard_tokens: int = FeaturesOptions.shard_tokens,
+                 batch_tokens: int = FeaturesOptions.batch_tokens, config: dict | None = None,
                  inputs: dict | None = None, overwrite: bool = False, progress: bool = True,
                  shard_capture=None) -> dict:
     """Capture (or finish capturing) the offline features of `samples` into `out`.

@@ -5,36 +5,15 @@ from __future__ import annotations
 import argparse
 
 
-def int_list(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
-
-
 def register(sub) -> None:
+    from eaglekit.features.options import GROUPS, FeaturesOptions
+    from eaglekit.options import add_options
+
     p = sub.add_parser("features", help="capture aux states + teacher of conversations into a feature store",
                        description="Run the target once over the conversations and store what training needs: "
                                    "its aux states (bf16) and its top-k next-token distribution. Resumable: rerun "
                                    "the same command after a kill and finished shards are kept.")
-    p.add_argument("--target", default="smollm2", help="smollm2, an HF model folder or a .gguf file")
-    p.add_argument("--data", required=True, help="conversations folder (eaglekit generate) or a .jsonl file")
-    p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--aux-layer-ids", type=int_list, default=None,
-                   help="comma-separated ids, output of 0-based layer i (default [1, N//2-1, N-4])")
-    p.add_argument("--teacher-topk", type=int, default=32, help="teacher entries per token (default 32)")
-    p.add_argument("--max-length", type=int, default=2048, help="truncate conversations to this many tokens")
-    p.add_argument("--shard-tokens", type=int, default=262144, help="tokens per shard file")
-    p.add_argument("--batch-tokens", type=int, default=8192, help="rows x padded length per target forward")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1")
-    p.add_argument("--dtype", default="auto", help="target dtype: auto (bf16 on GPU), float32, bfloat16")
-    p.add_argument("--device-map", default=None,
-                   help="shard a target too large for one GPU over all GPUs (e.g. auto; transformers/accelerate)")
-    p.add_argument("--backend", default="hf", choices=("hf", "vllm"),
-                   help="hf: transformers forward hooks (default); vllm: the target runs in vLLM (offline LLM, "
-                        "--tensor-parallel-size GPUs), same shards (docs/vllm-backends.md)")
-    p.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm backend: GPUs the target is split over")
-    p.add_argument("--gpu-memory-utilization", type=float, default=None,
-                   help="vllm backend: share of GPU memory vLLM may take (on its CPU build: of RAM for the KV cache)")
-    p.add_argument("--overwrite", action="store_true", help="replace features made with other settings")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_options(p, FeaturesOptions, GROUPS)
     p.set_defaults(func=run_features)
 
 
@@ -76,4 +55,4 @@ def capture_conversations(args: argparse.Namespace, target, *, config: dict | No
     return capture_features(target, samples, args.out, aux_layer_ids=aux, topk=args.teacher_topk,
                             shard_tokens=args.shard_tokens, batch_tokens=args.batch_tokens,
                             config={"max_length": args.max_length, **(config or {})}, inputs={"data": data_fp},
-                            overwrite=args.overwrite, progress=not args.no_progress, shard_capture=shard_capture)
+                            overwrite=args.overwrite, progress=args.progress, shard_capture=shard_capture)
