@@ -81,6 +81,9 @@ def add_options(parser: argparse.ArgumentParser, cls, groups: dict[str, str | No
         name = f.name.replace("_", "-")
         default = f.default if meta["cli_default"] is MISSING else meta["cli_default"]
         kind = meta["parse"] or flag_type(str(f.type))
+        if kind is None and (meta["aliases"] or meta["flag"]):
+            raise EaglekitError(f"option {f.name!r}: a switch takes no aliases or flag settings",
+                                hint="give a switch its one --name (or --no-name) form")
         if kind is None and default is True:
             group.add_argument(f"--no-{name}", dest=f.name, action="store_false", help=meta["help"])
         elif kind is None:

@@ -21,6 +21,7 @@ from eaglekit.bench.prompts import load_bench_prompts
 from eaglekit.bench.report import markdown, plot, summarize, turn_records, verdict
 from eaglekit.bench.run import bracket_plain, conversation_ids, run_baselines, run_speculation
 from eaglekit.engine import DraftRunner, Engine, OracleDrafter, SpecConfig, make_target_runner
+from eaglekit.errors import EaglekitError
 from eaglekit.formats.detect import FORMAT_LABELS, detect_format
 from eaglekit.formats.load import load_draft_for, random_draft_for, read_draft_folder
 
@@ -58,6 +59,9 @@ def benchmark(cfg: BenchOptions, command: str = "") -> dict:
     from eaglekit.targets.load import load_target, resolve_device
 
     spec, sampling = cfg.spec_config(), cfg.sampling()    # bad options fail first
+    if cfg.hf_prompts < 0:
+        raise EaglekitError(f"--hf-prompts {cfg.hf_prompts}: a number of prompts is >= 0",
+                            hint="0 runs HF generate on every prompt, --no-hf on none")
     folder = None
     if cfg.draft not in ("oracle", "random"):  # a wrong path or an unfinished draft fails before the target loads
         folder = read_draft_folder(cfg.draft, allow_unfinished=cfg.allow_unfinished)

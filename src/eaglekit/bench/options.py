@@ -14,7 +14,6 @@ __all__ = ["GROUPS", "BenchOptions"]
 
 @dataclass(frozen=True, kw_only=True)
 class BenchOptions(EngineOptions):
-    target: str = option("smollm2", "smollm2, an HF model folder or a .gguf file", group="main")
     draft: str = option(help="a draft folder (eaglekit, SGLang, speculators or EAGLE), `oracle` (replays the target's "
                              "greedy answer: engine overhead) or `random` (random weights: draft cost, no acceptance)",
                         group="main", required=True)
@@ -27,7 +26,6 @@ class BenchOptions(EngineOptions):
                                 "speculative decoding on the same prompts; HF runs ~40x slower than the engine, so all "
                                 "of MT-bench would cost minutes (0: all prompts)", group="main")
     warmup: int = option(1, "untimed warm-up generations per method", group="main")
-    seed: int = option(0, "seed of the sampling", group="main")
     allow_unfinished: bool = option(False, "bench a draft whose training did not finish (refused otherwise; the "
                                            "results say so)", group="main")
     json: str | None = option(None, "also write the results JSON here", group="main")

@@ -21,6 +21,8 @@ CPU_CHAIN_K = 3   # see spec_config
 
 @dataclass(frozen=True, kw_only=True)
 class EngineOptions:
+    target: str = option("smollm2", "smollm2, an HF model folder or a .gguf file", group="main")
+    seed: int = option(0, "seed of the sampling", group="main")
     mode: str | None = option(None, "chain of k drafts or EAGLE-2 tree (default: tree on CUDA, chain on a CPU)",
                               group="speculation", choices=MODES)
     k: int | None = option(None, f"chain: drafts per cycle (default: {SpecConfig.k} on CUDA, {CPU_CHAIN_K} on a CPU)",
@@ -82,10 +84,8 @@ def shape_options(spec: SpecConfig) -> dict:
 
 @dataclass(frozen=True, kw_only=True)
 class SpeculateOptions(EngineOptions):
-    target: str = option("smollm2", "smollm2, an HF model folder or a .gguf file", group="main")
     draft: str = option(help="a draft folder (eaglekit, SGLang, speculators or EAGLE), or `random`", group="main",
                         required=True)
     allow_unfinished: bool = option(False, "use a draft whose training did not finish (refused otherwise; the "
                                            "output says so)", group="main")
-    seed: int = option(0, "seed of the sampling", group="main")
     no_plain: bool = option(False, "skip the plain decoding run beside speculation", group="main")

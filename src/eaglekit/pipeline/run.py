@@ -120,6 +120,8 @@ class Pipeline:
         """At a stage's start: the stages after it that will run, and what each is known to take."""
         if not self.plan_is_whole:   # the stage it stopped at may be plannable now (the main draft is done)
             self.whole_plan, self.plan_is_whole = plan_so_far(self.recipe, self.out)
+            if self.plan_is_whole:
+                self.planned = [s.name for s in self.whole_plan]
         names = [s.name for s in self.whole_plan]
         after = self.whole_plan[names.index(name) + 1:] if name in names else []
         after = [s for s in until_stop(after, self.stop_before) if not finished(self.state, s.name, s.argv)]

@@ -126,7 +126,8 @@ def run_scaling(pipe, plan: ScalingPlan, recipe: dict, out: Path, t: list[str], 
         if bench:
             pipe.stage(f"scaling-{fraction:g}-bench", ["bench", *t, "--draft", str(draft), *to_flags(bench), *dev,
                                                        "--out", str(folder / "bench")])
-    write_summary(out, plan, steps, pipe.state)
+    if pipe.plan is None:   # a plan-only pass (`--plan`, the run's look ahead) has no results to summarize
+        write_summary(out, plan, steps, pipe.state)
 
 
 def slice_row(out: Path, fraction: float, steps: int, state: dict) -> dict:

@@ -285,7 +285,8 @@ def speed_section(data: RunData) -> str:
     if s:
         groups, values = [], []
         if s.get("hf_tok_s") is not None:
-            groups.append("HF generate")
+            groups.append("HF generate" if s.get("hf_prompts", s["prompts"]) >= s["prompts"]
+                          else f"HF generate (first {s['hf_prompts']} prompts)")
             values.append(s["hf_tok_s"])
             if s.get("hf_prompts") and s["hf_prompts"] < s["prompts"]:
                 notes.append(f"HF generate ran on the first {s['hf_prompts']} of {s['prompts']} prompts; "
