@@ -124,3 +124,11 @@ def test_features_flags_are_its_options_fields():
     assert stage_flags(("features",)) == switch_names(FeaturesOptions)
     args = build_parser().parse_args(["features", "--data", "d", "--out", "o", "--aux-layer-ids", "1,2", "--no-progress"])
     assert (args.aux_layer_ids, args.progress, args.batch_tokens) == ((1, 2), False, FeaturesOptions.batch_tokens)
+
+
+def test_vocab_shares_trainings_options():
+    assert stage_flags(("vocab",)) == {"data", "features", "out", "target", "draft-vocab-size", "allow-smaller-vocab",
+                                       "max-length"}
+    args = build_parser().parse_args(["vocab", "--data", "d", "--out", "o"])
+    assert (args.target, args.draft_vocab_size, args.max_length) == \
+        ("smollm2", TrainConfig.draft_vocab_size, TrainConfig.max_length)

@@ -68,14 +68,15 @@ def flag_type(annotation: str) -> type | None:
 
 
 def add_options(parser: argparse.ArgumentParser, cls, groups: dict[str, str | None],
-                only: tuple[str, ...] | None = None) -> None:
+                only: tuple[str, ...] | None = None, names: tuple[str, ...] | None = None) -> None:
     """Add a flag for every `option` field of `cls`, in `groups` (key -> the group's title; None: the
-    parser's own options). `only`: the flags of these groups alone (a parser that shares some)."""
+    parser's own options). `only`: the flags of these groups alone; `names`: of these fields alone
+    (a parser that shares some)."""
     made = {key: parser if title is None else parser.add_argument_group(title) for key, title in groups.items()
             if only is None or key in only}
     for f in fields(cls):
         meta = f.metadata.get(_KEY)
-        if meta is None or (only is not None and meta["group"] not in only):
+        if meta is None or (only is not None and meta["group"] not in only) or (names is not None and f.name not in names):
             continue
         group = made[meta["group"]]
         name = f.name.replace("_", "-")

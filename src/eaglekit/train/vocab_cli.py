@@ -8,21 +8,24 @@ from __future__ import annotations
 import argparse
 import json
 
+from eaglekit.options import add_options
+from eaglekit.train.config import TrainConfig
+
+VOCAB_OPTIONS = ("target", "draft_vocab_size", "allow_smaller_vocab", "max_length")
+
 
 def register(sub) -> None:
     p = sub.add_parser("vocab", help="build the draft vocabulary from assistant-token frequencies",
                        description="Count the tokens the assistant writes, keep the most frequent "
                                    "--draft-vocab-size (end of turn and EOS always), write vocab.safetensors "
                                    "(d2t offsets, t2d mask) and report coverage.")
-    p.add_argument("--target", default="smollm2", help="smollm2, an HF model folder or a .gguf file")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--data", help="conversations folder or .jsonl")
     src.add_argument("--features", help="feature folder from `eaglekit features`")
-    p.add_argument("--draft-vocab-size", type=int, default=32000)
-    p.add_argument("--allow-smaller-vocab", action="store_true",
-                   help="keep all distinct tokens when there are fewer than --draft-vocab-size")
-    p.add_argument("--max-length", type=int, default=2048, help="truncate conversations (with --data)")
     p.add_argument("--out", required=True, help="output folder")
+    # The vocabulary training builds itself: the same options, declared once in TrainConfig.
+    add_options(p, TrainConfig, groups={"inputs": None, "draft": None, "training": None}, only=("inputs", "draft", "training"),
+                names=VOCAB_OPTIONS)
     p.set_defaults(func=run_vocab)
 
 
