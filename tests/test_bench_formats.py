@@ -94,26 +94,25 @@ def test_bench_on_an_export_says_which_format_it_read(oracle, tmp_path):
 
 
 def test_a_machine_that_changes_speed_mid_bench_is_said(tiny_target_dir):
-    """The plain pass after the speculative runs brackets them with the one before; a wide gap is a warning."""
+    """A turn's plain run after its speculative ones brackets them with the one before; a wide gap is a warning."""
     from dataclasses import replace
 
-    from eaglekit.bench.run import Turn, bracket_plain
-    from eaglekit.engine import Engine, OracleDrafter, Sampling, SpecConfig, make_target_runner
+    from eaglekit.bench.run import Turn, bracket
+    from eaglekit.engine import Engine, Sampling, make_target_runner
     from eaglekit.targets.chat import prompt_ids
 
     target = load_target(tiny_target_dir)
-    spec = SpecConfig(mode="chain", k=2)
     runner = make_target_runner(target.model, max_len=128, aux_layer_ids=[], runner="auto")
-    drafter = OracleDrafter([], spec=spec, vocab_size=runner.vocab_size, max_len=128, device="cpu")
-    engine = Engine(runner, drafter=drafter, spec=spec, sampling=Sampling(), stop_token_ids=target.stop_token_ids,
-                    graphs=False, compile=False)
+    engine = Engine(runner, sampling=Sampling(), stop_token_ids=target.stop_token_ids, graphs=False, compile=False)
     ids = prompt_ids(target.tokenizer, [{"role": "user", "content": "Count from one to ten."}])
     plain = engine.generate(ids, 16, speculative=False, seed=0)
-    slow = replace(plain, seconds=plain.seconds * 4)  # the first pass ran while the machine was loaded
-    turns = [Turn("a", 0, ids, plain=slow)]
-    timing = bracket_plain(engine, turns, max_new_tokens=16, seed=0)
+    slow = replace(plain, seconds=plain.seconds * 4)  # the first run went while the machine was loaded
+    turns = [Turn("a", 0, ids, plain=slow), Turn("b", 0, ids, plain=slow)]
+    timing = bracket(turns, [plain, plain])
     assert timing["drift"] > 1 and "not trustworthy" in timing["warning"]
-    assert plain.seconds < turns[0].plain.seconds < slow.seconds  # the baseline: the mean of both passes
+    assert plain.seconds < turns[0].plain.seconds < slow.seconds  # the baseline: the mean of both runs
+    steady = [Turn("a", 0, ids, plain=plain)]
+    assert bracket(steady, [plain])["drift"] == 0 and "warning" not in bracket(steady, [plain])
 
 
 def test_a_bad_draft_path_fails_before_the_target_loads(tmp_path, capsys):

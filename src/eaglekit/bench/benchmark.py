@@ -19,7 +19,7 @@ from eaglekit.artifacts import MANIFEST, atomic_path, sha256_file, write_json, w
 from eaglekit.bench.options import BenchOptions
 from eaglekit.bench.prompts import load_bench_prompts
 from eaglekit.bench.report import markdown, plot, summarize, turn_records, verdict
-from eaglekit.bench.run import bracket_plain, conversation_ids, run_baselines, run_speculation
+from eaglekit.bench.run import Method, conversation_ids, run_turns
 from eaglekit.engine import DraftRunner, Engine, OracleDrafter, SpecConfig, make_target_runner
 from eaglekit.errors import EaglekitError
 from eaglekit.formats.detect import FORMAT_LABELS, detect_format
@@ -89,17 +89,10 @@ def benchmark(cfg: BenchOptions, command: str = "") -> dict:
         return engine, (drafter if draft is None else None)
 
     start = time.time()
-    engine, oracle = engine_for(specs[0])
-    engines = [engine]
-    turns = run_baselines(engine, target, prompts, max_new_tokens=cfg.max_new_tokens, hf=cfg.hf, hf_prompts=cfg.hf_prompts or None, seed=cfg.seed,
-                          warmup=cfg.warmup)
-    for i, spec in enumerate(specs):
-        if i:
-            engine, oracle = engine_for(spec)
-            engines.append(engine)
-        run_speculation(engine, turns, spec.label(), max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
-                        oracle=oracle, warmup=cfg.warmup)
-    timing = bracket_plain(engine, turns, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
+    methods = [Method(spec.label(), *engine_for(spec)) for spec in specs]
+    engines = [m.engine for m in methods]
+    turns, timing = run_turns(engines[0], methods, target, prompts, max_new_tokens=cfg.max_new_tokens, hf=cfg.hf,
+                              hf_prompts=cfg.hf_prompts or None, seed=cfg.seed, warmup=cfg.warmup)
     sweep = [{**summarize(turns, spec.label(), spec.max_depth, sampling.greedy)["summary"], "config": spec.to_dict()}
              for spec in specs]
     best = max(range(len(specs)), key=lambda i: sweep[i]["spec_tok_s"])
@@ -111,7 +104,7 @@ def benchmark(cfg: BenchOptions, command: str = "") -> dict:
     result["summary"].update(
         device=device_name(device), date=time.strftime("%Y-%m-%d %H:%M:%S"), command=command,
         config={**cfg.to_dict(), "spec": specs[best].to_dict(), "runner": runner.kind, "max_len": max_len,
-                "graphs": engine.graphs, "compile": engine.compile, "dtype": str(runner_dtype(runner))},
+                "graphs": engines[best].graphs, "compile": engines[best].compile, "dtype": str(runner_dtype(runner))},
         torch=torch.__version__, seconds=round(time.time() - start, 1))
     result["summary"]["timing"] = timing
     result["summary"]["draft_format"] = FORMAT_LABELS[detect_format(folder.config)] if folder else cfg.draft

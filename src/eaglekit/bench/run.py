@@ -9,6 +9,7 @@ run. Timing wraps each generation with device syncs; warm-up runs are not record
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from dataclasses import dataclass, field, replace
 
@@ -73,18 +74,29 @@ def hf_generate(model, ids: list[int], max_new_tokens: int, stop_ids: list[int])
     return Generation(tokens=tokens, finish_reason="length", seconds=seconds)
 
 
-def run_baselines(engine: Engine, target, prompts: list[Prompt], *, max_new_tokens: int, hf: bool,
-                  seed: int | None, warmup: int = 1, hf_prompts: int | None = None) -> list[Turn]:
-    """Plain decoding of every turn (and HF generate of the first `hf_prompts` prompts' turns: HF is
-    tens of times slower, so a whole benchmark's worth would dominate the run); turn k+1 follows the
-    plain turn-k answer."""
+@dataclass
+class Method:
+    """A speculation setting the bench measures: its label, its engine and (for `oracle`) the drafter
+    to hand each turn's reference."""
+
+    label: str
+    engine: Engine
+    oracle: object | None = None
+
+
+def run_turns(plain: Engine, methods: list[Method], target, prompts: list[Prompt], *, max_new_tokens: int,
+              hf: bool, seed: int | None, warmup: int = 1, hf_prompts: int | None = None) -> tuple[list[Turn], dict]:
+    """Every turn by every method, interleaved turn by turn: HF generate (the first `hf_prompts`
+    prompts only: it is tens of times slower), plain decoding, each speculation setting, plain again.
+    Turn k+1 follows the plain turn-k answer. Interleaved, a machine whose speed drifts during the
+    bench slows every method alike instead of the ones that ran last (two identical benches once gave
+    0.89x and 0.60x when whole passes ran one after another); the plain run after the speculative ones
+    brackets them, and how far the two plain runs of a turn differ is reported (`bracket`)."""
     tokenizer, stops = target.tokenizer, target.stop_token_ids
-    first = conversation_ids(tokenizer, prompts[0], [])[0]
-    for _ in range(warmup):
-        engine.generate(first, max_new_tokens, speculative=False, seed=seed)
-        if hf:
-            hf_generate(target.model, first, max_new_tokens, stops)
+    warm_up(plain, methods, target, conversation_ids(tokenizer, prompts[0], [])[0], max_new_tokens=max_new_tokens,
+            hf=hf, seed=seed, warmup=warmup)
     turns: list[Turn] = []
+    again: list[Generation] = []
     for n, prompt in enumerate(prompts):
         answers: list[str] = []
         with_hf = hf and (hf_prompts is None or n < hf_prompts)
@@ -92,13 +104,32 @@ def run_baselines(engine: Engine, target, prompts: list[Prompt], *, max_new_toke
             ids = conversation_ids(tokenizer, prompt, answers)[k]
             turn = Turn(prompt_id=prompt.id, turn=k, ids=ids,
                         hf=hf_generate(target.model, ids, max_new_tokens, stops) if with_hf else None,
-                        plain=engine.generate(ids, max_new_tokens, speculative=False, seed=seed))
+                        plain=plain.generate(ids, max_new_tokens, speculative=False, seed=seed))
+            for method in methods:
+                speculate(method, turn, max_new_tokens=max_new_tokens, seed=seed)
+            again.append(plain.generate(ids, max_new_tokens, speculative=False, seed=seed))
             turns.append(turn)
             answers.append(answer_text(tokenizer, turn.plain.tokens, set(stops)))
-            log.info("%s turn %d: %d tokens plain %.1f tok/s%s", prompt.id, k, len(turn.plain.tokens),
+            log.info("%s turn %d: %d tokens, plain %.1f tok/s%s%s", prompt.id, k, len(turn.plain.tokens),
                      len(turn.plain.tokens) / turn.plain.seconds,
-                     f", HF generate {len(turn.hf.tokens) / turn.hf.seconds:.1f} tok/s" if turn.hf else "")
-    return turns
+                     f", HF generate {len(turn.hf.tokens) / turn.hf.seconds:.1f} tok/s" if turn.hf else "",
+                     "".join(f", [{label}] tau {g.tau:.2f} {len(g.tokens) / g.seconds:.1f} tok/s"
+                             for label, g in turn.spec.items()))
+    return turns, bracket(turns, again)
+
+
+def warm_up(plain: Engine, methods: list[Method], target, ids: list[int], *, max_new_tokens: int, hf: bool,
+            seed: int | None, warmup: int) -> None:
+    """Untimed runs of every method first (compiles, graph captures, allocator)."""
+    reference: list[int] = []
+    for _ in range(warmup):
+        reference = plain.generate(ids, max_new_tokens, speculative=False, seed=seed).tokens
+        if hf:
+            hf_generate(target.model, ids, max_new_tokens, target.stop_token_ids)
+        for method in methods:
+            if method.oracle is not None:
+                method.oracle.set_reference(ids + reference)
+            method.engine.generate(ids, max_new_tokens, seed=seed)
 
 
 ORACLE_ROUNDS = 3
@@ -124,51 +155,43 @@ def settle_oracle(engine: Engine, oracle, ids: list[int], reference: list[int], 
     return reference, ORACLE_ROUNDS
 
 
-def run_speculation(engine: Engine, turns: list[Turn], label: str, *, max_new_tokens: int, seed: int | None,
-                    oracle=None, warmup: int = 1) -> None:
-    """Speculative decoding of every recorded turn (the oracle replays the settled plain answer)."""
-    for _ in range(warmup):
-        if oracle is not None:
-            oracle.set_reference(turns[0].ids + turns[0].plain.tokens)
-        engine.generate(turns[0].ids, max_new_tokens, seed=seed)
-    for turn in turns:
-        if oracle is not None:
-            reference, rounds = settle_oracle(engine, oracle, turn.ids, turn.plain.tokens, max_new_tokens, seed)
-            oracle.set_reference(turn.ids + reference)
-            if rounds > 1:
-                log.info("%s turn %d: oracle settled after %d rounds", turn.prompt_id, turn.turn, rounds)
-        gen = engine.generate(turn.ids, max_new_tokens, seed=seed)
-        turn.spec[label] = gen
-        log.info("%s turn %d [%s]: tau %.2f, %.1f tok/s", turn.prompt_id, turn.turn, label, gen.tau,
-                 len(gen.tokens) / gen.seconds)
+def speculate(method: Method, turn: Turn, *, max_new_tokens: int, seed: int | None) -> None:
+    """One turn with speculative decoding (the oracle replays the settled plain answer)."""
+    if method.oracle is not None:
+        reference, rounds = settle_oracle(method.engine, method.oracle, turn.ids, turn.plain.tokens, max_new_tokens,
+                                          seed)
+        method.oracle.set_reference(turn.ids + reference)
+        if rounds > 1:
+            log.info("%s turn %d: oracle settled after %d rounds", turn.prompt_id, turn.turn, rounds)
+    turn.spec[method.label] = method.engine.generate(turn.ids, max_new_tokens, seed=seed)
 
 
 # Plain decoding this much faster or slower after the speculative runs than before: ratios untrustworthy.
 DRIFT_WARN = 0.10
 
 
-def bracket_plain(engine: Engine, turns: list[Turn], *, max_new_tokens: int, seed: int | None) -> dict:
-    """Time plain decoding of every turn again, after the speculative runs.
+def bracket(turns: list[Turn], again: list[Generation]) -> dict:
+    """Each turn's baseline: the mean of its plain run before the speculative ones and the one after.
 
-    On a loaded machine the speed drifts between passes (two identical benches once gave 0.89x and
-    0.60x). The plain runs before and after bracket the speculative ones in time, so each turn's
-    baseline becomes the mean of the two; how far the two passes differ says how far the ratios
-    can be trusted.
+    `drift`: how far the two plain runs of a turn differ (the median over turns; or the two passes'
+    totals, if wider). On a loaded machine it says how far the ratios can be trusted.
     """
-    before_s = after_s = 0.0
-    before_tokens = after_tokens = 0
-    for turn in turns:
-        again = engine.generate(turn.ids, max_new_tokens, speculative=False, seed=seed)
-        before_s, before_tokens = before_s + turn.plain.seconds, before_tokens + len(turn.plain.tokens)
-        after_s, after_tokens = after_s + again.seconds, after_tokens + len(again.tokens)
-        turn.plain = replace(turn.plain, seconds=(turn.plain.seconds + again.seconds) / 2)
-    before, after = before_tokens / max(before_s, 1e-9), after_tokens / max(after_s, 1e-9)
-    drift = abs(after - before) / max(min(before, after), 1e-9)
+    gaps = []
+    for turn, run in zip(turns, again):
+        a, b = len(turn.plain.tokens) / max(turn.plain.seconds, 1e-9), len(run.tokens) / max(run.seconds, 1e-9)
+        gaps.append(abs(a - b) / max(min(a, b), 1e-9))
+    before = sum(len(t.plain.tokens) for t in turns) / max(sum(t.plain.seconds for t in turns), 1e-9)
+    after = sum(len(r.tokens) for r in again) / max(sum(r.seconds for r in again), 1e-9)
+    for turn, run in zip(turns, again):
+        turn.plain = replace(turn.plain, seconds=(turn.plain.seconds + run.seconds) / 2)
+    drift = max(statistics.median(gaps) if gaps else 0.0, abs(after - before) / max(min(before, after), 1e-9))
     timing = {"plain_tok_s_before": round(before, 2), "plain_tok_s_after": round(after, 2), "drift": round(drift, 3),
-              "baseline": "mean of the plain pass before and the one after the speculative runs"}
+              "baseline": "each turn: the mean of its plain run before and the one after its speculative runs, "
+                          "all interleaved turn by turn"}
     if drift > DRIFT_WARN:
-        timing["warning"] = (f"plain decoding ran at {before:.1f} tok/s before the speculative runs and {after:.1f} "
-                             f"after ({drift:.0%} apart): the machine's speed changed during the bench, so its "
-                             "speedups are not trustworthy; rerun on a quiet machine")
+        timing["warning"] = (f"a turn's two plain runs (before and after its speculative ones) differ by "
+                             f"{drift:.0%} (median; {before:.1f} against {after:.1f} tok/s over all turns): the "
+                             "machine's speed changed during the bench, so its speedups are not trustworthy; "
+                             "rerun on a quiet machine")
         log.warning(timing["warning"])
     return timing
