@@ -267,3 +267,12 @@ def test_golden_values_of_a_short_run(data, tmp_path):
     print("golden:", json.dumps(got))
     for key, want in GOLDEN.items():
         assert got[key] == pytest.approx(want, rel=1e-3, abs=1e-4), (key, got[key], want)
+
+
+def test_the_time_budget_is_refit_while_the_pace_settles():
+    """10, 50 and 200 steps in, then every 200 (a run's pace kept settling until step ~1000 on an H200)."""
+    from eaglekit.train.loop import budget_refits
+
+    assert budget_refits(0, 1000) == [10, 50, 200, 400, 600, 800]
+    assert budget_refits(300, 700) == [310, 350, 500]          # a resumed run starts anew, within the cap
+    assert budget_refits(0, 30) == [10]
