@@ -92,7 +92,7 @@ def benchmark(cfg: BenchOptions, command: str = "") -> dict:
     methods = [Method(spec.label(), *engine_for(spec)) for spec in specs]
     engines = [m.engine for m in methods]
     turns, timing = run_turns(engines[0], methods, target, prompts, max_new_tokens=cfg.max_new_tokens, hf=cfg.hf,
-                              hf_prompts=cfg.hf_prompts or None, seed=cfg.seed, warmup=cfg.warmup)
+                              hf_prompts=cfg.hf_prompts, seed=cfg.seed, warmup=cfg.warmup)
     sweep = [{**summarize(turns, spec.label(), spec.max_depth, sampling.greedy)["summary"], "config": spec.to_dict()}
              for spec in specs]
     best = max(range(len(specs)), key=lambda i: sweep[i]["spec_tok_s"])

@@ -85,9 +85,9 @@ class Method:
 
 
 def run_turns(plain: Engine, methods: list[Method], target, prompts: list[Prompt], *, max_new_tokens: int,
-              hf: bool, seed: int | None, warmup: int = 1, hf_prompts: int | None = None) -> tuple[list[Turn], dict]:
+              hf: bool, hf_prompts: int, seed: int | None, warmup: int = 1) -> tuple[list[Turn], dict]:
     """Every turn by every method, interleaved turn by turn: HF generate (the first `hf_prompts`
-    prompts only: it is tens of times slower), plain decoding, each speculation setting, plain again.
+    prompts only, 0: all; it is tens of times slower), plain decoding, each speculation setting, plain again.
     Turn k+1 follows the plain turn-k answer. Interleaved, a machine whose speed drifts during the
     bench slows every method alike instead of the ones that ran last (two identical benches once gave
     0.89x and 0.60x when whole passes ran one after another); the plain run after the speculative ones
@@ -99,7 +99,7 @@ def run_turns(plain: Engine, methods: list[Method], target, prompts: list[Prompt
     again: list[Generation] = []
     for n, prompt in enumerate(prompts):
         answers: list[str] = []
-        with_hf = hf and (hf_prompts is None or n < hf_prompts)
+        with_hf = hf and (not hf_prompts or n < hf_prompts)
         for k in range(len(prompt.turns)):
             ids = conversation_ids(tokenizer, prompt, answers)[k]
             turn = Turn(prompt_id=prompt.id, turn=k, ids=ids,

@@ -60,7 +60,6 @@ class Pipeline:
         self.out = out
         self.stop_before = stop_before
         self.plan = plan  # a list: collect each stage instead of running it (`eaglekit run --plan`)
-        self.planned: list[str] | None = None   # the names of every stage this run will pass, for "stage k of N"
         self.whole_plan: list[PlannedStage] = []  # the stages as planned, for the run's time left
         self.plan_is_whole = True                # False: the plan stopped at a stage that needs an earlier output
         self.ahead: list[tuple[str, StageTime | None]] = []   # the stages after the running one, each's known time
@@ -68,6 +67,11 @@ class Pipeline:
         self.state = read_json(self.state_path, "pipeline state") \
             if self.state_path.is_file() and plan is None else {"stages": {}}
         self.started = time.time()
+
+    @property
+    def planned(self) -> list[str] | None:
+        """The names of every stage this run will pass, for "stage k of N" (None: not known yet)."""
+        return [s.name for s in self.whole_plan] if self.plan_is_whole else None
 
     def stage(self, name: str, argv: list[str], *, resume_flag: str | None = None, resume_marker: Path | None = None,
               ok_codes=(0,), processes: int = 1) -> int:
@@ -120,8 +124,6 @@ class Pipeline:
         """At a stage's start: the stages after it that will run, and what each is known to take."""
         if not self.plan_is_whole:   # the stage it stopped at may be plannable now (the main draft is done)
             self.whole_plan, self.plan_is_whole = plan_so_far(self.recipe, self.out)
-            if self.plan_is_whole:
-                self.planned = [s.name for s in self.whole_plan]
         names = [s.name for s in self.whole_plan]
         after = self.whole_plan[names.index(name) + 1:] if name in names else []
         after = [s for s in until_stop(after, self.stop_before) if not finished(self.state, s.name, s.argv)]
@@ -362,10 +364,8 @@ def plan_pipeline(recipe: dict, out: str | Path | None = None) -> list[str]:
 def planned_stages(recipe: dict, out: Path) -> list[str] | None:
     """The names of the stages `recipe` runs, in order; None where the plan needs an earlier stage's
     output (the scaling slices' step budget comes from the main draft)."""
-    try:
-        return [stage.name for stage in planned(recipe, out)]
-    except (EaglekitError, OSError):
-        return None
+    stages, whole = plan_so_far(recipe, out)
+    return [stage.name for stage in stages] if whole else None
 
 
 def planned(recipe: dict, out: Path) -> list[PlannedStage]:
@@ -388,8 +388,7 @@ def plan_so_far(recipe: dict, out: Path) -> tuple[list[PlannedStage], bool]:
 
 def run_locked(recipe: dict, out: Path, stop_before: str | None) -> dict:
     pipe = Pipeline(recipe, out, stop_before)
-    pipe.whole_plan, pipe.plan_is_whole = plan_so_far(recipe, out)   # one pass: it may write scaling's summary
-    pipe.planned = [stage.name for stage in pipe.whole_plan] if pipe.plan_is_whole else None
+    pipe.whole_plan, pipe.plan_is_whole = plan_so_far(recipe, out)
     try:
         run_stages(pipe, recipe, out)
     except StopBefore as stop:

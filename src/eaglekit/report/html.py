@@ -285,10 +285,10 @@ def speed_section(data: RunData) -> str:
     if s:
         groups, values = [], []
         if s.get("hf_tok_s") is not None:
-            groups.append("HF generate" if s.get("hf_prompts", s["prompts"]) >= s["prompts"]
-                          else f"HF generate (first {s['hf_prompts']} prompts)")
+            partial = s.get("hf_prompts", s["prompts"]) < s["prompts"]   # older results have no hf_prompts
+            groups.append(f"HF generate (first {s['hf_prompts']} prompts)" if partial else "HF generate")
             values.append(s["hf_tok_s"])
-            if s.get("hf_prompts") and s["hf_prompts"] < s["prompts"]:
+            if partial:
                 notes.append(f"HF generate ran on the first {s['hf_prompts']} of {s['prompts']} prompts; "
                              "its ratios compare the methods on those prompts")
         else:
