@@ -23,8 +23,8 @@ class BenchOptions(EngineOptions):
     sweep: bool = option(False, "try several chain lengths and tree shapes; report the fastest", group="main")
     hf: bool = option(True, "skip HF generate", group="main")
     hf_prompts: int = option(8, "HF generate on the first N prompts only (all their turns), compared with plain and "
-                                "speculative decoding on the same prompts; HF runs ~40x slower than the engine, so all "
-                                "of MT-bench would cost minutes (0: all prompts)", group="main")
+                                "speculative decoding on the same prompts; HF ran ~30x slower than the engine for "
+                                "SmolLM2 on an H200, so all of MT-bench costs minutes (0: all prompts)", group="main")
     warmup: int = option(1, "untimed warm-up generations per method", group="main")
     allow_unfinished: bool = option(False, "bench a draft whose training did not finish (refused otherwise; the "
                                            "results say so)", group="main")

@@ -241,23 +241,24 @@ def run_features_vllm(args) -> int:
     if args.gpu_memory_utilization is not None:
         engine_args["gpu_memory_utilization"] = args.gpu_memory_utilization
     dtype = dtype_name(args.dtype)   # vLLM's spelling
-    captures: list[VllmCapture] = []
+    capture = None
 
     def shard_capture_for(aux: list[int], samples):
         def shard_capture(shard_samples):
-            if not captures:  # started at the first shard to capture: a finished folder starts no engine
-                captures.append(VllmCapture(target.source.path, aux_layer_ids=aux, topk=args.teacher_topk,
-                                            max_model_len=max(s.length for s in samples) + 1,
-                                            tensor_parallel_size=args.tensor_parallel_size, dtype=dtype,
-                                            batch_tokens=args.batch_tokens, engine_args=engine_args))
-            return captures[0].capture_shard(shard_samples)
+            nonlocal capture
+            if capture is None:  # started at the first shard to capture: a finished folder starts no engine
+                capture = VllmCapture(target.source.path, aux_layer_ids=aux, topk=args.teacher_topk,
+                                      max_model_len=max(s.length for s in samples) + 1,
+                                      tensor_parallel_size=args.tensor_parallel_size, dtype=dtype,
+                                      batch_tokens=args.batch_tokens, engine_args=engine_args)
+            return capture.capture_shard(shard_samples)
         return shard_capture
 
     config = {"backend": "vllm", "tensor_parallel_size": args.tensor_parallel_size, "dtype": dtype}
     try:
         manifest = capture_conversations(args, target, config=config, shard_capture_for=shard_capture_for)
     finally:
-        for capture in captures:
+        if capture is not None:
             capture.close()
     c = manifest["counts"]
     print(f"features (vllm, tp {args.tensor_parallel_size}): {c['samples']} conversations, {c['tokens']} tokens in "
