@@ -169,3 +169,21 @@ def test_bench_train_step_smoke_runs_every_eager_variant(tmp_path):
     assert [r["variant"] for r in results] == ["old", "merged", "new"]
     assert all(r["ms_per_step"] > 0 and r["loss_matches_first"] for r in results)
     assert (tmp_path / "bench_train_step.json").is_file()
+
+
+def test_bench_train_step_smoke_mixed_shapes_and_online_target(tmp_path):
+    """--mix: varied packed shapes taken in turn; --target: the real (tiny) target's forward timed apart."""
+    import importlib.util
+    from pathlib import Path
+
+    from tiny import save_tiny_target
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "bench_train_step.py"
+    spec = importlib.util.spec_from_file_location("bench_train_step", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    results = module.main(["--smoke", "--mix", "3", "--variants", "old,merged"])
+    assert [r["shapes"] for r in results] == [3, 3] and all(r["loss_matches_first"] for r in results)
+    target = save_tiny_target(tmp_path / "target")
+    results = module.main(["--smoke", "--mix", "3", "--variants", "old,merged", "--target", str(target)])
+    assert all(r["target_ms"] > 0 and r["draft_ms"] > 0 and r["loss_matches_first"] for r in results)

@@ -15,6 +15,12 @@ Variants (comma-separated `--variants`):
 Each prints ms/step (median of --steps after warm-up) and the peak device memory of a step, and
 checks that its loss matches the first variant's on the same batch.
 
+`--mix N` replaces the one fixed shape by N batches of seeded, varied sample lengths (median ~300,
+mean ~450, at most --length, like the recipe's conversations) packed as `eaglekit train` packs them,
+taken in turn: a new [rows, T] shape every step, as in a real run. `--target DIR` (with --mix) also
+runs the online part, the target's forward and dense teacher on those rows through the product's
+OnlineSource, timed apart (`target_ms`).
+
 GPU:  python scripts/gpu/bench_train_step.py --out $OUT
 CPU:  python scripts/gpu/bench_train_step.py --smoke   (tiny shapes, seconds; what the test runs)
 """
@@ -37,7 +43,8 @@ sys.path.insert(0, str(REPO / "src"))
 
 from eaglekit.draft.config import DraftConfig  # noqa: E402
 from eaglekit.draft.model import Eagle3Draft  # noqa: E402
-from eaglekit.features.batch import Batch  # noqa: E402
+from eaglekit.features.batch import Batch, pack_by_tokens  # noqa: E402
+from eaglekit.features.conversations import Sample  # noqa: E402
 from eaglekit.features.teacher import Teacher  # noqa: E402
 from eaglekit.train.loop import TTTModel, compiled_unrolled_loss, unrolled_loss  # noqa: E402
 from eaglekit.train.optim import make_optimizer  # noqa: E402
@@ -57,11 +64,13 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_atte
             vocab_size=512, max_position_embeddings=512, rms_norm_eps=1e-5)
 
 
-def make_draft(shape: dict, draft_vocab_size: int, device: torch.device) -> Eagle3Draft:
+def make_draft(shape, draft_vocab_size: int, device: torch.device) -> Eagle3Draft:
+    """A seeded draft for a target config (a dict of Llama numbers, or a real target's config)."""
     from transformers import LlamaConfig
 
-    layers = shape["num_hidden_layers"]
-    cfg = DraftConfig.for_target(LlamaConfig(**shape), aux_layer_ids=[1, layers // 2, layers - 3],
+    config = LlamaConfig(**shape) if isinstance(shape, dict) else shape
+    layers = config.num_hidden_layers
+    cfg = DraftConfig.for_target(config, aux_layer_ids=[1, layers // 2, layers - 3],
                                  draft_vocab_size=draft_vocab_size)
     torch.manual_seed(0)
     draft = Eagle3Draft(cfg)
@@ -87,25 +96,83 @@ def make_batch(draft: Eagle3Draft, rows: int, length: int, device: torch.device)
     return Batch(ids, mask, aux, teacher, torch.full((rows,), length)).to(device)
 
 
+def mixed_lengths(count: int, longest: int, seed: int = 2) -> list[int]:
+    """Seeded sample lengths, log-normal around 300 tokens (the recipe's conversations: mean 408-624)."""
+    g = torch.Generator().manual_seed(seed)
+    median = min(300.0, longest / 4)
+    raw = torch.exp(torch.randn(count, generator=g) * 0.9 + torch.log(torch.tensor(median)))
+    return [int(x) for x in raw.clamp(4, longest)]
+
+
+def mixed_groups(args) -> tuple[list[int], list[list[int]]]:
+    """--mix batches: sample lengths, packed as training packs them (rows x longest <= batch tokens)."""
+    lengths = mixed_lengths(2 * args.batch_tokens * args.mix // min(300, args.length // 4), args.length)
+    groups = pack_by_tokens(range(len(lengths)), lengths, batch_tokens=args.batch_tokens)
+    step = max(1, len(groups) // args.mix)
+    return lengths, groups[::step][: args.mix]     # shapes from the longest rows to the shortest
+
+
+class OnlineRows:
+    """--target: the online part, the real target's forward + teacher on random token rows."""
+
+    def __init__(self, target, draft: Eagle3Draft, lengths: list[int], device: torch.device):
+        from eaglekit.draft.vocab import DraftVocab
+        from eaglekit.train.sources import OnlineSource
+
+        g = torch.Generator().manual_seed(3)
+        samples = []
+        for n, length in enumerate(lengths):
+            ids = torch.randint(3, draft.config.vocab_size, (length,), generator=g)
+            mask = torch.ones(length, dtype=torch.bool)
+            mask[: max(1, length // 10)] = False
+            samples.append(Sample(id=str(n), input_ids=ids, loss_mask=mask))
+        vocab = DraftVocab(draft_ids=draft.t2d.nonzero().squeeze(1).cpu(), vocab_size=draft.config.vocab_size)
+        self.source = OnlineSource(target.model, samples, draft.config.aux_layer_ids, vocab)
+        self.device = device
+
+    def batch(self, indices: list[int]) -> Batch:
+        return self.source.batch(indices, self.device)
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def bench_variant(name: str, args, shape: dict, device: torch.device, autocast: bool) -> dict:
+def step_batches(args, draft: Eagle3Draft, target, device: torch.device):
+    """The batches the timed steps take in turn: one fixed shape, or --mix's varied ones (+ the online rows)."""
+    if not args.mix:
+        return [make_batch(draft, args.batch_tokens // args.length, args.length, device)], None
+    lengths, groups = mixed_groups(args)
+    if target is not None:
+        online = OnlineRows(target, draft, lengths, device)
+        return groups, online
+    return [make_batch(draft, len(g), max(lengths[i] for i in g), device) for g in groups], None
+
+
+def bench_variant(name: str, args, shape, device: torch.device, autocast: bool, target=None) -> dict:
     attention, compiled, fused = VARIANTS[name]
     draft = make_draft(shape, args.draft_vocab_size, device)
     model = TTTModel(draft, args.ttt_steps, attention)
     params = [(n, p) for n, p in draft.named_parameters() if p.requires_grad]
     optimizer = make_optimizer(params, lr=1e-4, weight_decay=0.0, betas=(0.9, 0.95))
-    batch = make_batch(draft, args.batch_tokens // args.length, args.length, device)
-    denominators = step_counts(batch.loss_mask, args.ttt_steps)
+    batches, online = step_batches(args, draft, target, device)
     step_loss = compiled_unrolled_loss() if compiled else unrolled_loss
     kw = dict(d2t=draft.d2t, t2d=draft.t2d, weights=[0.8 ** j for j in range(args.ttt_steps)])
     if not compiled:
         kw["fused_ce"] = fused
+    target_ms, tokens = [], []
 
-    def step() -> float:
+    def step(n: int) -> float:
+        batch = batches[n % len(batches)]
+        if online is not None:        # the target's forward, timed apart from the draft's step
+            sync(device)
+            t0 = time.perf_counter()
+            batch = online.batch(batch)
+            sync(device)
+            target_ms.append((time.perf_counter() - t0) * 1000)
+        tokens.append(int(batch.input_ids.numel()))
+        denominators = step_counts(batch.loss_mask, args.ttt_steps)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
             out = step_loss(model, batch, denominators, **kw)
         out.loss.backward()
@@ -114,25 +181,31 @@ def bench_variant(name: str, args, shape: dict, device: torch.device, autocast: 
         return out.loss.detach()
 
     started = time.perf_counter()
-    first_loss = float(step())            # before any update: comparable across variants
+    first_loss = float(step(0))            # before any update: comparable across variants
     sync(device)
     warmup_s = time.perf_counter() - started
-    for _ in range(args.warmup - 1):
-        step()
+    for n in range(1, args.warmup):
+        step(n)
     sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
     times = []
-    for _ in range(args.steps):
+    target_ms.clear()
+    tokens.clear()
+    for n in range(args.warmup, args.warmup + args.steps):
         t0 = time.perf_counter()
-        step()
+        step(n)
         sync(device)
         times.append((time.perf_counter() - t0) * 1000)
+    step_ms = [t - o for t, o in zip(times, target_ms)] if target_ms else times
     result = {"variant": name, "attention": attention, "compile": compiled, "first_loss": round(first_loss, 6),
               "ms_per_step": round(statistics.median(times), 2), "ms_min": round(min(times), 2),
-              "first_step_s": round(warmup_s, 2),
-              "tokens_per_s": round(args.batch_tokens / (statistics.median(times) / 1000), 1)}
+              "first_step_s": round(warmup_s, 2), "shapes": len(batches),
+              "tokens_per_s": round(sum(tokens) / (sum(times) / 1000), 1)}
+    if target_ms:
+        result.update(target_ms=round(statistics.median(target_ms), 2),
+                      draft_ms=round(statistics.median(step_ms), 2))
     if device.type == "cuda":
         result["peak_step_mem_gib"] = round((torch.cuda.max_memory_allocated(device) - base) / 2**30, 3)
         result["peak_mem_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
@@ -156,6 +229,8 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--ttt-steps", type=int, default=7)
     p.add_argument("--steps", type=int, default=10, help="timed steps per variant")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation, allocator)")
+    p.add_argument("--mix", type=int, default=0, help="N batches of varied sample lengths, taken in turn (0: one shape)")
+    p.add_argument("--target", default=None, help="with --mix: the real target's forward too (online training)")
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default=os.environ.get("OUT"))
     p.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, fp32")
@@ -169,11 +244,21 @@ def main(argv=None) -> list[dict]:
         shape, args.device = TINY, "cpu"
         args.batch_tokens, args.length, args.draft_vocab_size = 64, 32, 128
         args.ttt_steps, args.steps, args.warmup = 3, 2, 1
+        if args.mix:
+            args.batch_tokens, args.length = 256, 64
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     autocast = device.type == "cuda"
+    if args.target and not args.mix:
+        raise SystemExit("--target needs --mix N (the online rows are packed from varied lengths)")
+    target = None
+    if args.target:
+        from eaglekit.targets.load import load_target
+
+        target = load_target(args.target, device=str(device), dtype="auto")
+        shape = target.model.config
     results = []
     for name in names:
-        r = bench_variant(name, args, shape, device, autocast)
+        r = bench_variant(name, args, shape, device, autocast, target)
         free_variant(device)
         results.append(r)
         print(json.dumps(r), flush=True)
