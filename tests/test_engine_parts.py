@@ -7,7 +7,7 @@ import torch
 from eaglekit.engine.accept import chain_sampling_accept, chain_sampling_tables, greedy_accept, tree_sampling_accept, tree_sampling_tables
 from eaglekit.engine.sampling import Sampling, target_probs
 from eaglekit.engine.spec import SpecConfig
-from eaglekit.engine.tree import cache_mask, chain_tree, select_tree, tree_from_parents
+from eaglekit.engine.tree import cache_mask, chain_tree, select_tree, top_k, tree_from_parents
 from eaglekit.errors import EaglekitError
 from engine_tiny import one_thread  # noqa: F401 (fixture)
 
@@ -68,6 +68,23 @@ def test_select_tree_tie_keeps_the_parent():
     values = torch.tensor([-0.5, -0.7, -0.5])
     tree = select_tree(torch.tensor([9]), tokens, parents, values, torch.tensor([1, 1, 2]), num_nodes=3, max_depth=2)
     assert tree.tokens.tolist() == [9, 50, 60] and tree.parents.tolist() == [-1, 0, 1]
+
+
+@pytest.mark.parametrize("shape", [(16384,), (8, 16384), (3, 1000), (2, 5, 300), (200,)])
+def test_top_k_matches_torch_topk(shape):
+    """The two-pass top-k: torch.topk's values, largest first, indices that hold them (padding never picked)."""
+    g = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(*shape, generator=g).log_softmax(-1)
+    x[..., 7] = x.max() + 1                                      # a clear winner in the first chunk
+    for k in (1, 8, 10):
+        values, indices = top_k(x, k)
+        expected = torch.topk(x, k)
+        assert torch.equal(values, expected.values)
+        assert torch.equal(x.gather(-1, indices), values) and int(indices.max()) < shape[-1]
+        assert bool((indices[..., 0] == 7).all())
+    x = torch.zeros(8, 512)                                      # all ties: k distinct real indices per row
+    values, indices = top_k(x, 8)
+    assert torch.equal(values, torch.zeros(8, 8)) and all(len(set(r.tolist())) == 8 for r in indices)
 
 
 def test_greedy_accept_picks_the_deepest_matching_path():

@@ -26,7 +26,7 @@ from eaglekit.engine.kv import KVCache, attend, group_mask
 from eaglekit.engine.sampling import Sampling, sample
 from eaglekit.engine.spec import SpecConfig
 from eaglekit.engine.target_fast import SMALL_ROWS, default_kernels, kernel_for_rows, linear
-from eaglekit.engine.tree import Tree, cache_mask, causal_block, chain_tree, select_tree, tree_from_parents
+from eaglekit.engine.tree import Tree, cache_mask, causal_block, chain_tree, select_tree, top_k, tree_from_parents
 
 
 @dataclass
@@ -126,7 +126,7 @@ class DraftRunner(nn.Module):
         K, D, dev = self.spec.top_k, self.spec.depth, root.device
         R = self.spec.draft_region
         logp = self.logits(self.last_hidden)[0].log_softmax(-1)                # [Vd]
-        value, ids = torch.topk(logp, K)
+        value, ids = top_k(logp, K)
         front_tok, front_val = self.vocab_map[ids], value                      # [K]
         front_id = torch.arange(K, device=dev)                                 # candidate index
         front_hidden = self.last_hidden.expand(K, -1)                          # parent output [K, H]
@@ -142,7 +142,7 @@ class DraftRunner(nn.Module):
             slots = n + base + torch.arange(K, device=dev)
             positions = (n + level - 1) * torch.ones(K, dtype=torch.long, device=dev)
             out = self.step(front_tok, front_hidden, positions, slots, cache_mask(front_anc, n, n, self.max_len))
-            child_logp, child_ids = torch.topk(self.logits(out).log_softmax(-1), K)  # [K, K]
+            child_logp, child_ids = top_k(self.logits(out).log_softmax(-1), K)       # [K, K]
             cand_val = (front_val.unsqueeze(1) + child_logp).flatten()         # [K*K]
             cand_tok = self.vocab_map[child_ids].flatten()
             toks.append(cand_tok)
