@@ -276,3 +276,14 @@ def test_the_time_budget_is_refit_while_the_pace_settles():
     assert budget_refits(0, 1000) == [10, 50, 200, 400, 600, 800]
     assert budget_refits(300, 700) == [310, 350, 500]          # a resumed run starts anew, within the cap
     assert budget_refits(0, 30) == [10]
+
+
+def test_profile_steps_writes_where_a_step_goes(data, tmp_path, caplog):
+    manifest = train(config(data, tmp_path / "run", max_steps=6, profile_steps="2:4"))
+    text = (tmp_path / "run" / "profile.txt").read_text()
+    assert manifest["complete"] and text.startswith("steps 3..4 (2) on cpu") and "ms a step" in text
+    assert "aten::" in text and "by own host time" in text
+    train(config(data, tmp_path / "late", max_steps=3, profile_steps="2:9"))
+    assert not (tmp_path / "late" / "profile.txt").exists() and "no profile.txt written" in caplog.text
+    with pytest.raises(EaglekitError, match="profile-steps"):
+        config(data, tmp_path / "bad", profile_steps="5:5")

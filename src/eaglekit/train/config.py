@@ -12,9 +12,20 @@ from eaglekit.train.optim import SCHEDULES
 # Settings that may differ between a run and its resumption without changing a single number, or
 # (the kernel choices: ttt_attention, soft_ce, compile) only by float rounding; a state written before they
 # existed still resumes.
-RESUME_FREE = ("resume", "overwrite", "progress", "out", "ttt_attention", "soft_ce", "compile")
+RESUME_FREE = ("resume", "overwrite", "progress", "out", "ttt_attention", "soft_ce", "compile", "profile_steps")
 ATTENTIONS = ("merged", "dense")   # train/ttt.py implements them
 SOFT_CES = ("plain", "fused")      # train/soft_ce.py
+
+
+def profile_window(text: str) -> tuple[int, int]:
+    """--profile-steps A:B -> (A, B): the steps after step A up to step B are traced."""
+    try:
+        first, last = (int(x) for x in text.split(":"))
+    except ValueError:
+        first = last = -1
+    if not 0 <= first < last:
+        raise EaglekitError(f"--profile-steps {text!r} is not A:B with 0 <= A < B", hint="e.g. --profile-steps 300:320")
+    return first, last
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +100,9 @@ class TrainConfig:
     overwrite: bool = option(False, "delete the run in --out and start over (under its writer lock)",
                              group="reporting")
     progress: bool = option(True, "no progress bar", group="reporting")
+    profile_steps: str | None = option(None, "trace optimizer steps A:B (e.g. 300:320) with torch.profiler and "
+                                             "write profile.txt to --out: the ops by device and host time, the "
+                                             "wall and device time a step", group="reporting")
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -120,6 +134,8 @@ class TrainConfig:
             raise EaglekitError("--init-from brings its own vocab; drop --vocab", hint="the draft's d2t is its vocab")
         if self.max_steps is not None and self.max_steps < 0:
             raise EaglekitError(f"max_steps {self.max_steps} < 0", hint="0 only validates --init-from")
+        if self.profile_steps is not None:
+            profile_window(self.profile_steps)
         if self.grad_accum < 1 or self.batch_tokens < 2 or self.max_length < 2:
             raise EaglekitError("grad_accum, batch_tokens and max_length must be positive", hint="check the arguments")
 

@@ -28,6 +28,7 @@ from eaglekit.train.attention import check_merged_attention
 from eaglekit.train.config import TrainConfig
 from eaglekit.train.data import BatchPlan, eval_batches
 from eaglekit.train.optim import load_optimizer_tensors, lr_at, make_optimizer, optimizer_tensors
+from eaglekit.train.profiling import StepProfiler
 from eaglekit.train.setup import Run, prepare
 from eaglekit.train.state import latest_state, load_state, restore_rng, save_state
 from eaglekit.train.tracker import Tracker
@@ -322,6 +323,7 @@ class Trainer:
         last_fit = None
         if self.device.type == "cuda":   # a stage before this one in the same process (generate's cache) set the peak
             torch.cuda.reset_peak_memory_stats(self.device)
+        profiler = StepProfiler(cfg.profile_steps, self.out, self.device) if cfg.profile_steps and main else None
         try:
             if self.total_steps == 0 and self.run.val is not None:   # --max-steps 0: validate only
                 metrics = self.validate()
@@ -331,6 +333,8 @@ class Trainer:
             while self.step < self.total_steps:
                 stats, grad_norm, tokens = self.train_step()
                 self.step += 1
+                if profiler is not None:
+                    profiler.after_step(self.step)
                 window += stats
                 window_tokens += tokens
                 if refits and self.step == refits[0]:
@@ -374,6 +378,8 @@ class Trainer:
             manifest = self.write_manifest(final=True, train_metrics=train_metrics) if main else {}
         finally:
             tracker.close()
+            if profiler is not None:
+                profiler.close(self.step)
             if self.prefetch:
                 self.pool.shutdown(wait=True, cancel_futures=True)
         self.dist.barrier()
