@@ -13,7 +13,8 @@
 #   3. eaglekit bench tree on prompts the recipe never saw or tuned on (HumanEval + Alpaca, 20 each);
 #   4. bench_generate.py: the engine's batch decoder beside HF generate at the same batch.
 # Env: W (work folder, /root/work), GPUS (1), TRAIN_S (train.time-budget-s), LIMIT (MT-bench prompts),
-# REFILL (generate.refill: graphs, the recipe's, or eager).
+# REFILL (generate.refill: graphs, the recipe's, or eager), PROFILE (train.profile-steps A:B: the
+# training loop's torch.profiler table, run/draft/profile.txt).
 set -u
 VERB=${1:?start or wait}
 W=${W:-/root/work}
@@ -64,7 +65,7 @@ session() {
   recipe() {  # the recipe with this session's overrides, plus any given
     python3 -m eaglekit run --recipe smollm2-h200 --out "$RUN" gpus="${GPUS:-1}" target="$t" \
       "prompts.source=[$full$w]" "train.time-budget-s=${TRAIN_S:-480}" train.no-progress=true \
-      "bench.prompts=$eval/mt_bench.jsonl" "bench.limit=${LIMIT:-40}" "generate.refill=${REFILL:-graphs}" "$@" 2>&1 | quiet >> "$LOG"
+      "bench.prompts=$eval/mt_bench.jsonl" "bench.limit=${LIMIT:-40}" "generate.refill=${REFILL:-graphs}" ${PROFILE:+"train.profile-steps=$PROFILE"} "$@" 2>&1 | quiet >> "$LOG"
     return "${PIPESTATUS[0]}"
   }
   t0=$(date +%s); stamp "pipeline starts"
@@ -93,7 +94,7 @@ session() {
 pack() {  # what exists so far, in one archive (files back from $OUT: at most 8)
   local files=()
   for f in pipeline.json report.html prompts/manifest.json conversations/manifest.json draft/manifest.json \
-           draft/log.jsonl draft/config.json doctor/report.json bench/results.json bench/report.md; do
+           draft/log.jsonl draft/config.json draft/profile.txt doctor/report.json bench/results.json bench/report.md; do
     [[ -e $RUN/$f ]] && files+=("run/$f")
   done
   for f in bench-tree/results.json bench-tree/report.md bench-chain/results.json bench-chain/report.md \
@@ -118,7 +119,7 @@ case $VERB in
   start)
     : "${EAGLEKIT_SMOLLM2_DIR:?run setup.sh first}"
     PROMPTS=${2:?prompts folder}; EVAL=${3:?eval folder}
-    export -f session benches stamp quiet; export W RUN LOG
+    export -f session benches stamp quiet; export W RUN LOG PROFILE
     setsid nohup bash -c "session '$PROMPTS' '$EVAL'" > "$W/session.out" 2>&1 < /dev/null &
     stamp "session launched (pid $!)"; sleep 2; cat "$LOG" ;;
   bench)   # a draft trained in an earlier session: the three benches alone, in the background
