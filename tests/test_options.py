@@ -132,3 +132,20 @@ def test_vocab_shares_trainings_options():
     args = build_parser().parse_args(["vocab", "--data", "d", "--out", "o"])
     assert (args.target, args.draft_vocab_size, args.max_length) == \
         ("smollm2", TrainConfig.draft_vocab_size, TrainConfig.max_length)
+
+
+def test_target_run_and_report_flags_are_their_options_fields():
+    from eaglekit.pipeline.options import RunOptions
+    from eaglekit.report.options import ReportOptions
+    from eaglekit.targets.options import TargetInfoOptions, TargetPrepareOptions
+
+    assert stage_flags(("target", "info")) == switch_names(TargetInfoOptions)
+    assert stage_flags(("target", "prepare")) == switch_names(TargetPrepareOptions)
+    assert stage_flags(("run",)) == switch_names(RunOptions)
+    assert stage_flags(("report",)) == switch_names(ReportOptions)
+    args = build_parser().parse_args(["run", "--stop-before", "train", "train.epochs=2"])
+    assert (args.recipe, args.stop_before, args.plan, args.overrides) == ("quick", "train", False, ["train.epochs=2"])
+    args = build_parser().parse_args(["target", "prepare", "--out", "o"])
+    assert (args.target, args.dtype, args.overwrite) == ("smollm2", TargetPrepareOptions.dtype, False)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["target", "prepare"])          # --out is required

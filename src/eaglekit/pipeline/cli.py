@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from eaglekit.options import add_options
+from eaglekit.pipeline.options import GROUPS, RunOptions
+
 
 def register(sub) -> None:
     p = sub.add_parser("run", help="the whole pipeline: prompts -> answers -> draft -> export -> doctor -> bench",
                        description="Run every stage of a recipe into one folder. Rerun the same command to resume.")
-    p.add_argument("--recipe", default="quick", help="a built-in recipe name or a YAML file (default: quick)")
-    p.add_argument("--out", help="run folder (default: runs/<recipe name>)")
-    p.add_argument("--stop-before", metavar="STAGE",
-                   help="stop when this stage is next (e.g. train): run the data stages now, the rest later "
-                        "by rerunning without it; finished stages are skipped")
-    p.add_argument("--plan", action="store_true", help="print every stage's command and run none")
+    add_options(p, RunOptions, GROUPS)
     p.add_argument("overrides", nargs="*", metavar="SECTION.KEY=VALUE",
                    help="override recipe values, e.g. train.epochs=3 generate.batch-size=64")
     p.set_defaults(func=run)

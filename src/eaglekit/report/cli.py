@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from eaglekit.options import add_options
+from eaglekit.report.options import GROUPS, ReportOptions
+
 
 def register(sub) -> None:
     p = sub.add_parser("report", help="one self-contained HTML page of a run folder",
@@ -13,7 +16,7 @@ def register(sub) -> None:
                                    "acceptance, speed against the baselines, the doctor's table. Missing parts are "
                                    "shown as missing, unfinished stages as unfinished.")
     p.add_argument("run", metavar="RUN_DIR", help="a folder written by `eaglekit run` (e.g. runs/quick)")
-    p.add_argument("--out", help="the HTML file to write (default: RUN_DIR/report.html)")
+    add_options(p, ReportOptions, GROUPS)
     p.set_defaults(func=run)
 
 

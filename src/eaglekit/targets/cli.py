@@ -5,21 +5,20 @@ from __future__ import annotations
 import argparse
 import json
 
+from eaglekit.options import add_options
+from eaglekit.targets.options import GROUPS, TargetInfoOptions, TargetPrepareOptions
+
 
 def register(sub) -> None:
     target = sub.add_parser("target", help="inspect or prepare a target model")
     tsub = target.add_subparsers(dest="target_command", metavar="ACTION", required=True)
 
     info = tsub.add_parser("info", help="architecture, sizes, chat template and default aux layer ids")
-    info.add_argument("--target", default="smollm2", help="smollm2, an HF model folder or a .gguf file")
-    info.add_argument("--json", action="store_true", help="print JSON")
+    add_options(info, TargetInfoOptions, GROUPS)
     info.set_defaults(func=run_info)
 
     prep = tsub.add_parser("prepare", help="write the target as a plain HF folder (safetensors + tokenizer)")
-    prep.add_argument("--target", default="smollm2", help="smollm2, an HF model folder or a .gguf file")
-    prep.add_argument("--out", required=True, help="output folder")
-    prep.add_argument("--dtype", default="float32", help="dtype of the saved weights (float32, bfloat16)")
-    prep.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    add_options(prep, TargetPrepareOptions, GROUPS)
     prep.set_defaults(func=run_prepare)
 
 

@@ -12,11 +12,13 @@ from pathlib import Path
 from eaglekit.artifacts import atomic_dir, has_content, write_manifest
 from eaglekit.errors import EaglekitError
 from eaglekit.targets.load import Target, load_target, text_config
+from eaglekit.targets.options import TargetPrepareOptions
 
 log = logging.getLogger(__name__)
 
 
-def prepare_target(spec: str, out: str | Path, *, dtype: str = "float32", overwrite: bool = False) -> dict:
+def prepare_target(spec: str, out: str | Path, *, dtype: str = TargetPrepareOptions.dtype,
+                   overwrite: bool = False) -> dict:
     """Load `spec` and save it as a Hugging Face folder; check the folder reloads to the same target.
 
     The folder is built beside `out` under `out`'s writer lock and moved into place whole. Its
