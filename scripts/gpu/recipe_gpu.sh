@@ -14,7 +14,8 @@
 #   4. bench_generate.py: the engine's batch decoder beside HF generate at the same batch.
 # Env: W (work folder, /root/work), GPUS (1), TRAIN_S (train.time-budget-s), LIMIT (MT-bench prompts),
 # REFILL (generate.refill: graphs, the recipe's, or eager), PROFILE (train.profile-steps A:B: the
-# training loop's torch.profiler table, run/draft/profile.txt).
+# training loop's torch.profiler table, run/draft/profile.txt), EXTRA (more SECTION.KEY=VALUE overrides,
+# split at spaces, e.g. "prompts.num-prompts=20000").
 set -u
 VERB=${1:?start or wait}
 W=${W:-/root/work}
@@ -65,7 +66,7 @@ session() {
   recipe() {  # the recipe with this session's overrides, plus any given
     python3 -m eaglekit run --recipe smollm2-h200 --out "$RUN" gpus="${GPUS:-1}" target="$t" \
       "prompts.source=[$full$w]" "train.time-budget-s=${TRAIN_S:-480}" train.no-progress=true \
-      "bench.prompts=$eval/mt_bench.jsonl" "bench.limit=${LIMIT:-40}" "generate.refill=${REFILL:-graphs}" ${PROFILE:+"train.profile-steps=$PROFILE"} "$@" 2>&1 | quiet >> "$LOG"
+      "bench.prompts=$eval/mt_bench.jsonl" "bench.limit=${LIMIT:-40}" "generate.refill=${REFILL:-graphs}" ${PROFILE:+"train.profile-steps=$PROFILE"} ${EXTRA:-} "$@" 2>&1 | quiet >> "$LOG"
     return "${PIPESTATUS[0]}"
   }
   t0=$(date +%s); stamp "pipeline starts"
@@ -119,7 +120,7 @@ case $VERB in
   start)
     : "${EAGLEKIT_SMOLLM2_DIR:?run setup.sh first}"
     PROMPTS=${2:?prompts folder}; EVAL=${3:?eval folder}
-    export -f session benches stamp quiet; export W RUN LOG PROFILE
+    export -f session benches stamp quiet; export W RUN LOG PROFILE EXTRA
     setsid nohup bash -c "session '$PROMPTS' '$EVAL'" > "$W/session.out" 2>&1 < /dev/null &
     stamp "session launched (pid $!)"; sleep 2; cat "$LOG" ;;
   bench)   # a draft trained in an earlier session: the three benches alone, in the background
