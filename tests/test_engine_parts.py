@@ -85,6 +85,10 @@ def test_top_k_matches_torch_topk(shape):
     x = torch.zeros(8, 512)                                      # all ties: k distinct real indices per row
     values, indices = top_k(x, 8)
     assert torch.equal(values, torch.zeros(8, 8)) and all(len(set(r.tolist())) == 8 for r in indices)
+    x = torch.full((300,), float("-inf"))                         # fewer finite values than k: indices stay in V
+    x[[5, 150, 299]] = torch.tensor([1.0, 3.0, 2.0])
+    values, indices = top_k(x, 8)
+    assert indices[:3].tolist() == [150, 299, 5] and int(indices.max()) < 300
 
 
 def test_greedy_accept_picks_the_deepest_matching_path():

@@ -100,20 +100,22 @@ def top_k(x: torch.Tensor, k: int, chunk: int = TOPK_CHUNK) -> tuple[torch.Tenso
 
     Why: CUDA's topk runs one block per slice, so the tree's [K, Vd] draft log-probs (8 slices of
     16k) took 73 us a call on an H200, 15 % of a tree cycle (2026-12-02). The first pass takes the k
-    best of every `chunk` values ([..., Vd/chunk, chunk]: many small slices), the second the k best
-    of those. Same values as torch.topk; among equal values either index may come first.
+    best of every `chunk` values ([..., V // chunk, chunk]: many small slices), the second the k best
+    of those and of the tail (the last V % chunk values). Same values as torch.topk; among equal
+    values either index may come first.
     x: [..., V] -> values [..., k], indices [..., k] (int64, into V).
     """
     V = x.shape[-1]
     if k > chunk or V < 2 * chunk:
         return torch.topk(x, k)
-    pad = -V % chunk
-    if pad:                                   # -inf never beats a real value (k <= V)
-        x = torch.nn.functional.pad(x, (0, pad), value=float("-inf"))
-    best, local = x.unflatten(-1, (-1, chunk)).topk(k)                    # [..., V/chunk, k]
-    offsets = torch.arange(0, V + pad, chunk, device=x.device).unsqueeze(-1)   # [V/chunk, 1]
-    values, pick = best.flatten(-2).topk(k)                               # [..., k]
-    return values, (local + offsets).flatten(-2).gather(-1, pick)
+    whole = V - V % chunk
+    best, local = x[..., :whole].unflatten(-1, (-1, chunk)).topk(k)        # [..., V // chunk, k]
+    offsets = torch.arange(0, whole, chunk, device=x.device).unsqueeze(-1)  # [V // chunk, 1]
+    tail = torch.arange(whole, V, device=x.device).expand(*x.shape[:-1], V - whole)
+    values = torch.cat([best.flatten(-2), x[..., whole:]], -1)             # [..., C]
+    indices = torch.cat([(local + offsets).flatten(-2), tail], -1)         # [..., C]
+    values, pick = values.topk(k)                                          # [..., k]
+    return values, indices.gather(-1, pick)
 
 
 def select_tree(root: torch.Tensor, cand_tokens: torch.Tensor, cand_parents: torch.Tensor,
