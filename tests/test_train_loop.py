@@ -283,6 +283,8 @@ def test_profile_steps_writes_where_a_step_goes(data, tmp_path, caplog):
     text = (tmp_path / "run" / "profile.txt").read_text()
     assert manifest["complete"] and text.startswith("steps 3..4 (2) on cpu") and "ms a step" in text
     assert "aten::" in text and "by own host time" in text
+    train(config(data, tmp_path / "first", max_steps=2, profile_steps="0:2"))
+    assert (tmp_path / "first" / "profile.txt").read_text().startswith("steps 1..2 (2)")
     train(config(data, tmp_path / "late", max_steps=3, profile_steps="2:9"))
     assert not (tmp_path / "late" / "profile.txt").exists() and "no profile.txt written" in caplog.text
     with pytest.raises(EaglekitError, match="profile-steps"):

@@ -324,6 +324,8 @@ class Trainer:
         if self.device.type == "cuda":   # a stage before this one in the same process (generate's cache) set the peak
             torch.cuda.reset_peak_memory_stats(self.device)
         profiler = StepProfiler(cfg.profile_steps, self.out, self.device) if cfg.profile_steps and main else None
+        if profiler is not None:
+            profiler.start(self.step)
         try:
             if self.total_steps == 0 and self.run.val is not None:   # --max-steps 0: validate only
                 metrics = self.validate()
@@ -333,8 +335,6 @@ class Trainer:
             while self.step < self.total_steps:
                 stats, grad_norm, tokens = self.train_step()
                 self.step += 1
-                if profiler is not None:
-                    profiler.after_step(self.step)
                 window += stats
                 window_tokens += tokens
                 if refits and self.step == refits[0]:
@@ -363,6 +363,8 @@ class Trainer:
                     self.record_validation(self.validate(), tracker)
                 if self.step % cfg.save_every == 0 or last:
                     self.save_trainer_state()
+                if profiler is not None:
+                    profiler.after_step(self.step)
                 if cfg.time_budget_s is not None and not last and self.out_of_time(started):
                     log.warning("time budget of %.0f s reached at step %d; stopping", cfg.time_budget_s, self.step)
                     self.total_steps = self.step
