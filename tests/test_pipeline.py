@@ -215,3 +215,13 @@ def test_run_logs_its_time_left_at_each_stage_and_in_progress_lines(tmp_path, mo
     # once the main draft is done the slices are planned: their trainings are timed by its seconds a step
     assert "scaling-0.5-train" not in at_start["export-vllm"] and "scaling-0.5-bench" in at_start["export-vllm"]
     assert at_start["scaling-1-bench"].startswith("about ")     # the main bench's time times it
+
+
+def test_an_override_of_the_form_a_colon_b_stays_as_written():
+    """YAML 1.1 reads 10:20 as a base-60 number (620); `train.profile-steps=10:20` must reach train as 10:20."""
+    from eaglekit.pipeline.recipe import apply_override
+
+    recipe = {}
+    for text in ("train.profile-steps=10:20", "train.epochs=3", "bench.limit=1:30.5"):
+        apply_override(recipe, text)
+    assert recipe == {"train": {"profile-steps": "10:20", "epochs": 3}, "bench": {"limit": "1:30.5"}}

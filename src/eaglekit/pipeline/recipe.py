@@ -76,7 +76,10 @@ def apply_override(recipe: dict, override: str) -> None:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             raise EaglekitError(f"override {override!r}: {part} is not a section", hint="check the recipe")
-    node[leaf] = yaml.safe_load(raw)
+    value = yaml.safe_load(raw)
+    if isinstance(value, (int, float)) and ":" in raw:   # YAML 1.1 reads 10:20 as base 60 (620): keep A:B as written
+        value = raw
+    node[leaf] = value
 
 
 def to_flags(section: dict | None, *, skip: tuple[str, ...] = ()) -> list[str]:
