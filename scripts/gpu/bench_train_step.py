@@ -16,10 +16,12 @@ Each prints ms/step (median of --steps after warm-up) and the peak device memory
 checks that its loss matches the first variant's on the same batch.
 
 `--mix N` replaces the one fixed shape by N batches of seeded, varied sample lengths (median ~300,
-mean ~450, at most --length, like the recipe's conversations) packed as `eaglekit train` packs them,
-taken in turn: a new [rows, T] shape every step, as in a real run. `--target DIR` (with --mix) also
-runs the online part, the target's forward and dense teacher on those rows through the product's
-OnlineSource, timed apart (`target_ms`).
+mean ~450, at most --length, like the recipe's conversations) grouped as `eaglekit train` groups them
+(rows x longest <= --batch-tokens), taken in turn: a new [rows, T] shape every step, as in a real
+run; the warm-up visits every shape once. Without --target the synthetic rows are full length (the
+shapes are real, the padding is not). `--target DIR` (with --mix) also runs the online part, the
+target's forward and dense teacher on those rows through the product's OnlineSource, timed apart
+(`target_ms`). tokens_per_s is the timed steps' tokens (padded) over their total time.
 
 GPU:  python scripts/gpu/bench_train_step.py --out $OUT
 CPU:  python scripts/gpu/bench_train_step.py --smoke   (tiny shapes, seconds; what the test runs)
@@ -246,6 +248,8 @@ def main(argv=None) -> list[dict]:
         args.ttt_steps, args.steps, args.warmup = 3, 2, 1
         if args.mix:
             args.batch_tokens, args.length = 256, 64
+    if args.mix:
+        args.warmup = max(args.warmup, args.mix)     # every shape's first visit before the timed steps
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     autocast = device.type == "cuda"
     if args.target and not args.mix:
