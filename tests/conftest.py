@@ -28,8 +28,30 @@ def tiny_tok():
 
 
 def pytest_configure(config) -> None:
-    config.addinivalue_line("markers", "interop: needs the SGLang / EAGLE venvs (scripts/install_sglang_cpu.sh, "
-                            "scripts/install_eagle_venv.sh)")
+    config.addinivalue_line("markers", "interop: tier 3, the serving engines' own code: SGLang / EAGLE venvs "
+                            "(scripts/install_sglang_cpu.sh, scripts/install_eagle_venv.sh), and vLLM's (`vllm`)")
+    config.addinivalue_line("markers", "unit: tier 1, pure code and tiny seeded models (given by conftest)")
+    config.addinivalue_line("markers", "integration: tier 2, the real SmolLM2 or subprocesses (the slow ones; "
+                            "given by conftest)")
+
+
+# The tiers, from the markers a test already has: `pytest -m unit` is the quick loop (tiny seeded
+# models, no subprocess); integration runs the real SmolLM2 or subprocesses (`slow`); interop the
+# serving engines' own code (vLLM's tests carry `interop` too); gpu, CUDA (never in CI).
+def tier_of(item) -> str:
+    marks = {m.name for m in item.iter_markers()}
+    if "gpu" in marks:
+        return "gpu"
+    if marks & {"vllm", "interop"}:
+        return "interop"
+    return "integration" if "slow" in marks else "unit"
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        tier = tier_of(item)
+        if tier in ("unit", "integration", "interop"):     # gpu tests carry theirs already
+            item.add_marker(tier)
 
 
 # (env switch, venv env var, default venv, install script): CI sets the switch where the tests must run
