@@ -178,6 +178,22 @@ def test_dedup_within_and_across_sources_and_length_filters(tmp_path):
     assert (sb["duplicates"], sb["taken"]) == (1, 1)
 
 
+def test_a_source_of_a_files_long_prompts_alone_as_its_own_share(tmp_path):
+    """`FILE,min-chars=N,name=long` first, then FILE again: the long prompts are one share, the rest the other."""
+    rows = [{"turns": [f"summarize {i}: " + "word " * 100]} for i in range(4)] + [{"turns": [f"short {i}"]} for i in range(8)]
+    f = write_jsonl(tmp_path / "t0.jsonl", rows)
+    long_spec = SourceSpec.parse(f"{f},min-chars=300,name=t0_long,weight=1")
+    assert (long_spec.min_chars, long_spec.max_chars, long_spec.name) == (300, None, "t0_long")
+    manifest = build_prompts([long_spec, SourceSpec.parse(f"{f},weight=0.5,max-chars=5000")], tmp_path / "out",
+                             validation_fraction=0.0)
+    first, rest = manifest["counts"]["sources"]
+    assert (first["unique"], first["too_short"], first["taken"]) == (4, 8, 4)
+    assert (rest["duplicates"], rest["unique"], rest["taken"]) == (4, 8, 4)   # the long ones were the first share's
+    assert Filters(min_chars=5, max_chars=400).narrowed(long_spec) == Filters(min_chars=300, max_chars=400)
+    with pytest.raises(EaglekitError, match="whole number"):
+        SourceSpec.parse(f"{f},min-chars=lots")
+
+
 def test_max_tokens_filter_uses_the_target_tokenizer(tmp_path, tiny_tok):
     path = write_jsonl(tmp_path / "t.jsonl", [{"turns": ["Hello!"]}, {"turns": ["The quick brown fox " * 20]}])
     build_prompts([SourceSpec.parse(str(path))], tmp_path / "out", filters=Filters(max_tokens=20),

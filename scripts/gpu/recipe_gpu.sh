@@ -57,8 +57,10 @@ PY
 session() {
   local prompts=$1 eval=$2 t=$EAGLEKIT_SMOLLM2_DIR t0
   # Chat, code and role play at full weight; the large templated sets (FLAN CoT, P3 prompts, GSM8K,
-  # task-oriented dialogues) down-weighted so that they do not drown the conversations.
-  local w="\"$prompts/flan_cot.jsonl,weight=0.3\", \"$prompts/t0_train.jsonl,weight=0.2\", \"$prompts/gsm8k_train.jsonl,weight=0.5\", \"$prompts/sgd_dialogues.jsonl,weight=0.1\""
+  # task-oriented dialogues) down-weighted so that they do not drown the conversations; P3's long
+  # prompts (>= 2000 characters: passages to summarize or answer from) at full weight first, so that
+  # long-input work is a share of its own (3,303 prompts, where T0's 0.2 took ~660).
+  local w="\"$prompts/flan_cot.jsonl,weight=0.3\", \"$prompts/t0_train.jsonl,min-chars=2000,name=t0_long\", \"$prompts/t0_train.jsonl,weight=0.2\", \"$prompts/gsm8k_train.jsonl,weight=0.5\", \"$prompts/sgd_dialogues.jsonl,weight=0.1\""
   local full=""
   for f in "$prompts"/*.jsonl; do
     case $(basename "$f") in flan_cot.jsonl|t0_train.jsonl|gsm8k_train.jsonl|sgd_dialogues.jsonl) ;; *) full+="\"$f\", " ;; esac

@@ -17,7 +17,7 @@ def register(sub) -> None:
     psub = prompts.add_subparsers(dest="prompts_command", metavar="ACTION", required=True)
 
     build = psub.add_parser("build", help="read, filter, deduplicate, mix and split prompt sources",
-                            description="Sources: LOCATION[,weight=W][,format=F][,name=N][,column=C][,records=KEY]"
+                            description="Sources: LOCATION[,weight=W][,format=F][,name=N][,column=C][,records=KEY][,min-chars=N][,max-chars=N]"
                                         "[,split=S][,subset=S]; LOCATION is a .jsonl/.json/.parquet/.txt file, a "
                                         "folder of them, or hf:<dataset>. Formats: auto (default), turns, sharegpt, "
                                         "openai, alpaca, prompt, text.")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from eaglekit.artifacts import atomic_dir, write_manifest
@@ -38,6 +38,12 @@ class Filters:
     max_chars: int | None = None
     max_tokens: int | None = None  # needs a tokenizer
     max_turns: int | None = None
+
+    def narrowed(self, spec: SourceSpec) -> "Filters":
+        """These limits and a source's own (`min-chars=`, `max-chars=`), the tighter of each."""
+        longest = [x for x in (self.max_chars, spec.max_chars) if x is not None]
+        return replace(self, min_chars=max(self.min_chars, spec.min_chars or 0),
+                       max_chars=min(longest) if longest else None)
 
 
 def build_prompts(sources: list[SourceSpec], out: str | Path, *, filters: Filters = Filters(),
@@ -72,7 +78,7 @@ def build_prompts(sources: list[SourceSpec], out: str | Path, *, filters: Filter
                                 hint="pass a file with prompt records, or drop the source")
         check_malformed(spec, report, strict)
         malformed += report.malformed
-        kept, stats = filter_and_dedup(report, filters, tokenizer, seen)
+        kept, stats = filter_and_dedup(report, filters.narrowed(spec), tokenizer, seen)
         pools.append(kept)
         per_source.append({"source": spec.location, "name": spec.display_name(), "weight": spec.weight,
                            "records": report.records, "malformed": len(report.malformed), **stats})

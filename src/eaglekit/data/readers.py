@@ -3,7 +3,7 @@ Face datasets. Every record keeps its location (file and line) so a malformed on
 
 A source is written `LOCATION[,key=value...]` on the command line, e.g.
 `sharegpt.json,weight=2`, `questions.txt,name=faq`, `hf:tatsu-lab/alpaca,split=train,weight=0.5`,
-`data.parquet,column=question`.
+`data.parquet,column=question`, `t0.jsonl,min-chars=2000,name=t0_long` (its long prompts alone).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from eaglekit.errors import EaglekitError
 log = logging.getLogger(__name__)
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")
-OPTIONS = ("weight", "format", "name", "column", "records", "split", "subset")
+OPTIONS = ("weight", "format", "name", "column", "records", "split", "subset", "min-chars", "max-chars")
+INT_OPTIONS = ("min-chars", "max-chars")
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ class SourceSpec:
         records: key of the list of records when a JSON file holds an object, not a list.
         split: split of a Hugging Face dataset.
         subset: configuration name of a Hugging Face dataset.
+        min_chars, max_chars: this source's own length limits, on top of the build's (`min-chars=2000`
+            takes a source's long prompts alone: long-input work, e.g. summaries, as its own share).
     """
 
     location: str
@@ -48,6 +51,8 @@ class SourceSpec:
     records: str | None = None
     split: str = "train"
     subset: str | None = None
+    min_chars: int | None = None
+    max_chars: int | None = None
 
     @classmethod
     def parse(cls, text: str) -> "SourceSpec":
@@ -59,6 +64,12 @@ class SourceSpec:
                 raise EaglekitError(f"bad source option {option!r} in {text!r}",
                                     hint=f"write LOCATION[,key=value...] with keys {', '.join(OPTIONS)}")
             kwargs[key.strip()] = value.strip()
+        for key in INT_OPTIONS:
+            if key in kwargs:
+                value = kwargs.pop(key)
+                if not value.isdigit():
+                    raise EaglekitError(f"{key} {value!r} in {text!r} is not a whole number", hint=f"e.g. {key}=2000")
+                kwargs[key.replace("-", "_")] = int(value)
         if "weight" in kwargs:
             try:
                 kwargs["weight"] = float(kwargs["weight"])
