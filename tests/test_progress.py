@@ -55,3 +55,24 @@ def test_lines_inside_a_run_also_say_the_runs_time_left(caplog, monkeypatch):
     assert caplog.records[-1].getMessage().endswith("10s left | at least 9m left for the run") and seen == [10.0]
     p.update(1)                                      # outside `eaglekit run` (the block closed): no run tail
     assert "|" not in caplog.records[-1].getMessage()
+
+
+def test_processes_a_stage_starts_say_the_runs_time_left_too():
+    """torchrun's ranks and generate's --devices workers are other processes: the pipeline tells them
+    the stages after theirs through the environment, and their lines add their own time left."""
+    import os
+    import subprocess
+    import sys
+
+    from eaglekit.progress import RUN_AFTER_ENV, TimeLeft, outlook_from_env, run_after
+
+    assert outlook_from_env(60) is None
+    with run_after("train", (480.0, True), TimeLeft(70.0, False, ("bench",))):
+        child = subprocess.run([sys.executable, "-c", "from eaglekit.progress import outlook_from_env as o; "
+                                "print(o(60)); print(o(None))"], capture_output=True, text=True, check=True)
+    assert child.stdout.splitlines() == ["at least 2m10s left for the run; not known yet: bench",
+                                         "at least 9m10s left for the run; not known yet: bench"]
+    assert RUN_AFTER_ENV not in os.environ
+    with run_after("generate", None, TimeLeft(0.0, False, ())):
+        assert outlook_from_env(None) == "time left for the run not known yet: generate"
+        assert outlook_from_env(125) == "about 2m05s left for the run"

@@ -6,16 +6,21 @@ rate and the time left, so that no stage is silent for minutes.
     progress.update(1, tok_s="12,000")
     progress.close()
 
-Inside `eaglekit run` each line also says the whole run's time left (`run_outlook`).
+Inside `eaglekit run` each line also says the whole run's time left: `run_outlook` in the run's own
+process, `run_after` (the environment) in the processes a stage starts (torchrun's ranks, generate's
+`--devices` workers).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
 
 log = logging.getLogger("eaglekit.progress")
 
@@ -33,6 +38,59 @@ def run_outlook(outlook: Callable[[float | None], str]) -> Iterator[None]:
         yield
     finally:
         _run_outlook = earlier
+
+
+RUN_AFTER_ENV = "EAGLEKIT_RUN_AFTER"   # JSON: the running stage, its own known time, the stages after it
+
+
+@dataclass(frozen=True)
+class TimeLeft:
+    """The run's time left: the sum of what is known, and the stages nothing tells the time of yet
+    (then the sum is only a floor, and says so)."""
+    seconds: float
+    floor: bool
+    unknown: tuple[str, ...]
+
+    def text(self) -> str:
+        """'about 3m10s left for the run', or 'at least 8m00s ...; not known yet: doctor, bench'."""
+        if self.unknown and self.seconds <= 0:
+            return f"time left for the run not known yet: {', '.join(self.unknown)}"
+        left = f"{'at least' if self.floor or self.unknown else 'about'} {duration(self.seconds)} left for the run"
+        return f"{left}; not known yet: {', '.join(self.unknown)}" if self.unknown else left
+
+
+@contextlib.contextmanager
+def run_after(stage: str, own: tuple[float, bool] | None, after: TimeLeft) -> Iterator[None]:
+    """Within it, processes started from here (they inherit the environment) end their progress lines
+    with the run's time left: `stage`'s own (their seconds left, else `own`: (seconds, floor) or None)
+    and `after`, the stages after it."""
+    earlier = os.environ.get(RUN_AFTER_ENV)
+    os.environ[RUN_AFTER_ENV] = json.dumps({"stage": stage, "own": own, "after": asdict(after)})
+    try:
+        yield
+    finally:
+        if earlier is None:
+            os.environ.pop(RUN_AFTER_ENV, None)
+        else:
+            os.environ[RUN_AFTER_ENV] = earlier
+
+
+def stage_and_after(stage: str, own: tuple[float, bool] | None, after: TimeLeft) -> TimeLeft:
+    """The run's time left while `stage` runs: its own (seconds, floor), None if not known, and `after`."""
+    if own is None:
+        return TimeLeft(after.seconds, after.floor, (stage, *after.unknown))
+    return TimeLeft(after.seconds + own[0], after.floor or own[1], after.unknown)
+
+
+def outlook_from_env(left: float | None) -> str | None:
+    """The run's time left in a process a stage started (see `run_after`); None outside `eaglekit run`."""
+    raw = os.environ.get(RUN_AFTER_ENV)
+    if not raw:
+        return None
+    told = json.loads(raw)
+    after = TimeLeft(told["after"]["seconds"], told["after"]["floor"], tuple(told["after"]["unknown"]))
+    own = (left, False) if left is not None else told["own"]
+    return stage_and_after(told["stage"], own, after).text()
 
 
 def duration(seconds: float) -> str:
@@ -106,8 +164,10 @@ class Progress:
         return f"{self.desc}: {self.done}{of}, {self.rate():.3g} {self.unit}s/s{extra}{tail}"
 
     def run_tail(self) -> str:
-        """' | run: ...' inside `eaglekit run` (see run_outlook), else ''."""
-        return f" | {_run_outlook(self.seconds_left())}" if _run_outlook is not None else ""
+        """' | the run's time left' inside `eaglekit run` (see run_outlook, run_after), else ''."""
+        left = self.seconds_left()
+        outlook = _run_outlook(left) if _run_outlook is not None else outlook_from_env(left)
+        return f" | {outlook}" if outlook else ""
 
     def set_total(self, total: int) -> None:
         self.total = total

@@ -37,7 +37,7 @@ from eaglekit.artifacts import read_json, write_json, writer_lock
 from eaglekit.errors import EaglekitError
 from eaglekit.pipeline.recipe import to_flags
 from eaglekit.pipeline.scaling import run_scaling, scaling_plan, scaling_summary
-from eaglekit.progress import duration, run_outlook
+from eaglekit.progress import TimeLeft, duration, run_after, run_outlook, stage_and_after
 from eaglekit.report.html import write_report
 
 log = logging.getLogger(__name__)
@@ -101,8 +101,11 @@ class Pipeline:
         log.info("[%s] %s", name, self.time_left(name, None).text())
         self.record(name, argv, "running", None, 0.0)
         start = time.time()
-        # A stage in this process adds the run's time left to its progress lines (torchrun's cannot).
-        with run_outlook(lambda left: self.time_left(name, None if left is None else StageTime(left)).text()):
+        # The stage's progress lines end with the run's time left: in this process through run_outlook,
+        # in the processes it starts (torchrun's ranks, --devices workers) through the environment.
+        own = known_stage_time(self.stage_planned(name), self.state, self.out)
+        with run_outlook(lambda left: self.time_left(name, None if left is None else StageTime(left)).text()), \
+                run_after(name, None if own is None else (own.seconds, own.floor), self.time_after()):
             code = run_eaglekit(argv, processes)
         release_device_memory()
         seconds = round(time.time() - start, 1)
@@ -132,8 +135,12 @@ class Pipeline:
     def time_left(self, name: str, own: StageTime | None) -> TimeLeft:
         """The run's time left while `name` runs: its own (`own`, else what is known of it) and the rest."""
         own = own or known_stage_time(self.stage_planned(name), self.state, self.out)
+        return stage_and_after(name, None if own is None else (own.seconds, own.floor), self.time_after())
+
+    def time_after(self) -> TimeLeft:
+        """The time left of the stages after the running one (`look_ahead`'s)."""
         unplanned = "the scaling slices (planned once train is done)" if self.runs_unplanned_stages() else None
-        return run_time_left([(name, own), *self.ahead], unplanned)
+        return run_time_left(self.ahead, unplanned)
 
     def stage_planned(self, name: str) -> PlannedStage | None:
         return next((s for s in self.whole_plan if s.name == name), None)
@@ -169,22 +176,6 @@ class StageTime:
     """What a stage will take, in seconds; `floor`: at least that (a time budget: start-up comes on top)."""
     seconds: float
     floor: bool = False
-
-
-@dataclass(frozen=True)
-class TimeLeft:
-    """The run's time left: the sum of what is known, and the stages nothing tells the time of yet
-    (then the sum is only a floor, and says so)."""
-    seconds: float
-    floor: bool
-    unknown: tuple[str, ...]
-
-    def text(self) -> str:
-        """'about 3m10s left for the run', or 'at least 8m00s ...; not known yet: doctor, bench'."""
-        if self.unknown and self.seconds <= 0:
-            return f"time left for the run not known yet: {', '.join(self.unknown)}"
-        left = f"{'at least' if self.floor or self.unknown else 'about'} {duration(self.seconds)} left for the run"
-        return f"{left}; not known yet: {', '.join(self.unknown)}" if self.unknown else left
 
 
 def run_time_left(stages: Sequence[tuple[str, StageTime | None]], unplanned: str | None = None) -> TimeLeft:
