@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from eaglekit.engine.tree import top_k
 from eaglekit.errors import EaglekitError
 
 
@@ -40,7 +41,7 @@ def target_probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     """[..., V] logits -> [..., V] float32 probabilities after temperature, top-k and top-p."""
     logits = logits.float() / sampling.temperature
     if sampling.top_k:
-        kth = torch.topk(logits, min(sampling.top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        kth = top_k(logits, min(sampling.top_k, logits.shape[-1]))[0][..., -1:]     # two passes: see top_k
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if sampling.top_p < 1.0:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
