@@ -190,8 +190,14 @@ def test_a_source_of_a_files_long_prompts_alone_as_its_own_share(tmp_path):
     assert (first["unique"], first["too_short"], first["taken"]) == (4, 8, 4)
     assert (rest["duplicates"], rest["unique"], rest["taken"]) == (4, 8, 4)   # the long ones were the first share's
     assert Filters(min_chars=5, max_chars=400).narrowed(long_spec) == Filters(min_chars=300, max_chars=400)
-    with pytest.raises(EaglekitError, match="whole number"):
-        SourceSpec.parse(f"{f},min-chars=lots")
+    for bad in ("lots", "-3", "²"):
+        with pytest.raises(EaglekitError, match="whole number"):
+            SourceSpec.parse(f"{f},min-chars={bad}")
+    # A source without limits is recorded as before they existed: generate's resume hash is unchanged.
+    assert SourceSpec.parse(f"{f},weight=2").to_config() == {"location": str(f), "weight": 2.0, "format": "auto",
+                                                            "name": None, "column": None, "records": None,
+                                                            "split": "train", "subset": None}
+    assert [p.turns[0][:5] for p in read_source(long_spec).prompts if long_spec.keeps(p)] == ["summa"] * 4
 
 
 def test_max_tokens_filter_uses_the_target_tokenizer(tmp_path, tiny_tok):

@@ -97,7 +97,7 @@ def build_prompts(sources: list[SourceSpec], out: str | Path, *, filters: Filter
         by_split[split_of(prompt, validation_fraction, seed)].append(prompt)
     if not chosen:
         raise EaglekitError("no prompt left after filtering", hint="check the sources and the length limits")
-    config = {"sources": [s.__dict__ for s in sources], "filters": filters.__dict__,
+    config = {"sources": [s.to_config() for s in sources], "filters": filters.__dict__,
               "validation_fraction": validation_fraction, "num_prompts": num_prompts, "seed": seed}
     inputs = {s.location: s.fingerprint() for s in sources}
     counts = {"train": len(by_split["train"]), "validation": len(by_split["validation"]),

@@ -40,7 +40,8 @@ class SourceSpec:
         split: split of a Hugging Face dataset.
         subset: configuration name of a Hugging Face dataset.
         min_chars, max_chars: this source's own length limits, on top of the build's (`min-chars=2000`
-            takes a source's long prompts alone: long-input work, e.g. summaries, as its own share).
+            takes a source's long prompts alone: long-input work, e.g. summaries, as its own share; its
+            `name` names the share in the manifest, while records that carry a source keep theirs).
     """
 
     location: str
@@ -67,9 +68,13 @@ class SourceSpec:
         for key in INT_OPTIONS:
             if key in kwargs:
                 value = kwargs.pop(key)
-                if not value.isdigit():
-                    raise EaglekitError(f"{key} {value!r} in {text!r} is not a whole number", hint=f"e.g. {key}=2000")
-                kwargs[key.replace("-", "_")] = int(value)
+                try:
+                    number = int(value)
+                except ValueError:
+                    number = -1
+                if number < 0:
+                    raise EaglekitError(f"{key} {value!r} in {text!r} is not a whole number >= 0", hint=f"e.g. {key}=2000")
+                kwargs[key.replace("-", "_")] = number
         if "weight" in kwargs:
             try:
                 kwargs["weight"] = float(kwargs["weight"])
@@ -82,6 +87,15 @@ class SourceSpec:
             raise EaglekitError(f"unknown format {kwargs['format']!r} in {text!r}",
                                 hint=f"use one of {', '.join(FORMATS)}")
         return cls(location=location.strip(), **kwargs)
+
+    def to_config(self) -> dict:
+        """The spec as the prompts manifest records it; the length limits only when set, so that a
+        folder built before they existed hashes the same (generate's resume check reads that hash)."""
+        return {k: v for k, v in self.__dict__.items() if not (k in ("min_chars", "max_chars") and v is None)}
+
+    def keeps(self, prompt) -> bool:
+        """Within this source's own length limits."""
+        return (self.min_chars or 0) <= prompt.num_chars and (self.max_chars is None or prompt.num_chars <= self.max_chars)
 
     @property
     def is_hf(self) -> bool:

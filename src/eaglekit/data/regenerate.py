@@ -64,6 +64,7 @@ def load_prompts(location: str, splits: tuple[str, ...], limit: int | None) -> t
     else:
         spec = SourceSpec.parse(location)
         report = read_source(spec)
+        report.prompts = [p for p in report.prompts if spec.keeps(p)]
         if report.malformed:
             raise EaglekitError(f"{location}: {len(report.malformed)} malformed records, e.g. {report.malformed[0]}",
                                 hint="clean the prompts with `eaglekit prompts build` first")

@@ -56,7 +56,9 @@ def load_prompts(spec: str | None, limit: int) -> list[list[dict]]:
         return [[{"role": "user", "content": p}] for p in BUILTIN_PROMPTS[:limit]]
     from eaglekit.data.readers import SourceSpec, read_source
 
-    report = read_source(SourceSpec.parse(spec))
+    source = SourceSpec.parse(spec)
+    report = read_source(source)
+    report.prompts = [p for p in report.prompts if source.keeps(p)]
     if not report.prompts:
         raise EaglekitError(f"no prompts read from {spec}", hint="pass a JSONL/JSON/text file of prompts")
     messages = []
