@@ -225,3 +225,5 @@ def test_an_override_of_the_form_a_colon_b_stays_as_written():
     for text in ("train.profile-steps=10:20", "train.epochs=3", "bench.limit=1:30.5"):
         apply_override(recipe, text)
     assert recipe == {"train": {"profile-steps": "10:20", "epochs": 3}, "bench": {"limit": "1:30.5"}}
+    apply_override(recipe, "prompts.source=[a.jsonl, 10:20]")
+    assert recipe["prompts"]["source"] == ["a.jsonl", "10:20"]

@@ -22,6 +22,7 @@ Built-in recipes live beside this file (`eaglekit run --recipe quick`).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
@@ -29,6 +30,21 @@ import yaml
 from eaglekit.errors import EaglekitError
 
 BUILTIN = Path(__file__).parent / "recipes"
+
+
+class RecipeLoader(yaml.SafeLoader):
+    """YAML's safe loader without YAML 1.1's base-60 numbers: `10:20` stays the text 10:20 (a step
+    window), where safe_load made it 620; other ints and floats read as before."""
+
+
+INT, FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+RecipeLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (INT, FLOAT)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+RecipeLoader.add_implicit_resolver(INT, re.compile(r"""^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)
+    |[-+]?0x[0-9a-fA-F_]+)$""", re.X), list("-+0123456789"))
+RecipeLoader.add_implicit_resolver(FLOAT, re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
+    |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""", re.X), list("-+0123456789."))
 SECTIONS = ("prompts", "synthesize", "validation", "generate", "features", "train", "export", "doctor", "bench",
             "scaling")
 TOP_LEVEL = ("name", "target", "out", "device", "gpus", "prepare")
@@ -47,7 +63,7 @@ def load_recipe(name_or_path: str, overrides: list[str] = ()) -> dict:
         raise EaglekitError(f"no recipe {name_or_path!r}",
                             hint=f"pass a YAML file or one of the built-in recipes: {', '.join(builtin_recipes())}")
     try:
-        recipe = yaml.safe_load(path.read_text()) or {}
+        recipe = yaml.load(path.read_text(), Loader=RecipeLoader) or {}
     except yaml.YAMLError as err:
         raise EaglekitError(f"recipe {path} is not valid YAML: {err}", hint="fix the file") from err
     if not isinstance(recipe, dict):
@@ -76,10 +92,7 @@ def apply_override(recipe: dict, override: str) -> None:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             raise EaglekitError(f"override {override!r}: {part} is not a section", hint="check the recipe")
-    value = yaml.safe_load(raw)
-    if isinstance(value, (int, float)) and ":" in raw:   # YAML 1.1 reads 10:20 as base 60 (620): keep A:B as written
-        value = raw
-    node[leaf] = value
+    node[leaf] = yaml.load(raw, Loader=RecipeLoader)
 
 
 def to_flags(section: dict | None, *, skip: tuple[str, ...] = ()) -> list[str]:
