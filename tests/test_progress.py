@@ -76,3 +76,8 @@ def test_processes_a_stage_starts_say_the_runs_time_left_too():
     with run_after("generate", None, TimeLeft(0.0, False, ())):
         assert outlook_from_env(None) == "time left for the run not known yet: generate"
         assert outlook_from_env(125) == "about 2m05s left for the run"
+    os.environ[RUN_AFTER_ENV] = "not json"
+    try:
+        assert outlook_from_env(10) is None          # a stale or foreign value: no tail, no crash
+    finally:
+        del os.environ[RUN_AFTER_ENV]

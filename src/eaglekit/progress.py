@@ -87,10 +87,13 @@ def outlook_from_env(left: float | None) -> str | None:
     raw = os.environ.get(RUN_AFTER_ENV)
     if not raw:
         return None
-    told = json.loads(raw)
-    after = TimeLeft(told["after"]["seconds"], told["after"]["floor"], tuple(told["after"]["unknown"]))
-    own = (left, False) if left is not None else told["own"]
-    return stage_and_after(told["stage"], own, after).text()
+    try:
+        told = json.loads(raw)
+        after = TimeLeft(told["after"]["seconds"], told["after"]["floor"], tuple(told["after"]["unknown"]))
+        own = (left, False) if left is not None else told["own"]
+        return stage_and_after(told["stage"], own, after).text()
+    except (ValueError, KeyError, TypeError, IndexError):   # not ours (a stale or foreign value): no run tail
+        return None
 
 
 def duration(seconds: float) -> str:
