@@ -30,13 +30,13 @@ def tiny_tok():
 def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "interop: tier 3, the serving engines' own code: SGLang / EAGLE venvs "
                             "(scripts/install_sglang_cpu.sh, scripts/install_eagle_venv.sh), and vLLM's (`vllm`)")
-    config.addinivalue_line("markers", "unit: tier 1, pure code and tiny seeded models (given by conftest)")
+    config.addinivalue_line("markers", "unit: tier 1, pure code and tiny seeded models, no SmolLM2 (given by conftest)")
     config.addinivalue_line("markers", "integration: tier 2, the real SmolLM2 or subprocesses (the slow ones; "
                             "given by conftest)")
 
 
 # The tiers, from the markers a test already has: `pytest -m unit` is the quick loop (tiny seeded
-# models, no subprocess); integration runs the real SmolLM2 or subprocesses (`slow`); interop the
+# models, no SmolLM2; a few short subprocesses); integration runs the real SmolLM2 or long subprocess runs (`slow`); interop the
 # serving engines' own code (vLLM's tests carry `interop` too); gpu, CUDA (never in CI).
 def tier_of(item) -> str:
     marks = {m.name for m in item.iter_markers()}
