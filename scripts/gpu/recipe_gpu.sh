@@ -15,7 +15,7 @@
 # Env: W (work folder, /root/work), GPUS (1), TRAIN_S (train.time-budget-s), LIMIT (MT-bench prompts),
 # REFILL (generate.refill: graphs, the recipe's, or eager), PROFILE (train.profile-steps A:B: the
 # training loop's torch.profiler table, run/draft/profile.txt), EXTRA (more SECTION.KEY=VALUE overrides,
-# split at spaces, e.g. "prompts.num-prompts=20000").
+# split at spaces, e.g. "generate.limit=20000": answer a random 20,000 of the training prompts).
 set -u
 VERB=${1:?start or wait}
 W=${W:-/root/work}
