@@ -22,7 +22,6 @@ Built-in recipes live beside this file (`eaglekit run --recipe quick`).
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import yaml
@@ -36,15 +35,16 @@ class RecipeLoader(yaml.SafeLoader):
     """YAML's safe loader without YAML 1.1's base-60 numbers: `10:20` stays the text 10:20 (a step
     window), where safe_load made it 620; other ints and floats read as before."""
 
+    def base60_as_text(self, node):
+        return self.construct_scalar(node) if ":" in node.value else self.numbers[node.tag](self, node)
 
-INT, FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
-RecipeLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (INT, FLOAT)]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-RecipeLoader.add_implicit_resolver(INT, re.compile(r"""^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)
-    |[-+]?0x[0-9a-fA-F_]+)$""", re.X), list("-+0123456789"))
-RecipeLoader.add_implicit_resolver(FLOAT, re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
-    |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""", re.X), list("-+0123456789."))
+    numbers = {"tag:yaml.org,2002:int": yaml.SafeLoader.construct_yaml_int,
+               "tag:yaml.org,2002:float": yaml.SafeLoader.construct_yaml_float}
+
+
+for _tag in RecipeLoader.numbers:
+    RecipeLoader.add_constructor(_tag, RecipeLoader.base60_as_text)
+
 SECTIONS = ("prompts", "synthesize", "validation", "generate", "features", "train", "export", "doctor", "bench",
             "scaling")
 TOP_LEVEL = ("name", "target", "out", "device", "gpus", "prepare")
