@@ -64,10 +64,10 @@ def test_processes_a_stage_starts_say_the_runs_time_left_too():
     import subprocess
     import sys
 
-    from eaglekit.progress import RUN_AFTER_ENV, TimeLeft, outlook_from_env, run_after
+    from eaglekit.progress import RUN_AFTER_ENV, StageTime, TimeLeft, outlook_from_env, run_after
 
     assert outlook_from_env(60) is None
-    with run_after("train", (480.0, True), TimeLeft(70.0, False, ("bench",))):
+    with run_after("train", StageTime(480.0, floor=True), TimeLeft(70.0, False, ("bench",))):
         child = subprocess.run([sys.executable, "-c", "from eaglekit.progress import outlook_from_env as o; "
                                 "print(o(60)); print(o(None))"], capture_output=True, text=True, check=True)
     assert child.stdout.splitlines() == ["at least 2m10s left for the run; not known yet: bench",

@@ -44,6 +44,13 @@ RUN_AFTER_ENV = "EAGLEKIT_RUN_AFTER"   # JSON: the running stage, its own known 
 
 
 @dataclass(frozen=True)
+class StageTime:
+    """What a stage will take, in seconds; `floor`: at least that (a time budget: start-up comes on top)."""
+    seconds: float
+    floor: bool = False
+
+
+@dataclass(frozen=True)
 class TimeLeft:
     """The run's time left: the sum of what is known, and the stages nothing tells the time of yet
     (then the sum is only a floor, and says so)."""
@@ -60,12 +67,13 @@ class TimeLeft:
 
 
 @contextlib.contextmanager
-def run_after(stage: str, own: tuple[float, bool] | None, after: TimeLeft) -> Iterator[None]:
+def run_after(stage: str, own: StageTime | None, after: TimeLeft) -> Iterator[None]:
     """Within it, processes started from here (they inherit the environment) end their progress lines
-    with the run's time left: `stage`'s own (their seconds left, else `own`: (seconds, floor) or None)
-    and `after`, the stages after it."""
+    with the run's time left: `stage`'s own (their seconds left, else `own`, None if not known) and
+    `after`, the stages after it."""
     earlier = os.environ.get(RUN_AFTER_ENV)
-    os.environ[RUN_AFTER_ENV] = json.dumps({"stage": stage, "own": own, "after": asdict(after)})
+    os.environ[RUN_AFTER_ENV] = json.dumps({"stage": stage, "own": None if own is None else asdict(own),
+                                            "after": asdict(after)})
     try:
         yield
     finally:
@@ -75,11 +83,11 @@ def run_after(stage: str, own: tuple[float, bool] | None, after: TimeLeft) -> It
             os.environ[RUN_AFTER_ENV] = earlier
 
 
-def stage_and_after(stage: str, own: tuple[float, bool] | None, after: TimeLeft) -> TimeLeft:
-    """The run's time left while `stage` runs: its own (seconds, floor), None if not known, and `after`."""
+def stage_and_after(stage: str, own: StageTime | None, after: TimeLeft) -> TimeLeft:
+    """The run's time left while `stage` runs: its own time (None if not known) and `after`."""
     if own is None:
         return TimeLeft(after.seconds, after.floor, (stage, *after.unknown))
-    return TimeLeft(after.seconds + own[0], after.floor or own[1], after.unknown)
+    return TimeLeft(after.seconds + own.seconds, after.floor or own.floor, after.unknown)
 
 
 def outlook_from_env(left: float | None) -> str | None:
@@ -90,7 +98,8 @@ def outlook_from_env(left: float | None) -> str | None:
     try:
         told = json.loads(raw)
         after = TimeLeft(told["after"]["seconds"], told["after"]["floor"], tuple(told["after"]["unknown"]))
-        own = (left, False) if left is not None else told["own"]
+        known = StageTime(**told["own"]) if told["own"] else None
+        own = StageTime(left) if left is not None else known
         return stage_and_after(told["stage"], own, after).text()
     except (ValueError, KeyError, TypeError, IndexError):   # not ours (a stale or foreign value): no run tail
         return None

@@ -29,7 +29,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -37,7 +36,7 @@ from eaglekit.artifacts import read_json, write_json, writer_lock
 from eaglekit.errors import EaglekitError
 from eaglekit.pipeline.recipe import to_flags
 from eaglekit.pipeline.scaling import run_scaling, scaling_plan, scaling_summary
-from eaglekit.progress import TimeLeft, duration, run_after, run_outlook, stage_and_after
+from eaglekit.progress import StageTime, TimeLeft, duration, run_after, run_outlook, stage_and_after
 from eaglekit.report.html import write_report
 
 log = logging.getLogger(__name__)
@@ -105,7 +104,7 @@ class Pipeline:
         # in the processes it starts (torchrun's ranks, --devices workers) through the environment.
         own = known_stage_time(self.stage_planned(name), self.state, self.out)
         with run_outlook(lambda left: self.time_left(name, None if left is None else StageTime(left)).text()), \
-                run_after(name, None if own is None else (own.seconds, own.floor), self.time_after()):
+                run_after(name, own, self.time_after()):
             code = run_eaglekit(argv, processes)
         release_device_memory()
         seconds = round(time.time() - start, 1)
@@ -135,7 +134,7 @@ class Pipeline:
     def time_left(self, name: str, own: StageTime | None) -> TimeLeft:
         """The run's time left while `name` runs: its own (`own`, else what is known of it) and the rest."""
         own = own or known_stage_time(self.stage_planned(name), self.state, self.out)
-        return stage_and_after(name, None if own is None else (own.seconds, own.floor), self.time_after())
+        return stage_and_after(name, own, self.time_after())
 
     def time_after(self) -> TimeLeft:
         """The time left of the stages after the running one (`look_ahead`'s)."""
@@ -169,13 +168,6 @@ def until_stop(stages: list[PlannedStage], stop_before: str | None) -> list[Plan
 
 
 # ---- the run's time left --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StageTime:
-    """What a stage will take, in seconds; `floor`: at least that (a time budget: start-up comes on top)."""
-    seconds: float
-    floor: bool = False
 
 
 def run_time_left(stages: Sequence[tuple[str, StageTime | None]], unplanned: str | None = None) -> TimeLeft:
