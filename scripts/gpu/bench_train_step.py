@@ -48,6 +48,7 @@ from eaglekit.draft.model import Eagle3Draft  # noqa: E402
 from eaglekit.features.batch import Batch, pack_by_tokens  # noqa: E402
 from eaglekit.features.conversations import Sample  # noqa: E402
 from eaglekit.features.teacher import Teacher  # noqa: E402
+from eaglekit.train.attention import plan_free_attention  # noqa: E402
 from eaglekit.train.loop import TTTModel, compiled_unrolled_loss, unrolled_loss  # noqa: E402
 from eaglekit.train.optim import make_optimizer  # noqa: E402
 from eaglekit.train.ttt import step_counts  # noqa: E402
@@ -262,7 +263,8 @@ def main(argv=None) -> list[dict]:
         shape = target.model.config
     results = []
     for name in names:
-        r = bench_variant(name, args, shape, device, autocast, target)
+        with plan_free_attention():           # as `train` runs
+            r = bench_variant(name, args, shape, device, autocast, target)
         free_variant(device)
         results.append(r)
         print(json.dumps(r), flush=True)

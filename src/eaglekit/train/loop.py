@@ -24,7 +24,7 @@ from eaglekit.artifacts import AUX_CONVENTION, clear_folder, write_manifest, wri
 from eaglekit.draft.checkpoint import save_draft
 from eaglekit.errors import EaglekitError
 from eaglekit.train import distributed
-from eaglekit.train.attention import check_merged_attention
+from eaglekit.train.attention import check_merged_attention, plan_free_attention
 from eaglekit.train.config import TrainConfig
 from eaglekit.train.data import BatchPlan, eval_batches
 from eaglekit.train.optim import load_optimizer_tensors, lr_at, make_optimizer, optimizer_tensors
@@ -426,7 +426,7 @@ def budget_refits(step: int, cap: int) -> list[int]:
 
 def train(cfg: TrainConfig) -> dict:
     """Train a draft; returns the final manifest (empty on ranks other than 0)."""
-    with run_folder(cfg):
+    with run_folder(cfg), plan_free_attention():
         return Trainer(cfg).fit()
 
 
