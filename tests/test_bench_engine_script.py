@@ -39,6 +39,19 @@ def test_bench_engine_smoke(tmp_path, tiny_target_dir, monkeypatch):
     assert "| a SmolLM2 engine" in (out / "bench_engine.md").read_text()
 
 
+def test_kernel_variants_parse_into_runner_options():
+    import pytest
+
+    kernel_options = runpy.run_path(str(SCRIPT), run_name="bench_engine_parse")["kernel_options"]
+    assert kernel_options("reduce+matvec") == {"attention": "reduce", "matvec": True}
+    assert kernel_options("reduce+matvec@6") == {"attention": "reduce", "matvec": True, "small_rows": 6}
+    assert kernel_options("reduce+matvec@1/32") == {"attention": "reduce", "matvec": True, "small_rows": 1,
+                                                    "attention_rows": 32}
+    for bad in ("reduce+matvec@/32", "reduce@1/x", "flash9", "sdpa+fast"):
+        with pytest.raises(SystemExit, match="ATTENTION_ROWS"):
+            kernel_options(bad)
+
+
 def test_bench_cpu_decode_script_runs_on_a_tiny_target(tmp_path, tiny_target_dir):
     """scripts/bench_cpu_decode.py: both step forms and a draft's cycle, timed and written."""
     import subprocess

@@ -250,3 +250,17 @@ def test_chunked_prefill_gives_the_same_answers(chunk):
     long_prompt = (PROMPTS[0] * 20)[:L - 4]
     assert (pieces.generate(long_prompt, 3, speculative=False).tokens
             == Engine(target).generate(long_prompt, 3, speculative=False).tokens)
+
+
+@pytest.mark.slow
+def test_compiled_tree_cycle_with_reduce_attention_for_every_row_equals_plain_decoding():
+    """`attention_rows` above the tree's size: the verify and the draft's levels attend through the
+    reduce form inside torch.compile (linears stay one-row matvec), and the tokens stay plain greedy's."""
+    model = peaked_model("llama")
+    target = make_target_runner(model, max_len=L, aux_layer_ids=AUX, attention_rows=64)
+    assert target.attention_rows == 64 and target.layers[0].attention_rows == 64 and target.small_rows == 1
+    ref = Engine(make_target_runner(model, max_len=L, aux_layer_ids=AUX)).generate(PROMPTS[0], NEW,
+                                                                                    speculative=False).tokens
+    draft = DraftRunner(random_draft(model), spec=TREE, sampling=Sampling(), max_len=L, attention_rows=64)
+    gen = Engine(target, drafter=draft, spec=TREE, compile=True).generate(PROMPTS[0], NEW)
+    assert gen.tokens == ref

@@ -196,13 +196,17 @@ PLAIN_ENGINES: dict = {}
 
 def kernel_options(variant: str) -> dict:
     """"reduce+matvec@8" -> {"attention": "reduce", "matvec": True, "small_rows": 8} (fast runner
-    options; without @N the runner's default small_rows)."""
-    variant, _, rows = variant.partition("@")
-    attention, _, extra = variant.partition("+")
-    if extra not in ("", "matvec") or attention not in ATTENTION_KINDS or (rows and not rows.isdigit()):
-        raise SystemExit(f"--kernels: {variant!r} is not ATTENTION[+matvec][@ROWS] with ATTENTION in "
+    options; without @N the runner's default small_rows). "reduce+matvec@1/32": the reduce
+    attention up to 32 rows (`attention_rows`), the matvec linears up to 1."""
+    spec, _, rows = variant.partition("@")
+    rows, _, attention_rows = rows.partition("/")
+    attention, _, extra = spec.partition("+")
+    if (extra not in ("", "matvec") or attention not in ATTENTION_KINDS
+            or not all(n.isdigit() for n in (rows, attention_rows) if n) or (attention_rows and not rows)):
+        raise SystemExit(f"--kernels: {variant!r} is not ATTENTION[+matvec][@ROWS[/ATTENTION_ROWS]] with ATTENTION in "
                          f"{tuple(ATTENTION_KINDS)}")
-    return {"attention": attention, "matvec": extra == "matvec", **({"small_rows": int(rows)} if rows else {})}
+    return {"attention": attention, "matvec": extra == "matvec", **({"small_rows": int(rows)} if rows else {}),
+            **({"attention_rows": int(attention_rows)} if attention_rows else {})}
 
 
 def plain_engine(args, smol, ids, variant: str) -> Engine:
@@ -321,7 +325,8 @@ def oracle_and_random(args, model, ids, draft, variant: str) -> dict:
         record(f"oracle {spec.label()}", engine, oracle_rounds=rounds)
         if args.oracle_only or draft is None:
             continue
-        drafter = DraftRunner(draft, spec=spec, sampling=Sampling(), max_len=max_len)
+        draft_kernels = {k: v for k, v in kernel_options(variant).items() if k in ("small_rows", "attention_rows")}
+        drafter = DraftRunner(draft, spec=spec, sampling=Sampling(), max_len=max_len, **draft_kernels)
         record(f"random {spec.label()}", Engine(runner, drafter=drafter, spec=spec, compile=args.compile,
                                                  compile_mode=args.compile_mode))
     return out
@@ -489,7 +494,8 @@ def main(argv=None) -> int:
     p.add_argument("--compile-mode", default="default",
                    help="torch.compile mode of the steps, or `none` (CUDA graphs only)")
     p.add_argument("--kernels", default="reduce+matvec,sdpa",
-                   help="parts a, b and p: fast-runner kernel variants measured side by side, ATTENTION[+matvec] "
+                   help="parts a, b and p: fast-runner kernel variants measured side by side, "
+                        "ATTENTION[+matvec][@ROWS[/ATTENTION_ROWS]] "
                         "(comma list; part c uses the fastest of part a, else the first)")
     p.add_argument("--oracle-only", action="store_true", help="part c: skip the random-draft runs")
     p.add_argument("--kernels-8b", default="sdpa", help="part o: the 8B shape's kernel variant")

@@ -40,21 +40,24 @@ class Proposal:
 class DraftRunner(nn.Module):
     """An EAGLE-3 draft behind the drafter interface (catch_up / propose).
 
-    `attention` / `matvec` / `small_rows` pick kernels for the draft's few-row steps as the fast
-    target runner does (`target_fast.default_kernels`; None = what was measured fastest there).
+    `attention` / `matvec` / `small_rows` / `attention_rows` pick kernels for the draft's few-row
+    steps as the fast target runner does (`target_fast.default_kernels`; None = what was measured
+    fastest there).
     """
 
     needs_aux = True
 
     def __init__(self, draft: Eagle3Draft, *, spec: SpecConfig, sampling: Sampling, max_len: int,
-                 attention: str | None = None, matvec: bool | None = None, small_rows: int = SMALL_ROWS):
+                 attention: str | None = None, matvec: bool | None = None, small_rows: int = SMALL_ROWS,
+                 attention_rows: int | None = None):
         super().__init__()
         cfg = draft.config
         p = next(draft.parameters())
         self.draft, self.spec, self.sampling, self.max_len = draft, spec, sampling, max_len
         weight_bytes = sum(t.numel() * t.element_size() for t in draft.parameters())
         default_attention, default_matvec = default_kernels(1, weight_bytes)
-        self.attention, self.small_rows = attention or default_attention, small_rows
+        self.attention = attention or default_attention
+        self.attention_rows = small_rows if attention_rows is None else attention_rows
         self.linear = partial(linear, max_rows=small_rows if (default_matvec if matvec is None else matvec) else 0)
         self.samples_chain = spec.mode == "chain" and not sampling.greedy   # drafts ~ q, q returned
         self.cache = KVCache(1, cfg.num_key_value_heads, max_len, cfg.head_dim, dtype=p.dtype, device=p.device)
@@ -68,7 +71,7 @@ class DraftRunner(nn.Module):
         q, k, v, residual = self.draft.attention_pieces(tokens[None], hidden[None], positions[None], self.linear)
         k_all, v_all = self.cache.write(slots, k, v)
         mask = group_mask(mask, q.shape[1] // k.shape[1])
-        kind = kernel_for_rows(self.attention, tokens.shape[0], self.small_rows)
+        kind = kernel_for_rows(self.attention, tokens.shape[0], self.attention_rows)
         return self.draft.finish(attend(q, k_all, v_all, mask, kind), residual, self.linear)[0]
 
     def logits(self, hidden):

@@ -28,7 +28,8 @@ RUNNERS = ("auto", "fast", "generic")
 
 def make_target_runner(model: nn.Module, *, max_len: int, batch_size: int = 1, aux_layer_ids=(),
                        runner: str = "auto", attention: str | None = None,
-                       matvec: bool | None = None, small_rows: int | None = None) -> FastTarget | HFTarget:
+                       matvec: bool | None = None, small_rows: int | None = None,
+                       attention_rows: int | None = None) -> FastTarget | HFTarget:
     """Build the target runner for an HF causal LM.
 
     Args:
@@ -41,6 +42,7 @@ def make_target_runner(model: nn.Module, *, max_len: int, batch_size: int = 1, a
         matvec: the FAST runner's one-token linears as fusible reductions (`target_fast.linear`);
             None = its default.
         small_rows: the FAST runner's most tokens per forward for those forms; None = its default.
+        attention_rows: the most tokens per forward for its reduce attention; None = small_rows.
     """
     if runner not in RUNNERS:
         raise EaglekitError(f"unknown runner {runner!r}", hint=f"use one of {RUNNERS}")
@@ -50,7 +52,8 @@ def make_target_runner(model: nn.Module, *, max_len: int, batch_size: int = 1, a
         if reason:
             log.info("target runner: generic (%s)", reason)
     kwargs = dict(max_len=max_len, batch_size=batch_size, aux_layer_ids=aux_layer_ids)
-    kernels = {name: value for name, value in (("attention", attention), ("matvec", matvec), ("small_rows", small_rows))
+    kernels = {name: value for name, value in (("attention", attention), ("matvec", matvec), ("small_rows", small_rows),
+                                               ("attention_rows", attention_rows))
                if value is not None}
     if runner == "fast":
         built = FastTarget(model, **kwargs, **kernels)

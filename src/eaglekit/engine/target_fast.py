@@ -82,10 +82,10 @@ def default_kernels(batch_size: int, weight_bytes: int) -> tuple[str, bool]:
     return "sdpa", False
 
 
-def kernel_for_rows(attention: str, rows: int, small_rows: int) -> str:
-    """The attention kind a forward of `rows` tokens uses: "reduce" only for small forwards (its
-    broadcast form re-reads the cache for every query row), "matmul" above."""
-    return "matmul" if attention == "reduce" and rows > small_rows else attention
+def kernel_for_rows(attention: str, rows: int, attention_rows: int) -> str:
+    """The attention kind a forward of `rows` tokens uses: "reduce" only for forwards of at most
+    `attention_rows` tokens (its broadcast form re-reads the cache for every query row), "matmul" above."""
+    return "matmul" if attention == "reduce" and rows > attention_rows else attention
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -132,9 +132,10 @@ def frozen(t: torch.Tensor) -> nn.Parameter:
 
 
 class FastLayer(nn.Module):
-    def __init__(self, layer: nn.Module, cfg, cache: KVCache, attention: str, matvec: bool, small_rows: int):
+    def __init__(self, layer: nn.Module, cfg, cache: KVCache, attention: str, matvec: bool, small_rows: int,
+                 attention_rows: int):
         super().__init__()
-        self.attention, self.matvec, self.small_rows = attention, matvec, small_rows
+        self.attention, self.matvec, self.small_rows, self.attention_rows = attention, matvec, small_rows, attention_rows
         attn, mlp = layer.self_attn, layer.mlp
         self.nh, self.nkv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.d = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.nh
@@ -164,7 +165,7 @@ class FastLayer(nn.Module):
         k_all, v_all = self.cache.write(slots, k, v)
         # A refill's prompts attend to themselves ([R, 1, T, T]) or to their rows' first C slots: no
         # cache blocks to skip, so flex (which wants L a multiple of its block) has nothing to gain there.
-        kind = "sdpa" if isinstance(slots, Refill) else kernel_for_rows(self.attention, T, self.small_rows)
+        kind = "sdpa" if isinstance(slots, Refill) else kernel_for_rows(self.attention, T, self.attention_rows)
         out = attend(q, k_all, v_all, mask, kind).transpose(1, 2).reshape(B, T, self.nh * self.d)
         x = x + linear(out, self.wo, self.bo, rows)
         h = rms_norm(x, self.ln2, self.eps)
@@ -184,14 +185,16 @@ class FastTarget(nn.Module):
     returns logits [B, T, V] and aux states [B, T, A] (outputs of the aux layers, concatenated).
     `attention` (`kv.ATTENTION_KINDS`) and `matvec` (`linear`) pick kernels for the same math;
     None takes what was measured fastest for the shape (`default_kernels`). `small_rows`: the most
-    tokens per forward that use the matvec and reduce forms (a chain's verify, not a 60-node tree's).
+    tokens per forward that use the matvec and reduce forms (a chain's verify, not a 60-node tree's);
+    `attention_rows` (None = `small_rows`) raises it for the reduce attention alone, whose few rows
+    read the layer's cache from L2 where matvec linears re-read the weights for every row.
     """
 
     kind = "fast"
 
     def __init__(self, model: nn.Module, *, max_len: int, batch_size: int = 1, aux_layer_ids=(),
                  check: bool = True, attention: str | None = None, matvec: bool | None = None,
-                 small_rows: int = SMALL_ROWS):
+                 small_rows: int = SMALL_ROWS, attention_rows: int | None = None):
         super().__init__()
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         default_attention, default_matvec = default_kernels(batch_size, weight_bytes)
@@ -215,7 +218,8 @@ class FastTarget(nn.Module):
                                        dtype=p.dtype, device=p.device)
         self.register_buffer("kv_store", store, persistent=False)            # [2, layers, B, h, L, d]
         self.attention, self.matvec, self.small_rows = attention, matvec, small_rows
-        self.layers = nn.ModuleList(FastLayer(layer, cfg, cache, attention, matvec, small_rows)
+        self.attention_rows = small_rows if attention_rows is None else attention_rows
+        self.layers = nn.ModuleList(FastLayer(layer, cfg, cache, attention, matvec, small_rows, self.attention_rows)
                                     for layer, cache in zip(layers, caches))
         decoder = model.get_decoder()
         self.embed = model.get_input_embeddings().weight
