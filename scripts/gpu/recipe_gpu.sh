@@ -9,13 +9,16 @@
 # The session, in order (each step timed in $W/session.log):
 #   1. eaglekit run --recipe smollm2-h200 on every prompt file of PROMPTS_DIR (weights below), bench
 #      stage on MT-bench (EVAL_DIR/mt_bench.jsonl), tree d6/k8/32;
-#   2. eaglekit bench chain k=5 on MT-bench with the new draft;
-#   3. eaglekit bench tree on prompts the recipe never saw or tuned on (HumanEval + Alpaca, 20 each);
-#   4. bench_generate.py: the engine's batch decoder beside HF generate at the same batch.
+#   2. the benches named in BENCHES, in its order (default "chain heldout generate"):
+#      chain     eaglekit bench chain k=5 on MT-bench with the new draft;
+#      heldout   eaglekit bench tree on prompts the recipe never saw or tuned on (HumanEval + Alpaca, 20 each);
+#      generate  bench_generate.py: the engine's batch decoder beside HF generate at the same batch;
+#      kernels   bench_engine.py part c (oracle chain 5 and tree 32) for each variant in KERNELS.
 # Env: W (work folder, /root/work), GPUS (1), TRAIN_S (train.time-budget-s), LIMIT (MT-bench prompts),
 # REFILL (generate.refill: graphs, the recipe's, or eager), PROFILE (train.profile-steps A:B: the
 # training loop's torch.profiler table, run/draft/profile.txt), EXTRA (more SECTION.KEY=VALUE overrides,
-# split at spaces, e.g. "generate.limit=20000": answer a random 20,000 of the training prompts).
+# split at spaces, e.g. "generate.limit=20000": answer a random 20,000 of the training prompts),
+# BENCHES and KERNELS (step 2).
 set -u
 VERB=${1:?start or wait}
 W=${W:-/root/work}
@@ -34,24 +37,39 @@ bench_tree() {  # what the recipe's bench stage measures, for a draft trained ea
   stamp "bench tree (MT-bench) done after $(( $(date +%s) - t0 )) s"
 }
 
-benches() {  # the draft on MT-bench as a chain of 5, then as a tree on prompts the recipe never saw
-  local draft=$1 eval=$2 t=$EAGLEKIT_SMOLLM2_DIR t0
-  t0=$(date +%s)
-  python3 -m eaglekit bench --target "$t" --draft "$draft" --prompts "$eval/mt_bench.jsonl" --limit "${LIMIT:-40}" \
-    --max-new-tokens 256 --no-hf --mode chain --k 5 --out "$W/bench-chain" 2>&1 | quiet | tail -30 >> "$LOG"
-  stamp "bench chain 5 done after $(( $(date +%s) - t0 )) s"
-  t0=$(date +%s)
-  python3 - "$eval" "$W/heldout.jsonl" <<'PY'
+benches() {  # after the recipe, each of $BENCHES in turn (default: chain heldout generate)
+  local draft=$1 eval=$2 prompts=${3:-} t=$EAGLEKIT_SMOLLM2_DIR t0 b
+  for b in ${BENCHES:-chain heldout generate}; do
+    t0=$(date +%s)
+    case $b in
+      chain)     # the draft on MT-bench as a chain of 5
+        python3 -m eaglekit bench --target "$t" --draft "$draft" --prompts "$eval/mt_bench.jsonl" --limit "${LIMIT:-40}" \
+          --max-new-tokens 256 --no-hf --mode chain --k 5 --out "$W/bench-chain" 2>&1 | quiet | tail -30 >> "$LOG" ;;
+      heldout)   # a tree on prompts the recipe never saw or tuned on
+        python3 - "$eval" "$W/heldout.jsonl" <<'PY'
 import itertools, json, sys
 from pathlib import Path
 ev, out = Path(sys.argv[1]), Path(sys.argv[2])
 lines = [l for name in ("humaneval.jsonl", "alpaca.jsonl") for l in itertools.islice(open(ev / name), 20)]
 out.write_text("".join(lines))
 PY
-  python3 -m eaglekit bench --target "$t" --draft "$draft" --prompts "$W/heldout.jsonl" \
-    --max-new-tokens 256 --no-hf --mode tree --depth 6 --tree-top-k 8 --total-tokens 32 --out "$W/bench-heldout" \
-    2>&1 | quiet | tail -30 >> "$LOG"
-  stamp "bench held-out tree done after $(( $(date +%s) - t0 )) s"
+        python3 -m eaglekit bench --target "$t" --draft "$draft" --prompts "$W/heldout.jsonl" \
+          --max-new-tokens 256 --no-hf --mode tree --depth 6 --tree-top-k 8 --total-tokens 32 --out "$W/bench-heldout" \
+          2>&1 | quiet | tail -30 >> "$LOG" ;;
+      generate)  # the engine's batch decoder beside HF generate at the same batch
+        [[ -n $prompts ]] || { stamp "bench_generate skipped: no prompts folder"; continue; }
+        python3 scripts/gpu/bench_generate.py --target "$t" --prompts "$prompts" --num-prompts 4096 --hf-prompts 512 \
+          --batch-size 512 --max-new-tokens 512 --out "$W/bench-generate" 2>&1 | quiet | tail -30 >> "$LOG" ;;
+      kernels)   # issue 11: the oracle cycle with each of $KERNELS (bench_engine part c), one process each
+        local k
+        for k in ${KERNELS:-reduce+matvec reduce+matvec@1/32}; do
+          python3 scripts/gpu/bench_engine.py --parts c --oracle-only --kernels "$k" --target "$t" \
+            --out "$W/be-${k//[^a-z0-9]/_}" 2>&1 | quiet | grep "^| c " >> "$LOG"
+        done ;;
+      *) stamp "unknown bench $b (chain, heldout, generate, kernels)"; continue ;;
+    esac
+    stamp "bench $b done after $(( $(date +%s) - t0 )) s"
+  done
 }
 
 session() {
@@ -86,11 +104,7 @@ session() {
     REFILL=eager recipe generate.attention=sdpa
     stamp "pipeline (sdpa) exit $? after $(( $(date +%s) - t0 )) s"
   fi
-  benches "$RUN/draft" "$eval"
-  t0=$(date +%s)
-  python3 scripts/gpu/bench_generate.py --target "$t" --prompts "$prompts" --num-prompts 4096 --hf-prompts 512 \
-    --batch-size 512 --max-new-tokens 512 --out "$W/bench-generate" 2>&1 | quiet | tail -30 >> "$LOG"
-  stamp "bench_generate done after $(( $(date +%s) - t0 )) s"
+  benches "$RUN/draft" "$eval" "$prompts"
   stamp "session done"
 }
 
@@ -103,6 +117,9 @@ pack() {  # what exists so far, in one archive (files back from $OUT: at most 8)
   for f in bench-tree/results.json bench-tree/report.md bench-chain/results.json bench-chain/report.md \
            bench-heldout/results.json bench-heldout/report.md bench-generate/bench_generate.json; do
     [[ -e $W/$f ]] && files+=("$f")
+  done
+  for f in "$W"/be-*/bench_engine.json "$W"/be-*/bench_engine.md; do
+    [[ -e $f ]] && files+=("${f#"$W"/}")
   done
   tar -czf "$OUT/results.tar.gz" -C "$W" "${files[@]}" 2>/dev/null
   # The exported draft (bf16, ~29 MB), in parts under the 16 MiB a returned file may have, so that a
@@ -122,13 +139,13 @@ case $VERB in
   start)
     : "${EAGLEKIT_SMOLLM2_DIR:?run setup.sh first}"
     PROMPTS=${2:?prompts folder}; EVAL=${3:?eval folder}
-    export -f session benches stamp quiet; export W RUN LOG PROFILE EXTRA
+    export -f session benches stamp quiet; export W RUN LOG PROFILE EXTRA BENCHES KERNELS
     setsid nohup bash -c "session '$PROMPTS' '$EVAL'" > "$W/session.out" 2>&1 < /dev/null &
     stamp "session launched (pid $!)"; sleep 2; cat "$LOG" ;;
   bench)   # a draft trained in an earlier session: the three benches alone, in the background
     : "${EAGLEKIT_SMOLLM2_DIR:?run setup.sh first}"
     DRAFT=${2:?draft folder}; EVAL=${3:?eval folder}
-    export -f bench_tree benches stamp quiet; export W RUN LOG
+    export -f bench_tree benches stamp quiet; export W RUN LOG BENCHES KERNELS
     setsid nohup bash -c "bench_tree '$DRAFT' '$EVAL'; benches '$DRAFT' '$EVAL'; stamp 'session done'" \
       > "$W/session.out" 2>&1 < /dev/null &
     stamp "benches launched (pid $!)"; sleep 2; cat "$LOG" ;;
