@@ -156,6 +156,23 @@ def test_kernel_forms_compute_the_same_math():
     torch.testing.assert_close(matvec_linear(x, w, None), torch.nn.functional.linear(x, w))
 
 
+def test_few_rows_linear_is_f_linear():
+    """The eager CPU form for a few rows (`weight @ x.T`, one row padded to two) is F.linear's math,
+    and `linear` takes it on a CPU for 1..CPU_FEW_ROWS rows only."""
+    from eaglekit.engine.target_fast import CPU_FEW_ROWS, few_rows_linear, linear
+
+    g = torch.Generator().manual_seed(1)
+    w, b = torch.randn(40, 16, generator=g), torch.randn(40, generator=g)
+    for shape in ((1, 1, 16), (1, 4, 16), (3, 16), (2, 5, 16)):
+        x = torch.randn(shape, generator=g)
+        for bias in (b, None):
+            ref = torch.nn.functional.linear(x, w, bias)
+            torch.testing.assert_close(few_rows_linear(x, w, bias), ref)
+            torch.testing.assert_close(linear(x, w, bias), ref)
+    big = torch.randn(CPU_FEW_ROWS + 1, 16, generator=g)
+    torch.testing.assert_close(linear(big, w, b), torch.nn.functional.linear(big, w, b))
+
+
 def test_compiled_default_kernels_decode_like_eager():
     """Inside torch.compile the batch-1 defaults switch to reduce attention and matvec linears;
     compiled on CPU (Inductor's C++ backend) the greedy tokens equal the eager run's."""
