@@ -47,8 +47,7 @@ def test_kernel_variants_parse_into_runner_options():
     assert kernel_options("reduce+matvec@6") == {"attention": "reduce", "matvec": True, "small_rows": 6}
     assert kernel_options("reduce+matvec@1/32") == {"attention": "reduce", "matvec": True, "small_rows": 1,
                                                     "attention_rows": 32}
-    assert kernel_options("reduce+matvec:flex") == {"attention": "reduce", "matvec": True, "wide_attention": "flex"}
-    for bad in ("reduce+matvec@/32", "reduce@1/x", "flash9", "sdpa+fast", "reduce+matvec:sdpa"):
+    for bad in ("reduce+matvec@/32", "reduce@1/x", "flash9", "sdpa+fast"):
         with pytest.raises(SystemExit, match="ATTENTION_ROWS"):
             kernel_options(bad)
 

@@ -84,26 +84,3 @@ def test_decode_step_traces_whole_with_flex(monkeypatch):
     queue = iter([Request(p, n, key=i) for i, (p, n) in enumerate(zip(PROMPTS, limits))])
     assert {r.key: c.tokens for r, c in traced.serve(lambda: next(queue, None), [])} == ref
     assert built == {"rows": 2}                                # the traced step took the flex path
-
-
-def test_a_verify_forward_builds_one_block_mask_for_all_layers(monkeypatch):
-    """A tree's verify through wide flex attention (`target_fast.shared_mask`): traced whole, one
-    BlockMask for every layer (not one per layer), and the logits of the eager (SDPA) forward."""
-    import eaglekit.engine.flex as flex
-    from eaglekit.engine.tree import cache_mask, tree_from_parents
-
-    model = peaked_model("llama")
-    runner = make_target_runner(model, max_len=BLOCK, wide_attention="flex")
-    assert len(runner.layers) > 1
-    prompt = torch.tensor([PROMPTS[0]])
-    n = prompt.shape[1]
-    runner(prompt, torch.arange(n)[None], torch.arange(n), cache_mask(torch.ones(n, n).tril().bool(), 0, 0, BLOCK))
-    tree = tree_from_parents(torch.tensor([5, 6, 7, 8]), torch.tensor([-1, 0, 0, 1]), 3)   # 4 rows: above 1
-    args = (tree.tokens[None], n + tree.depth[None], n + torch.arange(4), cache_mask(tree.anc, n, n, BLOCK))
-    ref, _ = runner(*args)
-    built = []
-    monkeypatch.setattr(flex, "block_mask_of", lambda mask: built.append(mask.shape) or block_mask_of(mask))
-    torch._dynamo.reset()
-    got, _ = torch.compile(runner, backend="aot_eager", fullgraph=True, dynamic=False)(*args)
-    assert len(built) == 1                                                   # once per forward
-    assert (got - ref).abs().max() < 1e-4

@@ -130,22 +130,6 @@ def test_unknown_attention_kind_and_attention_on_the_generic_runner_are_refused(
         make_target_runner(peaked_model("gemma"), max_len=L, matvec=True)
 
 
-def test_wide_attention_picks_the_kind_above_the_reduce_rows_and_flex_needs_whole_blocks():
-    from eaglekit.engine.flex import BLOCK
-    from eaglekit.engine.target_fast import kernel_for_rows
-
-    assert [kernel_for_rows("reduce", rows, 1) for rows in (1, 6)] == ["reduce", "matmul"]
-    assert [kernel_for_rows("reduce", rows, 1, "flex") for rows in (1, 6)] == ["reduce", "flex"]
-    assert kernel_for_rows("sdpa", 6, 1, "flex") == "sdpa"             # only the reduce kind has a row limit
-    assert kernel_for_rows("reduce", 64, 1, "flex", groups=3) == "matmul"   # 192 query rows: over flex's one block
-    runner = make_target_runner(peaked_model("llama"), max_len=BLOCK, wide_attention="flex")
-    assert runner.wide_attention == "flex" and runner.layers[0].wide_attention == "flex"
-    with pytest.raises(EaglekitError, match="unknown wide attention kind"):
-        make_target_runner(peaked_model("llama"), max_len=BLOCK, wide_attention="sdpa")
-    with pytest.raises(EaglekitError, match="multiple of 128"):
-        make_target_runner(peaked_model("llama"), max_len=BLOCK + 8, wide_attention="flex")
-
-
 def test_sliding_window_shorter_than_the_cache_is_refused():
     model = peaked_model("mistral", seed=7)            # a model of its own: its config is changed
     model.config.sliding_window = 16

@@ -41,21 +41,6 @@ def test_plain_and_speculative_engines_on_cuda_equal_the_cpu():
         assert [engine.generate(p, NEW).tokens for p in PROMPTS] == reference, spec.label()
 
 
-def test_speculation_with_wide_flex_attention_on_cuda_equals_the_cpu():
-    """The verify and the draft's tree levels attend through flex (`wide_attention`), the one-row
-    steps through the reduce form: compiled and captured, the tokens stay plain greedy's."""
-    cpu = Engine(make_target_runner(peaked_model("llama"), max_len=128, aux_layer_ids=AUX))
-    reference = [cpu.generate(p, NEW, speculative=False).tokens for p in PROMPTS]
-    model = on("cuda")
-    target = make_target_runner(model, max_len=128, aux_layer_ids=AUX, attention="reduce", matvec=True,
-                                wide_attention="flex")
-    for spec in (CHAIN, TREE):
-        draft = DraftRunner(random_draft(model).to("cuda"), spec=spec, sampling=Sampling(), max_len=128,
-                            attention="reduce", wide_attention="flex")
-        engine = Engine(target, drafter=draft, spec=spec, graphs=True, compile=True)
-        assert [engine.generate(p, NEW).tokens for p in PROMPTS] == reference, spec.label()
-
-
 @pytest.mark.parametrize("refill", ["eager", "graphs"])
 def test_batch_decoder_on_cuda_equals_the_eager_cpu_decoder(refill):
     """Flex attention in the captured step, rows refilled (eagerly, or replaying a graph per bucket)

@@ -40,7 +40,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from eaglekit.engine import DraftRunner, Engine, OracleDrafter, Sampling, SpecConfig, generate_batch, make_target_runner  # noqa: E402
 from eaglekit.engine.kv import ATTENTION_KINDS  # noqa: E402
-from eaglekit.engine.target_fast import WIDE_ATTENTIONS  # noqa: E402
 
 log = logging.getLogger("bench_engine")
 CHAIN = SpecConfig(mode="chain", k=5)
@@ -198,19 +197,16 @@ PLAIN_ENGINES: dict = {}
 def kernel_options(variant: str) -> dict:
     """"reduce+matvec@8" -> {"attention": "reduce", "matvec": True, "small_rows": 8} (fast runner
     options; without @N the runner's default small_rows). "reduce+matvec@1/32": the reduce
-    attention up to 32 rows (`attention_rows`), the matvec linears up to 1. "reduce+matvec:flex":
-    flex attention above the reduce attention's rows (`wide_attention`; default matmul)."""
-    variant, _, wide = variant.partition(":")
+    attention up to 32 rows (`attention_rows`), the matvec linears up to 1."""
     spec, _, rows = variant.partition("@")
     rows, _, attention_rows = rows.partition("/")
     attention, _, extra = spec.partition("+")
-    if (extra not in ("", "matvec") or attention not in ATTENTION_KINDS or (wide and wide not in WIDE_ATTENTIONS)
+    if (extra not in ("", "matvec") or attention not in ATTENTION_KINDS
             or not all(n.isdigit() for n in (rows, attention_rows) if n) or (attention_rows and not rows)):
-        raise SystemExit(f"--kernels: {variant!r} is not ATTENTION[+matvec][@ROWS[/ATTENTION_ROWS]][:WIDE] with "
-                         f"ATTENTION in {tuple(ATTENTION_KINDS)}, WIDE in {WIDE_ATTENTIONS}")
+        raise SystemExit(f"--kernels: {variant!r} is not ATTENTION[+matvec][@ROWS[/ATTENTION_ROWS]] with ATTENTION in "
+                         f"{tuple(ATTENTION_KINDS)}")
     return {"attention": attention, "matvec": extra == "matvec", **({"small_rows": int(rows)} if rows else {}),
-            **({"attention_rows": int(attention_rows)} if attention_rows else {}),
-            **({"wide_attention": wide} if wide else {})}
+            **({"attention_rows": int(attention_rows)} if attention_rows else {})}
 
 
 def plain_engine(args, smol, ids, variant: str) -> Engine:
@@ -329,8 +325,7 @@ def oracle_and_random(args, model, ids, draft, variant: str) -> dict:
         record(f"oracle {spec.label()}", engine, oracle_rounds=rounds)
         if args.oracle_only or draft is None:
             continue
-        draft_kernels = {k: v for k, v in kernel_options(variant).items()
-                         if k in ("small_rows", "attention_rows", "wide_attention")}
+        draft_kernels = {k: v for k, v in kernel_options(variant).items() if k in ("small_rows", "attention_rows")}
         drafter = DraftRunner(draft, spec=spec, sampling=Sampling(), max_len=max_len, **draft_kernels)
         record(f"random {spec.label()}", Engine(runner, drafter=drafter, spec=spec, compile=args.compile,
                                                  compile_mode=args.compile_mode))

@@ -25,7 +25,7 @@ from eaglekit.draft.model import Eagle3Draft
 from eaglekit.engine.kv import KVCache, attend, group_mask
 from eaglekit.engine.sampling import Sampling, sample
 from eaglekit.engine.spec import SpecConfig
-from eaglekit.engine.target_fast import SMALL_ROWS, check_attention_kinds, default_kernels, kernel_for_rows, linear
+from eaglekit.engine.target_fast import SMALL_ROWS, default_kernels, kernel_for_rows, linear
 from eaglekit.engine.tree import Tree, cache_mask, causal_block, chain_tree, select_tree, top_k, tree_from_parents
 
 
@@ -40,8 +40,8 @@ class Proposal:
 class DraftRunner(nn.Module):
     """An EAGLE-3 draft behind the drafter interface (catch_up / propose).
 
-    `attention` / `matvec` / `small_rows` / `attention_rows` / `wide_attention` pick kernels for the
-    draft's few-row steps as the fast target runner does (`target_fast.default_kernels`; None = what was measured
+    `attention` / `matvec` / `small_rows` / `attention_rows` pick kernels for the draft's few-row
+    steps as the fast target runner does (`target_fast.default_kernels`; None = what was measured
     fastest there).
     """
 
@@ -49,15 +49,14 @@ class DraftRunner(nn.Module):
 
     def __init__(self, draft: Eagle3Draft, *, spec: SpecConfig, sampling: Sampling, max_len: int,
                  attention: str | None = None, matvec: bool | None = None, small_rows: int = SMALL_ROWS,
-                 attention_rows: int | None = None, wide_attention: str = "matmul"):
+                 attention_rows: int | None = None):
         super().__init__()
         cfg = draft.config
         p = next(draft.parameters())
         self.draft, self.spec, self.sampling, self.max_len = draft, spec, sampling, max_len
         weight_bytes = sum(t.numel() * t.element_size() for t in draft.parameters())
         default_attention, default_matvec = default_kernels(1, weight_bytes)
-        self.attention, self.wide_attention = attention or default_attention, wide_attention
-        check_attention_kinds(self.attention, wide_attention, max_len)
+        self.attention = attention or default_attention
         self.attention_rows = small_rows if attention_rows is None else attention_rows
         self.linear = partial(linear, max_rows=small_rows if (default_matvec if matvec is None else matvec) else 0)
         self.samples_chain = spec.mode == "chain" and not sampling.greedy   # drafts ~ q, q returned
@@ -71,9 +70,8 @@ class DraftRunner(nn.Module):
         """One draft forward over T rows: tokens [T], hidden [T, H], positions/slots [T] -> [T, H]."""
         q, k, v, residual = self.draft.attention_pieces(tokens[None], hidden[None], positions[None], self.linear)
         k_all, v_all = self.cache.write(slots, k, v)
-        groups = q.shape[1] // k.shape[1]
-        mask = group_mask(mask, groups)
-        kind = kernel_for_rows(self.attention, tokens.shape[0], self.attention_rows, self.wide_attention, groups)
+        mask = group_mask(mask, q.shape[1] // k.shape[1])
+        kind = kernel_for_rows(self.attention, tokens.shape[0], self.attention_rows)
         return self.draft.finish(attend(q, k_all, v_all, mask, kind), residual, self.linear)[0]
 
     def logits(self, hidden):

@@ -58,10 +58,10 @@ def _no_q_blocks() -> dict:
 NO_Q_BLOCKS = _no_q_blocks()
 
 
-def attend_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
-    """q [B, h, R, d], k/v [B, h, L, d], mask [B, 1, R, L] bool (or, compiling, its BlockMask) -> [B, h, R, d]."""
+def attend_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """q [B, h, R, d], k/v [B, h, L, d], mask [B, 1, R, L] bool -> [B, h, R, d]."""
     if not torch.compiler.is_compiling():
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     from torch.nn.attention.flex_attention import flex_attention
 
-    return flex_attention(q, k, v, block_mask=block_mask_of(mask) if isinstance(mask, torch.Tensor) else mask)
+    return flex_attention(q, k, v, block_mask=block_mask_of(mask))

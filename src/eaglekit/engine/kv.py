@@ -109,8 +109,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
         q: [B, nh, T, d] queries (head i uses kv head i // (nh // h)).
         k, v: [B, h, L, d] the cache.
         mask: [B|1, 1, g*T, L] bool, True = attend: `group_mask(mask, nh // h)`; [.., S] with S < L
-            attends to the first S slots only. kind "flex" inside torch.compile also takes the
-            mask's BlockMask (`flex.block_mask_of`), built once for all layers.
+            attends to the first S slots only.
         kind: one of ATTENTION_KINDS, the same math computed by different kernels (see there).
 
     Returns:
@@ -118,7 +117,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     """
     B, nh, T, d = q.shape
     h = k.shape[1]
-    if isinstance(mask, torch.Tensor) and mask.shape[-1] < k.shape[-2]:   # over the first S slots only (eager CPU steps)
+    if mask.shape[-1] < k.shape[-2]:   # a mask over the first S slots only (eager CPU steps): read just those
         k, v = k[:, :, :mask.shape[-1]], v[:, :, :mask.shape[-1]]
     q = q.reshape(B, h, (nh // h) * T, d)               # head kv*g + j, token t -> row j*T + t
     if kind == "reduce" and not torch.compiler.is_compiling():

@@ -29,7 +29,7 @@ RUNNERS = ("auto", "fast", "generic")
 def make_target_runner(model: nn.Module, *, max_len: int, batch_size: int = 1, aux_layer_ids=(),
                        runner: str = "auto", attention: str | None = None,
                        matvec: bool | None = None, small_rows: int | None = None,
-                       attention_rows: int | None = None, wide_attention: str | None = None) -> FastTarget | HFTarget:
+                       attention_rows: int | None = None) -> FastTarget | HFTarget:
     """Build the target runner for an HF causal LM.
 
     Args:
@@ -43,8 +43,6 @@ def make_target_runner(model: nn.Module, *, max_len: int, batch_size: int = 1, a
             None = its default.
         small_rows: the FAST runner's most tokens per forward for those forms; None = its default.
         attention_rows: the most tokens per forward for its reduce attention; None = small_rows.
-        wide_attention: what its reduce runner attends with above that (`target_fast.WIDE_ATTENTIONS`);
-            None = "matmul".
     """
     if runner not in RUNNERS:
         raise EaglekitError(f"unknown runner {runner!r}", hint=f"use one of {RUNNERS}")
@@ -55,7 +53,7 @@ def make_target_runner(model: nn.Module, *, max_len: int, batch_size: int = 1, a
             log.info("target runner: generic (%s)", reason)
     kwargs = dict(max_len=max_len, batch_size=batch_size, aux_layer_ids=aux_layer_ids)
     kernels = {name: value for name, value in (("attention", attention), ("matvec", matvec), ("small_rows", small_rows),
-                                               ("attention_rows", attention_rows), ("wide_attention", wide_attention))
+                                               ("attention_rows", attention_rows))
                if value is not None}
     if runner == "fast":
         built = FastTarget(model, **kwargs, **kernels)

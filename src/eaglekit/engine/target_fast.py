@@ -16,8 +16,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eaglekit.engine import flex
-from eaglekit.engine.flex import BLOCK
 from eaglekit.engine.kv import ATTENTION_KINDS, KVCache, Refill, attend, group_mask, move_slots, stacked_caches
 from eaglekit.engine.tree import cache_mask, causal_block
 from eaglekit.errors import EaglekitError
@@ -84,40 +82,10 @@ def default_kernels(batch_size: int, weight_bytes: int) -> tuple[str, bool]:
     return "sdpa", False
 
 
-# What a forward of more than `attention_rows` tokens attends with when the runner's kind is "reduce":
-# "matmul" (two cuBLAS matmuls around a softmax, over all L slots) or "flex" (one block-sparse kernel
-# that reads only the cache blocks the rows see; L a multiple of `flex.BLOCK`).
-WIDE_ATTENTIONS = ("matmul", "flex")
-
-
-def kernel_for_rows(attention: str, rows: int, attention_rows: int, wide_attention: str = "matmul",
-                    groups: int = 1) -> str:
+def kernel_for_rows(attention: str, rows: int, attention_rows: int) -> str:
     """The attention kind a forward of `rows` tokens uses: "reduce" only for forwards of at most
-    `attention_rows` tokens (its broadcast form re-reads the cache for every query row),
-    `wide_attention` above; flex only while the `groups` * rows folded query rows fit the one query
-    block `flex.block_mask_of` describes (a verify, not a prefill), "matmul" beyond."""
-    if attention != "reduce" or rows <= attention_rows:
-        return attention
-    return "matmul" if wide_attention == "flex" and groups * rows > BLOCK else wide_attention
-
-
-def check_attention_kinds(attention: str, wide_attention: str, max_len: int) -> None:
-    """Raise on an unknown kind, or on flex attention over a cache that is not whole flex blocks."""
-    if attention not in ATTENTION_KINDS:
-        raise EaglekitError(f"unknown attention kind {attention!r}", hint=f"use one of {tuple(ATTENTION_KINDS)}")
-    if wide_attention not in WIDE_ATTENTIONS:
-        raise EaglekitError(f"unknown wide attention kind {wide_attention!r}", hint=f"use one of {WIDE_ATTENTIONS}")
-    if "flex" in (attention, wide_attention) and max_len % BLOCK:
-        raise EaglekitError(f"flex attention needs the cache slots a multiple of {BLOCK} (got {max_len})",
-                            hint=f"round max_len up to a multiple of {BLOCK}")
-
-
-def shared_mask(mask: torch.Tensor, kind: str, slots):
-    """The mask every layer of one forward attends with: for flex inside torch.compile, its BlockMask,
-    built once per forward instead of once per layer (a few small kernels each); else `mask` itself."""
-    if kind == "flex" and torch.compiler.is_compiling() and not isinstance(slots, Refill):
-        return flex.block_mask_of(mask)
-    return mask
+    `attention_rows` tokens (its broadcast form re-reads the cache for every query row), "matmul" above."""
+    return "matmul" if attention == "reduce" and rows > attention_rows else attention
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -188,10 +156,9 @@ def frozen(t: torch.Tensor) -> nn.Parameter:
 
 class FastLayer(nn.Module):
     def __init__(self, layer: nn.Module, cfg, cache: KVCache, attention: str, matvec: bool, small_rows: int,
-                 attention_rows: int, wide_attention: str = "matmul"):
+                 attention_rows: int):
         super().__init__()
         self.attention, self.matvec, self.small_rows, self.attention_rows = attention, matvec, small_rows, attention_rows
-        self.wide_attention = wide_attention
         attn, mlp = layer.self_attn, layer.mlp
         self.nh, self.nkv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.d = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.nh
@@ -207,8 +174,7 @@ class FastLayer(nn.Module):
         self.cache = cache
 
     def forward(self, x, cos, sin, slots, mask):
-        """x [B, T, H]; cos/sin [B, 1, T, d]; slots [T]; mask [B|1, 1, g*T, L] (grouped, or its
-        `shared_mask`) -> [B, T, H]."""
+        """x [B, T, H]; cos/sin [B, 1, T, d]; slots [T]; mask [B|1, 1, g*T, L] (grouped) -> [B, T, H]."""
         B, T, _ = x.shape
         rows = self.small_rows if self.matvec and B * T <= self.small_rows else 0   # linear(): 0 = F.linear
         qkv = linear(rms_norm(x, self.ln1, self.eps), self.wqkv, self.bqkv, rows)
@@ -222,8 +188,7 @@ class FastLayer(nn.Module):
         k_all, v_all = self.cache.write(slots, k, v)
         # A refill's prompts attend to themselves ([R, 1, T, T]) or to their rows' first C slots: no
         # cache blocks to skip, so flex (which wants L a multiple of its block) has nothing to gain there.
-        kind = ("sdpa" if isinstance(slots, Refill)
-                else kernel_for_rows(self.attention, T, self.attention_rows, self.wide_attention, self.nh // self.nkv))
+        kind = "sdpa" if isinstance(slots, Refill) else kernel_for_rows(self.attention, T, self.attention_rows)
         out = attend(q, k_all, v_all, mask, kind).transpose(1, 2).reshape(B, T, self.nh * self.d)
         x = x + linear(out, self.wo, self.bo, rows)
         h = rms_norm(x, self.ln2, self.eps)
@@ -245,21 +210,21 @@ class FastTarget(nn.Module):
     None takes what was measured fastest for the shape (`default_kernels`). `small_rows`: the most
     tokens per forward that use the matvec and reduce forms (a chain's verify, not a 60-node tree's);
     `attention_rows` (None = `small_rows`) raises it for the reduce attention alone, whose few rows
-    read the layer's cache from L2 where matvec linears re-read the weights for every row;
-    `wide_attention` (`WIDE_ATTENTIONS`) is what the reduce kind's runner attends with above that.
+    read the layer's cache from L2 where matvec linears re-read the weights for every row.
     """
 
     kind = "fast"
 
     def __init__(self, model: nn.Module, *, max_len: int, batch_size: int = 1, aux_layer_ids=(),
                  check: bool = True, attention: str | None = None, matvec: bool | None = None,
-                 small_rows: int = SMALL_ROWS, attention_rows: int | None = None, wide_attention: str = "matmul"):
+                 small_rows: int = SMALL_ROWS, attention_rows: int | None = None):
         super().__init__()
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         default_attention, default_matvec = default_kernels(batch_size, weight_bytes)
         attention = attention or default_attention
         matvec = default_matvec if matvec is None else matvec
-        check_attention_kinds(attention, wide_attention, max_len)
+        if attention not in ATTENTION_KINDS:
+            raise EaglekitError(f"unknown attention kind {attention!r}", hint=f"use one of {tuple(ATTENTION_KINDS)}")
         reason = fast_unsupported_reason(model, max_len)
         if reason:
             raise EaglekitError(f"the fast runner does not support this target: {reason}",
@@ -277,9 +242,8 @@ class FastTarget(nn.Module):
         self.register_buffer("kv_store", store, persistent=False)            # [2, layers, B, h, L, d]
         self.attention, self.matvec, self.small_rows = attention, matvec, small_rows
         self.attention_rows = small_rows if attention_rows is None else attention_rows
-        self.wide_attention = wide_attention
-        self.layers = nn.ModuleList(FastLayer(layer, cfg, cache, attention, matvec, small_rows, self.attention_rows,
-                                              wide_attention) for layer, cache in zip(layers, caches))
+        self.layers = nn.ModuleList(FastLayer(layer, cfg, cache, attention, matvec, small_rows, self.attention_rows)
+                                    for layer, cache in zip(layers, caches))
         decoder = model.get_decoder()
         self.embed = model.get_input_embeddings().weight
         self.norm = decoder.norm.weight
@@ -303,10 +267,7 @@ class FastTarget(nn.Module):
         """
         x = F.embedding(input_ids, self.embed)
         cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # [B, 1, T, d]
-        groups = self.layers[0].nh // self.layers[0].nkv
-        mask = group_mask(mask, groups)
-        kind = kernel_for_rows(self.attention, input_ids.shape[1], self.attention_rows, self.wide_attention, groups)
-        mask = shared_mask(mask, kind, slots)
+        mask = group_mask(mask, self.layers[0].nh // self.layers[0].nkv)
         states = {}
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, slots, mask)
