@@ -151,6 +151,9 @@ case $VERB in
     stamp "benches launched (pid $!)"; sleep 2; cat "$LOG" ;;
   wait)
     OUT=${OUT:?OUT is the folder that comes back}
+    # A fresh machine (the one that ran `start` was given back between the calls) has no session:
+    # say so at once instead of waiting out the call on nothing (2026-12-02: 570 s lost that way).
+    [[ -e $LOG ]] || { echo "no session on this machine ($LOG is missing): it is not the one that ran start" >&2; exit 3; }
     end=$(( $(date +%s) + ${2:?seconds} ))
     while (( $(date +%s) < end )) && ! grep -q "session done" "$LOG"; do sleep 10; done
     pack; tail -40 "$LOG" ;;
