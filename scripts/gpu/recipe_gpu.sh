@@ -11,9 +11,11 @@
 #      stage on MT-bench (EVAL_DIR/mt_bench.jsonl), tree d6/k8/32;
 #   2. the benches named in BENCHES, in its order (default "chain heldout generate"):
 #      chain     eaglekit bench chain k=5 on MT-bench with the new draft;
+#      sweep     eaglekit bench --sweep (two chains, two trees) on 8 MT-bench questions: the fastest shape;
 #      heldout   eaglekit bench tree on prompts the recipe never saw or tuned on (HumanEval + Alpaca, 20 each);
 #      generate  bench_generate.py: the engine's batch decoder beside HF generate at the same batch;
-#      kernels   bench_engine.py part c (oracle chain 5 and tree 32) for each variant in KERNELS.
+#      kernels   bench_engine.py part c (oracle chain 5 and tree 32) for each VARIANT[%COMPILE_MODE] in KERNELS
+#                (default "reduce+matvec reduce+matvec%max-autotune-no-cudagraphs": Inductor's own GEMMs).
 # Env: W (work folder, /root/work), GPUS (1), TRAIN_S (train.time-budget-s), LIMIT (MT-bench prompts),
 # REFILL (generate.refill: graphs, the recipe's, or eager), PROFILE (train.profile-steps A:B: the
 # training loop's torch.profiler table, run/draft/profile.txt), EXTRA (more SECTION.KEY=VALUE overrides,
@@ -45,6 +47,9 @@ benches() {  # after the recipe, each of $BENCHES in turn (default: chain heldou
       chain)     # the draft on MT-bench as a chain of 5
         python3 -m eaglekit bench --target "$t" --draft "$draft" --prompts "$eval/mt_bench.jsonl" --limit "${LIMIT:-40}" \
           --max-new-tokens 256 --no-hf --mode chain --k 5 --out "$W/bench-chain" 2>&1 | quiet | tail -30 >> "$LOG" ;;
+      sweep)     # the bench's own shape sweep (chains of 3 and 5, trees 4/4/16 and 6/8/32) on 8 MT-bench questions
+        python3 -m eaglekit bench --target "$t" --draft "$draft" --prompts "$eval/mt_bench.jsonl" --limit 8 \
+          --max-new-tokens 256 --no-hf --sweep --out "$W/bench-sweep" 2>&1 | quiet | tail -30 >> "$LOG" ;;
       heldout)   # a tree on prompts the recipe never saw or tuned on
         python3 - "$eval" "$W/heldout.jsonl" <<'PY'
 import itertools, json, sys
@@ -61,12 +66,13 @@ PY
         python3 scripts/gpu/bench_generate.py --target "$t" --prompts "$prompts" --num-prompts 4096 --hf-prompts 512 \
           --batch-size 512 --max-new-tokens 512 --out "$W/bench-generate" 2>&1 | quiet | tail -30 >> "$LOG" ;;
       kernels)   # issue 11: the oracle cycle with each of $KERNELS (bench_engine part c), one process each
-        local k
-        for k in ${KERNELS:-reduce+matvec reduce+matvec@1/32}; do
-          python3 scripts/gpu/bench_engine.py --parts c --oracle-only --kernels "$k" --target "$t" \
+        local k v mode
+        for k in ${KERNELS:-reduce+matvec reduce+matvec%max-autotune-no-cudagraphs}; do
+          v=${k%%%*}; mode=default; [[ $k == *%* ]] && mode=${k#*%}     # VARIANT[%COMPILE_MODE]
+          python3 scripts/gpu/bench_engine.py --parts c --oracle-only --kernels "$v" --compile-mode "$mode" --target "$t" \
             --out "$W/be-${k//[^a-z0-9]/_}" 2>&1 | quiet | grep "^| c " >> "$LOG"
         done ;;
-      *) stamp "unknown bench $b (chain, heldout, generate, kernels)"; continue ;;
+      *) stamp "unknown bench $b (chain, sweep, heldout, generate, kernels)"; continue ;;
     esac
     stamp "bench $b done after $(( $(date +%s) - t0 )) s"
   done
@@ -115,7 +121,7 @@ pack() {  # what exists so far, in one archive (files back from $OUT: at most 8)
     [[ -e $RUN/$f ]] && files+=("run/$f")
   done
   for f in bench-tree/results.json bench-tree/report.md bench-chain/results.json bench-chain/report.md \
-           bench-heldout/results.json bench-heldout/report.md bench-generate/bench_generate.json; do
+           bench-sweep/results.json bench-heldout/results.json bench-heldout/report.md bench-generate/bench_generate.json; do
     [[ -e $W/$f ]] && files+=("$f")
   done
   for f in "$W"/be-*/bench_engine.json "$W"/be-*/bench_engine.md; do
