@@ -247,3 +247,26 @@ def test_sampling_verification_keeps_the_target_distribution(kind):
         seq = [(cell // V ** (LENGTH - 1 - i)) % V for i in range(LENGTH)]
         draft_joint[cell] = torch.tensor([float(q_draft(tuple(seq[:i]))[t]) for i, t in enumerate(seq)]).prod()
     assert chi_square_pvalue(counts, draft_joint) < 1e-6
+
+
+def test_fused_draft_projections_and_top_logp_compute_the_unfused_math():
+    """DraftRunner's inference forms: q/k/v and gate/up as one matmul each (`Eagle3Draft.fused_weights`),
+    and the tree's top-k of log-probs as top-k of the logits less their logsumexp."""
+    from eaglekit.engine.draft_runner import top_logp
+    from engine_tiny import peaked_model, random_draft
+
+    draft = random_draft(peaked_model("llama"))
+    wqkv, w13 = draft.fused_weights()
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 100, (1, 5), generator=g)
+    hidden = torch.randn(1, 5, draft.config.hidden_size, generator=g)
+    pos = torch.arange(5)[None]
+    plain, fused = draft.attention_pieces(ids, hidden, pos), draft.attention_pieces(ids, hidden, pos, wqkv=wqkv)
+    for a, b in zip(plain, fused):
+        assert a.shape == b.shape and torch.allclose(a, b, atol=1e-6)
+    out = torch.randn(1, draft.config.num_attention_heads, 5, draft.config.head_dim, generator=g)
+    assert torch.allclose(draft.finish(out, hidden), draft.finish(out, hidden, w13=w13), atol=1e-6)
+    logits = torch.randn(8, 3000, generator=g)
+    values, indices = top_logp(logits, 8)
+    expected = torch.topk(logits.log_softmax(-1), 8)
+    assert torch.equal(indices, expected.indices) and torch.allclose(values, expected.values, atol=1e-5)

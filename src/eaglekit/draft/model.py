@@ -116,13 +116,14 @@ class Eagle3Draft(nn.Module):
         return self.rotary(like, position_ids)  # cos, sin: [B, T, hd]
 
     def attention_pieces(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
-                         linear=F.linear):
+                         linear=F.linear, wqkv: torch.Tensor | None = None):
         """Project one draft step's inputs to rotated q/k/v.
 
         Args:
             input_ids: [B, T] target token ids (embedded with the frozen target embedding).
             hidden: [B, T, H] fused target features (step 0) or the draft's own previous output.
             position_ids: [B, T].
+            wqkv: q/k/v's weights concatenated (`fused_weights`): one matmul for the three (inference).
 
         Returns:
             q [B, nh, T, hd], k [B, nkv, T, hd], v [B, nkv, T, hd], residual [B, T, H].
@@ -134,19 +135,36 @@ class Eagle3Draft(nn.Module):
         residual = normed if cfg.norm_before_residual else hidden
         x = torch.cat([layer.input_layernorm(embeds), normed], dim=-1)        # [B, T, 2H]
         attn = layer.self_attn
-        q = linear(x, attn.q_proj.weight).view(B, T, cfg.num_attention_heads, cfg.head_dim).transpose(1, 2)
-        k = linear(x, attn.k_proj.weight).view(B, T, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
-        v = linear(x, attn.v_proj.weight).view(B, T, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
+        if wqkv is None:
+            q, k, v = (linear(x, proj.weight) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+        else:
+            q, k, v = linear(x, wqkv).split([m.out_features for m in (attn.q_proj, attn.k_proj, attn.v_proj)], -1)
+        q = q.view(B, T, cfg.num_attention_heads, cfg.head_dim).transpose(1, 2)
+        k = k.view(B, T, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
+        v = v.view(B, T, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
         cos, sin = self.rope(position_ids, x)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, residual
 
-    def finish(self, attn_out: torch.Tensor, residual: torch.Tensor, linear=F.linear) -> torch.Tensor:
-        """[B, nh, T, hd] attention output + [B, T, H] residual -> [B, T, H] pre-norm hidden out."""
+    def finish(self, attn_out: torch.Tensor, residual: torch.Tensor, linear=F.linear,
+               w13: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, nh, T, hd] attention output + [B, T, H] residual -> [B, T, H] pre-norm hidden out.
+        w13: gate and up weights concatenated (`fused_weights`): one matmul for the two (inference)."""
         B, _, T, _ = attn_out.shape
         layer, mlp = self.midlayer, self.midlayer.mlp
         h = residual + linear(attn_out.transpose(1, 2).reshape(B, T, -1), layer.self_attn.o_proj.weight)
         x = layer.post_attention_layernorm(h)
-        return h + linear(F.silu(linear(x, mlp.gate_proj.weight)) * linear(x, mlp.up_proj.weight), mlp.down_proj.weight)
+        if w13 is None:
+            gate, up = linear(x, mlp.gate_proj.weight), linear(x, mlp.up_proj.weight)
+        else:
+            gate, up = linear(x, w13).chunk(2, dim=-1)
+        return h + linear(F.silu(gate) * up, mlp.down_proj.weight)
+
+    def fused_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(wqkv [nh*hd + 2*nkv*hd, 2H], w13 [2*I, H]): copies for inference, where one matmul for
+        q/k/v and one for gate/up are fewer launches than five (the weights do not change there)."""
+        attn, mlp = self.midlayer.self_attn, self.midlayer.mlp
+        return (torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach(),
+                torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach())
 
     def logits(self, hidden_out: torch.Tensor, linear=F.linear) -> torch.Tensor:
         """[B, T, H] pre-norm hidden -> [B, T, Vd] draft-vocab logits."""

@@ -58,7 +58,11 @@ class DraftRunner(nn.Module):
         default_attention, default_matvec = default_kernels(1, weight_bytes)
         self.attention = attention or default_attention
         self.attention_rows = small_rows if attention_rows is None else attention_rows
-        self.linear = partial(linear, max_rows=small_rows if (default_matvec if matvec is None else matvec) else 0)
+        self.matvec_rows = small_rows if (default_matvec if matvec is None else matvec) else 0
+        self.linear = partial(linear, max_rows=self.matvec_rows)
+        wqkv, w13 = draft.fused_weights()
+        self.register_buffer("wqkv", wqkv, persistent=False)                # [nh*hd + 2*nkv*hd, 2H]
+        self.register_buffer("w13", w13, persistent=False)                  # [2*I, H]
         self.samples_chain = spec.mode == "chain" and not sampling.greedy   # drafts ~ q, q returned
         self.cache = KVCache(1, cfg.num_key_value_heads, max_len, cfg.head_dim, dtype=p.dtype, device=p.device)
         self.register_buffer("vocab_map", draft.draft_to_target(torch.arange(cfg.draft_vocab_size, device=p.device)),
@@ -68,11 +72,15 @@ class DraftRunner(nn.Module):
 
     def step(self, tokens, hidden, positions, slots, mask):
         """One draft forward over T rows: tokens [T], hidden [T, H], positions/slots [T] -> [T, H]."""
-        q, k, v, residual = self.draft.attention_pieces(tokens[None], hidden[None], positions[None], self.linear)
+        q, k, v, residual = self.draft.attention_pieces(tokens[None], hidden[None], positions[None], self.linear,
+                                                        wqkv=self.wqkv)
         k_all, v_all = self.cache.write(slots, k, v)
         mask = group_mask(mask, q.shape[1] // k.shape[1])
         kind = kernel_for_rows(self.attention, tokens.shape[0], self.attention_rows)
-        return self.draft.finish(attend(q, k_all, v_all, mask, kind), residual, self.linear)[0]
+        # Compiled matvec forms keep gate and up two reductions of one shape: Inductor fuses them with the SwiGLU.
+        matvec = torch.compiler.is_compiling() and tokens.shape[0] <= self.matvec_rows
+        w13 = None if matvec else self.w13
+        return self.draft.finish(attend(q, k_all, v_all, mask, kind), residual, self.linear, w13=w13)[0]
 
     def logits(self, hidden):
         """[T, H] draft outputs -> [T, Vd] float32 draft-vocab logits."""
@@ -128,8 +136,7 @@ class DraftRunner(nn.Module):
         """EAGLE-2 dynamic tree (docs/algorithms.md §3): expand the K best frontier nodes per level."""
         K, D, dev = self.spec.top_k, self.spec.depth, root.device
         R = self.spec.draft_region
-        logp = self.logits(self.last_hidden)[0].log_softmax(-1)                # [Vd]
-        value, ids = top_k(logp, K)
+        value, ids = top_logp(self.logits(self.last_hidden)[0], K)             # [K]
         front_tok, front_val = self.vocab_map[ids], value                      # [K]
         front_id = torch.arange(K, device=dev)                                 # candidate index
         front_hidden = self.last_hidden.expand(K, -1)                          # parent output [K, H]
@@ -145,7 +152,7 @@ class DraftRunner(nn.Module):
             slots = n + base + torch.arange(K, device=dev)
             positions = (n + level - 1) * torch.ones(K, dtype=torch.long, device=dev)
             out = self.step(front_tok, front_hidden, positions, slots, cache_mask(front_anc, n, n, self.max_len))
-            child_logp, child_ids = top_k(self.logits(out).log_softmax(-1), K)       # [K, K]
+            child_logp, child_ids = top_logp(self.logits(out), K)                  # [K, K]
             cand_val = (front_val.unsqueeze(1) + child_logp).flatten()         # [K*K]
             cand_tok = self.vocab_map[child_ids].flatten()
             toks.append(cand_tok)
@@ -159,6 +166,13 @@ class DraftRunner(nn.Module):
             recorded += K * K
         return select_tree(root.view(1), torch.cat(toks), torch.cat(parents), torch.cat(vals), torch.cat(depths),
                            self.spec.num_nodes, D)
+
+
+def top_logp(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest log-softmax values of logits [..., Vd] and their ids: top-k of the raw logits less
+    their logsumexp, where log_softmax would write and reread all Vd values for k of them."""
+    values, ids = top_k(logits, k)
+    return values - logits.logsumexp(-1, keepdim=True), ids
 
 
 class OracleDrafter(nn.Module):
