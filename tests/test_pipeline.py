@@ -63,6 +63,9 @@ def test_run_chains_every_stage_and_resumes(tiny_target_dir, tmp_path, capsys, c
     # A random tiny draft is not accepted: the doctor must say so, and the run's exit status too.
     assert state["doctor_ok"] is False and code == 1
     assert "doctor: FAILED" in printed and "bench: tau" in printed
+    manifest = json.loads((out / "draft" / "manifest.json").read_text())   # what it learned from, beside a bigram table
+    assert f"data: the draft learned from {manifest['counts']['train_assistant_tokens']:,} answer tokens" in printed
+    assert "for a bigram table of the same data" in printed
     # Rerunning the same command skips every finished stage.
     main(["run", "--recipe", recipe, "--out", str(out)])
     again = json.loads((out / "pipeline.json").read_text())

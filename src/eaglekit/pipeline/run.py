@@ -451,16 +451,37 @@ def run_stages(pipe: Pipeline, recipe: dict, out: Path) -> None:
         run_scaling(pipe, scaling, recipe, out, t, dev, train_input)
 
 
+def data_line(manifest: dict, acc0: float | None) -> str | None:
+    """What the draft learned from, beside what a bigram table of the same data predicts (the
+    validation baseline): a draft no better than that has too little data to learn more."""
+    counts = manifest.get("counts") or {}
+    tokens, steps = counts.get("train_assistant_tokens"), (manifest.get("steps") or {}).get("done")
+    bigram = (counts.get("val_baselines") or {}).get("bigram_acc")
+    if tokens is None:
+        return None
+    text = f"data: the draft learned from {tokens:,} answer tokens in {steps} steps"
+    if acc0 is not None and bigram is not None:
+        text += f"; step-0 accuracy {acc0:.3f} against {bigram:.3f} for a bigram table of the same data"
+        if acc0 < 1.25 * bigram:
+            text += " (no better than which token follows which: it needs more answers to learn from)"
+    return text
+
+
 def summarize(out: Path) -> tuple[bool, str]:
     """One paragraph: what training predicts, what the doctor found, what the bench measured."""
-    best = read_json(out / "draft" / "manifest.json", "draft manifest").get("best") or {}
+    manifest = read_json(out / "draft" / "manifest.json", "draft manifest")
+    best = manifest.get("best") or {}
     report = read_json(out / "doctor" / "report.json", "doctor report")
     failed = [c["id"] for c in report["checks"] if c["status"] == "fail"]
     probe = report.get("probe") or {}
+    acc0 = (best.get("acc") or [None])[0]
     lines = [f"draft: {out / 'draft'} (predicted accept length {best.get('walk_accept_length')} on held-out "
-             f"conversations, step-0 accuracy {(best.get('acc') or [None])[0]})",
+             f"conversations, step-0 accuracy {acc0})",
              f"doctor: {'ok' if report['ok'] else 'FAILED ' + ', '.join(failed)}; live probe tau {probe.get('tau')}"
              f" ({out / 'doctor' / 'report.json'})"]
+    data = data_line(manifest, acc0)
+    if data:
+        lines.append(data)
     if (out / "bench" / "results.json").is_file():
         summary = read_json(out / "bench" / "results.json", "bench results")["summary"]
         lines.append(f"bench: tau {summary['tau']}, speedup {summary['speedup']}x over plain decoding "
