@@ -149,3 +149,28 @@ def test_target_run_and_report_flags_are_their_options_fields():
     assert (args.target, args.dtype, args.overwrite) == ("smollm2", TargetPrepareOptions.dtype, False)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["target", "prepare"])          # --out is required
+
+
+def test_every_flag_states_its_default_once_and_from_its_field():
+    """`add_options` appends a valued flag's default to its help, so no help text writes it itself:
+    the default lives in the field alone (a second copy in a help text goes stale)."""
+    import argparse
+
+    def parsers(p: argparse.ArgumentParser):
+        yield p
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for child in action.choices.values():
+                    yield from parsers(child)
+
+    seen = 0
+    for p in parsers(build_parser()):
+        for action in p._actions:
+            text = action.help or ""
+            assert text.count("(default") <= 1, (p.prog, action.dest, text)
+            if action.default not in (None, False, True, argparse.SUPPRESS, "") and text.count("(default"):
+                seen += 1
+                assert text.endswith(f"(default {action.default})".replace("%", "%%")), (p.prog, action.dest, text)
+    assert seen > 50                                      # the rule is exercised across the subcommands
+    args = build_parser().parse_args(["doctor", "d"])
+    assert args.k == 3 and args.target == "smollm2"        # defaults unchanged by the help text

@@ -12,8 +12,9 @@ accepts, which are checked against those flags).
 
 The flag is the field's name with dashes; its type comes from the annotation (int, float, str,
 each optionally `| None`); a bool that defaults to False is a switch (`--resume`), one that
-defaults to True is switched off (`--no-progress`). A field declared with plain `field()` or a plain
-default has no flag (settings only code or a recipe's nested keys set).
+defaults to True is switched off (`--no-progress`). A valued flag's help ends with its default, so a
+help text never states it. A field declared with plain `field()` or a plain default has no flag
+(settings only code or a recipe's nested keys set).
 """
 
 from __future__ import annotations
@@ -91,8 +92,10 @@ def add_options(parser: argparse.ArgumentParser, cls, groups: dict[str, str | No
             group.add_argument(f"--{name}", dest=f.name, action="store_true", help=meta["help"])
         else:
             extra = {} if default is MISSING else {"default": default}
+            shown = default not in (MISSING, None, "") and not isinstance(default, tuple)
+            text = meta["help"] + (f" (default {str(default).replace('%', '%%')})" if shown else "")   # said once
             group.add_argument(*meta["aliases"], f"--{name}", dest=f.name, type=kind, choices=meta["choices"],
-                               required=meta["required"], help=meta["help"], **extra, **meta["flag"])
+                               required=meta["required"], help=text, **extra, **meta["flag"])
 
 
 def options_argv(cls, args: argparse.Namespace, skip: tuple[str, ...] = (), skip_groups: tuple[str, ...] = ()) -> list[str]:

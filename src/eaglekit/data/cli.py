@@ -46,7 +46,8 @@ def add_local_args(parser: argparse.ArgumentParser) -> None:
     from eaglekit.data.options import GROUPS, LOCAL_BACKENDS, GenerateOptions
     from eaglekit.options import add_options
 
-    parser.add_argument("--backend", default="local", choices=LOCAL_BACKENDS)
+    parser.add_argument("--backend", default=GenerateOptions.backend, choices=LOCAL_BACKENDS,
+                        help=f"generate's local backends only (default {GenerateOptions.backend})")
     add_options(parser, GenerateOptions, groups=GROUPS, only=("local",))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eaglekit.options import option
+from eaglekit.targets.options import target_option
 
 BACKENDS = ("local", "engine", "hf", "openai", "vllm")
 LOCAL_BACKENDS = ("local", "engine", "hf")
@@ -24,7 +25,7 @@ WORKER_SKIP_GROUPS = ("vllm", "openai")           # --devices refuses these back
 @dataclass(frozen=True, kw_only=True)
 class GenerateOptions:
     prompts: str = option(help="an `eaglekit prompts` folder, or one prompt file", group="main", required=True)
-    target: str = option("smollm2", "smollm2, an HF model folder or a .gguf file", group="main")
+    target: str = target_option()
     out: str = option(help="output folder (rerun the same command to resume)", group="main", required=True)
     backend: str = option("local", "local (= engine): eaglekit's batch decoder (static KV cache, CUDA graphs); hf: HF "
                                    "generate; openai: a vLLM/SGLang/llama.cpp server (--server-url); vllm: vLLM's offline "
@@ -99,7 +100,7 @@ class PromptsBuildOptions:
 @dataclass(frozen=True, kw_only=True)
 class SynthesizeOptions:
     """`eaglekit prompts synthesize` (Magpie); its local-generation flags are `GenerateOptions`' own."""
-    target: str = option("smollm2", "smollm2, an HF model folder or a .gguf file", group="main")
+    target: str = target_option()
     out: str = option(help="output folder", group="main", required=True)
     num_prompts: int = option(help="prompts wanted in total (with --top-up: existing ones included)", group="main",
                               required=True)

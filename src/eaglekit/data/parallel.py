@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eaglekit.artifacts import MANIFEST, atomic_path, read_json, read_manifest, write_json, write_manifest
+from eaglekit.data.options import GenerateOptions
 from eaglekit.data.regenerate import SHARD_PREFIX, GenerateConfig, conversation_counts, generate_folder, load_prompts
 from eaglekit.errors import EaglekitError
 
@@ -112,7 +113,7 @@ class Worker:
 
 
 def generate_parallel(prompts: str, out: str | Path, *, devices: list[str], worker_argv: list[str],
-                      target_fp: dict, config: GenerateConfig, shard_size: int = 10000,
+                      target_fp: dict, config: GenerateConfig, shard_size: int = GenerateOptions.shard_size,
                       overwrite: bool = False) -> dict:
     """Answer every prompt with one worker process per device; return the merged manifest.
 

@@ -23,6 +23,7 @@ from typing import Iterator
 
 from eaglekit.artifacts import MANIFEST, clear_folder, read_json, read_manifest, sha256_file, sha256_json, write_json, write_manifest, writer_lock
 from eaglekit.data.folder import JsonlShards, read_prompt_folder
+from eaglekit.data.options import GenerateOptions
 from eaglekit.data.readers import SourceSpec, read_source
 from eaglekit.data.records import Conversation, Prompt
 from eaglekit.engine.sampling import Sampling
@@ -105,7 +106,7 @@ class Progress:
 
 
 def generate_conversations(prompts: str, out: str | Path, *, backend, target_fp: dict, config: GenerateConfig,
-                           shard_size: int = 10000, overwrite: bool = False,
+                           shard_size: int = GenerateOptions.shard_size, overwrite: bool = False,
                            worker: tuple[int, int] | None = None) -> dict:
     """Answer every prompt with `backend`, appending to `out`; return the manifest when done.
 

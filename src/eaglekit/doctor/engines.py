@@ -1,6 +1,6 @@
 """How each serving engine reads a draft folder: what it loads, drops, captures and uses.
 
-This models the loading code of the engine versions read for `../shared/reference/serving-formats.md`
+This models the loading code of the engine versions docs/doctor.md lists under "Limits"
 (SGLang `llama_eagle3.py` + `model_runner.py`; vLLM 0.32 `llama_eagle3.py`,
 `configs/speculators/algos.py`, `gpu_model_runner.py`; EAGLE `ea_model.py` + `cnets.py`), so the
 doctor can compare what the engine will do with what the draft was trained for.

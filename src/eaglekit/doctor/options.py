@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eaglekit.options import option
+from eaglekit.targets.options import target_option
 
 ENGINES = ("sglang", "vllm", "eagle")
 DTYPES = ("bfloat16", "float32", "float16", "bf16", "fp32", "fp16")
@@ -15,17 +16,17 @@ GROUPS = {"main": None}
 
 @dataclass(frozen=True, kw_only=True)
 class DoctorOptions:
-    target: str = option("smollm2", "smollm2 (default), an HF model folder or a .gguf file", group="main")
+    target: str = target_option()
     engine: str | None = option(None, "the engine to check for (default: the one the folder's format is made for)",
                                 group="main", choices=ENGINES)
     probe: str | None = option(None, "run the live probe on a prompts file (no value: built-in prompts)", group="main",
                                flag={"nargs": "?", "const": "builtin", "metavar": "PROMPTS"})
-    k: int = option(3, "draft tokens per step in the probe (default 3; --k as in bench)", group="main", aliases=("-k",))
-    max_new_tokens: int = option(64, "continuation length per prompt (default 64)", group="main")
-    num_prompts: int = option(6, "prompts used by the probe (default 6)", group="main")
-    device: str = option("auto", "where the target runs for the probe (default auto: the GPU when there is one)",
+    k: int = option(3, "draft tokens per step in the probe (--k as in bench)", group="main", aliases=("-k",))
+    max_new_tokens: int = option(64, "continuation length per prompt", group="main")
+    num_prompts: int = option(6, "prompts used by the probe", group="main")
+    device: str = option("auto", "where the target runs for the probe (auto: the GPU when there is one)",
                          group="main")
-    dtype: str = option("bfloat16", "the dtype the probe runs in: the one you serve in (default bfloat16)",
+    dtype: str = option("bfloat16", "the dtype the probe runs in: the one you serve in",
                         group="main", choices=DTYPES)
     diagnose: bool = option(False, "run the diagnosis even when acceptance is fine", group="main")
     allow_unfinished: bool = option(False, "check a draft whose training did not finish (refused otherwise; the "

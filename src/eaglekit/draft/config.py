@@ -15,6 +15,7 @@ from eaglekit.errors import EaglekitError
 from eaglekit.targets.load import text_config
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
+DRAFT_VOCAB_SIZE = 32000   # the default rows of a draft lm_head (EAGLE-3 and SpecForge use 32k)
 
 
 @dataclass(frozen=True, kw_only=True)

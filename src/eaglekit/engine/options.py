@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from eaglekit.engine.spec import MODES, SpecConfig
 from eaglekit.errors import EaglekitError
 from eaglekit.options import option
+from eaglekit.targets.options import target_option
 
 GROUPS = {"main": None, "speculation": "speculation", "generation": "generation", "runtime": "runtime"}
 RUNNERS = ("auto", "fast", "generic")
@@ -21,7 +22,7 @@ CPU_CHAIN_K = 3   # see spec_config
 
 @dataclass(frozen=True, kw_only=True)
 class EngineOptions:
-    target: str = option("smollm2", "smollm2, an HF model folder or a .gguf file", group="main")
+    target: str = target_option()
     seed: int = option(0, "seed of the sampling", group="main")
     mode: str | None = option(None, "chain of k drafts or EAGLE-2 tree (default: tree on CUDA, chain on a CPU)",
                               group="speculation", choices=MODES)

@@ -29,6 +29,7 @@ import torch
 
 from eaglekit.errors import EaglekitError
 from eaglekit.features.conversations import Sample
+from eaglekit.features.options import FeaturesOptions
 from eaglekit.features.teacher import topk_from_logits
 from eaglekit.targets.info import to_engine_convention
 
@@ -154,7 +155,7 @@ class VllmCapture:
     """
 
     def __init__(self, target: str | Path, *, aux_layer_ids: list[int], topk: int, max_model_len: int,
-                 tensor_parallel_size: int = 1, dtype: str = "auto", batch_tokens: int = 8192,
+                 tensor_parallel_size: int = 1, dtype: str = "auto", batch_tokens: int = FeaturesOptions.batch_tokens,
                  engine_args: dict | None = None):
         vllm = import_vllm()
         self.topk = topk

@@ -60,12 +60,13 @@ def check_fits_target(cfg, target_cfg, path: Path) -> None:
 def random_draft_for(model, device: str):
     """A randomly initialized draft for an HF target model: real draft cost, no acceptance."""
     from eaglekit.draft import DraftConfig, Eagle3Draft
+    from eaglekit.draft.config import DRAFT_VOCAB_SIZE
     from eaglekit.targets.info import default_aux_layer_ids
     from eaglekit.targets.load import text_config
 
     cfg = text_config(model.config)
     config = DraftConfig.for_target(cfg, aux_layer_ids=default_aux_layer_ids(cfg.num_hidden_layers),
-                                    draft_vocab_size=min(cfg.vocab_size, 32000))
+                                    draft_vocab_size=min(cfg.vocab_size, DRAFT_VOCAB_SIZE))
     torch.manual_seed(0)
     draft = Eagle3Draft(config)
     draft.set_target_embedding(model.get_input_embeddings().weight)

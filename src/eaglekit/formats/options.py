@@ -17,7 +17,7 @@ class ExportOptions:
     format: str = option(help="the serving format", group="main", choices=tuple(sorted(FORMATS)), required=True)
     out: str = option(help="output folder", group="main", required=True)
     target: str | None = option(None, "the target (checks it is the draft's; named as vLLM's verifier)", group="main")
-    dtype: str = option("bfloat16", "dtype of the exported weights (default bfloat16)", group="main")
+    dtype: str = option("bfloat16", "dtype of the exported weights", group="main")
     speculative_tokens: int = option(3, "draft tokens per step (vLLM config)", group="main")
     overwrite: bool = option(False, "replace an existing output folder", group="main")
     allow_unfinished: bool = option(False, "export a draft whose training did not finish (refused otherwise; the "

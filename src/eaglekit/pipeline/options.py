@@ -12,7 +12,7 @@ GROUPS = {"main": None}
 
 @dataclass(frozen=True, kw_only=True)
 class RunOptions:
-    recipe: str = option("quick", "a built-in recipe name or a YAML file (default: quick)", group="main")
+    recipe: str = option("quick", "a built-in recipe name or a YAML file", group="main")
     out: str | None = option(None, "run folder (default: runs/<recipe name>)", group="main")
     stop_before: str | None = option(None, "stop when this stage is next (e.g. train): run the data stages now, the "
                                            "rest later by rerunning without it; finished stages are skipped",

@@ -33,11 +33,13 @@ from pathlib import Path
 from typing import NamedTuple
 
 from eaglekit.artifacts import read_json, write_json, writer_lock
+from eaglekit.data.options import LOCAL_BACKENDS, GenerateOptions
 from eaglekit.errors import EaglekitError
 from eaglekit.pipeline.recipe import to_flags
 from eaglekit.pipeline.scaling import run_scaling, scaling_plan, scaling_summary
 from eaglekit.progress import StageTime, TimeLeft, duration, run_after, run_outlook, stage_and_after
 from eaglekit.report.html import write_report
+from eaglekit.targets.source import DEFAULT_TARGET
 
 log = logging.getLogger(__name__)
 STATE = "pipeline.json"
@@ -298,7 +300,7 @@ def generate_flags(recipe: dict) -> list[str]:
     section = dict(recipe.get("generate") or {})
     gpus = int(recipe.get("gpus") or 1)
     if gpus > 1 and "devices" not in section and str(recipe.get("device", "")).startswith("cuda") \
-            and section.get("backend", "local") in ("local", "engine", "hf"):
+            and section.get("backend", GenerateOptions.backend) in LOCAL_BACKENDS:
         section["devices"] = ",".join(f"cuda:{i}" for i in range(gpus))
     return to_flags(section)
 
@@ -412,7 +414,7 @@ def run_stages(pipe: Pipeline, recipe: dict, out: Path) -> None:
     if recipe.get("prepare", True) is False:   # the target folder as is (a large target is never loaded here)
         target = Path(str(recipe["target"]))
     else:
-        pipe.stage("target", ["target", "prepare", "--target", str(recipe.get("target", "smollm2")),
+        pipe.stage("target", ["target", "prepare", "--target", str(recipe.get("target", DEFAULT_TARGET)),
                               "--out", str(target), "--overwrite"])
     t = ["--target", str(target)]
 

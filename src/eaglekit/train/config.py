@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
+from eaglekit.draft.config import DRAFT_VOCAB_SIZE
 from eaglekit.errors import EaglekitError
 from eaglekit.options import int_tuple, option
+from eaglekit.targets.options import DEFAULT_TARGET, TARGET_HELP
 from eaglekit.train.optim import SCHEDULES
 
 # Settings that may differ between a run and its resumption without changing a single number, or
@@ -33,7 +35,7 @@ class TrainConfig:
     """Every setting of a training run; the `option` fields are also `eaglekit train`'s flags (train/cli.py)."""
 
     # inputs
-    target: str = option(help="smollm2, an HF model folder or a .gguf file", group="inputs", cli_default="smollm2")
+    target: str = option(help=TARGET_HELP, group="inputs", cli_default=DEFAULT_TARGET)
     features: str | None = option(None, "offline: feature folder from `eaglekit features`", group="inputs")
     data: str | None = option(None, "online: conversations folder or .jsonl (target runs per batch)", group="inputs")
     val_data: str | None = option(None, "held-out conversations (online) or features (offline)", group="inputs")
@@ -52,17 +54,17 @@ class TrainConfig:
                                          "only validate it", group="draft")
     allow_unfinished: bool = option(False, "--init-from a draft whose training did not finish (refused otherwise)",
                                     group="draft")
-    draft_vocab_size: int = option(32000, "rows of the draft lm_head (default 32000)", group="draft")
+    draft_vocab_size: int = option(DRAFT_VOCAB_SIZE, "rows of the draft lm_head", group="draft")
     allow_smaller_vocab: bool = option(False, "if the data has fewer distinct tokens than --draft-vocab-size, keep "
                                               "them all", group="draft")
     aux_layer_ids: tuple[int, ...] | None = option(None, "online: comma-separated target layers (offline: the "
                                                          "features' ids)", group="draft", parse=int_tuple)
     target_device_map: str | None = option(None, "online, one process: shard a target too large for one GPU over "
                                                  "all GPUs (e.g. auto)", group="draft")
-    lm_head_init: str = option("target", "start lm_head from the target's rows of the draft vocab (default) or "
+    lm_head_init: str = option("target", "start lm_head from the target's rows of the draft vocab or "
                                          "randomly", group="draft", choices=("target", "random"))
     # training
-    ttt_steps: int = option(7, "unrolled draft steps (default 7)", group="training")
+    ttt_steps: int = option(7, "unrolled draft steps", group="training")
     step_decay: float = option(0.8, "loss weight of step j is decay**j", group="training")
     max_length: int = option(2048, "online: truncate conversations", group="training")
     batch_tokens: int = option(8192, "rows x padded length per micro-batch", group="training")
