@@ -77,13 +77,13 @@ class Writer:
 
 
 def make_folder(out: Path, n: int, tokenizer, seed: int = 0, shard: int = 10000) -> None:
-    from eaglekit.artifacts import write_manifest
+    from eaglekit.artifacts import CONVERSATION_SHARDS, write_manifest
 
     out.mkdir(parents=True, exist_ok=True)
     writer = Writer(tokenizer, seed)
     for first in range(0, n, shard):
         rows = [writer.conversation(i) for i in range(first, min(n, first + shard))]
-        (out / f"conversations-{first // shard:05d}.jsonl").write_text(
+        (out / f"{CONVERSATION_SHARDS}-{first // shard:05d}.jsonl").write_text(
             "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     write_manifest(out, stage="generate", config={"synthetic": "scripts/bench_train_setup.py", "seed": seed},
                    target=None, counts={"conversations": n})

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from eaglekit.artifacts import sha256_json
+from eaglekit.artifacts import CONVERSATION_SHARDS, sha256_json
 from eaglekit.data.generators import EngineGenerator, HFGenerator, Sampling
 from eaglekit.data.local_backend import LocalBackend
 from eaglekit.data.readers import SourceSpec, read_source
@@ -241,7 +241,8 @@ def jsonl_lines(path: Path) -> list[str]:
 
 
 def read_rows(folder: Path) -> list[dict]:
-    return [json.loads(line) for p in sorted(folder.glob("conversations-*.jsonl")) for line in jsonl_lines(p)]
+    shards = sorted(folder.glob(f"{CONVERSATION_SHARDS}-*.jsonl"))
+    return [json.loads(line) for p in shards for line in jsonl_lines(p)]
 
 
 def agreement(a: Path, b: Path) -> dict:

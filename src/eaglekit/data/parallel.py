@@ -35,9 +35,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eaglekit.artifacts import MANIFEST, atomic_path, read_json, read_manifest, write_json, write_manifest
+from eaglekit.artifacts import CONVERSATION_SHARDS, MANIFEST, atomic_path, read_json, read_manifest, write_json, write_manifest
 from eaglekit.data.options import GenerateOptions
-from eaglekit.data.regenerate import SHARD_PREFIX, GenerateConfig, conversation_counts, generate_folder, load_prompts
+from eaglekit.data.regenerate import GenerateConfig, conversation_counts, generate_folder, load_prompts
 from eaglekit.errors import EaglekitError
 
 log = logging.getLogger(__name__)
@@ -226,8 +226,8 @@ def merge_workers(out: Path, identity: dict, devices: list[str], shard_size: int
     num_shards = 0
     skipped: list[bytes] = []
     for i in range(len(devices)):
-        for shard in sorted(worker_dir(out, i).glob(f"{SHARD_PREFIX}-*.jsonl")):
-            with atomic_path(out / f"{SHARD_PREFIX}-{num_shards:05d}.jsonl") as tmp:
+        for shard in sorted(worker_dir(out, i).glob(f"{CONVERSATION_SHARDS}-*.jsonl")):
+            with atomic_path(out / f"{CONVERSATION_SHARDS}-{num_shards:05d}.jsonl") as tmp:
                 shutil.copyfile(shard, tmp)
             num_shards += 1
         if (worker_dir(out, i) / "skipped.jsonl").is_file():

@@ -21,7 +21,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from eaglekit.artifacts import MANIFEST, clear_folder, read_json, read_manifest, sha256_file, sha256_json, write_json, write_manifest, writer_lock
+from eaglekit.artifacts import (
+    CONVERSATION_SHARDS,
+    MANIFEST,
+    clear_folder,
+    read_json,
+    read_manifest,
+    sha256_file,
+    sha256_json,
+    write_json,
+    write_manifest,
+    writer_lock,
+)
 from eaglekit.data.folder import JsonlShards, read_prompt_folder
 from eaglekit.data.options import GenerateOptions
 from eaglekit.data.readers import SourceSpec, read_source
@@ -31,7 +42,6 @@ from eaglekit.errors import EaglekitError
 
 log = logging.getLogger(__name__)
 RUN_FILE = "run.json"
-SHARD_PREFIX = "conversations"
 LOOP_WARN = 0.10          # warn when more of the answer tokens than this are loops (`data.quality`)
 
 
@@ -193,7 +203,7 @@ def describe_split(data_parallel: dict | None) -> str:
 
 def _run(out: Path, by_split: dict[str, list[Prompt]], backend, identity: dict, config: GenerateConfig,
          shard_size: int) -> dict:
-    shards = JsonlShards(out, SHARD_PREFIX, shard_size)
+    shards = JsonlShards(out, CONVERSATION_SHARDS, shard_size)
     skipped = JsonlShards(out, "skipped", None)  # one file, same append-and-recover rules
     rows = shards.recover()
     skipped_rows = skipped.recover()
@@ -263,7 +273,7 @@ def _finish(out: Path, shards: JsonlShards, identity: dict, config: GenerateConf
 
 def conversation_counts(out: Path, shard_size: int) -> dict:
     """The manifest's counts of the shards and skipped prompts in `out` (ids checked unique)."""
-    shards = JsonlShards(out, SHARD_PREFIX, shard_size)
+    shards = JsonlShards(out, CONVERSATION_SHARDS, shard_size)
     rows = shards.recover()
     skipped = JsonlShards(out, "skipped", None).recover()
     by_split = Counter(r["split"] for r in rows)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from eaglekit.artifacts import check_same_target, read_manifest, sha256_file
+from eaglekit.artifacts import CONVERSATION_SHARDS, check_same_target, read_manifest, sha256_file
 from eaglekit.errors import EaglekitError
 from eaglekit.targets.chat import conversation_texts, encode_texts, join_pieces, special_tokens
 
@@ -48,9 +48,9 @@ def conversation_files(path: str | Path) -> tuple[list[Path], dict | None]:
     if not path.is_dir():
         raise EaglekitError(f"no such conversations file or folder: {path}", hint="check the path")
     manifest = read_manifest(path, stage="generate")  # says what to run for an unfinished folder
-    files = sorted(path.glob("conversations-*.jsonl"))
+    files = sorted(path.glob(f"{CONVERSATION_SHARDS}-*.jsonl"))
     if not files:
-        raise EaglekitError(f"{path} holds no conversations-*.jsonl shards", hint="is this a generate folder?")
+        raise EaglekitError(f"{path} holds no {CONVERSATION_SHARDS}-*.jsonl shards", hint="is this a generate folder?")
     return files, manifest
 
 
