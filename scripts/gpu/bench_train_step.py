@@ -49,6 +49,7 @@ from eaglekit.features.batch import Batch, pack_by_tokens  # noqa: E402
 from eaglekit.features.conversations import Sample  # noqa: E402
 from eaglekit.features.teacher import Teacher  # noqa: E402
 from eaglekit.train.attention import plan_free_attention  # noqa: E402
+from eaglekit.train.config import TrainConfig  # noqa: E402
 from eaglekit.train.loop import TTTModel, compiled_unrolled_loss, unrolled_loss  # noqa: E402
 from eaglekit.train.optim import make_optimizer  # noqa: E402
 from eaglekit.train.ttt import step_counts  # noqa: E402
@@ -158,10 +159,10 @@ def bench_variant(name: str, args, shape, device: torch.device, autocast: bool, 
     draft = make_draft(shape, args.draft_vocab_size, device)
     model = TTTModel(draft, args.ttt_steps, attention)
     params = [(n, p) for n, p in draft.named_parameters() if p.requires_grad]
-    optimizer = make_optimizer(params, lr=1e-4, weight_decay=0.0, betas=(0.9, 0.95))
+    optimizer = make_optimizer(params, lr=1e-4, weight_decay=TrainConfig.weight_decay, betas=TrainConfig.betas)
     batches, online = step_batches(args, draft, target, device)
     step_loss = compiled_unrolled_loss() if compiled else unrolled_loss
-    kw = dict(d2t=draft.d2t, t2d=draft.t2d, weights=[0.8 ** j for j in range(args.ttt_steps)])
+    kw = dict(d2t=draft.d2t, t2d=draft.t2d, weights=[TrainConfig.step_decay ** j for j in range(args.ttt_steps)])
     if not compiled:
         kw["fused_ce"] = fused
     target_ms, tokens = [], []
@@ -229,7 +230,7 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--batch-tokens", type=int, default=16384)
     p.add_argument("--length", type=int, default=2048, help="tokens per row (rows = batch-tokens / length)")
     p.add_argument("--draft-vocab-size", type=int, default=16384)
-    p.add_argument("--ttt-steps", type=int, default=7)
+    p.add_argument("--ttt-steps", type=int, default=TrainConfig.ttt_steps)
     p.add_argument("--steps", type=int, default=10, help="timed steps per variant")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation, allocator)")
     p.add_argument("--mix", type=int, default=0, help="N batches of varied sample lengths, taken in turn (0: one shape)")
