@@ -63,8 +63,10 @@ def test_bench_and_speculate_flags_are_their_options_fields():
     from eaglekit.bench.options import BenchOptions
     from eaglekit.engine.options import EngineOptions, SpeculateOptions
 
-    assert stage_flags(("bench",)) == switch_names(BenchOptions)
-    assert stage_flags(("speculate",)) == switch_names(SpeculateOptions)
+    old_names = {"max-len"}                            # kept as aliases of --cache-slots
+    assert stage_flags(("bench",)) == switch_names(BenchOptions) | old_names
+    assert stage_flags(("speculate",)) == switch_names(SpeculateOptions) | old_names
+    assert build_parser().parse_args(["bench", "--draft", "d", "--max-len", "256"]).cache_slots == 256
     shared = switch_names(EngineOptions)
     assert shared <= switch_names(BenchOptions) and shared <= switch_names(SpeculateOptions)
     assert {"tree-top-k", "top-k", "no-hf", "hf-prompts", "no-graphs"} <= stage_flags(("bench",))
@@ -89,7 +91,8 @@ def test_bench_options_parse_and_rebuild_their_command_line():
 def test_doctor_flags_are_its_options_fields_and_keep_their_forms():
     from eaglekit.doctor.options import DoctorOptions
 
-    assert stage_flags(("doctor",)) == switch_names(DoctorOptions)
+    assert stage_flags(("doctor",)) == switch_names(DoctorOptions) | {"num-prompts"}   # the old name of --limit
+    assert build_parser().parse_args(["doctor", "d", "--num-prompts", "2"]).limit == 2
     args = build_parser().parse_args(["doctor", "d", "-k", "4", "--probe"])
     assert (args.draft, args.k, args.probe, args.dtype) == ("d", 4, "builtin", DoctorOptions.dtype)
     assert build_parser().parse_args(["doctor", "d", "--probe", "p.jsonl"]).probe == "p.jsonl"

@@ -29,7 +29,7 @@ def tiny_recipe(tmp_path, target) -> str:
         "train": {"draft-vocab-size": 64, "allow-smaller-vocab": True, "ttt-steps": 2, "epochs": 1,
                   "batch-tokens": 256, "val-every": 5},
         "export": {"formats": ["sglang", "vllm", "eagle"]},
-        "doctor": {"engine": "vllm", "probe": "builtin", "num-prompts": 2, "max-new-tokens": 8},
+        "doctor": {"engine": "vllm", "probe": "builtin", "limit": 2, "max-new-tokens": 8},
         "bench": {"mode": "chain", "k": 2, "max-new-tokens": 8, "limit": 2, "no-hf": True},
     }
     path = tmp_path / "recipe.yaml"

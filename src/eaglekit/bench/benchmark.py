@@ -43,8 +43,8 @@ def device_name(device: str) -> str:
 
 def cache_slots(cfg: BenchOptions, tokenizer, prompts, specs) -> int:
     """Enough slots for the longest conversation: every turn's request + answers + draft headroom."""
-    if cfg.max_len:
-        return cfg.max_len
+    if cfg.cache_slots:
+        return cfg.cache_slots
     longest = 0
     for prompt in prompts:
         placeholder = ["x"] * len(prompt.turns)

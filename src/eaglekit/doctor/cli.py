@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
 
     report = run_doctor(args.draft, args.target, engine=args.engine, prompts=args.probe,
                         run_probe=args.probe is not None, k=args.k, max_new_tokens=args.max_new_tokens,
-                        num_prompts=args.num_prompts, diagnose_always=args.diagnose,
+                        num_prompts=args.limit, diagnose_always=args.diagnose,
                         device=args.device, dtype=args.dtype, allow_unfinished=args.allow_unfinished)
     if args.out:
         write_report(report, args)

@@ -23,7 +23,7 @@ class DoctorOptions:
                                flag={"nargs": "?", "const": "builtin", "metavar": "PROMPTS"})
     k: int = option(3, "draft tokens per step in the probe (--k as in bench)", group="main", aliases=("-k",))
     max_new_tokens: int = option(64, "continuation length per prompt", group="main")
-    num_prompts: int = option(6, "prompts used by the probe", group="main")
+    limit: int = option(6, "the probe uses the first N prompts, as bench's --limit", group="main", aliases=("--num-prompts",))
     device: str = option("auto", "where the target runs for the probe (auto: the GPU when there is one)",
                          group="main")
     dtype: str = option("bfloat16", "the dtype the probe runs in: the one you serve in",

@@ -98,7 +98,7 @@ def training_tau(manifest: dict | None, k: int) -> tuple[float | None, str]:
 
 def run_doctor(draft: str | Path, target: str = DoctorOptions.target, *, engine: str | None = None,
                prompts: str | None = None, run_probe: bool = False, k: int = DoctorOptions.k,
-               max_new_tokens: int = DoctorOptions.max_new_tokens, num_prompts: int = DoctorOptions.num_prompts,
+               max_new_tokens: int = DoctorOptions.max_new_tokens, num_prompts: int = DoctorOptions.limit,
                diagnose_always: bool = False, device: str = DoctorOptions.device, dtype: str = DoctorOptions.dtype,
                allow_unfinished: bool = False) -> Report:
     """Check a draft folder against a target as `engine` would serve it.

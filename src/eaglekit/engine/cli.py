@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         draft = load_draft_for(folder, target, device)
     ids = prompt_ids(target.tokenizer, [{"role": "user", "content": args.prompt}])
-    max_len = opts.max_len or -(-(len(ids) + opts.max_new_tokens + spec.headroom) // 128) * 128
+    max_len = opts.cache_slots or -(-(len(ids) + opts.max_new_tokens + spec.headroom) // 128) * 128
     runner = make_target_runner(target.model, max_len=max_len, aux_layer_ids=list(draft.config.aux_layer_ids),
                                 runner=opts.runner)
     engine = Engine(runner, drafter=DraftRunner(draft, spec=spec, sampling=sampling, max_len=max_len), spec=spec,

@@ -44,7 +44,8 @@ class EngineOptions:
                          group="runtime", choices=RUNNERS)
     no_graphs: bool = option(False, "no CUDA graphs", group="runtime")
     no_compile: bool = option(False, "no torch.compile", group="runtime")
-    max_len: int | None = option(None, "KV cache slots (default: from the prompts and max tokens)", group="runtime")
+    cache_slots: int | None = option(None, "KV cache slots, as generate's --cache-slots (default: from the prompts "
+                                           "and max tokens)", group="runtime", aliases=("--max-len",))
 
     @property
     def graphs(self) -> bool | None:
