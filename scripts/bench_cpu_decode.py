@@ -30,6 +30,7 @@ from eaglekit.engine.profile import replay_ms  # noqa: E402
 from eaglekit.formats.load import load_draft_for  # noqa: E402
 from eaglekit.targets.chat import prompt_ids  # noqa: E402
 from eaglekit.targets.load import load_target  # noqa: E402
+from eaglekit.targets.source import DEFAULT_TARGET  # noqa: E402
 
 
 def batch_step_ms(model, batch: int, context: int, slots: int, trim: bool, steps: int) -> float:
@@ -60,7 +61,7 @@ def cycle_vs_step(target, draft_dir: str, k: int, new_tokens: int) -> dict:
 @torch.no_grad()
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", default="smollm2")
+    p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--batch-sizes", default="16,64")
     p.add_argument("--context", type=int, default=140, help="prompt tokens in every row")
     p.add_argument("--slots", type=int, default=512, help="cache slots a row (the generate stage's first size)")

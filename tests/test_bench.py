@@ -66,7 +66,7 @@ def test_bench_checkpoint_draft_chain_and_sweep(tmp_path, tiny_target_dir, promp
     s = result["summary"]
     assert s["greedy_match"] == 1.0 and s["hf_tok_s"] is None and len(s["per_position_acceptance"]) == 3
     _, result = run_bench(tmp_path, tiny_target_dir, prompts_file, "random", "--sweep", "--no-hf", "--limit", "1",
-                          "--max-len", "256")
+                          "--cache-slots", "256")
     assert len(result["sweep"]) >= 4
     assert result["summary"]["spec"] == max(result["sweep"], key=lambda r: r["spec_tok_s"])["spec"]
 

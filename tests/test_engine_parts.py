@@ -266,6 +266,10 @@ def test_fused_draft_projections_and_top_logp_compute_the_unfused_math():
         assert a.shape == b.shape and torch.allclose(a, b, atol=1e-6)
     out = torch.randn(1, draft.config.num_attention_heads, 5, draft.config.head_dim, generator=g)
     assert torch.allclose(draft.finish(out, hidden), draft.finish(out, hidden, w13=w13), atol=1e-6)
+    assert draft.fused_weights()[0] is wqkv                  # one copy per draft, shared by its runners
+    with torch.no_grad():
+        draft.midlayer.mlp.up_proj.weight.mul_(2)              # a changed weight: made again
+    assert torch.equal(draft.fused_weights()[1][w13.shape[0] // 2:], draft.midlayer.mlp.up_proj.weight)
     logits = torch.randn(8, 3000, generator=g)
     values, indices = top_logp(logits, 8)
     expected = torch.topk(logits.log_softmax(-1), 8)

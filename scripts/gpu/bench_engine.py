@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from eaglekit.engine import DraftRunner, Engine, OracleDrafter, Sampling, SpecConfig, generate_batch, make_target_runner  # noqa: E402
 from eaglekit.engine.kv import ATTENTION_KINDS  # noqa: E402
+from eaglekit.targets.source import DEFAULT_TARGET  # noqa: E402
 
 log = logging.getLogger("bench_engine")
 CHAIN = SpecConfig(mode="chain", k=5)
@@ -184,7 +185,7 @@ def load_smollm2(args):
     from eaglekit.targets.chat import prompt_ids
     from eaglekit.targets.load import load_target
 
-    target = load_target(args.target or "smollm2", device=args.device, dtype=args.dtype)
+    target = load_target(args.target or DEFAULT_TARGET, device=args.device, dtype=args.dtype)
     ids = prompt_ids(target.tokenizer, [{"role": "user", "content": PROMPT}])
     return target.model, ids, target.stop_token_ids
 
@@ -360,7 +361,7 @@ def part_d(args) -> dict:
 
     results = {}
     for spec in SMOKE_SPECS if args.smoke else (SpecConfig(mode="chain", k=args.k), TREE):
-        cfg = BenchOptions(target=args.target or "smollm2", draft=args.draft, prompts=args.prompts, **shape_options(spec),
+        cfg = BenchOptions(target=args.target or DEFAULT_TARGET, draft=args.draft, prompts=args.prompts, **shape_options(spec),
                            max_new_tokens=args.new_tokens, limit=args.limit, hf=False, device=args.device,
                            dtype=args.dtype, no_compile=args.compile is False)
         res = benchmark(cfg, command=" ".join(sys.argv))

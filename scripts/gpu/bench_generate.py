@@ -49,6 +49,7 @@ from eaglekit.errors import EaglekitError
 from eaglekit.targets import load_target
 from eaglekit.targets.chat import prompt_ids
 from eaglekit.targets.load import text_config
+from eaglekit.targets.source import DEFAULT_TARGET
 
 REPO = Path(__file__).resolve().parents[2]
 # ../shared/data/train here; on the GPU machine a copy carried under .device/prompts (git-ignored).
@@ -57,7 +58,7 @@ PROMPT_DIRS = (REPO.parent / "shared/data/train", REPO / "shared/data/train", RE
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", default=os.environ.get("EAGLEKIT_SMOLLM2_DIR", "smollm2"))
+    p.add_argument("--target", default=os.environ.get("EAGLEKIT_SMOLLM2_DIR", DEFAULT_TARGET))
     p.add_argument("--prompts", default=os.environ.get("EAGLEKIT_BENCH_PROMPTS"),
                    help="prompt file or folder (default: ../shared/data/train, else .device/prompts)")
     p.add_argument("--num-prompts", type=int, default=4096, help="prompts of the engine's long run")

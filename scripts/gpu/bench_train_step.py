@@ -159,7 +159,7 @@ def bench_variant(name: str, args, shape, device: torch.device, autocast: bool, 
     draft = make_draft(shape, args.draft_vocab_size, device)
     model = TTTModel(draft, args.ttt_steps, attention)
     params = [(n, p) for n, p in draft.named_parameters() if p.requires_grad]
-    optimizer = make_optimizer(params, lr=1e-4, weight_decay=TrainConfig.weight_decay, betas=TrainConfig.betas)
+    optimizer = make_optimizer(params, lr=TrainConfig.lr, weight_decay=TrainConfig.weight_decay, betas=TrainConfig.betas)
     batches, online = step_batches(args, draft, target, device)
     step_loss = compiled_unrolled_loss() if compiled else unrolled_loss
     kw = dict(d2t=draft.d2t, t2d=draft.t2d, weights=[TrainConfig.step_decay ** j for j in range(args.ttt_steps)])

@@ -94,7 +94,7 @@ def add_options(parser: argparse.ArgumentParser, cls, groups: dict[str, str | No
             extra = {} if default is MISSING else {"default": default}
             shown = default not in (MISSING, None, "") and not isinstance(default, tuple)
             text = meta["help"] + (f" (default {str(default).replace('%', '%%')})" if shown else "")   # said once
-            group.add_argument(*meta["aliases"], f"--{name}", dest=f.name, type=kind, choices=meta["choices"],
+            group.add_argument(f"--{name}", *meta["aliases"], dest=f.name, type=kind, choices=meta["choices"],
                                required=meta["required"], help=text, **extra, **meta["flag"])
 
 

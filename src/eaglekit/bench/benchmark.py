@@ -103,7 +103,7 @@ def benchmark(cfg: BenchOptions, command: str = "") -> dict:
     log.info(result["summary"]["verdict"])
     result["summary"].update(
         device=device_name(device), date=time.strftime("%Y-%m-%d %H:%M:%S"), command=command,
-        config={**cfg.to_dict(), "spec": specs[best].to_dict(), "runner": runner.kind, "max_len": max_len,
+        config={**cfg.to_dict(), "spec": specs[best].to_dict(), "runner": runner.kind, "cache_slots": max_len,
                 "graphs": engines[best].graphs, "compile": engines[best].compile, "dtype": str(runner_dtype(runner))},
         torch=torch.__version__, seconds=round(time.time() - start, 1))
     result["summary"]["timing"] = timing

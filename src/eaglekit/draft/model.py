@@ -160,11 +160,17 @@ class Eagle3Draft(nn.Module):
         return h + linear(F.silu(gate) * up, mlp.down_proj.weight)
 
     def fused_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(wqkv [nh*hd + 2*nkv*hd, 2H], w13 [2*I, H]): copies for inference, where one matmul for
-        q/k/v and one for gate/up are fewer launches than five (the weights do not change there)."""
+        """(wqkv [nh*hd + 2*nkv*hd, 2H], w13 [2*I, H]) for inference, where one matmul for q/k/v and
+        one for gate/up are fewer launches than five. Concatenated copies, made once per draft (the
+        runners of a bench sweep share them) and made again when a weight has changed since."""
         attn, mlp = self.midlayer.self_attn, self.midlayer.mlp
-        return (torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach(),
-                torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach())
+        parts = (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, mlp.gate_proj.weight, mlp.up_proj.weight)
+        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in parts)
+        if getattr(self, "_fused_key", None) != key:
+            with torch.no_grad():
+                self._fused = (torch.cat(parts[:3]), torch.cat(parts[3:]))
+            self._fused_key = key
+        return self._fused
 
     def logits(self, hidden_out: torch.Tensor, linear=F.linear) -> torch.Tensor:
         """[B, T, H] pre-norm hidden -> [B, T, Vd] draft-vocab logits."""

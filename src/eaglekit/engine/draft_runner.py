@@ -42,7 +42,8 @@ class DraftRunner(nn.Module):
 
     `attention` / `matvec` / `small_rows` / `attention_rows` pick kernels for the draft's few-row
     steps as the fast target runner does (`target_fast.default_kernels`; None = what was measured
-    fastest there).
+    fastest there). The draft's q/k/v and gate/up weights are read when the runner is built
+    (`Eagle3Draft.fused_weights`): after changing the draft's weights, build a new runner.
     """
 
     needs_aux = True

@@ -87,7 +87,7 @@ class HFTarget(nn.Module):
         if window is not None and window < max_len:
             raise EaglekitError(
                 f"the target uses sliding-window attention ({window} tokens) and the engine's cache holds "
-                f"{max_len}; the engine's masks are full attention", hint=f"use --max-len <= {window}")
+                f"{max_len}; the engine's masks are full attention", hint=f"use --cache-slots <= {window}")
         self.model = model
         num_layers = len(decoder_layers(model))
         self.aux_layer_ids = check_aux_layer_ids(list(aux_layer_ids), num_layers) if aux_layer_ids else []
