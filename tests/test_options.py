@@ -159,12 +159,16 @@ def test_every_flag_states_its_default_once_and_from_its_field():
     the default lives in the field alone (a second copy in a help text goes stale)."""
     import argparse
 
+    from eaglekit.pipeline.keys import subcommands
+
     def parsers(p: argparse.ArgumentParser):
         yield p
-        for action in p._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                for child in action.choices.values():
-                    yield from parsers(child)
+        try:
+            children = subcommands(p).values()
+        except KeyError:                                   # a leaf subcommand
+            return
+        for child in children:
+            yield from parsers(child)
 
     seen = 0
     for p in parsers(build_parser()):
