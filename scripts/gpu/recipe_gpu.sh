@@ -8,7 +8,7 @@
 #   bash scripts/gpu/recipe_gpu.sh bench DRAFT_DIR EVAL_DIR     # steps 1's bench stage, 2 and 3 for an earlier draft
 # The session, in order (each step timed in $W/session.log):
 #   1. eaglekit run --recipe smollm2-h200 on every prompt file of PROMPTS_DIR (weights below), bench
-#      stage on MT-bench (EVAL_DIR/mt_bench.jsonl), tree d6/k8/32;
+#      stage on MT-bench (EVAL_DIR/mt_bench.jsonl), tree d4/k4/16;
 #   2. the benches named in BENCHES, in its order (default "chain heldout generate"):
 #      chain     eaglekit bench chain k=5 on MT-bench with the new draft;
 #      sweep     eaglekit bench --sweep (two chains, two trees) on 8 MT-bench questions: the fastest shape;
@@ -16,10 +16,10 @@
 #      generate  bench_generate.py: the engine's batch decoder beside HF generate at the same batch;
 #      kernels   bench_engine.py part c (oracle chain 5 and tree 32) for each VARIANT[%COMPILE_MODE] in KERNELS
 #                (default "reduce+matvec reduce+matvec%max-autotune-no-cudagraphs": Inductor's own GEMMs).
-# Env: W (work folder, /root/work), GPUS (1), TRAIN_S (train.time-budget-s), LIMIT (MT-bench prompts),
+# Env: W (work folder, /root/work), GPUS (1), TRAIN_S (train.time-budget-s; default the recipe's), LIMIT (MT-bench prompts),
 # REFILL (generate.refill: graphs, the recipe's, or eager), PROFILE (train.profile-steps A:B: the
 # training loop's torch.profiler table, run/draft/profile.txt), EXTRA (more SECTION.KEY=VALUE overrides,
-# split at spaces, e.g. "generate.limit=20000": answer a random 20,000 of the training prompts),
+# split at spaces, e.g. "generate.limit=null": answer every training prompt, not the recipe's 20,000),
 # BENCHES and KERNELS (step 2).
 set -u
 VERB=${1:?start or wait}
@@ -34,7 +34,7 @@ bench_tree() {  # what the recipe's bench stage measures, for a draft trained ea
   local draft=$1 eval=$2 t0
   t0=$(date +%s)
   python3 -m eaglekit bench --target "$EAGLEKIT_SMOLLM2_DIR" --draft "$draft" --prompts "$eval/mt_bench.jsonl" \
-    --limit "${LIMIT:-40}" --max-new-tokens 256 --mode tree --depth 6 --tree-top-k 8 --total-tokens 32 \
+    --limit "${LIMIT:-40}" --max-new-tokens 256 --mode tree --depth 4 --tree-top-k 4 --total-tokens 16 \
     --out "$W/bench-tree" 2>&1 | quiet | tail -30 >> "$LOG"
   stamp "bench tree (MT-bench) done after $(( $(date +%s) - t0 )) s"
 }
@@ -91,7 +91,7 @@ session() {
   done
   recipe() {  # the recipe with this session's overrides, plus any given
     python3 -m eaglekit run --recipe smollm2-h200 --out "$RUN" gpus="${GPUS:-1}" target="$t" \
-      "prompts.source=[$full$w]" "train.time-budget-s=${TRAIN_S:-480}" train.no-progress=true \
+      "prompts.source=[$full$w]" ${TRAIN_S:+"train.time-budget-s=$TRAIN_S"} train.no-progress=true \
       "bench.prompts=$eval/mt_bench.jsonl" "bench.limit=${LIMIT:-40}" "generate.refill=${REFILL:-graphs}" ${PROFILE:+"train.profile-steps=$PROFILE"} ${EXTRA:-} "$@" 2>&1 | quiet >> "$LOG"
     return "${PIPESTATUS[0]}"
   }
