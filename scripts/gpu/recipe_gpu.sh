@@ -59,7 +59,7 @@ lines = [l for name in ("humaneval.jsonl", "alpaca.jsonl") for l in itertools.is
 out.write_text("".join(lines))
 PY
         python3 -m eaglekit bench --target "$t" --draft "$draft" --prompts "$W/heldout.jsonl" \
-          --max-new-tokens 256 --no-hf --mode tree --depth 6 --tree-top-k 8 --total-tokens 32 --out "$W/bench-heldout" \
+          --max-new-tokens 256 --no-hf --mode tree --depth 4 --tree-top-k 4 --total-tokens 16 --out "$W/bench-heldout" \
           2>&1 | quiet | tail -30 >> "$LOG" ;;
       generate)  # the engine's batch decoder beside HF generate at the same batch
         [[ -n $prompts ]] || { stamp "bench_generate skipped: no prompts folder"; continue; }
