@@ -25,7 +25,9 @@ def run_bench(tmp_path, target, prompts, draft, *extra):
     code = main(["bench", "--target", str(target), "--draft", draft, "--prompts", str(prompts), "--max-new-tokens", "8",
                  "--out", str(out), "--json", str(out / "copy.json"), *extra])
     assert code == 0
-    return out, json.loads((out / "results.json").read_text())
+    result = json.loads((out / "results.json").read_text())
+    assert json.loads((out / "copy.json").read_text()) == result          # --json PATH: the same results
+    return out, result
 
 
 def test_bench_oracle_tree_multi_turn(tmp_path, tiny_target_dir, prompts_file):

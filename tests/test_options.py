@@ -99,6 +99,17 @@ def test_doctor_flags_are_its_options_fields_and_keep_their_forms():
     assert build_parser().parse_args(["doctor", "d"]).probe is None
 
 
+def test_json_is_one_form_everywhere():
+    """`--json` prints to stdout, `--json PATH` writes there: doctor, bench and target info alike."""
+    from eaglekit.options import JSON_STDOUT
+
+    for argv in (["doctor", "d"], ["bench", "--draft", "d"], ["target", "info"]):
+        parse = build_parser().parse_args
+        assert parse(argv).json is None
+        assert parse([*argv, "--json"]).json == JSON_STDOUT
+        assert parse([*argv, "--json", "out.json"]).json == "out.json"
+
+
 def test_export_and_import_flags_are_their_options_fields():
     from eaglekit.formats.options import ExportOptions, ImportOptions
 

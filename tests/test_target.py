@@ -46,9 +46,12 @@ def test_prepare_round_trip_keeps_weights_and_fingerprint(tiny_target_dir, tmp_p
         prepare_target(str(tiny_target_dir), out)
 
 
-def test_cli_info_json(tiny_target_dir, capsys):
+def test_cli_info_json(tiny_target_dir, tmp_path, capsys):
     assert main(["target", "info", "--target", str(tiny_target_dir), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
+    assert main(["target", "info", "--target", str(tiny_target_dir), "--json", str(tmp_path / "info.json")]) == 0
+    assert json.loads((tmp_path / "info.json").read_text()) == info
+    assert "architecture" in capsys.readouterr().out          # the text form is printed beside the file
     for key in ("architecture", "num_layers", "hidden_size", "vocab_size", "aux_layer_ids",
                 "aux_layer_ids_sglang", "aux_layer_ids_vllm"):
         assert key in info

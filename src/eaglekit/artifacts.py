@@ -192,6 +192,17 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
 
 
+def emit_json(obj: Any, where: str | None) -> bool:
+    """`--json [PATH]`'s output: print obj as JSON for "-" (and return True: it replaces the text
+    output), write it to `where` otherwise; nothing for None."""
+    if where == "-":
+        print(json.dumps(obj, indent=2, default=str))
+        return True
+    if where:
+        write_json(where, obj)
+    return False
+
+
 def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
     path = Path(path)
     if not path.is_file():

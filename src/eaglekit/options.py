@@ -50,6 +50,16 @@ def option(default: Any = MISSING, help: str = "", *, group: str, choices: tuple
     return field(default=default, metadata=meta)
 
 
+JSON_STDOUT = "-"   # `--json` without a PATH: the JSON goes to stdout
+
+
+def json_option(what: str):
+    """`--json [PATH]`, the one form every subcommand takes: print `what` as JSON to stdout, or with
+    a PATH write it there (and print the usual text)."""
+    return option(None, f"print {what} as JSON, or write it to PATH", group="main",
+                  flag={"nargs": "?", "const": JSON_STDOUT, "metavar": "PATH"})
+
+
 def int_tuple(text: str) -> tuple[int, ...] | None:
     """"1,14,26" -> (1, 14, 26); "" -> None (not given)."""
     try:

@@ -133,22 +133,20 @@ def runner_dtype(runner) -> torch.dtype:
     return next(runner.parameters()).dtype
 
 
-def write_outputs(result: dict, cfg: BenchOptions, out: str | Path, json_path: str | None = None) -> dict:
+def write_outputs(result: dict, cfg: BenchOptions, out: str | Path) -> dict:
     """Write results.json, report.md, acceptance.png and manifest.json (last) into `out`, holding its writer lock."""
     with writer_lock(out, stage="bench"):
         (Path(out) / MANIFEST).unlink(missing_ok=True)  # an earlier run's manifest must not vouch for these files
-        return _write_outputs(result, cfg, Path(out), json_path)
+        return _write_outputs(result, cfg, Path(out))
 
 
-def _write_outputs(result: dict, cfg: BenchOptions, out: Path, json_path: str | None) -> dict:
+def _write_outputs(result: dict, cfg: BenchOptions, out: Path) -> dict:
     why_no_plot = plot(result, out / "acceptance.png")
     if why_no_plot:
         log.warning(why_no_plot)
     result["plot"] = None if why_no_plot else "acceptance.png"
     result["plot_note"] = why_no_plot
     write_json(out / "results.json", result)
-    if json_path:
-        write_json(json_path, result)
     text = markdown(result)
     timing = result["summary"].get("timing") or {}
     if timing.get("warning"):

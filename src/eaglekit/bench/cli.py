@@ -26,12 +26,15 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from eaglekit.artifacts import emit_json
     from eaglekit.bench.benchmark import benchmark, write_outputs
     from eaglekit.bench.report import markdown
 
     cfg = options_from_args(BenchOptions, args)
     result = benchmark(cfg, command=command_line(args))
-    write_outputs(result, cfg, cfg.out, cfg.json)
+    write_outputs(result, cfg, cfg.out)
+    if emit_json(result, cfg.json):
+        return 0
     print(markdown(result))
     if result.get("plot_note"):
         print(result["plot_note"])

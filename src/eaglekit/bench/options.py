@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from eaglekit.engine.options import GROUPS, EngineOptions
-from eaglekit.options import option
+from eaglekit.options import json_option, option
 
 __all__ = ["GROUPS", "BenchOptions"]
 
@@ -28,7 +28,7 @@ class BenchOptions(EngineOptions):
     warmup: int = option(1, "untimed warm-up generations per method", group="main")
     allow_unfinished: bool = option(False, "bench a draft whose training did not finish (refused otherwise; the "
                                            "results say so)", group="main")
-    json: str | None = option(None, "also write the results JSON here", group="main")
+    json: str | None = json_option("the results")
     out: str = option("runs/bench", "output folder (results.json, report.md, plot, manifest)", group="main")
 
     def to_dict(self) -> dict:

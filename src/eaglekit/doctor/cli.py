@@ -1,10 +1,10 @@
-"""`eaglekit doctor DRAFT [--target T] [--engine E] [--probe [PROMPTS]] [--json]`."""
+"""`eaglekit doctor DRAFT [--target T] [--engine E] [--probe [PROMPTS]] [--json [PATH]]`."""
 
 from __future__ import annotations
 
 import argparse
-import json
 
+from eaglekit.artifacts import emit_json
 from eaglekit.doctor.options import GROUPS, DoctorOptions
 from eaglekit.options import add_options
 
@@ -25,9 +25,7 @@ def run(args: argparse.Namespace) -> int:
                         device=args.device, dtype=args.dtype, allow_unfinished=args.allow_unfinished)
     if args.out:
         write_report(report, args)
-    if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
-    else:
+    if not emit_json(report.to_dict(), args.json):
         from eaglekit.doctor.report import print_report
 
         print_report(report)

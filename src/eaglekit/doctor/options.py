@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eaglekit.options import option
+from eaglekit.options import json_option, option
 from eaglekit.targets.options import target_option
 
 ENGINES = ("sglang", "vllm", "eagle")
@@ -31,5 +31,5 @@ class DoctorOptions:
     diagnose: bool = option(False, "run the diagnosis even when acceptance is fine", group="main")
     allow_unfinished: bool = option(False, "check a draft whose training did not finish (refused otherwise; the "
                                            "report says so)", group="main")
-    json: bool = option(False, "print the report as JSON", group="main")
+    json: str | None = json_option("the report")
     out: str | None = option(None, "also write report.json and manifest.json into this folder", group="main")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 
+from eaglekit.artifacts import emit_json
 from eaglekit.options import add_options
 from eaglekit.targets.options import GROUPS, TargetInfoOptions, TargetPrepareOptions
 
@@ -26,8 +26,7 @@ def run_info(args: argparse.Namespace) -> int:
     from eaglekit.targets.info import target_info
 
     info = target_info(args.target).to_dict()
-    if args.json:
-        print(json.dumps(info, indent=2))
+    if emit_json(info, args.json):
         return 0
     width = max(len(k) for k in info)
     for key, value in info.items():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eaglekit.options import option
+from eaglekit.options import json_option, option
 from eaglekit.targets.source import DEFAULT_TARGET
 
 GROUPS = {"main": None}
@@ -20,7 +20,7 @@ def target_option(group: str = "main"):
 @dataclass(frozen=True, kw_only=True)
 class TargetInfoOptions:
     target: str = target_option()
-    json: bool = option(False, "print JSON", group="main")
+    json: str | None = json_option("the target's description")
 
 
 @dataclass(frozen=True, kw_only=True)
