@@ -20,8 +20,9 @@ def parse(*argv):
 def test_train_flags_are_the_config_fields():
     flags = stage_flags(("train",))
     declared = {f.name.replace("_", "-") for f in fields(TrainConfig) if f.metadata}
-    assert flags == (declared - {"progress"}) | {"no-progress"}
+    assert flags == (declared - {"progress"}) | {"no-progress", "validation-fraction"}   # prompts build's name too
     assert "betas" not in flags and "extra" not in flags            # settings without a flag
+    assert build_parser().parse_args(["train", "--out", "o", "--validation-fraction", "0.1"]).val_fraction == 0.1
 
 
 def test_parsed_flags_equal_the_dataclass_defaults_and_convert_types():
@@ -97,6 +98,17 @@ def test_doctor_flags_are_its_options_fields_and_keep_their_forms():
     assert (args.draft, args.k, args.probe, args.dtype) == ("d", 4, "builtin", DoctorOptions.dtype)
     assert build_parser().parse_args(["doctor", "d", "--probe", "p.jsonl"]).probe == "p.jsonl"
     assert build_parser().parse_args(["doctor", "d"]).probe is None
+
+
+def test_the_parser_loads_without_torch():
+    """`eaglekit --help` and every stage's options stay fast: building the parser imports no torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from eaglekit.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in ('torch', 'transformers', 'safetensors') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_json_is_one_form_everywhere():

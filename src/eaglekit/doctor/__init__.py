@@ -1,6 +1,10 @@
-"""The doctor: static checks of a draft folder as an engine reads it, a live probe, a diagnosis."""
+"""The doctor: static checks of a draft folder as an engine reads it, a live probe, a diagnosis.
 
-from eaglekit.doctor.checks import CHECKS, Check
-from eaglekit.doctor.run import Report, run_doctor
+The names load on first use (`eaglekit.lazy`): `doctor/options.py` stays without torch.
+"""
 
-__all__ = ["CHECKS", "Check", "Report", "run_doctor"]
+from eaglekit.lazy import lazy_exports
+
+_HOMES = {"CHECKS": "checks", "Check": "checks", "Report": "run", "run_doctor": "run"}
+__all__ = sorted(_HOMES)
+__getattr__ = lazy_exports(__name__, _HOMES)

@@ -1,6 +1,12 @@
-"""The EAGLE-3 draft: configuration, model, vocabulary mapping and the native checkpoint."""
+"""The EAGLE-3 draft: configuration, model, vocabulary mapping and the native checkpoint.
 
-from eaglekit.draft.config import DraftConfig
-from eaglekit.draft.model import Eagle3Draft
+`DraftConfig` and `Eagle3Draft` load on first use (PEP 562): the options modules that read
+`draft.config`'s defaults do not pull in torch.
+"""
 
-__all__ = ["DraftConfig", "Eagle3Draft"]
+from eaglekit.lazy import lazy_exports
+
+_HOMES = {"DraftConfig": "config", "Eagle3Draft": "model"}
+__all__ = sorted(_HOMES)
+
+__getattr__ = lazy_exports(__name__, _HOMES)

@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass, field, fields
 
 from eaglekit.artifacts import AUX_CONVENTION
 from eaglekit.errors import EaglekitError
-from eaglekit.targets.load import text_config
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 DRAFT_VOCAB_SIZE = 32000   # the default rows of a draft lm_head (EAGLE-3 and SpecForge use 32k)
@@ -55,6 +54,8 @@ class DraftConfig:
             draft_vocab_size: rows of the draft's lm_head.
             intermediate_size: the MLP width (default: the target's; MoE targets fall back to 4H).
         """
+        from eaglekit.targets.load import text_config  # torch: not at import (the options read this module)
+
         cfg = text_config(target_config)
         heads = cfg.num_attention_heads
         rope = draft_rope_parameters(cfg)

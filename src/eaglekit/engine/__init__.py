@@ -2,14 +2,20 @@
 
 Entry points: `Engine` (plain and speculative decoding at batch 1), `generate_batch` (plain batched
 generation for data), `make_target_runner`, `DraftRunner` / `OracleDrafter`, `SpecConfig`, `Sampling`.
+They load on first use (PEP 562), so that importing `eaglekit.engine.options` for `--help` does not
+pull in torch.
 """
 
-from eaglekit.engine.batch import Completion, generate_batch
-from eaglekit.engine.draft_runner import DraftRunner, OracleDrafter
-from eaglekit.engine.generate import Engine, Generation
-from eaglekit.engine.runner import make_target_runner
-from eaglekit.engine.sampling import Sampling
-from eaglekit.engine.spec import SpecConfig
+from eaglekit.lazy import lazy_exports
 
-__all__ = ["Completion", "DraftRunner", "Engine", "Generation", "OracleDrafter", "Sampling", "SpecConfig",
-           "generate_batch", "make_target_runner"]
+_HOMES = {
+    "Completion": "batch", "generate_batch": "batch",
+    "DraftRunner": "draft_runner", "OracleDrafter": "draft_runner",
+    "Engine": "generate", "Generation": "generate",
+    "make_target_runner": "runner",
+    "Sampling": "sampling",
+    "SpecConfig": "spec",
+}
+__all__ = sorted(_HOMES)
+
+__getattr__ = lazy_exports(__name__, _HOMES)

@@ -1,10 +1,16 @@
-"""Draft formats: SGLang, vLLM (speculators) and EAGLE. One rename table, export and import."""
+"""Draft formats: SGLang, vLLM (speculators) and EAGLE. One rename table, export and import.
 
-from eaglekit.formats.detect import Interpretation, detect_format, interpret
-from eaglekit.formats.export import export_draft
-from eaglekit.formats.folder import DraftFolder, read_folder
-from eaglekit.formats.importer import import_draft
-from eaglekit.formats.names import FORMATS
+The names load on first use (`eaglekit.lazy`): the export options read `formats.names` alone.
+"""
 
-__all__ = ["FORMATS", "DraftFolder", "Interpretation", "detect_format", "export_draft", "import_draft",
-           "interpret", "read_folder"]
+from eaglekit.lazy import lazy_exports
+
+_HOMES = {
+    "Interpretation": "detect", "detect_format": "detect", "interpret": "detect",
+    "export_draft": "export",
+    "DraftFolder": "folder", "read_folder": "folder",
+    "import_draft": "importer",
+    "FORMATS": "names",
+}
+__all__ = sorted(_HOMES)
+__getattr__ = lazy_exports(__name__, _HOMES)

@@ -8,7 +8,10 @@ SGLang, EAGLE and SpecForge write `midlayer.*`; vLLM's speculators format and Mo
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:   # annotations only: the export options read this module, and --help stays without torch
+    import torch
 
 NATIVE_LAYER = "midlayer."
 

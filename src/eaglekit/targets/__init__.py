@@ -1,11 +1,17 @@
-"""The target model: where it comes from, how it loads, its chat template and its aux states."""
+"""The target model: where it comes from, how it loads, its chat template and its aux states.
 
-from eaglekit.targets.capture import capture_aux_states, decoder_layers
-from eaglekit.targets.info import TargetInfo, default_aux_layer_ids, target_info
-from eaglekit.targets.load import Target, load_target
-from eaglekit.targets.source import TargetSource, resolve_target
+The names below load on first use (PEP 562), so that a stage's options module, which imports
+`eaglekit.targets.options`, does not pull in torch and transformers: `eaglekit --help` stays fast.
+"""
 
-__all__ = [
-    "Target", "TargetInfo", "TargetSource", "capture_aux_states", "decoder_layers",
-    "default_aux_layer_ids", "load_target", "resolve_target", "target_info",
-]
+from eaglekit.lazy import lazy_exports
+
+_HOMES = {
+    "capture_aux_states": "capture", "decoder_layers": "capture",
+    "TargetInfo": "info", "default_aux_layer_ids": "info", "target_info": "info",
+    "Target": "load", "load_target": "load",
+    "TargetSource": "source", "resolve_target": "source",
+}
+__all__ = sorted(_HOMES)
+
+__getattr__ = lazy_exports(__name__, _HOMES)

@@ -9,7 +9,6 @@ from eaglekit.draft.config import DRAFT_VOCAB_SIZE
 from eaglekit.errors import EaglekitError
 from eaglekit.options import int_tuple, option
 from eaglekit.targets.options import DEFAULT_TARGET, TARGET_HELP
-from eaglekit.train.optim import SCHEDULES
 
 # Settings that may differ between a run and its resumption without changing a single number, or
 # (the kernel choices: ttt_attention, soft_ce, compile) only by float rounding; a state written before they
@@ -17,6 +16,7 @@ from eaglekit.train.optim import SCHEDULES
 RESUME_FREE = ("resume", "overwrite", "progress", "out", "ttt_attention", "soft_ce", "compile", "profile_steps")
 ATTENTIONS = ("merged", "dense")   # train/ttt.py implements them
 SOFT_CES = ("plain", "fused")      # train/soft_ce.py
+SCHEDULES = ("cosine", "linear", "constant")   # train/optim.py
 
 
 def profile_window(text: str) -> tuple[int, int]:
@@ -39,7 +39,8 @@ class TrainConfig:
     features: str | None = option(None, "offline: feature folder from `eaglekit features`", group="inputs")
     data: str | None = option(None, "online: conversations folder or .jsonl (target runs per batch)", group="inputs")
     val_data: str | None = option(None, "held-out conversations (online) or features (offline)", group="inputs")
-    val_fraction: float = option(0.05, "else hold out this share, split by id", group="inputs")
+    val_fraction: float = option(0.05, "else hold out this share, split by id", group="inputs",
+                                 aliases=("--validation-fraction",))   # prompts build's name for the same idea
     val_max_samples: int | None = option(None, "validate on at most this many samples", group="inputs")
     train_fraction: float = option(1.0, "train on this hash-stable share of the training samples (a smaller share "
                                         "is a subset of a larger one; validation is unchanged): the slices of a "

@@ -12,8 +12,7 @@ import math
 import torch
 
 from eaglekit.errors import EaglekitError
-
-SCHEDULES = ("cosine", "linear", "constant")
+from eaglekit.train.config import SCHEDULES  # declared beside the option that takes it
 
 
 def lr_at(step: int, *, lr: float, warmup_steps: int, total_steps: int, schedule: str = "cosine",
