@@ -64,7 +64,7 @@ def main() -> None:
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--batch-sizes", default="16,64")
     p.add_argument("--context", type=int, default=140, help="prompt tokens in every row")
-    p.add_argument("--slots", type=int, default=512, help="cache slots a row (the generate stage's first size)")
+    p.add_argument("--cache-slots", "--slots", dest="slots", type=int, default=512, help="cache slots a row (the generate stage's first size)")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--draft", help="a draft folder: its cycle against a plain step")
     p.add_argument("--k", type=int, default=3)

@@ -78,13 +78,13 @@ class Writer:
 
 def make_folder(out: Path, n: int, tokenizer, seed: int = 0, shard: int = 10000) -> None:
     from eaglekit.artifacts import CONVERSATION_SHARDS, write_manifest
+    from eaglekit.data.folder import JsonlShards
 
     out.mkdir(parents=True, exist_ok=True)
-    writer = Writer(tokenizer, seed)
+    writer, shards = Writer(tokenizer, seed), JsonlShards(out, CONVERSATION_SHARDS, shard)   # generate's own writer
     for first in range(0, n, shard):
-        rows = [writer.conversation(i) for i in range(first, min(n, first + shard))]
-        (out / f"{CONVERSATION_SHARDS}-{first // shard:05d}.jsonl").write_text(
-            "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+        shards.append([writer.conversation(i) for i in range(first, min(n, first + shard))])
+    shards.close()
     write_manifest(out, stage="generate", config={"synthetic": "scripts/bench_train_setup.py", "seed": seed},
                    target=None, counts={"conversations": n})
 
@@ -101,15 +101,20 @@ def digest(samples, results) -> str:
 
 
 def main() -> None:
+    from eaglekit.pipeline.recipe import load_recipe
+    from eaglekit.targets.source import DEFAULT_TARGET
+    from eaglekit.train.config import TrainConfig
+
+    recipe = load_recipe("smollm2-h200")["train"]   # the scale this measures: the real recipe's train section
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("data", type=Path, help="a conversations folder (written first with --make)")
     p.add_argument("--make", type=int, default=None, metavar="N", help="write N synthetic conversations first")
-    p.add_argument("--target", default="smollm2", help="whose tokenizer (an HF folder is quickest to load)")
-    p.add_argument("--max-length", type=int, default=2048)
-    p.add_argument("--val-fraction", type=float, default=0.05)
-    p.add_argument("--val-max-samples", type=int, default=512)
-    p.add_argument("--draft-vocab-size", type=int, default=16384)
-    p.add_argument("--batch-tokens", type=int, default=16384)
+    p.add_argument("--target", default=DEFAULT_TARGET, help="whose tokenizer (an HF folder is quickest to load)")
+    p.add_argument("--max-length", type=int, default=TrainConfig.max_length)
+    p.add_argument("--val-fraction", type=float, default=TrainConfig.val_fraction)
+    p.add_argument("--val-max-samples", type=int, default=recipe["val-max-samples"])
+    p.add_argument("--draft-vocab-size", type=int, default=recipe["draft-vocab-size"])
+    p.add_argument("--batch-tokens", type=int, default=recipe["batch-tokens"])
     p.add_argument("--digest", type=Path, default=None, help="write a sha256 of all samples and results here")
     args = p.parse_args()
 
@@ -152,8 +157,9 @@ def main() -> None:
         baselines = baseline_accuracy([(s.input_ids, s.loss_mask) for s in train],
                                       [(s.input_ids, s.loss_mask) for s in val])
     with phase("batch_plan"):
-        plan = BatchPlan([s.length for s in train], batch_tokens=args.batch_tokens, max_batch_size=64, seed=0)
-        plan.micro_batches(plan.total_steps(4.0) - 1)
+        plan = BatchPlan([s.length for s in train], batch_tokens=args.batch_tokens,
+                         max_batch_size=TrainConfig.max_batch_size, seed=0)
+        plan.micro_batches(plan.total_steps(recipe["epochs"]) - 1)
     print(f"{'total':>10}: {sum(times.values()):7.2f} s wall")
     turns = sum(m["role"] == "assistant" for r in rows for m in r["messages"])
     print(json.dumps({"assistant_turns": turns, "longest": max(s.length for s in samples), **counts,

@@ -62,7 +62,7 @@ def test_bench_cpu_decode_script_runs_on_a_tiny_target(tmp_path, tiny_target_dir
     draft = save_draft(random_draft(load_target(tiny_target_dir).model), tmp_path / "draft")
     script = Path(__file__).resolve().parents[1] / "scripts" / "bench_cpu_decode.py"
     subprocess.run([sys.executable, str(script), "--target", str(tiny_target_dir), "--batch-sizes", "2", "--context", "8",
-                    "--slots", "128", "--steps", "1", "--draft", str(draft), "--new-tokens", "8", "--out", str(tmp_path)],
+                    "--cache-slots", "128", "--steps", "1", "--draft", str(draft), "--new-tokens", "8", "--out", str(tmp_path)],
                    check=True, capture_output=True)
     result = json.loads((tmp_path / "bench_cpu_decode.json").read_text())
     row = result["batch"][0]

@@ -47,7 +47,11 @@ def test_bench_generate_reads_jsonl_with_unicode_line_separators(tmp_path):
     spec = importlib.util.spec_from_file_location("bench_generate", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    rows = [{"id": "a", "text": "one\u2028two\x85three\x1cfour"}, {"id": "b", "text": "plain"}]
+    from eaglekit.artifacts import write_manifest
+
+    rows = [{"id": "a", "messages": [{"role": "assistant", "content": "one\u2028two\x85three\x1cfour"}]},
+            {"id": "b", "messages": [{"role": "assistant", "content": "plain"}]}]
     path = tmp_path / "conversations-00000.jsonl"
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    write_manifest(tmp_path, stage="generate", config={}, target=None, counts={"conversations": 2})
     assert module.read_rows(tmp_path) == rows

@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from eaglekit.engine import DraftRunner, Engine, OracleDrafter, Sampling, SpecConfig, generate_batch, make_target_runner  # noqa: E402
 from eaglekit.engine.kv import ATTENTION_KINDS  # noqa: E402
+from eaglekit.targets.load import resolve_device  # noqa: E402
 from eaglekit.targets.source import DEFAULT_TARGET  # noqa: E402
 
 log = logging.getLogger("bench_engine")
@@ -509,7 +510,7 @@ def main(argv=None) -> int:
 
         inductor_config.coordinate_descent_tuning = True
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    args.device = args.device or ("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
+    args.device = "cpu" if args.smoke and not args.device else resolve_device(args.device or "auto")
     args.compile = None if args.compile_mode != "none" else False
     args.kernels = [kind.strip() for kind in args.kernels.split(",") if kind.strip()]
     for variant in args.kernels + [args.kernels_8b]:

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from eaglekit.artifacts import CONVERSATION_SHARDS, sha256_json
+from eaglekit.artifacts import sha256_json
 from eaglekit.data.generators import EngineGenerator, HFGenerator, Sampling
 from eaglekit.data.local_backend import LocalBackend
 from eaglekit.data.readers import SourceSpec, read_source
@@ -48,7 +48,7 @@ from eaglekit.data.regenerate import GenerateConfig, generate_conversations
 from eaglekit.errors import EaglekitError
 from eaglekit.targets import load_target
 from eaglekit.targets.chat import prompt_ids
-from eaglekit.targets.load import text_config
+from eaglekit.targets.load import resolve_device, text_config
 from eaglekit.targets.source import DEFAULT_TARGET
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,13 +72,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--on-error", default="sdpa", help="variant measured instead of one that fails ('' = none)")
     p.add_argument("--chunk", type=int, default=16, help="decode steps between the engine's host checks")
     p.add_argument("--backends", default="engine,hf", help="comma-separated: engine, hf")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda")
     p.add_argument("--dtype", default="auto", help="auto: bf16 on GPU, fp32 on CPU")
     p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     p.add_argument("--smoke", action="store_true", help="CPU, 12 prompts (4 for HF), batch 4, 16 new tokens")
     args = p.parse_args(argv)
     if args.smoke:
         args.device, args.num_prompts, args.hf_prompts, args.batch_size, args.max_new_tokens = "cpu", 12, 4, 4, 16
+    args.device = resolve_device(args.device)
     args.hf_prompts = min(args.hf_prompts or args.batch_size, args.num_prompts)
     return args
 
@@ -242,8 +243,9 @@ def jsonl_lines(path: Path) -> list[str]:
 
 
 def read_rows(folder: Path) -> list[dict]:
-    shards = sorted(folder.glob(f"{CONVERSATION_SHARDS}-*.jsonl"))
-    return [json.loads(line) for p in shards for line in jsonl_lines(p)]
+    from eaglekit.features.conversations import read_conversations  # the training stage's own reader
+
+    return read_conversations(folder)[0]
 
 
 def agreement(a: Path, b: Path) -> dict:

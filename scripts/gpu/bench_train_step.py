@@ -48,6 +48,7 @@ from eaglekit.draft.model import Eagle3Draft  # noqa: E402
 from eaglekit.features.batch import Batch, pack_by_tokens  # noqa: E402
 from eaglekit.features.conversations import Sample  # noqa: E402
 from eaglekit.features.teacher import Teacher  # noqa: E402
+from eaglekit.targets.load import resolve_device  # noqa: E402
 from eaglekit.train.attention import plan_free_attention  # noqa: E402
 from eaglekit.train.config import TrainConfig  # noqa: E402
 from eaglekit.train.loop import TTTModel, compiled_unrolled_loss, unrolled_loss  # noqa: E402
@@ -252,7 +253,7 @@ def main(argv=None) -> list[dict]:
             args.batch_tokens, args.length = 256, 64
     if args.mix:
         args.warmup = max(args.warmup, args.mix)     # every shape's first visit before the timed steps
-    device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = torch.device(resolve_device(args.device))
     autocast = device.type == "cuda"
     if args.target and not args.mix:
         raise SystemExit("--target needs --mix N (the online rows are packed from varied lengths)")

@@ -29,14 +29,15 @@ from eaglekit.engine.batch import BatchDecoder, Request, batch_runner
 from eaglekit.engine.sampling import Sampling
 from eaglekit.targets import load_target
 from eaglekit.targets.chat import prompt_ids
+from eaglekit.targets.source import DEFAULT_TARGET
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", default=os.environ.get("EAGLEKIT_SMOLLM2_DIR", "smollm2"))
+    p.add_argument("--target", default=os.environ.get("EAGLEKIT_SMOLLM2_DIR", DEFAULT_TARGET))
     p.add_argument("--prompts", required=True)
     p.add_argument("--batch-size", type=int, default=512)
-    p.add_argument("--slots", type=int, default=2048)
+    p.add_argument("--cache-slots", "--slots", dest="slots", type=int, default=2048)
     p.add_argument("--attention", default="flex,sdpa")
     p.add_argument("--refill", type=int, default=32, help="prompts per timed refill")
     p.add_argument("--answer-tokens", type=float, default=300, help="mean answer length (rows ending per step)")
