@@ -182,7 +182,6 @@ def test_cli_json_and_exit_status(exports, target_dir, tmp_path, capsys):
     assert "FAIL" in text and "d2t" in text and "FAILED" in text
 
 
-
 def test_cli_json_to_a_path_keeps_the_text_report(exports, target_dir, tmp_path, capsys):
     """`--json PATH` (the form bench and target info take too) writes the JSON and prints the table."""
     path = tmp_path / "doctor.json"
@@ -190,6 +189,8 @@ def test_cli_json_to_a_path_keeps_the_text_report(exports, target_dir, tmp_path,
     assert json.loads(path.read_text())["ok"] is True
     printed = capsys.readouterr().out
     assert "d2t" in printed and not printed.lstrip().startswith("{")
+    assert main(["doctor", "--json", str(exports["vllm"]), "--target", str(target_dir)]) != 0   # `--json DRAFT`
+    assert "took it as the JSON's path" in capsys.readouterr().err                            # said, not guessed
 
 def test_aux_order_other_than_layer_order_fails(exports, target_dir, tmp_path):
     """Engines concatenate aux states in layer order; a draft trained on another order reads them permuted."""

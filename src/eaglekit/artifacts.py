@@ -195,7 +195,7 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
 def emit_json(obj: Any, where: str | None) -> bool:
     """`--json [PATH]`'s output: print obj as JSON for "-" (and return True: it replaces the text
     output), write it to `where` otherwise; nothing for None."""
-    if where == "-":
+    if where == "-":                 # options.JSON_STDOUT (artifacts is below options: no import)
         print(json.dumps(obj, indent=2, default=str))
         return True
     if where:

@@ -6,18 +6,25 @@ import argparse
 
 from eaglekit.artifacts import emit_json
 from eaglekit.doctor.options import GROUPS, DoctorOptions
-from eaglekit.options import add_options
+from eaglekit.errors import EaglekitError
+from eaglekit.options import JSON_STDOUT, add_options
 
 
 def register(sub) -> None:
     doc = sub.add_parser("doctor", help="check a draft folder against a target as an engine would serve it")
-    doc.add_argument("draft", help="any draft folder: eaglekit, SGLang, EAGLE, ModelOpt or speculators (vLLM)")
+    # nargs="?": `doctor --json DRAFT` reads DRAFT as --json's PATH; `run` then says so, not argparse
+    doc.add_argument("draft", nargs="?", help="any draft folder: eaglekit, SGLang, EAGLE, ModelOpt or speculators (vLLM)")
     add_options(doc, DoctorOptions, GROUPS)
     doc.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from eaglekit.doctor.run import run_doctor
+
+    if args.draft is None:
+        given = f" (`--json {args.json}` took it as the JSON's path)" if args.json not in (None, JSON_STDOUT) else ""
+        raise EaglekitError(f"doctor needs a draft folder{given}",
+                            hint="name the folder first: `eaglekit doctor DRAFT --json [PATH]`")
 
     report = run_doctor(args.draft, args.target, engine=args.engine, prompts=args.probe,
                         run_probe=args.probe is not None, k=args.k, max_new_tokens=args.max_new_tokens,
