@@ -20,9 +20,8 @@ def parse(*argv):
 def test_train_flags_are_the_config_fields():
     flags = stage_flags(("train",))
     declared = {f.name.replace("_", "-") for f in fields(TrainConfig) if f.metadata}
-    assert flags == (declared - {"progress"}) | {"no-progress", "validation-fraction"}   # prompts build's name too
+    assert flags == (declared - {"progress"}) | {"no-progress"}
     assert "betas" not in flags and "extra" not in flags            # settings without a flag
-    assert build_parser().parse_args(["train", "--out", "o", "--validation-fraction", "0.1"]).val_fraction == 0.1
 
 
 def test_parsed_flags_equal_the_dataclass_defaults_and_convert_types():
