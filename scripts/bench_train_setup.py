@@ -81,6 +81,8 @@ def make_folder(out: Path, n: int, tokenizer, seed: int = 0, shard: int = 10000)
     from eaglekit.data.folder import JsonlShards
 
     out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob(f"{CONVERSATION_SHARDS}-*.jsonl"):   # a rerun writes the folder anew (the shards append)
+        old.unlink()
     writer, shards = Writer(tokenizer, seed), JsonlShards(out, CONVERSATION_SHARDS, shard)   # generate's own writer
     for first in range(0, n, shard):
         shards.append([writer.conversation(i) for i in range(first, min(n, first + shard))])
