@@ -148,6 +148,25 @@ def test_an_eager_cpu_refill_splits_prompts_that_would_pad_past_twice_their_toke
     assert stats["refill_tokens"] == 46 and stats["refill_padded_tokens"] == 3 + 3 + 40
 
 
+def test_a_refill_padding_cap_splits_graphed_refills_by_length():
+    """--refill-padding: a long prompt no longer pads the short ones of its refill to its bucket. The
+    three prompts go in three forwards (64 + 64 + 96 padded tokens) instead of one of 3 x 96; the
+    answers do not change; a cap below 1 is refused."""
+    model = peaked_model("llama")
+    prompts = [[5, 6, 7], [9, 8, 7, 6, 5, 4, 3, 2] * 9, [8, 9, 10]]
+
+    def run(cap):
+        decoder = BatchDecoder(make_target_runner(model, max_len=128, batch_size=3), sampling=Sampling(),
+                               graphs=False, compile=False, refill="graphs", refill_padding=cap)
+        return [c.tokens for c in decoder.run(prompts, 3, [])], decoder.stats()
+
+    (plain, plain_stats), (capped, capped_stats) = run(0.0), run(2.0)
+    assert capped == plain == [g.tokens for g in singles_of(model, prompts, [3, 3, 3])]
+    assert plain_stats["refill_padded_tokens"] == 3 * 96 and capped_stats["refill_padded_tokens"] == 64 + 64 + 96
+    with pytest.raises(EaglekitError, match="below 1"):
+        run(0.5)
+
+
 def test_common_prefix_of_token_lists():
     assert [common_prefix(a, b) for a, b in [([], [1]), ([1, 2, 3], [1, 2, 3, 4]), ([1, 2, 3, 4], [1, 2]),
                                                 ([1, 2, 3, 4, 5], [1, 2, 9, 4, 5]), ([7], [8])]] == [0, 3, 2, 2, 0]

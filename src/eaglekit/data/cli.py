@@ -99,7 +99,7 @@ def run_synthesize(args: argparse.Namespace) -> int:
     stops = sorted(set(target.stop_token_ids) | {pre.end_of_turn_id})
     generator = make_generator(args.backend, target.model, stops, sampling, seed=args.seed, batch_size=args.batch_size,
                                attention=args.attention, cache_slots=args.cache_slots, refill=args.refill,
-                               stop_loops=args.stop_loops)
+                               refill_padding=args.refill_padding, stop_loops=args.stop_loops)
     new, stats = synthesize(target.tokenizer, generator, pre, need,
                             existing=[p for v in (existing or {}).values() for p in v], batch_size=args.batch_size,
                             max_new_tokens=args.max_new_tokens, min_chars=args.min_chars,
@@ -137,7 +137,8 @@ def run_generate(args: argparse.Namespace) -> int:
         worker = parse_worker(args.worker)
         exit_with_parent()
     load_prompts(args.prompts, config.splits, config.limit)  # bad or empty prompts fail before any model loads
-    check_engine_settings(args.backend, args.attention, args.cache_slots, args.refill, args.stop_loops)
+    check_engine_settings(args.backend, args.attention, args.cache_slots, args.refill, args.stop_loops,
+                          args.refill_padding)
     if args.backend == "openai":
         from eaglekit.data.openai_backend import OpenAIBackend, OpenAIClient
 
@@ -162,7 +163,8 @@ def run_generate(args: argparse.Namespace) -> int:
         check_template_masks(target.tokenizer)
         generator = make_generator(args.backend, target.model, target.stop_token_ids, sampling, seed=args.seed,
                                    batch_size=args.batch_size, attention=args.attention,
-                                   cache_slots=args.cache_slots, refill=args.refill, stop_loops=args.stop_loops)
+                                   cache_slots=args.cache_slots, refill=args.refill,
+                                   refill_padding=args.refill_padding, stop_loops=args.stop_loops)
         backend = LocalBackend(target.tokenizer, generator, max_new_tokens=args.max_new_tokens,
                                batch_size=args.batch_size, context_length=context_length(args.context_length,
                                                                                          target.config))
@@ -189,7 +191,8 @@ def run_generate_parallel(args: argparse.Namespace, config) -> int:
         raise EaglekitError("--devices and --worker do not go together", hint="--devices starts the workers itself")
     from eaglekit.data.generators import check_engine_settings
 
-    check_engine_settings(args.backend, args.attention, args.cache_slots, args.refill, args.stop_loops)   # before any worker starts
+    check_engine_settings(args.backend, args.attention, args.cache_slots, args.refill, args.stop_loops,
+                          args.refill_padding)   # before any worker starts
     devices = parse_devices(args.devices)
     check_device_flag(args.device, devices)
     tokenizer, target_fp = target_without_weights(args.target)

@@ -26,7 +26,7 @@ from typing import Iterator
 
 import torch
 
-from eaglekit.engine.batch import Request, check_stop_loops
+from eaglekit.engine.batch import Request, check_refill_padding, check_stop_loops
 from eaglekit.engine.sampling import Sampling
 from eaglekit.errors import EaglekitError
 from eaglekit.targets.load import text_config
@@ -137,13 +137,13 @@ class EngineGenerator(Streaming):
     def __init__(self, model, stop_ids: list[int], sampling: Sampling, *, seed: int = 0, batch_size: int = 32,
                  runner: str = "auto", graphs: bool | None = None, compile: bool | None = None,
                  attention: str | None = None, chunk: int = 16, max_len: int | None = None, refill: str = "eager",
-                 stop_loops: int = 0):
+                 refill_padding: float = 0.0, stop_loops: int = 0):
         if not stop_ids:
             raise EaglekitError("the target has no stop token", hint="set eos_token_id in generation_config.json")
         cuda = next(model.parameters()).device.type == "cuda"
         self.model, self.stop_ids, self.sampling, self.batch_size = model, list(stop_ids), sampling, batch_size
         self.runner, self.attention, self.chunk, self.first_max_len = runner, attention, chunk, max_len
-        self.refill, self.stop_loops = refill, stop_loops
+        self.refill, self.refill_padding, self.stop_loops = refill, refill_padding, stop_loops
         self.graphs = cuda if graphs is None else graphs
         self.compile = cuda if compile is None else compile
         self.context = getattr(text_config(model.config), "max_position_embeddings", None)
@@ -183,7 +183,8 @@ class EngineGenerator(Streaming):
             runner = batch_runner(self.model, max_len=max_len, batch_size=self.batch_size, runner=self.runner,
                                   attention=self.attention)
             self._decoder = BatchDecoder(runner, sampling=self.sampling, graphs=self.graphs, compile=self.compile,
-                                         chunk=self.chunk, refill=self.refill, stop_loops=self.stop_loops)
+                                         chunk=self.chunk, refill=self.refill, refill_padding=self.refill_padding,
+                                         stop_loops=self.stop_loops)
             self.max_len, self.builds = runner.max_len, self.builds + 1
             log.info("engine batch decoder: %d rows x %d slots, %s runner (%s attention), graphs=%s, compile=%s "
                      "(built in %.1f s)", self.batch_size, runner.max_len, runner.kind,
@@ -231,16 +232,18 @@ class EngineGenerator(Streaming):
 
 
 def check_engine_settings(backend: str, attention: str = "auto", cache_slots: int | None = None,
-                          refill: str = "eager", stop_loops: int = 0) -> None:
+                          refill: str = "eager", stop_loops: int = 0, refill_padding: float = 0.0) -> None:
     """--attention, --cache-slots, --refill and --stop-loops are settings of eaglekit's engine: refused for
     another backend (where they would do nothing), before any model loads."""
     if backend in ("local", "engine"):
         if cache_slots is not None and cache_slots < 1:
             raise EaglekitError(f"--cache-slots {cache_slots}", hint="give the slots per row, e.g. 4096")
         check_stop_loops(stop_loops, cache_slots)
+        check_refill_padding(refill_padding)
         return
     for flag, value in (("--attention", None if attention == "auto" else attention), ("--cache-slots", cache_slots),
-                        ("--refill", None if refill == "eager" else refill), ("--stop-loops", stop_loops or None)):
+                        ("--refill", None if refill == "eager" else refill), ("--stop-loops", stop_loops or None),
+                        ("--refill-padding", refill_padding or None)):
         if value is not None:
             raise EaglekitError(f"{flag} {value} is a setting of eaglekit's engine, not of backend {backend!r}",
                                 hint=f"drop {flag}, or use --backend local")
@@ -248,16 +251,17 @@ def check_engine_settings(backend: str, attention: str = "auto", cache_slots: in
 
 def make_generator(backend: str, model, stop_ids: list[int], sampling: Sampling, *, seed: int = 0,
                    batch_size: int = 32, attention: str = "auto", cache_slots: int | None = None,
-                   refill: str = "eager", stop_loops: int = 0):
+                   refill: str = "eager", stop_loops: int = 0, refill_padding: float = 0.0):
     """A token-level generator: `local` and `engine` are eaglekit's batch decoder, `hf` is HF generate.
     `attention`, `cache_slots`, `refill`: the engine's kernel ("auto": `engine.batch.batch_attention`),
     the slots per row of its first cache (None: grown as prompts need) and how it prefills new rows
-    (`engine.batch.REFILL_KINDS`); `stop_loops`: the window of the engine's loop check (0: off)."""
-    check_engine_settings(backend, attention, cache_slots, refill, stop_loops)
+    (`engine.batch.REFILL_KINDS`); `stop_loops`: the window of the engine's loop check (0: off);
+    `refill_padding`: the cap on a refill forward's padded tokens per prompt token (0: the default)."""
+    check_engine_settings(backend, attention, cache_slots, refill, stop_loops, refill_padding)
     if backend in ("local", "engine"):
         return EngineGenerator(model, stop_ids, sampling, seed=seed, batch_size=batch_size,
                                attention=None if attention == "auto" else attention, max_len=cache_slots,
-                               refill=refill, stop_loops=stop_loops)
+                               refill=refill, refill_padding=refill_padding, stop_loops=stop_loops)
     if backend == "hf":
         return HFGenerator(model, stop_ids, sampling, seed=seed)
     raise EaglekitError(f"unknown local backend {backend!r}", hint="use local, engine or hf")

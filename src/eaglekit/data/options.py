@@ -58,6 +58,10 @@ class GenerateOptions:
                                   "length, captured on first use (fast runner on CUDA only; on an H200 it served "
                                   "1.2x eager's rate, docs/results/2026-12-01-h200-late, and the smollm2-h200 "
                                   "recipe uses it)", group="local", choices=REFILLS)
+    refill_padding: float = option(0.0, "at most this many padded tokens per prompt token in one refill forward "
+                                        "(split by length where more): a long prompt stops padding short ones "
+                                        "to its length; 0 = the default: 2 for an eager CPU refill, no cap "
+                                        "elsewhere (one forward up to the token budget)", group="local")
     stop_loops: int = option(0, "end an answer once its last N tokens repeat a block of at most N/2 tokens (3 times "
                                 "or more in a row): a small target often loops until --max-new-tokens, and the rest "
                                 "of a loop is cheap to draft and has little to teach (finish_reason 'loop'; the "

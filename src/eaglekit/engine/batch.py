@@ -69,6 +69,13 @@ def check_stop_loops(window: int, slots: int | None = None) -> None:
                             hint="give a window of at least 2 tokens (e.g. 128), at most the slots, or 0 for off")
 
 
+def check_refill_padding(ratio: float) -> None:
+    """A refill's padding cap: 0 (the default) or at least 1 (a forward holds its own tokens)."""
+    if ratio and ratio < 1:
+        raise EaglekitError(f"--refill-padding {ratio} is below 1: a refill forward holds its own tokens at least",
+                            hint="give a ratio of at least 1 (e.g. 2), or 0 for the default")
+
+
 @dataclass
 class Completion:
     """tokens: new tokens, the stop token included if one ended it; finish_reason "stop" | "length" | "loop"."""
@@ -189,6 +196,8 @@ class BatchDecoder:
         chunk: decode steps between host checks.
         prefill_tokens: prompt tokens per refill forward (more refills are split into several).
         refill: "eager" forwards or "graphs" (one CUDA graph per bucket of rows x prompt length).
+        refill_padding: at most this many padded tokens per prompt token in one refill forward; 0:
+            the default, 2 for an eager CPU refill (compute-bound), no cap elsewhere.
         stop_loops: W > 0 ends a row (finish_reason "loop") once its answer's last W tokens repeat a
             block of p <= min(W / 2, LOOP_PERIOD) tokens (so the block occurs at least 3 times in a
             row), checked on the device after every `chunk` steps; 0: answers run to a stop or their limit.
@@ -196,7 +205,7 @@ class BatchDecoder:
 
     def __init__(self, runner, *, sampling: Sampling, graphs: bool, compile: bool, chunk: int = 16,
                  compile_mode: str = COMPILE_MODE, prefill_tokens: int = PREFILL_TOKENS, refill: str = "eager",
-                 stop_loops: int = 0):
+                 refill_padding: float = 0.0, stop_loops: int = 0):
         self.runner, self.sampling, self.chunk, self.prefill_tokens = runner, sampling, chunk, prefill_tokens
         if refill not in REFILL_KINDS:
             raise EaglekitError(f"unknown refill kind {refill!r}", hint=f"use one of {REFILL_KINDS}")
@@ -234,7 +243,9 @@ class BatchDecoder:
         # A CPU forward costs its tokens, padding included; a CUDA one is launch-bound (eager) or a
         # replay (graphed): there fewer forwards win, here less padding does (resumed turns of a
         # round padded 3.3x, docs/results/2026-12-01-cpu-resume).
-        self.compute_bound = self.device.type == "cpu" and refill == "eager"
+        compute_bound = self.device.type == "cpu" and refill == "eager"
+        check_refill_padding(refill_padding)
+        self.max_padding = refill_padding or (2.0 if compute_bound else 0.0)
         # An eager refill is launch-bound: ~1400 kernels queued from Python, ~49 ms a round on an H200
         # for ~1.7k prompt tokens whose compute is 1-2 ms (docs/results/2026-12-01-h200-night). Graphed
         # refills replay one CUDA graph per (rows, prompt length) bucket, captured on first use.
@@ -297,12 +308,13 @@ class BatchDecoder:
             self._prefill([rows[j] for j in group], [requests[j] for j in group], [cached[j] for j in group])
 
     def _fits(self, group: list[int], requests: list[Request], cached: list[int]) -> bool:
-        """Whether these prompts go in one forward: within the token and span budgets and, where the
-        forward is compute-bound (an eager CPU refill), padded to at most twice their own tokens."""
+        """Whether these prompts go in one forward: within the token and span budgets and, where a
+        padding cap applies (`max_padding`; an eager CPU refill's is 2), padded to at most that many
+        times their own tokens."""
         new = [len(requests[i].ids) - cached[i] for i in group]
         R, P = self._padded_rows(len(group)), self._padded_length(max(new))
         span = self._span_read(max(len(requests[i].ids) for i in group)) if cached[group[0]] else 0
-        padded_ok = not self.compute_bound or R * P <= 2 * sum(new)
+        padded_ok = not self.max_padding or R * P <= self.max_padding * sum(new)
         return R * P <= self.prefill_tokens and R * span <= RESUME_SLOTS and padded_ok
 
     def _prefill(self, rows: list[int], requests: list[Request], cached: list[int]) -> None:
