@@ -8,7 +8,7 @@
 #   bash scripts/gpu/recipe_gpu.sh bench DRAFT_DIR EVAL_DIR     # steps 1's bench stage, 2 and 3 for an earlier draft
 # The session, in order (each step timed in $W/session.log):
 #   1. eaglekit run --recipe smollm2-h200 on every prompt file of PROMPTS_DIR (weights below), bench
-#      stage on MT-bench (EVAL_DIR/mt_bench.jsonl), tree d4/k4/16;
+#      stage on MT-bench (EVAL_DIR/mt_bench.jsonl), in the recipe's bench shape;
 #   2. the benches named in BENCHES, in its order (default "chain heldout generate"):
 #      chain     eaglekit bench chain k=5 on MT-bench with the new draft;
 #      sweep     eaglekit bench --sweep (two chains, two trees) on 8 MT-bench questions: the fastest shape;
@@ -30,11 +30,17 @@ mkdir -p "$W"
 stamp() { echo "[recipe_gpu $(date +%H:%M:%S)] $*" >> "$LOG"; }
 quiet() { grep --line-buffered -v "it/s\]\|s/it\]\|s/it$\|it/s$" ; }
 
+bench_shape() {  # the recipe's bench shape as flags (one source: the recipe file), for the benches below
+  python3 -c "from eaglekit.pipeline.recipe import load_recipe, to_flags
+b = load_recipe('smollm2-h200')['bench']
+print(' '.join(to_flags({k: b[k] for k in ('mode', 'depth', 'tree-top-k', 'total-tokens') if k in b})))"
+}
+
 bench_tree() {  # what the recipe's bench stage measures, for a draft trained earlier (HF generate on 8 prompts)
   local draft=$1 eval=$2 t0
   t0=$(date +%s)
   python3 -m eaglekit bench --target "$EAGLEKIT_SMOLLM2_DIR" --draft "$draft" --prompts "$eval/mt_bench.jsonl" \
-    --limit "${LIMIT:-40}" --max-new-tokens 256 --mode tree --depth 4 --tree-top-k 4 --total-tokens 16 \
+    --limit "${LIMIT:-40}" --max-new-tokens 256 $(bench_shape) \
     --out "$W/bench-tree" 2>&1 | quiet | tail -30 >> "$LOG"
   stamp "bench tree (MT-bench) done after $(( $(date +%s) - t0 )) s"
 }
@@ -59,7 +65,7 @@ lines = [l for name in ("humaneval.jsonl", "alpaca.jsonl") for l in itertools.is
 out.write_text("".join(lines))
 PY
         python3 -m eaglekit bench --target "$t" --draft "$draft" --prompts "$W/heldout.jsonl" \
-          --max-new-tokens 256 --no-hf --mode tree --depth 4 --tree-top-k 4 --total-tokens 16 --out "$W/bench-heldout" \
+          --max-new-tokens 256 --no-hf $(bench_shape) --out "$W/bench-heldout" \
           2>&1 | quiet | tail -30 >> "$LOG" ;;
       generate)  # the engine's batch decoder beside HF generate at the same batch
         [[ -n $prompts ]] || { stamp "bench_generate skipped: no prompts folder"; continue; }
@@ -145,13 +151,13 @@ case $VERB in
   start)
     : "${EAGLEKIT_SMOLLM2_DIR:?run setup.sh first}"
     PROMPTS=${2:?prompts folder}; EVAL=${3:?eval folder}
-    export -f session benches stamp quiet; export W RUN LOG PROFILE EXTRA BENCHES KERNELS
+    export -f session benches bench_shape stamp quiet; export W RUN LOG PROFILE EXTRA BENCHES KERNELS
     setsid nohup bash -c "session '$PROMPTS' '$EVAL'" > "$W/session.out" 2>&1 < /dev/null &
     stamp "session launched (pid $!)"; sleep 2; cat "$LOG" ;;
   bench)   # a draft trained in an earlier session: the three benches alone, in the background
     : "${EAGLEKIT_SMOLLM2_DIR:?run setup.sh first}"
     DRAFT=${2:?draft folder}; EVAL=${3:?eval folder}
-    export -f bench_tree benches stamp quiet; export W RUN LOG BENCHES KERNELS
+    export -f bench_tree benches bench_shape stamp quiet; export W RUN LOG BENCHES KERNELS
     setsid nohup bash -c "bench_tree '$DRAFT' '$EVAL'; benches '$DRAFT' '$EVAL'; stamp 'session done'" \
       > "$W/session.out" 2>&1 < /dev/null &
     stamp "benches launched (pid $!)"; sleep 2; cat "$LOG" ;;
