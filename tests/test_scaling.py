@@ -1,5 +1,7 @@
 """The data-scaling recipe section and train's --train-fraction share (the real run is in test_report.py)."""
 
+import json
+
 import pytest
 import yaml
 
@@ -7,7 +9,7 @@ from eaglekit.cli import main
 from eaglekit.errors import EaglekitError
 from eaglekit.features.conversations import is_validation
 from eaglekit.pipeline.recipe import load_recipe
-from eaglekit.pipeline.scaling import ScalingPlan, scaling_plan, verdict
+from eaglekit.pipeline.scaling import ScalingPlan, main_is_full_slice, reuses_main, scaling_plan, slice_row, verdict
 from eaglekit.train.config import TrainConfig
 from eaglekit.train.setup import in_train_share, train_share
 
@@ -67,3 +69,27 @@ def test_verdict_reads_the_two_largest_slices():
     rows[-1]["walk_tau"] = 1.72
     assert "flat within 0.05" in verdict(rows)
     assert verdict(rows[:1]) is None
+
+
+def test_the_full_share_is_the_main_draft_only_when_it_is_the_same_run(tmp_path):
+    """A main draft of N steps planned as N (max-steps, no time budget) on all the data is the
+    share-1.0 slice: the curve reads it instead of training it again. Anything else is trained."""
+    same = {"complete": True, "steps": {"done": 40, "total": 40},
+            "config": {"train_fraction": 1.0, "max_steps": 40, "time_budget_s": None}}
+    assert main_is_full_slice(same, 40)
+    assert not main_is_full_slice(same, 30)                                          # another budget
+    assert not main_is_full_slice({**same, "complete": False}, 40)                    # unfinished
+    budgeted = {**same, "config": {**same["config"], "time_budget_s": 60.0}}         # re-planned schedule
+    assert not main_is_full_slice(budgeted, 40)
+    by_epochs = {**same, "config": {**same["config"], "max_steps": None}}
+    assert not main_is_full_slice(by_epochs, 40)
+    out = tmp_path / "run"
+    (out / "draft").mkdir(parents=True)
+    (out / "draft" / "manifest.json").write_text(json.dumps({**same, "best": {"step": 40, "walk_accept_length": 1.8,
+                                                                             "acc": [0.5]}, "counts": {"train_samples": 9}}))
+    state = {"stages": {"train": {"status": "done", "argv": ["train", "--max-steps", "40"]}}}
+    assert reuses_main(out, 1.0, 40) and not reuses_main(out, 0.5, 40)
+    row = slice_row(out, 1.0, 40, state)
+    assert row["main_draft"] and row["status"] == "done" and row["walk_tau"] == 1.8 and row["samples"] == 9
+    assert row["command"] == "eaglekit train --max-steps 40"
+    assert slice_row(out, 0.5, 40, state)["status"] == "not run"                     # its own slice, not run yet

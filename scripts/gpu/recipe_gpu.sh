@@ -130,6 +130,10 @@ pack() {  # what exists so far, in one archive (files back from $OUT: at most 8)
            bench-sweep/results.json bench-heldout/results.json bench-heldout/report.md bench-generate/bench_generate.json; do
     [[ -e $W/$f ]] && files+=("$f")
   done
+  for f in "$RUN"/scaling/scaling.{json,md,svg} "$RUN"/scaling/frac-*/draft/{manifest.json,log.jsonl} \
+           "$RUN"/scaling/frac-*/bench/results.json; do   # the data-scaling curve, when the recipe has one
+    [[ -e $f ]] && files+=("${f#"$W"/}")
+  done
   for f in "$W"/be-*/bench_engine.json "$W"/be-*/bench_engine.md; do
     [[ -e $f ]] && files+=("${f#"$W"/}")
   done

@@ -18,8 +18,11 @@ salted hash of its id falls below it, so the 1/8 slice lies inside the 1/4 slice
 never reshuffles them). Every slice validates on the same held-out set as the main draft and gets
 the same N optimizer steps (`scaling.steps`, default: the steps the main draft/ run took), so the
 slices differ only in how much distinct data they saw: a curve still rising at the full data says
-more data would pay. Each slice is a pipeline stage of its own (`scaling-<f>-train`,
-`scaling-<f>-bench`): finished slices are skipped on a rerun and an interrupted one resumes.
+more data would pay. The share 1.0 is the main draft itself when that draft ran exactly N steps
+planned as N from its start (`train.max-steps` N, no time budget): the same command but for its
+folder, so it is not trained twice (`main_is_full_slice`). Each slice is a pipeline stage of its
+own (`scaling-<f>-train`, `scaling-<f>-bench`): finished slices are skipped on a rerun and an
+interrupted one resumes.
 
 Recipe keys (section `scaling`):
     fractions   at least two increasing shares in (0, 1], e.g. [0.125, 0.25, 0.5, 1.0]
@@ -116,6 +119,8 @@ def run_scaling(pipe, plan: ScalingPlan, recipe: dict, out: Path, t: list[str], 
     train = {k: v for k, v in (recipe.get("train") or {}).items() if k not in LENGTH_FLAGS}
     bench = recipe.get("bench") if plan.bench else None
     for fraction in plan.fractions:
+        if reuses_main(out, fraction, steps):
+            continue
         folder = slice_folder(out, fraction)
         draft = folder / "draft"
         pipe.stage(f"scaling-{fraction:g}-train",
@@ -130,12 +135,30 @@ def run_scaling(pipe, plan: ScalingPlan, recipe: dict, out: Path, t: list[str], 
         write_summary(out, plan, steps, pipe.state)
 
 
+def main_is_full_slice(manifest: dict, steps: int) -> bool:
+    """Whether a main draft's manifest is what the share-1.0 slice would train: complete, all the
+    data, and N steps planned as N from the first step (a time budget re-plans the learning-rate
+    schedule as it goes, so a budgeted run is not the same run even when it ends at N)."""
+    config = manifest.get("config") or {}
+    done = (manifest.get("steps") or {}).get("done")
+    return (bool(manifest.get("complete")) and config.get("train_fraction", 1.0) == 1.0
+            and config.get("max_steps") == steps == done and config.get("time_budget_s") is None)
+
+
+def reuses_main(out: Path, fraction: float, steps: int) -> bool:
+    path = out / "draft" / "manifest.json"
+    return fraction == 1.0 and path.is_file() and main_is_full_slice(read_json(path, "draft manifest"), steps)
+
+
 def slice_row(out: Path, fraction: float, steps: int, state: dict) -> dict:
-    """One slice as measured: its training manifest's best validation and, if benched, the bench tau."""
-    folder = slice_folder(out, fraction)
-    entry = state["stages"].get(f"scaling-{fraction:g}-train") or {}
+    """One slice as measured: its training manifest's best validation and, if benched, the bench tau
+    (for a share 1.0 that is the main draft, the main draft's and the main bench's)."""
+    main = reuses_main(out, fraction, steps)
+    folder = out if main else slice_folder(out, fraction)
+    entry = state["stages"].get("train" if main else f"scaling-{fraction:g}-train") or {}
     row = {"fraction": fraction, "folder": str(folder), "status": entry.get("status", "not run"),
-           "command": shlex.join(["eaglekit", *entry["argv"]]) if entry else None, "steps": steps}
+           "command": shlex.join(["eaglekit", *entry["argv"]]) if entry else None, "steps": steps,
+           "main_draft": main}
     manifest_path = folder / "draft" / "manifest.json"
     if manifest_path.is_file():
         m = read_json(manifest_path, "slice draft manifest")
