@@ -105,6 +105,32 @@ def test_online_run_from_conversations_with_a_given_vocab(data, tmp_path):
     assert torch.equal(load_draft(tmp_path / "run").draft_to_target(torch.arange(len(ids))), ids)
 
 
+def test_conversations_labelled_validation_are_never_trained_on(data, tmp_path):
+    """`prompts build` holds out its own share and `generate` labels those conversations
+    `split: validation`: training validates on them (besides its hash share) instead of training
+    on them, online and through a feature store."""
+    from eaglekit.features.conversations import read_conversations, tokenize_conversations
+    from eaglekit.features.store import FeatureStore
+    from eaglekit.train.setup import split_members
+
+    target = load_target(data["target"])
+    rows = [{**r, "split": "validation" if i % 6 == 0 else "train"} for i, r in enumerate(text_rows(60))]
+    labelled = {r["id"] for r in rows if r["split"] == "validation"}
+    conv = write_generate_folder(tmp_path / "conv", rows, target.fingerprint())
+    manifest = train(config(data, tmp_path / "online", features=None, data=str(conv), max_steps=1, val_every=1,
+                            val_fraction=0.0))
+    assert manifest["counts"]["val_samples"] == len(labelled) == 10
+    assert manifest["counts"]["train_samples"] == 50
+    samples, _ = tokenize_conversations(target.tokenizer, read_conversations(conv)[0], max_length=256)
+    capture_features(target, samples, tmp_path / "feat", aux_layer_ids=[1, 3, 4], topk=16, shard_tokens=800,
+                     batch_tokens=1024, progress=False)
+    store = FeatureStore(tmp_path / "feat")
+    assert store.held_out == labelled
+    train_idx, val_idx = split_members(store.ids, 0.15, store.held_out)
+    assert labelled <= {store.ids[i] for i in val_idx} and not labelled & {store.ids[i] for i in train_idx}
+    assert len(val_idx) > len(labelled)                                    # and the hash share besides
+
+
 def final_weights(out: Path) -> dict[str, torch.Tensor]:
     latest = json.loads((out / "trainer_state" / "latest.json").read_text())
     return load_file(str(out / "trainer_state" / latest["dir"] / "draft.safetensors"))

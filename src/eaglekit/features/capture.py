@@ -167,7 +167,8 @@ def capture_into(target, samples: list[Sample], out: str | Path, *, aux_layer_id
         with atomic_path(out / name) as tmp:
             save_file({k: tensors[k].contiguous() for k in TENSORS}, str(tmp), metadata={"format": FORMAT})
         entries[name] = {"file": name, "ids": [s.id for s in shard_samples],
-                         "lengths": [s.length for s in shard_samples], "bytes": (out / name).stat().st_size}
+                         "lengths": [s.length for s in shard_samples], "bytes": (out / name).stat().st_size,
+                         "held_out": [s.id for s in shard_samples if s.held_out]}   # the prompts' validation split
         # The index is what readers trust: replaced atomically, only after the shard is whole.
         write_json(out / INDEX, {"format": FORMAT, "shards": [entries[k] for k in sorted(entries)]})
         new_tokens += sum(s.length for s in shard_samples)

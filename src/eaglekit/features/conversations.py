@@ -34,6 +34,7 @@ class Sample:
     id: str
     input_ids: torch.Tensor
     loss_mask: torch.Tensor
+    held_out: bool = False   # labelled `split: validation` upstream (the prompts' own held-out share)
 
     @property
     def length(self) -> int:
@@ -118,7 +119,7 @@ def tokenize_conversations(tokenizer, rows: list[dict], *, max_length: int,
         for row, conv in zip(chunk, texts):
             tok = join_pieces(conv, [next(flat) for _ in conv], max_length=max_length)
             samples.append(Sample(row["id"], torch.tensor(tok.input_ids, dtype=torch.long),
-                                  torch.tensor(tok.loss_mask, dtype=torch.bool)))
+                                  torch.tensor(tok.loss_mask, dtype=torch.bool), is_held_out(row)))
 
     workers = workers or min(8, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -142,6 +143,12 @@ def tokenize_conversations(tokenizer, rows: list[dict], *, max_length: int,
               "tokens": sum(s.length for s in kept),
               "assistant_tokens": int(sum(int(s.loss_mask.sum()) for s in kept))}
     return kept, counts
+
+
+def is_held_out(row: dict) -> bool:
+    """A conversation that `prompts build` (or `synthesize`) put in its validation split: `generate`
+    carries the label, and training keeps it out of the training set."""
+    return row.get("split") == "validation"
 
 
 def is_validation(sample_id: str, fraction: float) -> bool:

@@ -91,6 +91,7 @@ class FeatureStore:
                      "--allow-partial-features to train on the finished shards")
         self.shards: list[ShardRef] = []
         self.samples: list[tuple[int, int]] = []  # (shard, row in shard)
+        self._held_out: set[str] = set()
         width = len(self.aux_layer_ids) * self.hidden_size
         for entry in index["shards"]:
             file = self.folder / entry["file"]
@@ -100,6 +101,7 @@ class FeatureStore:
             header = validate_safetensors(file)
             self.check_header(file, header, width, entry)
             self.shards.append(ShardRef(file, list(entry["ids"]), list(entry["lengths"])))
+            self._held_out.update(entry.get("held_out", ()))
             self.samples += [(len(self.shards) - 1, r) for r in range(len(entry["ids"]))]
         if not self.samples:
             raise EaglekitError(f"features in {self.folder} hold no samples", hint="the dataset is empty")
@@ -127,6 +129,11 @@ class FeatureStore:
     @property
     def ids(self) -> list[str]:
         return [self.shards[s].ids[r] for s, r in self.samples]
+
+    @property
+    def held_out(self) -> set[str]:
+        """Ids labelled `split: validation` upstream (none in a store captured before the label was kept)."""
+        return set(self._held_out)
 
     def _open(self, shard: int):
         handle = self._handles.get(shard)

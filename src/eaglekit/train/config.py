@@ -39,7 +39,8 @@ class TrainConfig:
     features: str | None = option(None, "offline: feature folder from `eaglekit features`", group="inputs")
     data: str | None = option(None, "online: conversations folder or .jsonl (target runs per batch)", group="inputs")
     val_data: str | None = option(None, "held-out conversations (online) or features (offline)", group="inputs")
-    val_fraction: float = option(0.05, "else hold out this share, split by id", group="inputs")
+    val_fraction: float = option(0.05, "else hold out this share, split by id (and every conversation "
+                                 "labelled `split: validation`: the prompts' own held-out share)", group="inputs")
     val_max_samples: int | None = option(None, "validate on at most this many samples", group="inputs")
     train_fraction: float = option(1.0, "train on this hash-stable share of the training samples (a smaller share "
                                         "is a subset of a larger one; validation is unchanged): the slices of a "

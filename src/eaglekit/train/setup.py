@@ -36,10 +36,12 @@ class Run:
     counts: dict = field(default_factory=dict)
 
 
-def split_members(ids: list[str], fraction: float) -> tuple[list[int], list[int]]:
+def split_members(ids: list[str], fraction: float, held_out: set[str] = frozenset()) -> tuple[list[int], list[int]]:
+    """(train, validation) indices: validation is the hash share `fraction` of the ids plus every id
+    labelled held out upstream (the prompts' own validation split, which is never trained on)."""
     train, val = [], []
     for i, sid in enumerate(ids):
-        (val if is_validation(sid, fraction) else train).append(i)
+        (val if sid in held_out or is_validation(sid, fraction) else train).append(i)
     return train, val
 
 
@@ -144,7 +146,7 @@ def prepare_online(cfg: TrainConfig, dist: Dist) -> Run:
         train_samples = samples
     else:
         val_fp = None
-        t_idx, v_idx = split_members([s.id for s in samples], cfg.val_fraction)
+        t_idx, v_idx = split_members([s.id for s in samples], cfg.val_fraction, {s.id for s in samples if s.held_out})
         train_samples, val_samples = [samples[i] for i in t_idx], [samples[i] for i in v_idx]
     if not train_samples:
         raise EaglekitError("no training conversations left after the validation split", hint="add data")
@@ -184,7 +186,7 @@ def prepare_offline(cfg: TrainConfig, dist: Dist) -> Run:
         t_idx, v_idx = list(range(len(store))), list(range(len(val_store)))
     else:
         val_store = store
-        t_idx, v_idx = split_members(store.ids, cfg.val_fraction)
+        t_idx, v_idx = split_members(store.ids, cfg.val_fraction, store.held_out)
     if not t_idx:
         raise EaglekitError("no training samples left after the validation split", hint="add data")
     if cfg.train_fraction < 1:
