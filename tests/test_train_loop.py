@@ -121,6 +121,9 @@ def test_conversations_labelled_validation_are_never_trained_on(data, tmp_path):
                             val_fraction=0.0))
     assert manifest["counts"]["val_samples"] == len(labelled) == 10
     assert manifest["counts"]["train_samples"] == 50
+    other = train(config(data, tmp_path / "with-val", features=None, data=str(conv), val_data=data["conv"],
+                         max_steps=1, val_every=1))                     # a validation set of its own
+    assert other["counts"]["train_samples"] == 50 and other["counts"]["val_samples"] == 60
     samples, _ = tokenize_conversations(target.tokenizer, read_conversations(conv)[0], max_length=256)
     capture_features(target, samples, tmp_path / "feat", aux_layer_ids=[1, 3, 4], topk=16, shard_tokens=800,
                      batch_tokens=1024, progress=False)

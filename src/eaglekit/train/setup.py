@@ -143,7 +143,7 @@ def prepare_online(cfg: TrainConfig, dist: Dist) -> Run:
     if cfg.val_data:
         val_rows, val_fp = read_conversations(cfg.val_data, target_fingerprint=fp)
         val_samples, _ = tokenize_conversations(target.tokenizer, val_rows, max_length=cfg.max_length)
-        train_samples = samples
+        train_samples = [s for s in samples if not s.held_out]   # held out upstream: never trained on
     else:
         val_fp = None
         t_idx, v_idx = split_members([s.id for s in samples], cfg.val_fraction, {s.id for s in samples if s.held_out})
@@ -183,7 +183,8 @@ def prepare_offline(cfg: TrainConfig, dist: Dist) -> Run:
         if val_store.aux_layer_ids != aux:
             raise EaglekitError("validation features hold other aux layers than the training features",
                                 hint="capture both with the same --aux-layer-ids")
-        t_idx, v_idx = list(range(len(store))), list(range(len(val_store)))
+        held_out = store.held_out                                 # held out upstream: never trained on
+        t_idx, v_idx = [i for i, sid in enumerate(store.ids) if sid not in held_out], list(range(len(val_store)))
     else:
         val_store = store
         t_idx, v_idx = split_members(store.ids, cfg.val_fraction, store.held_out)
