@@ -273,21 +273,21 @@ def read_lines(folder: Path) -> list[bytes]:
 
 
 def test_attention_is_a_setting_of_the_engine_backend_only():
-    from eaglekit.data.generators import make_generator
+    from eaglekit.data.generators import EngineSettings, make_generator
     from eaglekit.engine.sampling import Sampling
 
     with pytest.raises(EaglekitError, match="--attention sdpa is a setting of eaglekit's engine"):
-        make_generator("hf", None, [1], Sampling(), attention="sdpa")
+        make_generator("hf", None, [1], Sampling(), engine=EngineSettings(attention="sdpa"))
     with pytest.raises(EaglekitError, match="--cache-slots 0"):
-        make_generator("local", None, [1], Sampling(), cache_slots=0)
+        make_generator("local", None, [1], Sampling(), engine=EngineSettings(cache_slots=0))
     with pytest.raises(EaglekitError, match="--stop-loops 128 is a setting of eaglekit's engine"):
-        make_generator("hf", None, [1], Sampling(), stop_loops=128)
+        make_generator("hf", None, [1], Sampling(), engine=EngineSettings(stop_loops=128))
     with pytest.raises(EaglekitError, match="--stop-loops 1"):
-        make_generator("local", None, [1], Sampling(), stop_loops=1)
+        make_generator("local", None, [1], Sampling(), engine=EngineSettings(stop_loops=1))
     with pytest.raises(EaglekitError, match="--refill-padding 2.0 is a setting of eaglekit's engine"):
-        make_generator("hf", None, [1], Sampling(), refill_padding=2.0)
+        make_generator("hf", None, [1], Sampling(), engine=EngineSettings(refill_padding=2.0))
     with pytest.raises(EaglekitError, match="--refill-padding 0.5 is below 1"):     # before any model loads
-        make_generator("local", None, [1], Sampling(), refill_padding=0.5)
+        make_generator("local", None, [1], Sampling(), engine=EngineSettings(refill_padding=0.5))
 
 
 def test_engine_settings_for_a_server_backend_are_refused_before_anything_runs(tmp_path, capsys):

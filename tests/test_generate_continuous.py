@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from eaglekit.data.generators import EngineGenerator, make_generator
+from eaglekit.data.generators import EngineGenerator, EngineSettings, make_generator
 from eaglekit.data.local_backend import LocalBackend
 from eaglekit.data.records import Conversation, Prompt
 from eaglekit.engine.sampling import Sampling
@@ -54,7 +54,8 @@ def test_a_turn_longer_than_the_rows_waits_for_a_larger_decoder(tiny):
 
 def test_cache_slots_give_every_turn_one_cache(tiny):
     """`generate --cache-slots`: the first decoder holds that many slots, so no later turn rebuilds it."""
-    sized = make_generator("engine", tiny.model, tiny.stop_token_ids, Sampling(), batch_size=2, cache_slots=512)
+    sized = make_generator("engine", tiny.model, tiny.stop_token_ids, Sampling(), batch_size=2,
+                           engine=EngineSettings(cache_slots=512))
     got, _ = answer(tiny, sized)
     ref, _ = answer(tiny, make_generator("engine", tiny.model, tiny.stop_token_ids, Sampling(), batch_size=2))
     assert got == ref and sized.builds == 1 and sized.max_len == 512

@@ -77,7 +77,7 @@ def run_build(args: argparse.Namespace) -> int:
 
 def run_synthesize(args: argparse.Namespace) -> int:
     from eaglekit.data.folder import read_prompt_folder
-    from eaglekit.data.generators import make_generator
+    from eaglekit.data.generators import EngineSettings, make_generator
     from eaglekit.data.magpie import pre_query_template, synthesize, write_synthesized
     from eaglekit.engine.sampling import Sampling
     from eaglekit.errors import EaglekitError
@@ -98,8 +98,7 @@ def run_synthesize(args: argparse.Namespace) -> int:
     sampling = Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     stops = sorted(set(target.stop_token_ids) | {pre.end_of_turn_id})
     generator = make_generator(args.backend, target.model, stops, sampling, seed=args.seed, batch_size=args.batch_size,
-                               attention=args.attention, cache_slots=args.cache_slots, refill=args.refill,
-                               refill_padding=args.refill_padding, stop_loops=args.stop_loops)
+                               engine=EngineSettings.from_args(args))
     new, stats = synthesize(target.tokenizer, generator, pre, need,
                             existing=[p for v in (existing or {}).values() for p in v], batch_size=args.batch_size,
                             max_new_tokens=args.max_new_tokens, min_chars=args.min_chars,
@@ -118,7 +117,7 @@ def run_synthesize(args: argparse.Namespace) -> int:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from eaglekit.data.generators import check_engine_settings, make_generator
+    from eaglekit.data.generators import EngineSettings, make_generator
     from eaglekit.data.local_backend import LocalBackend, context_length
     from eaglekit.data.regenerate import GenerateConfig, generate_conversations, load_prompts
     from eaglekit.engine.sampling import Sampling
@@ -137,8 +136,7 @@ def run_generate(args: argparse.Namespace) -> int:
         worker = parse_worker(args.worker)
         exit_with_parent()
     load_prompts(args.prompts, config.splits, config.limit)  # bad or empty prompts fail before any model loads
-    check_engine_settings(args.backend, args.attention, args.cache_slots, args.refill, args.stop_loops,
-                          args.refill_padding)
+    EngineSettings.from_args(args).check(args.backend)
     if args.backend == "openai":
         from eaglekit.data.openai_backend import OpenAIBackend, OpenAIClient
 
@@ -162,9 +160,7 @@ def run_generate(args: argparse.Namespace) -> int:
         target = load_target(args.target, device=resolve_device(args.device), dtype=args.dtype)
         check_template_masks(target.tokenizer)
         generator = make_generator(args.backend, target.model, target.stop_token_ids, sampling, seed=args.seed,
-                                   batch_size=args.batch_size, attention=args.attention,
-                                   cache_slots=args.cache_slots, refill=args.refill,
-                                   refill_padding=args.refill_padding, stop_loops=args.stop_loops)
+                                   batch_size=args.batch_size, engine=EngineSettings.from_args(args))
         backend = LocalBackend(target.tokenizer, generator, max_new_tokens=args.max_new_tokens,
                                batch_size=args.batch_size, context_length=context_length(args.context_length,
                                                                                          target.config))
@@ -189,10 +185,9 @@ def run_generate_parallel(args: argparse.Namespace, config) -> int:
                             hint="split the target with --tensor-parallel-size instead, or drop --devices")
     if args.worker:
         raise EaglekitError("--devices and --worker do not go together", hint="--devices starts the workers itself")
-    from eaglekit.data.generators import check_engine_settings
+    from eaglekit.data.generators import EngineSettings
 
-    check_engine_settings(args.backend, args.attention, args.cache_slots, args.refill, args.stop_loops,
-                          args.refill_padding)   # before any worker starts
+    EngineSettings.from_args(args).check(args.backend)   # before any worker starts
     devices = parse_devices(args.devices)
     check_device_flag(args.device, devices)
     tokenizer, target_fp = target_without_weights(args.target)

@@ -21,11 +21,12 @@ import gc
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Iterator
 
 import torch
 
+from eaglekit.data.options import GenerateOptions
 from eaglekit.engine.batch import Request, check_refill_padding, check_stop_loops
 from eaglekit.engine.sampling import Sampling
 from eaglekit.errors import EaglekitError
@@ -231,37 +232,56 @@ class EngineGenerator(Streaming):
         return {"builds": self.builds, "serve_loops": self.decoder_runs}
 
 
-def check_engine_settings(backend: str, attention: str = "auto", cache_slots: int | None = None,
-                          refill: str = "eager", stop_loops: int = 0, refill_padding: float = 0.0) -> None:
-    """--attention, --cache-slots, --refill and --stop-loops are settings of eaglekit's engine: refused for
-    another backend (where they would do nothing), before any model loads."""
-    if backend in ("local", "engine"):
-        if cache_slots is not None and cache_slots < 1:
-            raise EaglekitError(f"--cache-slots {cache_slots}", hint="give the slots per row, e.g. 4096")
-        check_stop_loops(stop_loops, cache_slots)
-        check_refill_padding(refill_padding)
-        return
-    for flag, value in (("--attention", None if attention == "auto" else attention), ("--cache-slots", cache_slots),
-                        ("--refill", None if refill == "eager" else refill), ("--stop-loops", stop_loops or None),
-                        ("--refill-padding", refill_padding or None)):
-        if value is not None:
-            raise EaglekitError(f"{flag} {value} is a setting of eaglekit's engine, not of backend {backend!r}",
-                                hint=f"drop {flag}, or use --backend local")
+def _default(name: str):
+    return next(f.default for f in fields(GenerateOptions) if f.name == name)
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The settings of eaglekit's engine among `generate`'s (and `prompts synthesize`'s) options, in
+    one value: declared once in `data.options.GenerateOptions` (the defaults come from there), read
+    from the parsed flags at once, checked before any model loads, handed whole to `make_generator`.
+    attention: the engine's kernel ("auto": `engine.batch.batch_attention`); cache_slots: the slots
+    per row of its first cache (None: grown as prompts need); refill: how it prefills new rows
+    (`engine.batch.REFILL_KINDS`); refill_padding: the cap on a refill forward's padded tokens per
+    prompt token (0: the default); stop_loops: the window of the engine's loop check (0: off)."""
+
+    attention: str = _default("attention")
+    cache_slots: int | None = _default("cache_slots")
+    refill: str = _default("refill")
+    refill_padding: float = _default("refill_padding")
+    stop_loops: int = _default("stop_loops")
+
+    @classmethod
+    def from_args(cls, args) -> "EngineSettings":
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+    def check(self, backend: str) -> None:
+        """Valid for the engine; refused for another backend (where they would do nothing)."""
+        if backend in ("local", "engine"):
+            if self.cache_slots is not None and self.cache_slots < 1:
+                raise EaglekitError(f"--cache-slots {self.cache_slots}", hint="give the slots per row, e.g. 4096")
+            check_stop_loops(self.stop_loops, self.cache_slots)
+            check_refill_padding(self.refill_padding)
+            return
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value != f.default:
+                flag = "--" + f.name.replace("_", "-")
+                raise EaglekitError(f"{flag} {value} is a setting of eaglekit's engine, not of backend {backend!r}",
+                                    hint=f"drop {flag}, or use --backend local")
 
 
 def make_generator(backend: str, model, stop_ids: list[int], sampling: Sampling, *, seed: int = 0,
-                   batch_size: int = 32, attention: str = "auto", cache_slots: int | None = None,
-                   refill: str = "eager", stop_loops: int = 0, refill_padding: float = 0.0):
-    """A token-level generator: `local` and `engine` are eaglekit's batch decoder, `hf` is HF generate.
-    `attention`, `cache_slots`, `refill`: the engine's kernel ("auto": `engine.batch.batch_attention`),
-    the slots per row of its first cache (None: grown as prompts need) and how it prefills new rows
-    (`engine.batch.REFILL_KINDS`); `stop_loops`: the window of the engine's loop check (0: off);
-    `refill_padding`: the cap on a refill forward's padded tokens per prompt token (0: the default)."""
-    check_engine_settings(backend, attention, cache_slots, refill, stop_loops, refill_padding)
+                   batch_size: int = 32, engine: EngineSettings = EngineSettings()):
+    """A token-level generator: `local` and `engine` are eaglekit's batch decoder (with `engine`'s
+    settings), `hf` is HF generate."""
+    engine.check(backend)
     if backend in ("local", "engine"):
         return EngineGenerator(model, stop_ids, sampling, seed=seed, batch_size=batch_size,
-                               attention=None if attention == "auto" else attention, max_len=cache_slots,
-                               refill=refill, refill_padding=refill_padding, stop_loops=stop_loops)
+                               attention=None if engine.attention == "auto" else engine.attention,
+                               max_len=engine.cache_slots, refill=engine.refill, refill_padding=engine.refill_padding,
+                               stop_loops=engine.stop_loops)
     if backend == "hf":
         return HFGenerator(model, stop_ids, sampling, seed=seed)
     raise EaglekitError(f"unknown local backend {backend!r}", hint="use local, engine or hf")
