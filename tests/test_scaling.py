@@ -93,3 +93,17 @@ def test_the_full_share_is_the_main_draft_only_when_it_is_the_same_run(tmp_path)
     assert row["main_draft"] and row["status"] == "done" and row["walk_tau"] == 1.8 and row["samples"] == 9
     assert row["command"] == "eaglekit train --max-steps 40"
     assert slice_row(out, 0.5, 40, state)["status"] == "not run"                     # its own slice, not run yet
+
+
+def test_a_plan_before_the_main_draft_prints_every_stage_and_says_what_is_not_known(tmp_path, capsys):
+    """`eaglekit run --plan` with a scaling section: the slices' steps are the main draft's, unknown
+    before it runs, so the plan lists every other stage and says so (scaling.steps plans them too)."""
+    out, args = tmp_path / "run", ["run", "--recipe", "quick", "--plan", "scaling.fractions=[0.5, 1.0]"]
+    assert main([*args, "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(" train " in line for line in lines) and any(" bench " in line for line in lines)
+    assert lines[-1].startswith("# then the scaling slices: the scaling slices run the main draft's steps")
+    assert "set scaling.steps" in lines[-1] and not out.exists()
+    assert main([*args, "scaling.steps=30", "--out", str(out)]) == 0
+    planned = capsys.readouterr().out
+    assert "--train-fraction 0.5 --max-steps 30" in planned and "--train-fraction 1 --max-steps 30" in planned

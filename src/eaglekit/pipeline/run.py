@@ -36,7 +36,7 @@ from eaglekit.artifacts import read_json, write_json, writer_lock
 from eaglekit.data.options import LOCAL_BACKENDS, GenerateOptions
 from eaglekit.errors import EaglekitError
 from eaglekit.pipeline.recipe import to_flags
-from eaglekit.pipeline.scaling import run_scaling, scaling_plan, scaling_summary
+from eaglekit.pipeline.scaling import StepsNotKnownYet, run_scaling, scaling_plan, scaling_summary
 from eaglekit.progress import StageTime, TimeLeft, duration, run_after, run_outlook, stage_and_after
 from eaglekit.report.html import write_report
 from eaglekit.targets.source import DEFAULT_TARGET
@@ -343,7 +343,12 @@ def run_pipeline(recipe: dict, out: str | Path | None = None, stop_before: str |
 def plan_pipeline(recipe: dict, out: str | Path | None = None) -> list[str]:
     """The command line of every stage of `recipe`, in order, running none (`eaglekit run --plan`)."""
     out = Path(out or recipe.get("out") or Path("runs") / recipe.get("name", "run"))
-    return [stage.command() for stage in planned(recipe, out)]
+    pipe = Pipeline(recipe, out, plan=[])
+    try:
+        run_stages(pipe, recipe, out)
+    except StepsNotKnownYet as err:   # the rest of the plan is known: print it, and say what is not
+        return [stage.command() for stage in pipe.plan] + [f"# then the scaling slices: {err.message}; {err.hint}"]
+    return [stage.command() for stage in pipe.plan]
 
 
 def planned_stages(recipe: dict, out: Path) -> list[str] | None:

@@ -49,6 +49,10 @@ STYLE = (".title{font:600 13px sans-serif} .tick,.legend,.value{font:10px sans-s
          ".label{font:11px sans-serif} .plot-area{fill:#fff;stroke:#aab2ba} .grid{stroke:#e6e9ec} .tickmark{stroke:#aab2ba}")
 
 
+class StepsNotKnownYet(EaglekitError):
+    """The slices' step budget is the main draft's, which has not run yet (a plan made before it)."""
+
+
 @dataclass(frozen=True)
 class ScalingPlan:
     fractions: tuple[float, ...]
@@ -101,7 +105,11 @@ def slice_folder(out: Path, fraction: float) -> Path:
 def step_budget(plan: ScalingPlan, out: Path) -> int:
     if plan.steps is not None:
         return plan.steps
-    steps = (read_json(out / "draft" / "manifest.json", "draft manifest").get("steps") or {}).get("done")
+    manifest = out / "draft" / "manifest.json"
+    if not manifest.is_file():
+        raise StepsNotKnownYet(f"the scaling slices run the main draft's steps, and {manifest} does not exist yet",
+                               hint="set scaling.steps to plan the slices before the main draft is trained")
+    steps = (read_json(manifest, "draft manifest").get("steps") or {}).get("done")
     if not steps:
         raise EaglekitError("the main draft ran 0 steps: no step budget for the scaling slices",
                             hint="set scaling.steps")
