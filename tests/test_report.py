@@ -114,6 +114,7 @@ def test_scaling_trains_every_slice_as_its_own_run(run):
     assert all(r["status"] == "done" and r["walk_tau"] is not None and r["bench_tau"] is not None
                for r in table["rows"])
     assert table["rows"][0]["tokens"] < table["rows"][1]["tokens"]
+    assert table["rows"][0]["passes"] > table["rows"][1]["passes"] > 0     # half the data, the same steps: seen more often
     assert "| 0.5 | done |" in (out / "scaling" / "scaling.md").read_text()
     assert (out / "scaling" / "scaling.svg").read_text().count("<circle") >= 4
     assert "scaling: walk tau by share of the data" in state["summary"]

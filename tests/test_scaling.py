@@ -67,8 +67,19 @@ def test_verdict_reads_the_two_largest_slices():
     rows = [{"fraction": f, "status": "done", "walk_tau": t, "steps": 10} for f, t in ((0.25, 1.5), (0.5, 1.7), (1.0, 1.9))]
     assert "still rising" in verdict(rows) and "+0.200" in verdict(rows)
     rows[-1]["walk_tau"] = 1.72
-    assert "flat within 0.05" in verdict(rows)
+    assert "flat within 0.05" in verdict(rows) and "limited by its steps" not in verdict(rows)
     assert verdict(rows[:1]) is None
+
+
+def test_a_flat_curve_whose_smallest_share_was_repeated_says_the_steps_bind():
+    """The H200 curve of 2026-12-03: at 500 steps the 1/8 share, seen ~4 times, did as well as all
+    the data. That is a step budget too small to ask the question, and the verdict must say so."""
+    rows = [{"fraction": f, "status": "done", "walk_tau": t, "steps": 500, "passes": p}
+            for f, t, p in ((0.125, 1.760, 3.8), (0.25, 1.741, 1.9), (0.5, 1.747, 0.95), (1.0, 1.750, None))]
+    said = verdict(rows)
+    assert "limited by its steps" in said and "0.125 share" in said and "3.8 times" in said
+    rows[0]["passes"] = None                         # a manifest from before `per_epoch`: the plain reading
+    assert "limited by its steps" not in verdict(rows) and "flat within 0.05" in verdict(rows)
 
 
 def test_the_full_share_is_the_main_draft_only_when_it_is_the_same_run(tmp_path):

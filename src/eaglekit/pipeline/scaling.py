@@ -171,8 +171,10 @@ def slice_row(out: Path, fraction: float, steps: int, state: dict) -> dict:
     if manifest_path.is_file():
         m = read_json(manifest_path, "slice draft manifest")
         best, counts = m.get("best") or {}, m.get("counts") or {}
+        steps_done, per_epoch = (m.get("steps") or {}).get("done"), (m.get("steps") or {}).get("per_epoch")
         row.update(samples=counts.get("train_samples"), tokens=counts.get("train_assistant_tokens"),
-                   all_tokens=counts.get("train_tokens"), steps=(m.get("steps") or {}).get("done"),
+                   all_tokens=counts.get("train_tokens"), steps=steps_done,
+                   passes=round(steps_done / per_epoch, 2) if steps_done is not None and per_epoch else None,
                    best_step=best.get("step"), walk_tau=best.get("walk_accept_length"),
                    sim_tau=best.get("sim_accept_length"), acc0=(best.get("acc") or [None])[0],
                    device=m.get("config", {}).get("device"), date=m.get("created"))
@@ -191,10 +193,17 @@ def verdict(rows: list[dict], key: str = "walk_tau", step: float = 0.05) -> str 
     done = [r for r in rows if r["status"] == "done" and r.get(key) is not None]
     if len(done) < 2:
         return None
-    a, b = done[-2], done[-1]
+    a, b, first = done[-2], done[-1], done[0]
     gain = b[key] - a[key]
-    reading = ("still rising: more data of this kind should pay" if gain > step else
-               f"flat within {step}: at this step budget more data of this kind buys little")
+    if gain > step:
+        reading = "still rising: more data of this kind should pay"
+    elif abs(b[key] - first[key]) <= step and first.get("passes"):
+        # The smallest share, repeated, did as well as all the data: the step budget binds, not the data.
+        reading = (f"flat within {step} from the {first['fraction']:g} share on, which training saw "
+                   f"{first['passes']:g} times: at {b['steps']} steps the draft is limited by its steps, not "
+                   "by its data (raise scaling.steps to ask again for a longer run)")
+    else:
+        reading = f"flat within {step}: at this step budget more data of this kind buys little"
     return (f"{key.replace('_', ' ')} {a[key]:.3f} -> {b[key]:.3f} ({gain:+.3f}) from {a['fraction']:g} to "
             f"{b['fraction']:g} of the data, {b['steps']} steps each: {reading}")
 
@@ -205,6 +214,7 @@ def write_summary(out: Path, plan: ScalingPlan, steps: int, state: dict) -> dict
     first = next((r for r in rows if r.get("date")), {})
     table = {"fractions": list(plan.fractions), "steps": steps, "rows": rows, "verdict": verdict(rows),
              "tokens": "answer (assistant) tokens of the slice's training samples",
+             "passes": "steps done over the slice's steps per epoch: how often training saw each sample",
              "command": " && ".join(r["command"] for r in rows if r["command"]) or None,
              "device": first.get("device"), "date": first.get("date"),
              "written": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -223,10 +233,11 @@ def write_summary(out: Path, plan: ScalingPlan, steps: int, state: dict) -> dict
 def markdown(table: dict) -> str:
     fmt = lambda v: "–" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))  # noqa: E731
     lines = [f"# Data scaling: {table['steps']} steps per slice", "",
-             "| fraction | status | samples | answer tokens | best step | walk tau | sim tau | acc_0 | bench tau | speedup |",
-             "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| fraction | status | samples | answer tokens | passes | best step | walk tau | sim tau | acc_0 | bench tau | speedup |",
+             "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in table["rows"]:
         lines.append(f"| {r['fraction']:g} | {r['status']} | {fmt(r.get('samples'))} | {fmt(r.get('tokens'))} | "
+                     f"{fmt(r.get('passes'))} | "
                      f"{fmt(r.get('best_step'))} | {fmt(r.get('walk_tau'))} | {fmt(r.get('sim_tau'))} | "
                      f"{fmt(r.get('acc0'))} | {fmt(r.get('bench_tau'))} | {fmt(r.get('speedup'))} |")
     if table.get("verdict"):

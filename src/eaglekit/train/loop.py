@@ -277,7 +277,8 @@ class Trainer:
     def write_manifest(self, *, final: bool, train_metrics: dict | None = None) -> dict:
         extra = {"complete": final, "aux_layer_ids": self.run.aux_layer_ids, "aux_layer_convention": AUX_CONVENTION,
                  "draft_vocab": self.run.vocab.summary(), "best": self.best, "history": self.history,
-                 "train_metrics": train_metrics, "steps": {"done": self.step, "total": self.total_steps},
+                 "train_metrics": train_metrics, "steps": {"done": self.step, "total": self.total_steps,
+                           "per_epoch": round(self.plan.steps_per_epoch(), 3)},
                  "world_size": self.dist.world_size}
         counts = dict(self.run.counts)
         return write_manifest(self.out, stage="train", config=self.cfg.to_dict(), target=self.run.fingerprint,
