@@ -72,7 +72,7 @@ def test_verdict_reads_the_two_largest_slices():
 
 
 def test_a_flat_curve_whose_smallest_share_was_repeated_says_the_steps_bind():
-    """The H200 curve of 2026-12-03: at 500 steps the 1/8 share, seen ~4 times, did as well as all
+    """The H200 curve of 2026-12-03: at 500 steps the 1/8 share, seen up to 3.8 times, did as well as all
     the data. That is a step budget too small to ask the question, and the verdict must say so."""
     rows = [{"fraction": f, "status": "done", "walk_tau": t, "steps": 500, "passes": p}
             for f, t, p in ((0.125, 1.760, 3.8), (0.25, 1.741, 1.9), (0.5, 1.747, 0.95), (1.0, 1.750, None))]
