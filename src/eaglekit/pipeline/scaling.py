@@ -240,6 +240,7 @@ def markdown(table: dict) -> str:
                      f"{fmt(r.get('passes'))} | "
                      f"{fmt(r.get('best_step'))} | {fmt(r.get('walk_tau'))} | {fmt(r.get('sim_tau'))} | "
                      f"{fmt(r.get('acc0'))} | {fmt(r.get('bench_tau'))} | {fmt(r.get('speedup'))} |")
+    lines += ["", "passes: how many times training saw each sample of the slice (steps over its steps per epoch)."]
     if table.get("verdict"):
         lines += ["", table["verdict"]]
     return "\n".join(lines) + "\n"
