@@ -9,7 +9,7 @@ from eaglekit.cli import main
 from eaglekit.errors import EaglekitError
 from eaglekit.features.conversations import is_validation
 from eaglekit.pipeline.recipe import load_recipe
-from eaglekit.pipeline.scaling import ScalingPlan, main_is_full_slice, reuses_main, scaling_plan, slice_row, verdict
+from eaglekit.pipeline.scaling import ScalingPlan, acc0_chart, main_is_full_slice, reuses_main, scaling_plan, slice_row, tau_chart, verdict
 from eaglekit.train.config import TrainConfig
 from eaglekit.train.setup import in_train_share, train_share
 
@@ -118,3 +118,17 @@ def test_a_plan_before_the_main_draft_prints_every_stage_and_says_what_is_not_kn
     assert main([*args, "scaling.steps=30", "--out", str(out)]) == 0
     planned = capsys.readouterr().out
     assert "--train-fraction 0.5 --max-steps 30" in planned and "--train-fraction 1 --max-steps 30" in planned
+
+
+def test_a_flat_curve_is_drawn_flat():
+    """The 2026-12-03 curve (step-0 accuracy 0.471-0.477) drawn on its own range showed noise as a
+    dip. Accuracy is drawn on 0..1 and tau from 1 up, with room above the top point."""
+    import re
+    rows = [{"fraction": f, "status": "done", "tokens": n, "walk_tau": t, "sim_tau": t + 0.3, "acc0": a}
+            for f, n, t, a in ((0.125, 1.46e6, 1.760, 0.477), (0.25, 2.89e6, 1.741, 0.471), (1.0, 11.6e6, 1.750, 0.474))]
+    table = {"steps": 500, "rows": rows}
+    ticks = lambda svg: [float(v) for v in re.findall(r'text-anchor="end">([0-9.]+)</text>', svg)]  # noqa: E731
+    assert min(ticks(acc0_chart(table))) == 0 and max(ticks(acc0_chart(table))) == 1
+    tau_ticks = ticks(tau_chart(table))
+    assert min(tau_ticks) == 1 and max(tau_ticks) > 2.06                      # above the top point (2.06)
+    assert tau_chart({"steps": 500, "rows": [{"fraction": 1.0, "status": "not run"}]}) is None

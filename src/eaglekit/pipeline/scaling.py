@@ -246,21 +246,45 @@ def markdown(table: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(table: dict) -> str | None:
-    """tau (walk, simulated, bench) and step-0 accuracy against tokens, side by side in one SVG."""
-    from eaglekit.report.svg import H, Series, W, line_chart
+def tau_chart(table: dict, xlabel: str = "answer tokens") -> str | None:
+    """Walk, simulated and bench tau against the slices' answer tokens (tau >= 1, so the axis starts
+    there: a spread of noise is not drawn as a slope)."""
+    from eaglekit.report.svg import Series, line_chart
 
-    done = [r for r in table["rows"] if r.get("tokens") is not None]
-    if not done:
+    done, xs, labels = _points(table)
+    series = [Series(name, xs, [r.get(key) for r in done], labels=labels) for name, key in
+              (("walk tau", "walk_tau"), ("simulated tau", "sim_tau"), ("bench tau", "bench_tau"))
+              if any(r.get(key) is not None for r in done)]
+    if not series:
         return None
-    xs = [r["tokens"] for r in done]
-    taus = [Series(name, xs, [r.get(key) for r in done]) for name, key in
-            (("walk tau", "walk_tau"), ("simulated tau", "sim_tau"), ("bench tau", "bench_tau"))
-            if any(r.get(key) is not None for r in done)]
-    left = line_chart(taus, title=f"tau against data ({table['steps']} steps each)", xlabel="answer tokens",
-                      ylabel="tau", logx=True)
-    right = line_chart([Series("step-0 accuracy", xs, [r.get("acc0") for r in done])], title="step-0 accuracy",
-                       xlabel="answer tokens", ylabel="acc_0", logx=True)
+    return line_chart(series, title=f"tau against data ({table['steps']} steps each)", xlabel=xlabel,
+                      ylabel="tau", logx=True, ylim=(1, None))
+
+
+def acc0_chart(table: dict, xlabel: str = "answer tokens") -> str | None:
+    """Step-0 accuracy against the slices' answer tokens, on the whole 0..1 axis."""
+    from eaglekit.report.svg import Series, line_chart
+
+    done, xs, labels = _points(table)
+    ys = [r.get("acc0") for r in done]
+    if all(v is None for v in ys):
+        return None
+    return line_chart([Series("step-0 accuracy", xs, ys, labels=labels)], title="step-0 accuracy",
+                      xlabel=xlabel, ylabel="acc_0", logx=True, ylim=(0, 1))
+
+
+def _points(table: dict) -> tuple[list[dict], list[float], list[str]]:
+    done = [r for r in table["rows"] if r.get("tokens") is not None]
+    return done, [r["tokens"] for r in done], [f"{r['fraction']:g} of the data" for r in done]
+
+
+def plot(table: dict) -> str | None:
+    """`tau_chart` and `acc0_chart` side by side in one SVG."""
+    from eaglekit.report.svg import H, W
+
+    left, right = tau_chart(table), acc0_chart(table)
+    if left is None or right is None:
+        return None
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * W}" height="{H}" viewBox="0 0 {2 * W} {H}">'
             f'<style>{STYLE}</style><rect width="{2 * W}" height="{H}" fill="#ffffff"/>'
             f'<g>{left}</g><g transform="translate({W} 0)">{right}</g></svg>\n')

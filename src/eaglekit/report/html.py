@@ -14,6 +14,7 @@ from pathlib import Path
 
 from eaglekit import __version__
 from eaglekit.artifacts import atomic_path
+from eaglekit.pipeline.scaling import acc0_chart, tau_chart
 from eaglekit.report.collect import Part, RunData, Source, collect
 from eaglekit.report.svg import PALETTE, HLine, Series, bar_chart, fmt_num, line_chart
 
@@ -207,29 +208,19 @@ def scaling_section(data: RunData) -> str:
     if part.note:
         out.append(f'<p class="note">{escape(part.note)}</p>')
     rows = part.data.get("rows", [])
-    done = [r for r in rows if r.get("tokens") is not None]
-    xs = [r["tokens"] for r in done]
-    labels = [f"{r['fraction']:g} of the data" for r in done]
     out.append('<div class="figures">')
-    series = [Series(name, xs, [r.get(key) for r in done], labels=labels)
-              for name, key in (("walk tau", "walk_tau"), ("simulated tau", "sim_tau"), ("bench tau", "bench_tau"))
-              if any(r.get(key) is not None for r in done)]
-    svg = line_chart(series, title=f"tau against training data ({part.data.get('steps')} steps each)",
-                     xlabel="answer tokens in the training slice (log scale)", ylabel="tau", logx=True) \
-        if len(xs) >= 1 and series else None
+    svg = tau_chart(part.data, "answer tokens in the training slice (log scale)") if rows else None
     out.append(figure("scaling-tau", part, "Accept length against training tokens", svg))
-    acc = [Series("step-0 accuracy", xs, [r.get("acc0") for r in done], labels=labels)]
-    svg = line_chart(acc, title="step-0 accuracy against training data", xlabel="answer tokens (log scale)",
-                     ylabel="acc_0", logx=True) if any(v is not None for v in acc[0].ys) else None
+    svg = acc0_chart(part.data, "answer tokens (log scale)") if rows else None
     out.append(figure("scaling-acc0", part, "Step-0 accuracy against training tokens", svg))
     out.append("</div>")
     if rows:
-        out.append(table(["fraction", "status", "samples", "answer tokens", "steps", "best step", "walk tau",
-                          "sim tau", "acc_0", "bench tau", "speedup", "folder"],
+        out.append(table(["fraction", "status", "samples", "answer tokens", "steps", "passes", "best step",
+                          "walk tau", "sim tau", "acc_0", "bench tau", "speedup", "folder"],
                          [[r["fraction"], Raw(badge(r["status"])), r.get("samples"), r.get("tokens"), r.get("steps"),
-                           r.get("best_step"), r.get("walk_tau"), r.get("sim_tau"), r.get("acc0"), r.get("bench_tau"),
-                           r.get("speedup"), Raw(f"<code>{escape(r['folder'])}</code>")] for r in rows],
-                         set(range(2, 11))))
+                           r.get("passes"), r.get("best_step"), r.get("walk_tau"), r.get("sim_tau"), r.get("acc0"),
+                           r.get("bench_tau"), r.get("speedup"), Raw(f"<code>{escape(r['folder'])}</code>")] for r in rows],
+                         set(range(2, 12))))
     if part.data.get("verdict"):
         out.append(f"<p><b>{escape(part.data['verdict'])}</b></p>")
     return "\n".join(out)

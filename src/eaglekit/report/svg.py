@@ -150,6 +150,8 @@ def y_range(values: list[float], ylim: tuple[float | None, float | None]) -> tup
     if ylim[0] is None and ylim[1] is None:
         pad = (hi - lo) * 0.08 or abs(hi) * 0.05 or 0.5
         lo, hi = lo - pad, hi + pad
+    elif ylim[1] is None:          # a fixed floor (tau >= 1): head room above the top point for the legend
+        hi += (hi - lo) * 0.15 or 0.5
     return lo, hi
 
 
@@ -164,8 +166,10 @@ def line_chart(series: list[Series], *, title: str, xlabel: str, ylabel: str, lo
     ys = [p[1] for p in points] + [h.y for h in hlines]
     ylo, yhi = y_range(ys, ylim)
     yt = nice_ticks(ylo, yhi)
-    if ylim == (None, None):
-        ylo, yhi = min(ylo, yt[0]), max(yhi, yt[-1])
+    if ylim[0] is None:
+        ylo = min(ylo, yt[0])
+    if ylim[1] is None:
+        yhi = max(yhi, yt[-1])
     frame = Frame(min(xs), max(xs), ylo, yhi, logx=logx)
     if xticks is None:
         xticks = [(x, fmt_num(x)) for x in nice_ticks(min(xs), max(xs), 6) if min(xs) <= x <= max(xs)] \
