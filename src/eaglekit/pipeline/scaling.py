@@ -45,6 +45,7 @@ KEYS = ("fractions", "steps", "bench")
 # Train flags that set the length of a run: every slice gets the same number of steps instead.
 LENGTH_FLAGS = ("epochs", "max-steps", "time-budget-s")
 SUMMARY = "scaling.json"
+PASSES = "steps done over the slice's steps per epoch: how often training saw each sample"
 STYLE = (".title{font:600 13px sans-serif} .tick,.legend,.value{font:10px sans-serif;fill:#444} "
          ".label{font:11px sans-serif} .plot-area{fill:#fff;stroke:#aab2ba} .grid{stroke:#e6e9ec} .tickmark{stroke:#aab2ba}")
 
@@ -171,7 +172,8 @@ def slice_row(out: Path, fraction: float, steps: int, state: dict) -> dict:
     if manifest_path.is_file():
         m = read_json(manifest_path, "slice draft manifest")
         best, counts = m.get("best") or {}, m.get("counts") or {}
-        steps_done, per_epoch = (m.get("steps") or {}).get("done"), (m.get("steps") or {}).get("per_epoch")
+        trained = m.get("steps") or {}
+        steps_done, per_epoch = trained.get("done"), trained.get("per_epoch")
         row.update(samples=counts.get("train_samples"), tokens=counts.get("train_assistant_tokens"),
                    all_tokens=counts.get("train_tokens"), steps=steps_done,
                    passes=round(steps_done / per_epoch, 2) if steps_done is not None and per_epoch else None,
@@ -214,7 +216,7 @@ def write_summary(out: Path, plan: ScalingPlan, steps: int, state: dict) -> dict
     first = next((r for r in rows if r.get("date")), {})
     table = {"fractions": list(plan.fractions), "steps": steps, "rows": rows, "verdict": verdict(rows),
              "tokens": "answer (assistant) tokens of the slice's training samples",
-             "passes": "steps done over the slice's steps per epoch: how often training saw each sample",
+             "passes": PASSES,
              "command": " && ".join(r["command"] for r in rows if r["command"]) or None,
              "device": first.get("device"), "date": first.get("date"),
              "written": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -240,7 +242,7 @@ def markdown(table: dict) -> str:
                      f"{fmt(r.get('passes'))} | "
                      f"{fmt(r.get('best_step'))} | {fmt(r.get('walk_tau'))} | {fmt(r.get('sim_tau'))} | "
                      f"{fmt(r.get('acc0'))} | {fmt(r.get('bench_tau'))} | {fmt(r.get('speedup'))} |")
-    lines += ["", "passes: how many times training saw each sample of the slice (steps over its steps per epoch)."]
+    lines += ["", f"passes: {PASSES}."]
     if table.get("verdict"):
         lines += ["", table["verdict"]]
     return "\n".join(lines) + "\n"
@@ -257,7 +259,7 @@ def tau_chart(table: dict, xlabel: str = "answer tokens") -> str | None:
               if any(r.get(key) is not None for r in done)]
     if not series:
         return None
-    return line_chart(series, title=f"tau against data ({table['steps']} steps each)", xlabel=xlabel,
+    return line_chart(series, title=f"tau against data ({table.get('steps')} steps each)", xlabel=xlabel,
                       ylabel="tau", logx=True, ylim=(1, None))
 
 
@@ -274,7 +276,7 @@ def acc0_chart(table: dict, xlabel: str = "answer tokens") -> str | None:
 
 
 def _points(table: dict) -> tuple[list[dict], list[float], list[str]]:
-    done = [r for r in table["rows"] if r.get("tokens") is not None]
+    done = [r for r in table.get("rows", []) if r.get("tokens") is not None]
     return done, [r["tokens"] for r in done], [f"{r['fraction']:g} of the data" for r in done]
 
 

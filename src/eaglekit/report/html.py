@@ -209,9 +209,9 @@ def scaling_section(data: RunData) -> str:
         out.append(f'<p class="note">{escape(part.note)}</p>')
     rows = part.data.get("rows", [])
     out.append('<div class="figures">')
-    svg = tau_chart(part.data, "answer tokens in the training slice (log scale)") if rows else None
+    svg = tau_chart(part.data, "answer tokens in the training slice (log scale)")
     out.append(figure("scaling-tau", part, "Accept length against training tokens", svg))
-    svg = acc0_chart(part.data, "answer tokens (log scale)") if rows else None
+    svg = acc0_chart(part.data, "answer tokens (log scale)")
     out.append(figure("scaling-acc0", part, "Step-0 accuracy against training tokens", svg))
     out.append("</div>")
     if rows:
