@@ -9,7 +9,8 @@ from eaglekit.cli import main
 from eaglekit.errors import EaglekitError
 from eaglekit.features.conversations import is_validation
 from eaglekit.pipeline.recipe import load_recipe
-from eaglekit.pipeline.scaling import ScalingPlan, acc0_chart, main_is_full_slice, reuses_main, scaling_plan, slice_row, tau_chart, verdict
+from eaglekit.pipeline.scaling import ScalingPlan, main_is_full_slice, reuses_main, scaling_plan, slice_row, verdict
+from eaglekit.report.scaling import acc0_chart, tau_chart
 from eaglekit.train.config import TrainConfig
 from eaglekit.train.setup import in_train_share, train_share
 

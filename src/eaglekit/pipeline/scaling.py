@@ -40,14 +40,13 @@ from pathlib import Path
 from eaglekit.artifacts import atomic_path, read_json, write_json
 from eaglekit.errors import EaglekitError
 from eaglekit.pipeline.recipe import to_flags
+from eaglekit.report.scaling import scaling_svg
 
 KEYS = ("fractions", "steps", "bench")
 # Train flags that set the length of a run: every slice gets the same number of steps instead.
 LENGTH_FLAGS = ("epochs", "max-steps", "time-budget-s")
 SUMMARY = "scaling.json"
 PASSES = "steps done over the slice's steps per epoch: how often training saw each sample"
-STYLE = (".title{font:600 13px sans-serif} .tick,.legend,.value{font:10px sans-serif;fill:#444} "
-         ".label{font:11px sans-serif} .plot-area{fill:#fff;stroke:#aab2ba} .grid{stroke:#e6e9ec} .tickmark{stroke:#aab2ba}")
 
 
 class StepsNotKnownYet(EaglekitError):
@@ -225,7 +224,7 @@ def write_summary(out: Path, plan: ScalingPlan, steps: int, state: dict) -> dict
     write_json(folder / SUMMARY, table)
     with atomic_path(folder / "scaling.md") as tmp:
         tmp.write_text(markdown(table))
-    svg = plot(table)
+    svg = scaling_svg(table)
     if svg is not None:
         with atomic_path(folder / "scaling.svg") as tmp:
             tmp.write_text(svg)
@@ -246,50 +245,6 @@ def markdown(table: dict) -> str:
     if table.get("verdict"):
         lines += ["", table["verdict"]]
     return "\n".join(lines) + "\n"
-
-
-def tau_chart(table: dict, xlabel: str = "answer tokens") -> str | None:
-    """Walk, simulated and bench tau against the slices' answer tokens (tau >= 1, so the axis starts
-    there: a spread of noise is not drawn as a slope)."""
-    from eaglekit.report.svg import Series, line_chart
-
-    done, xs, labels = _points(table)
-    series = [Series(name, xs, [r.get(key) for r in done], labels=labels) for name, key in
-              (("walk tau", "walk_tau"), ("simulated tau", "sim_tau"), ("bench tau", "bench_tau"))
-              if any(r.get(key) is not None for r in done)]
-    if not series:
-        return None
-    return line_chart(series, title=f"tau against data ({table.get('steps')} steps each)", xlabel=xlabel,
-                      ylabel="tau", logx=True, ylim=(1, None))
-
-
-def acc0_chart(table: dict, xlabel: str = "answer tokens") -> str | None:
-    """Step-0 accuracy against the slices' answer tokens, on the whole 0..1 axis."""
-    from eaglekit.report.svg import Series, line_chart
-
-    done, xs, labels = _points(table)
-    ys = [r.get("acc0") for r in done]
-    if all(v is None for v in ys):
-        return None
-    return line_chart([Series("step-0 accuracy", xs, ys, labels=labels)], title="step-0 accuracy",
-                      xlabel=xlabel, ylabel="acc_0", logx=True, ylim=(0, 1))
-
-
-def _points(table: dict) -> tuple[list[dict], list[float], list[str]]:
-    done = [r for r in table.get("rows", []) if r.get("tokens") is not None]
-    return done, [r["tokens"] for r in done], [f"{r['fraction']:g} of the data" for r in done]
-
-
-def plot(table: dict) -> str | None:
-    """`tau_chart` and `acc0_chart` side by side in one SVG."""
-    from eaglekit.report.svg import H, W
-
-    left, right = tau_chart(table), acc0_chart(table)
-    if left is None or right is None:
-        return None
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * W}" height="{H}" viewBox="0 0 {2 * W} {H}">'
-            f'<style>{STYLE}</style><rect width="{2 * W}" height="{H}" fill="#ffffff"/>'
-            f'<g>{left}</g><g transform="translate({W} 0)">{right}</g></svg>\n')
 
 
 def scaling_summary(out: Path) -> str | None:

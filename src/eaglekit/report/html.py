@@ -14,8 +14,8 @@ from pathlib import Path
 
 from eaglekit import __version__
 from eaglekit.artifacts import atomic_path
-from eaglekit.pipeline.scaling import acc0_chart, tau_chart
 from eaglekit.report.collect import Part, RunData, Source, collect
+from eaglekit.report.scaling import acc0_chart, tau_chart
 from eaglekit.report.svg import PALETTE, HLine, Series, bar_chart, fmt_num, line_chart
 
 FIGURES = ("loss", "accuracy", "tau", "scaling-tau", "scaling-acc0", "acceptance", "tau-by-category", "speed")
