@@ -32,6 +32,27 @@ def test_capture_matches_output_hidden_states(arch):
     torch.testing.assert_close(got.last_hidden, ref.hidden_states[-1])
 
 
+@pytest.mark.parametrize("arch", sorted(set(ARCHITECTURES) | set(MOE_ARCHITECTURES)))
+def test_right_padding_is_dropped_and_real_tokens_keep_their_states(arch):
+    """Rows padded on the right run without the mask (the causal kernel); their real tokens get what
+    HF gives with the mask."""
+    from eaglekit.targets.capture import causal_mask_suffices
+
+    model = tiny_model(arch, seed=1)
+    ids = torch.randint(3, 300, (3, 11), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    mask[2, 4:] = 0
+    assert causal_mask_suffices(mask) and not causal_mask_suffices(mask.flip(1))
+    got = capture_aux_states(model, ids, AUX, attention_mask=mask)
+    ref = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    real = mask.bool()
+    H = model.config.hidden_size
+    for slot, layer in enumerate(AUX):
+        torch.testing.assert_close(got.aux_hidden[..., slot * H:(slot + 1) * H][real], ref.hidden_states[layer + 1][real])
+    torch.testing.assert_close(got.logits[real], ref.logits[real])
+
+
 def test_capture_without_logits_gives_same_states():
     model = tiny_model("qwen3", seed=2)
     ids = torch.randint(3, 300, (1, 7))

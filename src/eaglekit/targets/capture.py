@@ -92,6 +92,14 @@ def concat_aux(states: dict[int, torch.Tensor], aux_layer_ids: list[int], hidden
 
 
 @torch.no_grad()
+def causal_mask_suffices(attention_mask: torch.Tensor) -> bool:
+    """True when every row's padding is on its right ([B, T] 1 then 0): causal attention already keeps
+    it from every real token. Without the mask SDPA runs its causal flash kernel instead of the masked
+    memory-efficient one, which computed every block of [T, T] (the target's 30 layers: ~15 ms of a
+    172 ms online training step on an H200, 2026-12-02 profile). One host sync."""
+    return bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all())
+
+
 def capture_aux_states(model: nn.Module, input_ids: torch.Tensor, aux_layer_ids: list[int], *,
                        attention_mask: torch.Tensor | None = None, return_logits: bool = True) -> AuxCapture:
     """Run the target once and return its aux states, final hidden state and (optionally) logits.
@@ -100,9 +108,13 @@ def capture_aux_states(model: nn.Module, input_ids: torch.Tensor, aux_layer_ids:
         model: any `AutoModelForCausalLM`.
         input_ids: [B, T] token ids.
         aux_layer_ids: ids in eaglekit's convention (output of 0-based layer i).
-        attention_mask: [B, T] 1 for real tokens, 0 for padding.
+        attention_mask: [B, T] 1 for real tokens, 0 for padding. Padding only on the right is
+            dropped (`causal_mask_suffices`): the padding positions' own outputs then differ, the
+            real tokens' do not.
         return_logits: False skips the LM head (saves [B, T, V] memory during feature capture).
     """
+    if attention_mask is not None and causal_mask_suffices(attention_mask):
+        attention_mask = None
     hidden_size = text_config(model.config).hidden_size
     decoder = model.get_decoder()
     final: dict[str, torch.Tensor] = {}
