@@ -62,7 +62,8 @@ def teachers(B, L, V, seed=0):
 @pytest.mark.parametrize("chunk_elements", [7, 2 ** 27])   # many small position chunks, one chunk
 def test_fused_soft_ce_equals_log_softmax_formula(kind, chunk_elements):
     B, L, V = 2, 9, 31
-    teacher = teachers(B, L + 2, V)[kind].shifted(1, 1 + L)            # strided views, as ttt_loss slices them
+    full = teachers(B, L + 2, V)[kind]                                 # strided views of its positions 1..L
+    teacher = Teacher(full.argmax[:, 1:1 + L], full.probs[:, 1:1 + L], None if full.index is None else full.index[:, 1:1 + L])
     logits_full = (torch.randn(B, L + 3, V, generator=torch.Generator().manual_seed(1)) * 3).requires_grad_()
     logits = logits_full[:, :L]
     weight = torch.rand(B, L, generator=torch.Generator().manual_seed(2))
@@ -165,8 +166,8 @@ def test_bench_train_step_smoke_runs_every_eager_variant(tmp_path):
     spec = importlib.util.spec_from_file_location("bench_train_step", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    results = module.main(["--smoke", "--variants", "old,merged,new", "--out", str(tmp_path)])
-    assert [r["variant"] for r in results] == ["old", "merged", "new"]
+    results = module.main(["--smoke", "--variants", "old,merged-all,merged,new", "--out", str(tmp_path)])
+    assert [r["variant"] for r in results] == ["old", "merged-all", "merged", "new"]
     assert all(r["ms_per_step"] > 0 and r["loss_matches_first"] for r in results)
     assert (tmp_path / "bench_train_step.json").is_file()
 
@@ -187,3 +188,18 @@ def test_bench_train_step_smoke_mixed_shapes_and_online_target(tmp_path):
     target = save_tiny_target(tmp_path / "target")
     results = module.main(["--smoke", "--mix", "3", "--variants", "old,merged", "--target", str(target)])
     assert all(r["target_ms"] > 0 and r["draft_ms"] > 0 and r["loss_matches_first"] for r in results)
+
+
+def test_merged_attention_runs_its_kernels_in_the_autocast_dtype():
+    """Under autocast the rotated q/k arrive in fp32 (RoPE's cos/sin are); the prefix kernel must get
+    autocast's dtype as SDPA would (flash, not fp32's memory-efficient kernel on a GPU)."""
+    g = torch.Generator().manual_seed(0)
+    B, nh, nkv, L, hd = 2, 4, 2, 13, 16
+    q, k0, v0 = (torch.randn(B, h, L, hd, generator=g) for h in (nh, nkv, nkv))
+    dk = [torch.randn(B, nkv, L, hd, generator=g) for _ in range(2)]
+    dv = [torch.randn(B, nkv, L, hd, generator=g) for _ in range(2)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = merged_ttt_attention(q, k0, v0, dk, dv)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), dense_ttt_attention(q, k0, v0, dk, dv), atol=3e-2, rtol=3e-2)
+    assert merged_ttt_attention(q, k0, v0, dk, dv).dtype == torch.float32     # no autocast: the inputs' dtype
