@@ -234,3 +234,92 @@ def test_serving_walk_replays_greedy_chains():
     assert serving_walk(mask, run) == (9, 5)
     # Served with a chain of 1 draft: t=0 (2), t=2 (1), t=3 (2), t=5 (1); t=8 (1), t=9 (2)
     assert serving_walk(mask, run, max_drafts=1) == (9, 6)
+
+
+def spans_batch(draft, seed=3):
+    """Rows of different lengths (right padding), two answer spans in a row, a user turn between, and a
+    teacher that agrees with the draft often enough for chains of several steps."""
+    from eaglekit.train.ttt import every_position
+
+    g = torch.Generator().manual_seed(seed)
+    B, T, V = 3, 16, draft.config.vocab_size
+    lengths = torch.tensor([16, 11, 7])
+    ids = torch.randint(3, 300, (B, T), generator=g) * (torch.arange(T) < lengths[:, None])
+    mask = torch.zeros(B, T, dtype=torch.bool)
+    mask[0, 3:8] = mask[0, 10:16] = True
+    mask[1, 2:11] = True
+    mask[2, 4:7] = True
+    aux = torch.randn(B, T, draft.config.fused_width, generator=g)
+    with torch.no_grad():
+        guesses = [x.argmax(-1) for x in ttt_unroll(draft, aux, ids, 2)]          # [B, L] draft ids
+    logits = torch.randn(B, T, V, generator=g)
+    rows, pos = every_position(B, T - 1, "cpu")
+    for b, t in zip(rows.tolist(), pos.tolist()):
+        for j in range(2 if t % 2 else 0):    # odd t: step 0 (raw t+1) and step 1 (raw t+2) are right
+            if t + 1 + j < T:
+                guess = int(guesses[j][b, t])
+                logits[b, t + 1 + j, guess + int(draft.d2t[guess])] += 30.0
+    teacher = dense_teacher(logits, draft.t2d.nonzero().squeeze(1))
+    return Batch(ids, mask, aux, teacher, lengths)
+
+
+def naive_step_stats(logits, batch, d2t, steps):
+    """valid, correct, chain, chain_prev per step by the definitions, one position at a time."""
+    counted = counted_positions(batch.loss_mask)
+    B, L = logits[0].shape[:2]
+    out = torch.zeros(steps, 4, dtype=torch.float64)
+    for b in range(B):
+        for t in range(L):
+            alive = True
+            for j in range(steps):
+                s = t + 1 + j
+                if s >= L + 1 or not counted[b, s]:
+                    alive = False
+                    continue
+                guess = int(logits[j][b, t].argmax())
+                correct = guess + int(d2t[guess]) == int(batch.teacher.argmax[b, s])
+                out[j] += torch.tensor([1, correct, alive and correct, alive], dtype=torch.float64)
+                alive = alive and correct
+    return out
+
+
+@pytest.mark.parametrize("teacher_kind", ["dense", "sparse"])
+def test_the_head_at_counted_positions_gives_the_whole_grids_loss_metrics_and_gradients(teacher_kind):
+    from eaglekit.train.loop import TTTModel, unrolled_loss
+    from eaglekit.train.ttt import step_masks, ttt_positions
+
+    draft = make_draft()
+    steps = 3
+    batch = spans_batch(draft)
+    if teacher_kind == "sparse":
+        k = 5
+        full = torch.full((*batch.input_ids.shape, draft.config.vocab_size), -1e4)
+        full[..., draft.t2d] = batch.teacher.probs.log()
+        tids, tlogp = topk_from_logits(full.view(-1, full.shape[-1]), k)
+        vocab = DraftVocab(draft_ids=draft.t2d.nonzero().squeeze(1), vocab_size=draft.config.vocab_size)
+        batch.teacher = sparse_teacher(tids.view(*full.shape[:2], k), tlogp.view(*full.shape[:2], k),
+                                       vocab.target_to_draft)
+    rows, pos = ttt_positions(batch.loss_mask, steps)
+    held = set(zip(rows.tolist(), pos.tolist()))
+    for m in step_masks(batch.loss_mask, steps):
+        assert {(b, t) for b, t in m.nonzero().tolist()} <= held            # every counted position is there
+    assert len(held) < batch.input_ids.shape[0] * (batch.input_ids.shape[1] - 1)   # and not the whole grid
+    model = TTTModel(draft, steps, "merged")
+    params = [p for p in draft.parameters() if p.requires_grad]
+    den = step_counts(batch.loss_mask, steps)
+    kw = dict(d2t=draft.d2t, t2d=draft.t2d, weights=[1.0, 0.8, 0.64])
+    counted = unrolled_loss(model, batch, den, **kw)
+    grid = unrolled_loss(model, batch, den, **kw, every_position=True)
+    torch.testing.assert_close(counted.loss, grid.loss, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(counted.stats, grid.stats, atol=1e-4, rtol=1e-5)
+    for a, b in zip(torch.autograd.grad(counted.loss, params), torch.autograd.grad(grid.loss, params)):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+    with torch.no_grad():
+        logits = ttt_unroll(draft, batch.aux, batch.input_ids, steps, "merged")
+    naive = naive_step_stats(logits, batch, draft.d2t, steps)
+    assert naive[1, 2] > 0                                                   # chains of two drafts happen
+    assert torch.equal(counted.stats[:, :4], naive)
+    walked = ttt_loss([x[rows, pos] for x in logits], batch, draft.d2t, draft.t2d, weights=kw["weights"],
+                      denominators=den, walk=True, positions=(rows, pos))
+    reference = ttt_loss(logits, batch, draft.d2t, draft.t2d, weights=kw["weights"], denominators=den, walk=True)
+    assert torch.equal(walked.stats[:, 7:], reference.stats[:, 7:]) and walked.stats[:, 7].min() > 0

@@ -5,10 +5,12 @@ download) on synthetic batches of the online recipe's shape: `--batch-tokens` / 
 `--length` tokens, a dense teacher over `--draft-vocab-size` ids, bf16 autocast on GPU. The target
 forward of online training is not part of it (it is the same in every variant).
 
-Variants (comma-separated `--variants`):
-  old            dense [L, L] TTT attention + the plain log-softmax soft CE, eager (the step before)
+Variants (comma-separated `--variants`); all but `old` and `merged-all` run the head and the loss
+at the positions some TTT step counts only (`ttt_positions`):
+  old            dense [L, L] TTT attention + the plain log-softmax soft CE, head on every position, eager
+  merged-all     merged attention + plain CE, head on every position (the default before 2026-12-03)
   merged         merged attention (causal flash kernel + own chain by log-sum-exp) + plain CE, eager
-                 (the default of `eaglekit train`: the fastest on an H200, docs/results/2026-12-01-h200-night)
+                 (the default of `eaglekit train`)
   new            merged attention + the fused soft CE, eager (`train --soft-ce fused`)
   new-compile    `eaglekit train --compile`: merged attention, the unroll + loss under torch.compile
   dense-compile  dense attention under torch.compile
@@ -55,12 +57,13 @@ from eaglekit.train.loop import TTTModel, compiled_unrolled_loss, unrolled_loss 
 from eaglekit.train.optim import make_optimizer  # noqa: E402
 from eaglekit.train.ttt import step_counts  # noqa: E402
 
-VARIANTS = {  # name: (attention, compiled, fused soft CE)
-    "old": ("dense", False, False),
-    "merged": ("merged", False, False),
-    "new": ("merged", False, True),
-    "new-compile": ("merged", True, None),
-    "dense-compile": ("dense", True, None),
+VARIANTS = {  # name: (attention, compiled, fused soft CE, head on every position)
+    "old": ("dense", False, False, True),
+    "merged-all": ("merged", False, False, True),
+    "merged": ("merged", False, False, False),
+    "new": ("merged", False, True, False),
+    "new-compile": ("merged", True, None, False),
+    "dense-compile": ("dense", True, None, False),
 }
 SMOLLM2 = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rope_theta=100000.0,
@@ -156,14 +159,15 @@ def step_batches(args, draft: Eagle3Draft, target, device: torch.device):
 
 
 def bench_variant(name: str, args, shape, device: torch.device, autocast: bool, target=None) -> dict:
-    attention, compiled, fused = VARIANTS[name]
+    attention, compiled, fused, every_position = VARIANTS[name]
     draft = make_draft(shape, args.draft_vocab_size, device)
     model = TTTModel(draft, args.ttt_steps, attention)
     params = [(n, p) for n, p in draft.named_parameters() if p.requires_grad]
     optimizer = make_optimizer(params, lr=TrainConfig.lr, weight_decay=TrainConfig.weight_decay, betas=TrainConfig.betas)
     batches, online = step_batches(args, draft, target, device)
     step_loss = compiled_unrolled_loss() if compiled else unrolled_loss
-    kw = dict(d2t=draft.d2t, t2d=draft.t2d, weights=[TrainConfig.step_decay ** j for j in range(args.ttt_steps)])
+    kw = dict(d2t=draft.d2t, t2d=draft.t2d, weights=[TrainConfig.step_decay ** j for j in range(args.ttt_steps)],
+              every_position=every_position)
     if not compiled:
         kw["fused_ce"] = fused
     target_ms, tokens = [], []
@@ -204,7 +208,8 @@ def bench_variant(name: str, args, shape, device: torch.device, autocast: bool, 
         sync(device)
         times.append((time.perf_counter() - t0) * 1000)
     step_ms = [t - o for t, o in zip(times, target_ms)] if target_ms else times
-    result = {"variant": name, "attention": attention, "compile": compiled, "first_loss": round(first_loss, 6),
+    result = {"variant": name, "attention": attention, "compile": compiled, "every_position": every_position,
+              "first_loss": round(first_loss, 6),
               "ms_per_step": round(statistics.median(times), 2), "ms_min": round(min(times), 2),
               "first_step_s": round(warmup_s, 2), "shapes": len(batches),
               "tokens_per_s": round(sum(tokens) / (sum(times) / 1000), 1)}

@@ -38,10 +38,10 @@ class Teacher:
         return Teacher(self.argmax.to(device, non_blocking=True), self.probs.to(device, non_blocking=True),
                        None if self.index is None else self.index.to(device, non_blocking=True))
 
-    def shifted(self, start: int, stop: int) -> "Teacher":
-        """Positions [start, stop) (the TTT step-j slice)."""
-        return Teacher(self.argmax[:, start:stop], self.probs[:, start:stop],
-                       None if self.index is None else self.index[:, start:stop])
+    def at(self, rows: torch.Tensor, positions: torch.Tensor) -> "Teacher":
+        """The distributions at (rows[i], positions[i]), as one row [1, N, ...] (contiguous copies)."""
+        return Teacher(self.argmax[rows, positions][None], self.probs[rows, positions][None],
+                       None if self.index is None else self.index[rows, positions][None])
 
     def cross_entropy(self, log_q: torch.Tensor) -> torch.Tensor:
         """Soft cross-entropy -sum_v p(v) log q(v) per position.

@@ -32,7 +32,7 @@ from eaglekit.train.profiling import StepProfiler
 from eaglekit.train.setup import Run, prepare
 from eaglekit.train.state import latest_state, load_state, restore_rng, save_state
 from eaglekit.train.tracker import Tracker
-from eaglekit.train.ttt import STATS, StepOutput, metrics_from_stats, step_counts, ttt_loss, ttt_unroll
+from eaglekit.train.ttt import STATS, StepOutput, metrics_from_stats, step_counts, ttt_loss, ttt_positions, ttt_unroll
 
 log = logging.getLogger(__name__)
 
@@ -46,15 +46,21 @@ class TTTModel(nn.Module):
         self.ttt_steps = ttt_steps
         self.attention = attention
 
-    def forward(self, aux: torch.Tensor, input_ids: torch.Tensor) -> list[torch.Tensor]:
-        return ttt_unroll(self.draft, aux, input_ids, self.ttt_steps, self.attention)
+    def forward(self, aux: torch.Tensor, input_ids: torch.Tensor, positions=None) -> list[torch.Tensor]:
+        return ttt_unroll(self.draft, aux, input_ids, self.ttt_steps, self.attention, positions)
 
 
 def unrolled_loss(model: nn.Module, batch, denominators: torch.Tensor, *, d2t: torch.Tensor, t2d: torch.Tensor,
-                  weights: list[float], fused_ce: bool = True) -> StepOutput:
-    """The draft's part of a training step: the unroll (through `model`, so DDP sees a forward) and its loss."""
-    logits = model(batch.aux, batch.input_ids)
-    return ttt_loss(logits, batch, d2t, t2d, weights=weights, denominators=denominators, fused_ce=fused_ce)
+                  weights: list[float], fused_ce: bool = True, every_position: bool = False) -> StepOutput:
+    """The draft's part of a training step: the unroll (through `model`, so DDP sees a forward) and its loss.
+
+    The head and the loss run at the positions some step counts (`ttt_positions`); every_position=True
+    runs them on the whole [B, L] grid (the same loss and metrics, the reference the bench compares with).
+    """
+    positions = None if every_position else ttt_positions(batch.loss_mask, len(weights))
+    logits = model(batch.aux, batch.input_ids, positions)
+    return ttt_loss(logits, batch, d2t, t2d, weights=weights, denominators=denominators, fused_ce=fused_ce,
+                    positions=positions)
 
 
 def check_compile_supported(device: torch.device, world_size: int) -> None:
@@ -253,10 +259,11 @@ class Trainer:
         for indices in batches[self.dist.rank::self.dist.world_size]:
             batch = val.batch(indices, self.device)
             with self.amp():
+                positions = ttt_positions(batch.loss_mask, self.cfg.ttt_steps)
                 logits = ttt_unroll(self.draft, batch.aux, batch.input_ids, self.cfg.ttt_steps,
-                                    self.cfg.ttt_attention)
+                                    self.cfg.ttt_attention, positions)
                 stats += ttt_loss(logits, batch, self.draft.d2t, self.draft.t2d, weights=self.weights,
-                                  denominators=ones, walk=True).stats
+                                  denominators=ones, walk=True, positions=positions).stats
         self.model.train()
         return metrics_from_stats(self.dist.all_reduce(stats))
 

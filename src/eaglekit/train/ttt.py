@@ -83,7 +83,7 @@ def ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, diag_k: l
 
 
 def ttt_unroll(draft, aux: torch.Tensor, input_ids: torch.Tensor, ttt_steps: int,
-               attention: str = "dense") -> list[torch.Tensor]:
+               attention: str = "dense", positions: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[torch.Tensor]:
     """Run the draft for `ttt_steps` steps; returns the logits of each step.
 
     Args:
@@ -92,22 +92,23 @@ def ttt_unroll(draft, aux: torch.Tensor, input_ids: torch.Tensor, ttt_steps: int
         input_ids: [B, T] raw token ids.
         ttt_steps: unroll length.
         attention: "merged" (flash prefix + own chain, no [L, L] scores; the default) or "dense" (the reference).
+        positions: (rows, positions) [N] from `ttt_positions`: the head runs there only.
 
     Returns:
-        ttt_steps tensors [B, L, Vd] (L = T-1): step j, position t predicts p_{t+1+j}; positions
-        t >= L-j read padding and are never counted.
+        ttt_steps tensors [B, L, Vd] (L = T-1), or [N, Vd] at `positions`: step j, position t
+        predicts p_{t+1+j}; positions t >= L-j read padding and are never counted.
     """
     hidden = draft.fuse(aux[:, :-1])                                          # [B, L, H]: g_t
     tokens = input_ids[:, 1:]                                                 # [B, L]: x_{t+1}
     B, L = tokens.shape
-    positions = torch.arange(L, device=tokens.device).expand(B, L)
+    rope_positions = torch.arange(L, device=tokens.device).expand(B, L)
     k0 = v0 = None
     diag_k: list[torch.Tensor] = []
     diag_v: list[torch.Tensor] = []
     logits = []
     for j in range(ttt_steps):
         step_tokens = F.pad(tokens[:, j:], (0, j)) if j else tokens            # x_{t+1+j}, 0 past the end
-        q, k, v, residual = draft.attention_pieces(step_tokens, hidden, positions + j)
+        q, k, v, residual = draft.attention_pieces(step_tokens, hidden, rope_positions + j)
         if j == 0:
             k0, v0 = k, v
         else:
@@ -115,7 +116,7 @@ def ttt_unroll(draft, aux: torch.Tensor, input_ids: torch.Tensor, ttt_steps: int
             diag_v.append(v)
         attended = ttt_attention(q, k0, v0, diag_k, diag_v, attention)       # [B, nh, L, hd]
         hidden = draft.finish(attended, residual)                             # [B, L, H], pre-norm
-        logits.append(draft.logits(hidden))
+        logits.append(draft.logits(hidden if positions is None else hidden[positions]))   # [B, L, Vd] | [N, Vd]
     return logits
 
 
@@ -123,6 +124,28 @@ def counted_positions(loss_mask: torch.Tensor) -> torch.Tensor:
     """[B, T] raw mask -> [B, T] mask of raw positions s whose prediction counts (x_s and x_{s+1} assistant)."""
     nxt = F.pad(loss_mask[:, 1:], (0, 1), value=False)
     return loss_mask & nxt
+
+
+def ttt_positions(loss_mask: torch.Tensor, ttt_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, positions) [N]: the draft positions t that some step j < ttt_steps counts (counted[t+1+j]).
+
+    The head and the loss need only these: the prompt, the padding and what follows the last answer
+    are a third or more of a packed batch, and the [N, Vd] logits are contiguous (a slice along the
+    positions of [B, L, Vd] is not, and its elementwise kernels run strided). One host sync.
+    """
+    counted = counted_positions(loss_mask)                                   # [B, T]
+    L = counted.shape[1] - 1
+    ahead = F.pad(counted, (0, ttt_steps), value=False)                      # [B, T + ttt_steps]
+    wanted = torch.zeros_like(counted[:, :L])
+    for j in range(ttt_steps):
+        wanted |= ahead[:, 1 + j:1 + j + L]
+    return wanted.nonzero(as_tuple=True)
+
+
+def every_position(B: int, L: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, positions) [B*L] of the whole [B, L] grid, in `reshape` order."""
+    rows = torch.arange(B, device=device).repeat_interleave(L)
+    return rows, torch.arange(L, device=device).repeat(B)
 
 
 def step_masks(loss_mask: torch.Tensor, ttt_steps: int) -> list[torch.Tensor]:
@@ -188,11 +211,11 @@ def walk_rows(rows: list[tuple[list[bool], list[int]]], max_drafts: int | None) 
 
 def ttt_loss(logits: list[torch.Tensor], batch: Batch, d2t: torch.Tensor, t2d: torch.Tensor, *,
              weights: list[float], denominators: torch.Tensor, walk: bool = False,
-             fused_ce: bool = True) -> StepOutput:
+             fused_ce: bool = True, positions: tuple[torch.Tensor, torch.Tensor] | None = None) -> StepOutput:
     """Loss and metric sums of one unrolled batch.
 
     Args:
-        logits: `ttt_unroll` output.
+        logits: `ttt_unroll` output: [B, L, Vd] a step, or [N, Vd] at `positions`.
         batch: the raw batch.
         d2t: [Vd] offsets, t2d: [V] bool (the draft's vocab buffers).
         weights: per-step loss weights (decay**j).
@@ -201,35 +224,47 @@ def ttt_loss(logits: list[torch.Tensor], batch: Batch, d2t: torch.Tensor, t2d: t
         walk: also replay greedy chain decoding (`serving_walk`; validation only, it syncs to the CPU).
         fused_ce: the soft CE as `SoftCrossEntropy` (keeps no fp32 log-probs for the backward);
             False: the plain formula (under torch.compile, which fuses it itself).
+        positions: (rows, positions) [N] of the logits (`ttt_positions`, which must hold every
+            counted one); None: the whole grid.
     """
-    masks = step_masks(batch.loss_mask, len(logits))
-    stats = torch.zeros(len(logits), len(STATS), dtype=torch.float64, device=batch.input_ids.device)
+    if positions is None:
+        B, L = logits[0].shape[:2]
+        positions = every_position(B, L, logits[0].device)
+        logits = [x.reshape(B * L, -1) for x in logits]
+    rows, pos = positions                                                     # [N] each
+    counted = counted_positions(batch.loss_mask)                              # [B, T]
+    T = counted.shape[1]
+    device = batch.input_ids.device
+    stats = torch.zeros(len(logits), len(STATS), dtype=torch.float64, device=device)
     loss = batch.aux.new_zeros((), dtype=torch.float32)
     chain = None
-    run = torch.zeros(masks[0].shape, dtype=torch.long, device=batch.input_ids.device)   # [B, L]
-    for j, step_logits in enumerate(logits):
-        L = step_logits.shape[1] - j
-        mask = masks[j]                                                        # [B, L-j]
-        teacher = batch.teacher.shifted(1 + j, 1 + j + L)
-        in_vocab = t2d[teacher.argmax]
-        step_logits = step_logits[:, :L]                                       # [B, L-j, Vd], a view
-        ce = soft_cross_entropy(step_logits, teacher, fused=fused_ce)          # [B, L-j] fp32
+    run = torch.zeros(rows.shape, dtype=torch.long, device=device)            # [N]
+    for j, step_logits in enumerate(logits):                                   # [N, Vd]
+        raw = pos + 1 + j                                                      # the raw position whose p step j predicts
+        inside = raw < T
+        raw = raw.clamp(max=T - 1)
+        mask = counted[rows, raw] & inside                                     # [N]
+        teacher = batch.teacher.at(rows, raw)                                  # [1, N, ...]
+        in_vocab = t2d[teacher.argmax[0]]
+        ce = soft_cross_entropy(step_logits.unsqueeze(0), teacher, fused=fused_ce)[0]   # [N] fp32
         trained = mask & in_vocab
         ce_sum = (ce * trained).sum()
         loss = loss + weights[j] * ce_sum / denominators[j].clamp(min=1).float()
         with torch.no_grad():
             guess = step_logits.argmax(-1)                                     # = argmax of log q
-            correct = (guess + d2t[guess]) == teacher.argmax                   # compared in target ids
-            prev = mask if chain is None else chain[:, :L] & mask
+            correct = (guess + d2t[guess]) == teacher.argmax[0]                # compared in target ids
+            prev = mask if chain is None else chain & mask
             chain = prev & correct
-            run[:, :L] += chain
+            run += chain
             # Is the data the target's own greedy output? (next raw token == target argmax)
-            following = F.pad(batch.input_ids[:, 2 + j:], (0, 1), value=-1)
-            agree = (following == teacher.argmax) & mask
+            following = torch.where(raw + 1 < T, batch.input_ids[rows, (raw + 1).clamp(max=T - 1)], -1)
+            agree = (following == teacher.argmax[0]) & mask
             stats[j, :7] = torch.stack([mask.sum(), (correct & mask).sum(), chain.sum(), prev.sum(),
                                         ce_sum.detach(), trained.sum(), agree.sum()]).double()
     if walk:                                     # row j: a served chain of j + 1 drafts
-        walks = serving_walks(masks[0], run, list(range(1, len(logits) + 1)))
+        grid = torch.zeros(counted.shape[0], T - 1, dtype=torch.long, device=device)
+        grid[rows, pos] = run
+        walks = serving_walks(counted[:, 1:], grid, list(range(1, len(logits) + 1)))
         for j, (tokens, cycles) in enumerate(walks):
             stats[j, 7], stats[j, 8] = tokens, cycles
     return StepOutput(loss=loss, stats=stats)
