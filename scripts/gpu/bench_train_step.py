@@ -20,8 +20,8 @@ checks that its loss matches the first variant's on the same batch.
 `--mix N` replaces the one fixed shape by N batches of seeded, varied sample lengths (median ~300,
 mean ~450, at most --length, like the recipe's conversations) grouped as `eaglekit train` groups them
 (rows x longest <= --batch-tokens), taken in turn: a new [rows, T] shape every step, as in a real
-run; the warm-up visits every shape once. Without --target the synthetic rows are full length (the
-shapes are real, the padding is not). `--target DIR` (with --mix) also runs the online part, the
+run; the warm-up visits every shape once. Rows are right-padded to their batch's longest, and the
+last `--answer-share` of each sample's tokens are the assistant's (the ones the loss counts). `--target DIR` (with --mix) also runs the online part, the
 target's forward and dense teacher on those rows through the product's OnlineSource, timed apart
 (`target_ms`). tokens_per_s is the timed steps' tokens (padded) over their total time.
 
@@ -89,19 +89,29 @@ def make_draft(shape, draft_vocab_size: int, device: torch.device) -> Eagle3Draf
     return draft.to(device).train()
 
 
-def make_batch(draft: Eagle3Draft, rows: int, length: int, device: torch.device) -> Batch:
-    """Synthetic rows: random tokens and aux states, a peaked dense teacher, assistant tokens after the first 10%."""
+def answer_mask(length: int, answer_share: float) -> torch.Tensor:
+    """[length] bool: a sample's prompt, then its answer (the last `answer_share` of its tokens)."""
+    mask = torch.zeros(length, dtype=torch.bool)
+    mask[min(length - 1, round(length * (1 - answer_share))):] = True
+    return mask
+
+
+def make_batch(draft: Eagle3Draft, lengths: list[int], answer_share: float, device: torch.device) -> Batch:
+    """Synthetic rows of these lengths, right-padded to the longest: random tokens and aux states, a
+    peaked dense teacher, each row's last `answer_share` of tokens written by the assistant."""
     cfg = draft.config
     g = torch.Generator().manual_seed(1)
+    rows, length = len(lengths), max(lengths)
     ids = torch.randint(3, cfg.vocab_size, (rows, length), generator=g)
-    mask = torch.ones(rows, length, dtype=torch.bool)
-    mask[:, : length // 10] = False
+    mask = torch.zeros(rows, length, dtype=torch.bool)
+    for r, n in enumerate(lengths):
+        mask[r, :n] = answer_mask(n, answer_share)
     aux = torch.randn(rows, length, cfg.fused_width, generator=g)
     draft_ids = draft.t2d.nonzero().squeeze(1).cpu()
     probs = (torch.randn(rows, length, cfg.draft_vocab_size, generator=g) * 4).softmax(-1)
     argmax = draft_ids[probs.argmax(-1)]
     teacher = Teacher(argmax=argmax, probs=probs)
-    return Batch(ids, mask, aux, teacher, torch.full((rows,), length)).to(device)
+    return Batch(ids, mask, aux, teacher, torch.tensor(lengths)).to(device)
 
 
 def mixed_lengths(count: int, longest: int, seed: int = 2) -> list[int]:
@@ -123,7 +133,7 @@ def mixed_groups(args) -> tuple[list[int], list[list[int]]]:
 class OnlineRows:
     """--target: the online part, the real target's forward + teacher on random token rows."""
 
-    def __init__(self, target, draft: Eagle3Draft, lengths: list[int], device: torch.device):
+    def __init__(self, target, draft: Eagle3Draft, lengths: list[int], answer_share: float, device: torch.device):
         from eaglekit.draft.vocab import DraftVocab
         from eaglekit.train.sources import OnlineSource
 
@@ -131,9 +141,7 @@ class OnlineRows:
         samples = []
         for n, length in enumerate(lengths):
             ids = torch.randint(3, draft.config.vocab_size, (length,), generator=g)
-            mask = torch.ones(length, dtype=torch.bool)
-            mask[: max(1, length // 10)] = False
-            samples.append(Sample(id=str(n), input_ids=ids, loss_mask=mask))
+            samples.append(Sample(id=str(n), input_ids=ids, loss_mask=answer_mask(length, answer_share)))
         vocab = DraftVocab(draft_ids=draft.t2d.nonzero().squeeze(1).cpu(), vocab_size=draft.config.vocab_size)
         self.source = OnlineSource(target.model, samples, draft.config.aux_layer_ids, vocab)
         self.device = device
@@ -150,12 +158,12 @@ def sync(device: torch.device) -> None:
 def step_batches(args, draft: Eagle3Draft, target, device: torch.device):
     """The batches the timed steps take in turn: one fixed shape, or --mix's varied ones (+ the online rows)."""
     if not args.mix:
-        return [make_batch(draft, args.batch_tokens // args.length, args.length, device)], None
+        return [make_batch(draft, [args.length] * (args.batch_tokens // args.length), args.answer_share, device)], None
     lengths, groups = mixed_groups(args)
     if target is not None:
-        online = OnlineRows(target, draft, lengths, device)
+        online = OnlineRows(target, draft, lengths, args.answer_share, device)
         return groups, online
-    return [make_batch(draft, len(g), max(lengths[i] for i in g), device) for g in groups], None
+    return [make_batch(draft, [lengths[i] for i in g], args.answer_share, device) for g in groups], None
 
 
 def bench_variant(name: str, args, shape, device: torch.device, autocast: bool, target=None) -> dict:
@@ -166,8 +174,9 @@ def bench_variant(name: str, args, shape, device: torch.device, autocast: bool, 
     optimizer = make_optimizer(params, lr=TrainConfig.lr, weight_decay=TrainConfig.weight_decay, betas=TrainConfig.betas)
     batches, online = step_batches(args, draft, target, device)
     step_loss = compiled_unrolled_loss() if compiled else unrolled_loss
-    kw = dict(d2t=draft.d2t, t2d=draft.t2d, weights=[TrainConfig.step_decay ** j for j in range(args.ttt_steps)],
-              every_position=every_position)
+    kw = dict(d2t=draft.d2t, t2d=draft.t2d, weights=[TrainConfig.step_decay ** j for j in range(args.ttt_steps)])
+    if every_position:       # passed only when set: this script also times an older src tree, which lacks it
+        kw["every_position"] = True
     if not compiled:
         kw["fused_ce"] = fused
     target_ms, tokens = [], []
@@ -241,6 +250,9 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation, allocator)")
     p.add_argument("--mix", type=int, default=0, help="N batches of varied sample lengths, taken in turn (0: one shape)")
     p.add_argument("--target", default=None, help="with --mix: the real target's forward too (online training)")
+    p.add_argument("--answer-share", type=float, default=0.67,
+                   help="share of a sample's tokens the assistant wrote, the ones the loss counts (the recipe's "
+                        "data: 11.55M answer tokens of 17.30M, 2026-12-03)")
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default=os.environ.get("OUT"))
     p.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, fp32")
