@@ -79,6 +79,7 @@ def test_online_and_offline_batches_agree(target, samples, store_dir):
     off = OfflineSource(store, list(range(len(store))), vocab).batch([2, 5], torch.device("cpu"))
     on = OnlineSource(target.model, samples, AUX, vocab).batch([2, 5], torch.device("cpu"))
     assert torch.equal(off.input_ids, on.input_ids) and torch.equal(off.loss_mask, on.loss_mask)
+    assert torch.equal(on.host_loss_mask, on.loss_mask) and torch.equal(off.host_loss_mask, off.loss_mask)
     real = off.loss_mask | (torch.arange(off.input_ids.shape[1]) < off.lengths[:, None])
     torch.testing.assert_close(off.aux.float()[real], on.aux[real], atol=3e-2, rtol=2e-2)
     assert torch.equal(off.teacher.argmax[real], on.teacher.argmax[real])

@@ -111,7 +111,7 @@ def make_batch(draft: Eagle3Draft, lengths: list[int], answer_share: float, devi
     probs = (torch.randn(rows, length, cfg.draft_vocab_size, generator=g) * 4).softmax(-1)
     argmax = draft_ids[probs.argmax(-1)]
     teacher = Teacher(argmax=argmax, probs=probs)
-    return Batch(ids, mask, aux, teacher, torch.tensor(lengths)).to(device)
+    return Batch(ids, mask, aux, teacher, torch.tensor(lengths), host_loss_mask=mask).to(device)
 
 
 def mixed_lengths(count: int, longest: int, seed: int = 2) -> list[int]:

@@ -24,6 +24,8 @@ class Batch:
         aux: [B, T, k*Ht] the target's concatenated aux states.
         teacher: the target's distribution p_t at each position t.
         lengths: [B] int64 real lengths.
+        host_loss_mask: loss_mask on the host where the source built it there: what the loss needs
+            to index with (`ttt_positions`) without waiting for the device.
     """
 
     input_ids: torch.Tensor
@@ -31,6 +33,7 @@ class Batch:
     aux: torch.Tensor
     teacher: Teacher
     lengths: torch.Tensor
+    host_loss_mask: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -39,7 +42,7 @@ class Batch:
     def to(self, device) -> "Batch":
         return Batch(self.input_ids.to(device, non_blocking=True), self.loss_mask.to(device, non_blocking=True),
                      self.aux.to(device, non_blocking=True), self.teacher.to(device),
-                     self.lengths.to(device, non_blocking=True))
+                     self.lengths.to(device, non_blocking=True), self.host_loss_mask)
 
 
 def pad_stack(rows: list[torch.Tensor], length: int, value=0) -> torch.Tensor:

@@ -57,10 +57,21 @@ def unrolled_loss(model: nn.Module, batch, denominators: torch.Tensor, *, d2t: t
     The head and the loss run at the positions some step counts (`ttt_positions`); every_position=True
     runs them on the whole [B, L] grid (the same loss and metrics, the reference the bench compares with).
     """
-    positions = None if every_position else ttt_positions(batch.loss_mask, len(weights))
+    positions = None if every_position else device_positions(batch, len(weights))
     logits = model(batch.aux, batch.input_ids, positions)
     return ttt_loss(logits, batch, d2t, t2d, weights=weights, denominators=denominators, fused_ce=fused_ce,
                     positions=positions)
+
+
+def device_positions(batch, ttt_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`ttt_positions` of a batch, from its host loss mask where it has one (no wait for the device)."""
+    if batch.host_loss_mask is None:
+        return ttt_positions(batch.loss_mask, ttt_steps)
+    device = batch.loss_mask.device
+    rows, pos = ttt_positions(batch.host_loss_mask, ttt_steps)
+    if device.type == "cuda":
+        rows, pos = rows.pin_memory(), pos.pin_memory()
+    return rows.to(device, non_blocking=True), pos.to(device, non_blocking=True)
 
 
 def check_compile_supported(device: torch.device, world_size: int) -> None:
@@ -259,7 +270,7 @@ class Trainer:
         for indices in batches[self.dist.rank::self.dist.world_size]:
             batch = val.batch(indices, self.device)
             with self.amp():
-                positions = ttt_positions(batch.loss_mask, self.cfg.ttt_steps)
+                positions = device_positions(batch, self.cfg.ttt_steps)
                 logits = ttt_unroll(self.draft, batch.aux, batch.input_ids, self.cfg.ttt_steps,
                                     self.cfg.ttt_attention, positions)
                 stats += ttt_loss(logits, batch, self.draft.d2t, self.draft.t2d, weights=self.weights,

@@ -63,7 +63,7 @@ class OfflineSource:
             self.target_to_draft = self.target_to_draft.to(device)
         teacher = sparse_teacher(dev["topk_ids"], dev["topk_logp"], self.target_to_draft)
         return Batch(input_ids=dev["input_ids"], loss_mask=dev["loss_mask"], aux=dev["aux"], teacher=teacher,
-                     lengths=dev["lengths"])
+                     lengths=dev["lengths"], host_loss_mask=host["loss_mask"])
 
 
 class OnlineSource:
@@ -95,11 +95,18 @@ class OnlineSource:
     def batch(self, indices: list[int], device: torch.device) -> Batch:
         rows = [self.samples[i] for i in indices]
         T = max(r.length for r in rows)
-        lengths = torch.tensor([r.length for r in rows])
-        ids = pad_stack([r.input_ids for r in rows], T).to(self.target_device)            # [B, T]
-        attention = (torch.arange(T) < lengths[:, None]).long().to(self.target_device)
-        cap = capture_aux_states(self.model, ids, self.aux_layer_ids, attention_mask=attention, return_logits=True)
+        host = {"input_ids": pad_stack([r.input_ids for r in rows], T),                  # [B, T]
+                "loss_mask": pad_stack([r.loss_mask for r in rows], T, False),
+                "lengths": torch.tensor([r.length for r in rows])}
+        if self.target_device.type == "cuda":   # page-locked: the copies do not wait for the device
+            host = {k: v.pin_memory() for k, v in host.items()}
+        ids = host["input_ids"].to(self.target_device, non_blocking=True)
+        # No attention mask: the rows are right-padded (features/batch.py), so the causal mask keeps the
+        # padding from every real token, and SDPA runs its causal flash kernel, not the masked one.
+        cap = capture_aux_states(self.model, ids, self.aux_layer_ids, return_logits=True)
         teacher = dense_teacher(cap.logits, self.draft_ids.to(cap.logits.device))
         del cap.logits
-        return Batch(input_ids=ids.to(device), loss_mask=pad_stack([r.loss_mask for r in rows], T, False).to(device),
-                     aux=cap.aux_hidden.to(device), teacher=teacher.to(device), lengths=lengths.to(device))
+        return Batch(input_ids=ids.to(device, non_blocking=True),
+                     loss_mask=host["loss_mask"].to(device, non_blocking=True), aux=cap.aux_hidden.to(device),
+                     teacher=teacher.to(device), lengths=host["lengths"].to(device, non_blocking=True),
+                     host_loss_mask=host["loss_mask"])
