@@ -67,9 +67,9 @@ def test_fused_soft_ce_equals_log_softmax_formula(kind, chunk_elements):
     logits_full = (torch.randn(B, L + 3, V, generator=torch.Generator().manual_seed(1)) * 3).requires_grad_()
     logits = logits_full[:, :L]
     weight = torch.rand(B, L, generator=torch.Generator().manual_seed(2))
-    new = soft_cross_entropy(logits, teacher, chunk_elements=chunk_elements)
+    new = soft_cross_entropy(logits, teacher, soft_ce="fused", chunk_elements=chunk_elements)
     old = plain_soft_ce(logits, teacher)
-    unfused = soft_cross_entropy(logits, teacher, fused=False)
+    unfused = soft_cross_entropy(logits, teacher)
     torch.testing.assert_close(new, old, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(unfused, old, atol=1e-5, rtol=1e-5)
     (g_new,) = torch.autograd.grad((new * weight).sum(), logits_full)
@@ -81,7 +81,7 @@ def test_fused_soft_ce_keeps_bf16_logits_and_matches_fp32():
     B, L, V = 2, 5, 40
     teacher = teachers(B, L, V)["dense"]
     logits = (torch.randn(B, L, V, generator=torch.Generator().manual_seed(3)) * 3).bfloat16().requires_grad_()
-    new = soft_cross_entropy(logits, teacher)
+    new = soft_cross_entropy(logits, teacher, soft_ce="fused")
     old = plain_soft_ce(logits, teacher)
     assert new.dtype == torch.float32
     torch.testing.assert_close(new, old, atol=1e-5, rtol=1e-5)     # same bf16 inputs, both fp32 inside
@@ -91,6 +91,7 @@ def test_fused_soft_ce_keeps_bf16_logits_and_matches_fp32():
 
 def unrolled_loss(draft, batch, steps, **kw):
     attention = kw.pop("attention", "merged")
+    kw.setdefault("soft_ce", "fused" if attention == "merged" else "plain")
     logits = ttt_unroll(draft, batch.aux, batch.input_ids, steps, attention)
     return ttt_loss(logits, batch, draft.d2t, draft.t2d, weights=[0.8 ** j for j in range(steps)],
                     denominators=step_counts(batch.loss_mask, steps), **kw)
@@ -105,7 +106,7 @@ def test_new_step_equals_old_step_loss_stats_and_gradients(kind):
     params = [p for p in draft.parameters() if p.requires_grad]
     new = unrolled_loss(draft, batch, steps)
     new_grads = torch.autograd.grad(new.loss, params)
-    old = unrolled_loss(draft, batch, steps, attention="dense", fused_ce=False)
+    old = unrolled_loss(draft, batch, steps, attention="dense")
     old_grads = torch.autograd.grad(old.loss, params)
     torch.testing.assert_close(new.loss, old.loss, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(new.stats, old.stats, atol=1e-4, rtol=1e-5)
@@ -203,3 +204,30 @@ def test_merged_attention_runs_its_kernels_in_the_autocast_dtype():
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), dense_ttt_attention(q, k0, v0, dk, dv), atol=3e-2, rtol=3e-2)
     assert merged_ttt_attention(q, k0, v0, dk, dv).dtype == torch.float32     # no autocast: the inputs' dtype
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["dense", "sparse"])
+def test_compiled_soft_ce_equals_the_plain_formula(kind):
+    """`--soft-ce compiled`: the plain formula through inductor (its CPU kernels here; ~1 minute on 2 cores),
+    on two position counts (the graph is dynamic in them)."""
+    for L in (9, 14):
+        teacher = teachers(2, L, 31)[kind]
+        logits = (torch.randn(2, L, 31, generator=torch.Generator().manual_seed(L)) * 3).requires_grad_()
+        weight = torch.rand(2, L, generator=torch.Generator().manual_seed(2))
+        compiled = soft_cross_entropy(logits, teacher, soft_ce="compiled")
+        plain = plain_soft_ce(logits, teacher)
+        torch.testing.assert_close(compiled, plain, atol=1e-5, rtol=1e-5)
+        (g_compiled,) = torch.autograd.grad((compiled * weight).sum(), logits)
+        (g_plain,) = torch.autograd.grad((plain * weight).sum(), logits)
+        torch.testing.assert_close(g_compiled, g_plain, atol=1e-6, rtol=1e-5)
+
+
+def test_soft_ce_choices_are_checked(tmp_path):
+    from eaglekit.errors import EaglekitError
+    from eaglekit.train.config import TrainConfig
+
+    with pytest.raises(EaglekitError, match="unknown soft CE"):
+        soft_cross_entropy(torch.zeros(1, 2, 3), teachers(1, 2, 3)["dense"], soft_ce="triton")
+    with pytest.raises(EaglekitError, match="--compile runs the plain soft CE"):
+        TrainConfig(target="x", data="x", out=str(tmp_path), compile=True, soft_ce="compiled")

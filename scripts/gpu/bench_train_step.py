@@ -12,6 +12,7 @@ at the positions some TTT step counts only (`ttt_positions`):
   merged         merged attention (causal flash kernel + own chain by log-sum-exp) + plain CE, eager
                  (the default of `eaglekit train`)
   new            merged attention + the fused soft CE, eager (`train --soft-ce fused`)
+  cce            merged attention + the soft CE alone under torch.compile (`train --soft-ce compiled`)
   new-compile    `eaglekit train --compile`: merged attention, the unroll + loss under torch.compile
   dense-compile  dense attention under torch.compile
 Each prints ms/step (median of --steps after warm-up) and the peak device memory of a step, and
@@ -57,11 +58,12 @@ from eaglekit.train.loop import TTTModel, compiled_unrolled_loss, unrolled_loss 
 from eaglekit.train.optim import make_optimizer  # noqa: E402
 from eaglekit.train.ttt import step_counts  # noqa: E402
 
-VARIANTS = {  # name: (attention, compiled, fused soft CE, head on every position)
-    "old": ("dense", False, False, True),
-    "merged-all": ("merged", False, False, True),
-    "merged": ("merged", False, False, False),
-    "new": ("merged", False, True, False),
+VARIANTS = {  # name: (attention, compiled, soft CE, head on every position)
+    "old": ("dense", False, "plain", True),
+    "merged-all": ("merged", False, "plain", True),
+    "merged": ("merged", False, "plain", False),
+    "new": ("merged", False, "fused", False),
+    "cce": ("merged", False, "compiled", False),
     "new-compile": ("merged", True, None, False),
     "dense-compile": ("dense", True, None, False),
 }
@@ -167,7 +169,7 @@ def step_batches(args, draft: Eagle3Draft, target, device: torch.device):
 
 
 def bench_variant(name: str, args, shape, device: torch.device, autocast: bool, target=None) -> dict:
-    attention, compiled, fused, every_position = VARIANTS[name]
+    attention, compiled, soft_ce, every_position = VARIANTS[name]
     draft = make_draft(shape, args.draft_vocab_size, device)
     model = TTTModel(draft, args.ttt_steps, attention)
     params = [(n, p) for n, p in draft.named_parameters() if p.requires_grad]
@@ -177,8 +179,8 @@ def bench_variant(name: str, args, shape, device: torch.device, autocast: bool, 
     kw = dict(d2t=draft.d2t, t2d=draft.t2d, weights=[TrainConfig.step_decay ** j for j in range(args.ttt_steps)])
     if every_position:       # passed only when set: this script also times an older src tree, which lacks it
         kw["every_position"] = True
-    if not compiled:
-        kw["fused_ce"] = fused
+    if not compiled and soft_ce != "plain":   # passed only when set, as every_position
+        kw["soft_ce"] = soft_ce
     target_ms, tokens = [], []
 
     def step(n: int) -> float:

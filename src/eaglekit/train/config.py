@@ -15,7 +15,7 @@ from eaglekit.targets.options import DEFAULT_TARGET, TARGET_HELP
 # existed still resumes.
 RESUME_FREE = ("resume", "overwrite", "progress", "out", "ttt_attention", "soft_ce", "compile", "profile_steps")
 ATTENTIONS = ("merged", "dense")   # train/ttt.py implements them
-SOFT_CES = ("plain", "fused")      # train/soft_ce.py
+SOFT_CES = ("plain", "fused", "compiled")      # train/soft_ce.py
 SCHEDULES = ("cosine", "linear", "constant")   # train/optim.py
 
 
@@ -90,8 +90,10 @@ class TrainConfig:
                                           "1.44x faster a step and 10 GiB less than dense on an H200) or dense "
                                           "(the reference formula, [L, L] scores per step)",
                                 group="training", choices=ATTENTIONS)
-    soft_ce: str = option("plain", "the soft cross-entropy: plain (log-softmax formula) or fused (keeps no fp32 "
-                                   "log-probs for the backward: 5.5 GiB less, 10 %% slower on an H200)",
+    soft_ce: str = option("plain", "the soft cross-entropy: plain (log-softmax, then the teacher's dot), fused "
+                                   "(keeps no fp32 log-probs for the backward: 5.5 GiB less, 10 %% slower on an "
+                                   "H200) or compiled (the plain formula under torch.compile: one pass each way; "
+                                   "not yet timed on a GPU)",
                           group="training", choices=SOFT_CES)
     compile: bool = option(False, "torch.compile the draft's unrolled forward and loss (one process; failed in "
                                   "Inductor's codegen with torch 2.11 on an H200, so off)", group="training")
@@ -122,9 +124,9 @@ class TrainConfig:
             raise EaglekitError(f"unknown TTT attention {self.ttt_attention!r}", hint=f"use one of {ATTENTIONS}")
         if self.soft_ce not in SOFT_CES:
             raise EaglekitError(f"unknown soft CE {self.soft_ce!r}", hint=f"use one of {SOFT_CES}")
-        if self.compile and self.soft_ce == "fused":
+        if self.compile and self.soft_ce != "plain":
             raise EaglekitError("--compile runs the plain soft CE (inductor fuses it itself)",
-                                hint="drop --soft-ce fused, or drop --compile")
+                                hint=f"drop --soft-ce {self.soft_ce}, or drop --compile")
         if self.precision not in ("auto", "fp32", "bf16"):
             raise EaglekitError(f"unknown precision {self.precision!r}", hint="use auto, fp32 or bf16")
         if not 0 <= self.val_fraction < 1:

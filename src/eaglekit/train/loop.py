@@ -51,7 +51,7 @@ class TTTModel(nn.Module):
 
 
 def unrolled_loss(model: nn.Module, batch, denominators: torch.Tensor, *, d2t: torch.Tensor, t2d: torch.Tensor,
-                  weights: list[float], fused_ce: bool = True, every_position: bool = False) -> StepOutput:
+                  weights: list[float], soft_ce: str = "plain", every_position: bool = False) -> StepOutput:
     """The draft's part of a training step: the unroll (through `model`, so DDP sees a forward) and its loss.
 
     The head and the loss run at the positions some step counts (`ttt_positions`); every_position=True
@@ -59,7 +59,7 @@ def unrolled_loss(model: nn.Module, batch, denominators: torch.Tensor, *, d2t: t
     """
     positions = None if every_position else device_positions(batch, len(weights))
     logits = model(batch.aux, batch.input_ids, positions)
-    return ttt_loss(logits, batch, d2t, t2d, weights=weights, denominators=denominators, fused_ce=fused_ce,
+    return ttt_loss(logits, batch, d2t, t2d, weights=weights, denominators=denominators, soft_ce=soft_ce,
                     positions=positions)
 
 
@@ -79,18 +79,23 @@ def check_compile_supported(device: torch.device, world_size: int) -> None:
     if world_size > 1:
         raise EaglekitError("--compile is not verified with DDP (several processes)",
                             hint="train in one process, or drop --compile")
+    check_inductor(device, "--compile")
+
+
+def check_inductor(device: torch.device, what: str) -> None:
+    """Refuse `what` (a flag that compiles with inductor) where inductor cannot build kernels."""
     if device.type == "cuda":
         from torch.utils._triton import has_triton
 
         if not has_triton():
-            raise EaglekitError("--compile on GPU needs triton, which this environment lacks",
-                                hint="install triton (it ships with the CUDA wheels of torch), or drop --compile")
+            raise EaglekitError(f"{what} on GPU needs triton, which this environment lacks",
+                                hint=f"install triton (it ships with the CUDA wheels of torch), or drop {what}")
     elif device.type == "cpu":
         if not any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "g++", "clang++")):
-            raise EaglekitError("--compile on CPU needs a C++ compiler (inductor builds its kernels with it)",
-                                hint="install g++, or drop --compile")
+            raise EaglekitError(f"{what} on CPU needs a C++ compiler (inductor builds its kernels with it)",
+                                hint=f"install g++, or drop {what}")
     else:
-        raise EaglekitError(f"--compile is not supported on {device.type}", hint="drop --compile")
+        raise EaglekitError(f"{what} is not supported on {device.type}", hint=f"drop {what}")
 
 
 def compiled_unrolled_loss(backend: str = "inductor"):
@@ -101,7 +106,7 @@ def compiled_unrolled_loss(backend: str = "inductor"):
     def run(model, batch, denominators, **kw):
         # [ttt_steps] is fixed: static, or duck sizing ties it to the rows whenever they are equal (a recompile).
         torch._dynamo.mark_static(denominators, 0)
-        return compiled(model, batch, denominators, **kw, fused_ce=False)
+        return compiled(model, batch, denominators, **kw, soft_ce="plain")
 
     return run
 
@@ -137,8 +142,10 @@ class Trainer:
             self.model = wrap_ddp(self.model, self.device)
         if cfg.compile:
             check_compile_supported(self.device, self.dist.world_size)
+        if cfg.soft_ce == "compiled":
+            check_inductor(self.device, "--soft-ce compiled")
         self.step_loss = (compiled_unrolled_loss() if cfg.compile
-                          else functools.partial(unrolled_loss, fused_ce=cfg.soft_ce == "fused"))
+                          else functools.partial(unrolled_loss, soft_ce=cfg.soft_ce))
         self.names = [n for n, p in self.draft.named_parameters() if p.requires_grad]
         params = dict(self.draft.named_parameters())
         self.optimizer = make_optimizer([(n, params[n]) for n in self.names], lr=cfg.lr,

@@ -10,8 +10,11 @@ recomputes softmax(z) in the backward: dz = dce * (softmax(z) * sum p - p).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
+from eaglekit.errors import EaglekitError
 from eaglekit.features.teacher import Teacher
 
 CHUNK_ELEMENTS = 2 ** 27   # fp32 working set per chunk: 512 MiB
@@ -66,16 +69,34 @@ class SoftCrossEntropy(torch.autograd.Function):
         return grad, None, None, None
 
 
-def soft_cross_entropy(logits: torch.Tensor, teacher: Teacher, *, fused: bool = True,
+def plain_soft_cross_entropy(logits: torch.Tensor, teacher: Teacher) -> torch.Tensor:
+    """Log-softmax, then the teacher's dot. `log_softmax(dtype=float32)` reads bf16 logits in one CUDA
+    kernel (no fp32 copy first), and its backward writes bf16 again: about 10 passes over [N, Vd] a
+    step, where lse(z) * sum p - p.z in eager took about 25 (logsumexp alone is four kernels, and its
+    backward three more). Counted from the kernels, not yet timed."""
+    return teacher.cross_entropy(torch.log_softmax(logits, -1, dtype=torch.float32))
+
+
+@functools.cache
+def compiled_soft_cross_entropy(backend: str = "inductor"):
+    """`plain_soft_cross_entropy` under torch.compile, built once and dynamic in the positions:
+    inductor fuses its forward and its backward into about one pass each over [N, Vd] (logits and
+    teacher read, the gradient written), where eager makes about five each."""
+    return torch.compile(plain_soft_cross_entropy, dynamic=True, backend=backend)
+
+
+def soft_cross_entropy(logits: torch.Tensor, teacher: Teacher, *, soft_ce: str = "plain",
                        chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
     """Per-position soft CE [B, L] (fp32) of `logits` [B, L, Vd] against `teacher` (same positions).
 
-    fused=False is the plain differentiable formula, log-softmax then the teacher's dot: what `train`
-    runs and what torch.compile gets (inductor fuses it itself). `log_softmax(dtype=float32)` reads
-    bf16 logits in one CUDA kernel (no fp32 copy first), and its backward writes bf16 again: about 10
-    passes over [N, Vd] a step, where lse(z) * sum p - p.z in eager took about 25 (logsumexp alone
-    is four kernels, and its backward three more). Counted from the kernels, not yet timed.
+    soft_ce: "plain" (`plain_soft_cross_entropy`: what `train` runs, and what `train --compile`
+    traces), "fused" (`SoftCrossEntropy`: keeps no fp32 log-probs for the backward) or "compiled"
+    (`compiled_soft_cross_entropy`).
     """
-    if fused:
+    if soft_ce == "fused":
         return SoftCrossEntropy.apply(logits, teacher.probs, teacher.index, chunk_elements)
-    return teacher.cross_entropy(torch.log_softmax(logits, -1, dtype=torch.float32))
+    if soft_ce == "compiled":
+        return compiled_soft_cross_entropy()(logits, teacher)
+    if soft_ce == "plain":
+        return plain_soft_cross_entropy(logits, teacher)
+    raise EaglekitError(f"unknown soft CE {soft_ce!r}", hint="use plain, fused or compiled")

@@ -211,7 +211,7 @@ def walk_rows(rows: list[tuple[list[bool], list[int]]], max_drafts: int | None) 
 
 def ttt_loss(logits: list[torch.Tensor], batch: Batch, d2t: torch.Tensor, t2d: torch.Tensor, *,
              weights: list[float], denominators: torch.Tensor, walk: bool = False,
-             fused_ce: bool = True, positions: tuple[torch.Tensor, torch.Tensor] | None = None) -> StepOutput:
+             soft_ce: str = "plain", positions: tuple[torch.Tensor, torch.Tensor] | None = None) -> StepOutput:
     """Loss and metric sums of one unrolled batch.
 
     Args:
@@ -222,8 +222,7 @@ def ttt_loss(logits: list[torch.Tensor], batch: Batch, d2t: torch.Tensor, t2d: t
         denominators: [ttt_steps] counted positions of the whole optimizer step (all micro-batches
             and ranks), so accumulation and DDP give the loss of one big batch.
         walk: also replay greedy chain decoding (`serving_walk`; validation only, it syncs to the CPU).
-        fused_ce: the soft CE as `SoftCrossEntropy` (keeps no fp32 log-probs for the backward);
-            False: the plain formula (under torch.compile, which fuses it itself).
+        soft_ce: plain, fused or compiled (`soft_cross_entropy`).
         positions: (rows, positions) [N] of the logits (`ttt_positions`, which must hold every
             counted one); None: the whole grid.
     """
@@ -246,7 +245,7 @@ def ttt_loss(logits: list[torch.Tensor], batch: Batch, d2t: torch.Tensor, t2d: t
         mask = counted[rows, raw] & inside                                     # [N]
         teacher = batch.teacher.at(rows, raw)                                  # [1, N, ...]
         in_vocab = t2d[teacher.argmax[0]]
-        ce = soft_cross_entropy(step_logits.unsqueeze(0), teacher, fused=fused_ce)[0]   # [N] fp32
+        ce = soft_cross_entropy(step_logits.unsqueeze(0), teacher, soft_ce=soft_ce)[0]   # [N] fp32
         trained = mask & in_vocab
         ce_sum = (ce * trained).sum()
         loss = loss + weights[j] * ce_sum / denominators[j].clamp(min=1).float()
