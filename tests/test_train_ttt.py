@@ -323,3 +323,24 @@ def test_the_head_at_counted_positions_gives_the_whole_grids_loss_metrics_and_gr
                       denominators=den, walk=True, positions=(rows, pos))
     reference = ttt_loss(logits, batch, draft.d2t, draft.t2d, weights=kw["weights"], denominators=den, walk=True)
     assert torch.equal(walked.stats[:, 7:], reference.stats[:, 7:]) and walked.stats[:, 7].min() > 0
+
+
+@pytest.mark.parametrize("attention", ["dense", "merged"])
+def test_steps_after_the_first_at_the_positions_equal_the_grids(attention):
+    """Steps 1.. run on the gathered positions (step 0 on the grid, whose keys are the prefix): their
+    logits and the gradients through them are the whole grid's at those positions."""
+    from eaglekit.train.ttt import ttt_positions
+
+    draft = make_draft().train()
+    batch = spans_batch(draft)
+    steps = 4
+    rows, pos = ttt_positions(batch.loss_mask, steps)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    gathered = ttt_unroll(draft, batch.aux, batch.input_ids, steps, attention, (rows, pos))
+    grid = [x[rows, pos] for x in ttt_unroll(draft, batch.aux, batch.input_ids, steps, attention)]
+    weight = torch.randn(len(rows), gathered[0].shape[-1], generator=torch.Generator().manual_seed(5))
+    for a, b in zip(gathered, grid):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    total = lambda xs: sum(((x * weight).sum() * (j + 1)) for j, x in enumerate(xs))   # noqa: E731
+    for a, b in zip(torch.autograd.grad(total(gathered), params), torch.autograd.grad(total(grid), params)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

@@ -92,7 +92,8 @@ def ttt_unroll(draft, aux: torch.Tensor, input_ids: torch.Tensor, ttt_steps: int
         input_ids: [B, T] raw token ids.
         ttt_steps: unroll length.
         attention: "merged" (flash prefix + own chain, no [L, L] scores; the default) or "dense" (the reference).
-        positions: (rows, positions) [N] from `ttt_positions`: the head runs there only.
+        positions: (rows, positions) [N] from `ttt_positions`. Step 0 runs on the whole grid (its keys
+            are every later step's prefix); steps 1.. and the head run at these positions only.
 
     Returns:
         ttt_steps tensors [B, L, Vd] (L = T-1), or [N, Vd] at `positions`: step j, position t
@@ -101,23 +102,51 @@ def ttt_unroll(draft, aux: torch.Tensor, input_ids: torch.Tensor, ttt_steps: int
     hidden = draft.fuse(aux[:, :-1])                                          # [B, L, H]: g_t
     tokens = input_ids[:, 1:]                                                 # [B, L]: x_{t+1}
     B, L = tokens.shape
-    rope_positions = torch.arange(L, device=tokens.device).expand(B, L)
-    k0 = v0 = None
+    grid = torch.arange(L, device=tokens.device).expand(B, L)
+    q, k0, v0, residual = draft.attention_pieces(tokens, hidden, grid)       # step 0: the true prefix
+    hidden = draft.finish(ttt_attention(q, k0, v0, [], [], attention), residual)   # [B, L, H], pre-norm
+    if positions is None:
+        return [draft.logits(hidden)] + grid_steps(draft, hidden, tokens, k0, v0, ttt_steps, attention)
+    rows, pos = positions
+    hidden = hidden[rows, pos]                                                # [N, H]
+    logits = [draft.logits(hidden)]                                           # [N, Vd]
+    ahead = F.pad(tokens, (0, ttt_steps))                                     # x_{t+1+j}, 0 past the end
+    diag_k: list[torch.Tensor] = []
+    diag_v: list[torch.Tensor] = []
+    for j in range(1, ttt_steps):
+        q, k, v, residual = draft.attention_pieces(ahead[rows, pos + j][None], hidden[None], (pos + j)[None])
+        # The attention runs on the [B, L] grid (the prefix kernel wants it); the rows outside
+        # `positions` hold zeros there, and their outputs are dropped, so they get no gradient.
+        diag_k.append(to_grid(k, positions, B, L))
+        diag_v.append(to_grid(v, positions, B, L))
+        attended = ttt_attention(to_grid(q, positions, B, L), k0, v0, diag_k, diag_v, attention)
+        hidden = draft.finish(attended[rows, :, pos].transpose(0, 1)[None], residual)[0]   # [N, H]
+        logits.append(draft.logits(hidden))
+    return logits
+
+
+def grid_steps(draft, hidden, tokens, k0, v0, ttt_steps: int, attention: str) -> list[torch.Tensor]:
+    """Steps 1.. of `ttt_unroll` on the whole [B, L] grid (the reference): their [B, L, Vd] logits."""
+    B, L = tokens.shape
+    grid = torch.arange(L, device=tokens.device).expand(B, L)
     diag_k: list[torch.Tensor] = []
     diag_v: list[torch.Tensor] = []
     logits = []
-    for j in range(ttt_steps):
-        step_tokens = F.pad(tokens[:, j:], (0, j)) if j else tokens            # x_{t+1+j}, 0 past the end
-        q, k, v, residual = draft.attention_pieces(step_tokens, hidden, rope_positions + j)
-        if j == 0:
-            k0, v0 = k, v
-        else:
-            diag_k.append(k)
-            diag_v.append(v)
-        attended = ttt_attention(q, k0, v0, diag_k, diag_v, attention)       # [B, nh, L, hd]
-        hidden = draft.finish(attended, residual)                             # [B, L, H], pre-norm
-        logits.append(draft.logits(hidden if positions is None else hidden[positions]))   # [B, L, Vd] | [N, Vd]
+    for j in range(1, ttt_steps):
+        q, k, v, residual = draft.attention_pieces(F.pad(tokens[:, j:], (0, j)), hidden, grid + j)
+        diag_k.append(k)
+        diag_v.append(v)
+        hidden = draft.finish(ttt_attention(q, k0, v0, diag_k, diag_v, attention), residual)
+        logits.append(draft.logits(hidden))
     return logits
+
+
+def to_grid(x: torch.Tensor, positions: tuple[torch.Tensor, torch.Tensor], B: int, L: int) -> torch.Tensor:
+    """[1, heads, N, hd] at `positions` -> [B, heads, L, hd], zeros elsewhere."""
+    rows, pos = positions
+    out = x.new_zeros(B, x.shape[1], L, x.shape[-1])
+    out[rows, :, pos] = x[0].transpose(0, 1)                                  # [N, heads, hd]
+    return out
 
 
 def counted_positions(loss_mask: torch.Tensor) -> torch.Tensor:
