@@ -45,6 +45,7 @@ def test_right_padding_is_dropped_and_real_tokens_keep_their_states(arch):
     mask[2, 4:] = 0
     assert causal_mask_suffices(mask) and not causal_mask_suffices(mask.flip(1))
     got = capture_aux_states(model, ids, AUX, attention_mask=mask)
+    assert not got.aux_hidden.requires_grad and not got.logits.requires_grad     # capture keeps no graph
     ref = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
     real = mask.bool()
     H = model.config.hidden_size

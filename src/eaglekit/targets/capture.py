@@ -91,7 +91,6 @@ def concat_aux(states: dict[int, torch.Tensor], aux_layer_ids: list[int], hidden
     return torch.cat(parts, dim=-1)  # [B, T, k*H]
 
 
-@torch.no_grad()
 def causal_mask_suffices(attention_mask: torch.Tensor) -> bool:
     """True when every row's padding is on its right ([B, T] 1 then 0): causal attention already keeps
     it from every real token. Without the mask SDPA runs its causal flash kernel instead of the masked
@@ -100,6 +99,7 @@ def causal_mask_suffices(attention_mask: torch.Tensor) -> bool:
     return bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all())
 
 
+@torch.no_grad()
 def capture_aux_states(model: nn.Module, input_ids: torch.Tensor, aux_layer_ids: list[int], *,
                        attention_mask: torch.Tensor | None = None, return_logits: bool = True) -> AuxCapture:
     """Run the target once and return its aux states, final hidden state and (optionally) logits.
