@@ -106,7 +106,7 @@ def ttt_unroll(draft, aux: torch.Tensor, input_ids: torch.Tensor, ttt_steps: int
     q, k0, v0, residual = draft.attention_pieces(tokens, hidden, grid)       # step 0: the true prefix
     hidden = draft.finish(ttt_attention(q, k0, v0, [], [], attention), residual)   # [B, L, H], pre-norm
     if positions is None:
-        return [draft.logits(hidden)] + grid_steps(draft, hidden, tokens, k0, v0, ttt_steps, attention)
+        return [draft.logits(hidden)] + grid_steps(draft, hidden, tokens, grid, k0, v0, ttt_steps, attention)
     rows, pos = positions
     hidden = hidden[rows, pos]                                                # [N, H]
     logits = [draft.logits(hidden)]                                           # [N, Vd]
@@ -125,10 +125,9 @@ def ttt_unroll(draft, aux: torch.Tensor, input_ids: torch.Tensor, ttt_steps: int
     return logits
 
 
-def grid_steps(draft, hidden, tokens, k0, v0, ttt_steps: int, attention: str) -> list[torch.Tensor]:
-    """Steps 1.. of `ttt_unroll` on the whole [B, L] grid (the reference): their [B, L, Vd] logits."""
-    B, L = tokens.shape
-    grid = torch.arange(L, device=tokens.device).expand(B, L)
+def grid_steps(draft, hidden, tokens, grid, k0, v0, ttt_steps: int, attention: str) -> list[torch.Tensor]:
+    """Steps 1.. of `ttt_unroll` on the whole [B, L] grid (the reference): their [B, L, Vd] logits.
+    grid: [B, L] step 0's rope positions."""
     diag_k: list[torch.Tensor] = []
     diag_v: list[torch.Tensor] = []
     logits = []
