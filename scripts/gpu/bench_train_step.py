@@ -5,10 +5,10 @@ download) on synthetic batches of the online recipe's shape: `--batch-tokens` / 
 `--length` tokens, a dense teacher over `--draft-vocab-size` ids, bf16 autocast on GPU. The target
 forward of online training is not part of it (it is the same in every variant).
 
-Variants (comma-separated `--variants`); all but `old` and `merged-all` run the head and the loss
-at the positions some TTT step counts only (`ttt_positions`):
-  old            dense [L, L] TTT attention + the plain log-softmax soft CE, head on every position, eager
-  merged-all     merged attention + plain CE, head on every position (the default before 2026-12-03)
+Variants (comma-separated `--variants`); all but `old` and `merged-all` run TTT steps 1.., the head
+and the loss at the positions some TTT step counts only (`ttt_positions`):
+  old            dense [L, L] TTT attention + the plain log-softmax soft CE, on every position, eager
+  merged-all     merged attention + plain CE, on every position (as before 2026-12-03, with today's kernels)
   merged         merged attention (causal flash kernel + own chain by log-sum-exp) + plain CE, eager
                  (the default of `eaglekit train`)
   new            merged attention + the fused soft CE, eager (`train --soft-ce fused`)

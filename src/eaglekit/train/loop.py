@@ -54,8 +54,9 @@ def unrolled_loss(model: nn.Module, batch, denominators: torch.Tensor, *, d2t: t
                   weights: list[float], soft_ce: str = "plain", every_position: bool = False) -> StepOutput:
     """The draft's part of a training step: the unroll (through `model`, so DDP sees a forward) and its loss.
 
-    The head and the loss run at the positions some step counts (`ttt_positions`); every_position=True
-    runs them on the whole [B, L] grid (the same loss and metrics, the reference the bench compares with).
+    TTT steps 1.., the head and the loss run at the positions some step counts (`ttt_positions`);
+    every_position=True runs them on the whole [B, L] grid (the same loss and metrics, the reference
+    the bench compares with).
     """
     positions = None if every_position else device_positions(batch, len(weights))
     logits = model(batch.aux, batch.input_ids, positions)
