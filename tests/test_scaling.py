@@ -9,7 +9,7 @@ from eaglekit.cli import main
 from eaglekit.errors import EaglekitError
 from eaglekit.features.conversations import is_validation
 from eaglekit.pipeline.recipe import load_recipe
-from eaglekit.pipeline.scaling import ScalingPlan, main_is_full_slice, reuses_main, scaling_plan, slice_row, verdict
+from eaglekit.pipeline.scaling import ScalingPlan, main_is_full_slice, reuses_main, scaling_plan, slice_row, train_acc0, verdict
 from eaglekit.report.scaling import acc0_chart, tau_chart
 from eaglekit.train.config import TrainConfig
 from eaglekit.train.setup import in_train_share, train_share
@@ -133,3 +133,20 @@ def test_a_flat_curve_is_drawn_flat():
     tau_ticks = ticks(tau_chart(table))
     assert min(tau_ticks) == 1 and max(tau_ticks) > 2.06                      # above the top point (2.06)
     assert tau_chart({"steps": 500, "rows": [{"fraction": 1.0, "status": "not run"}]}) is None
+
+
+def test_the_verdict_names_a_small_share_that_overfits(tmp_path):
+    """The H200 curve of 2026-12-03 at 2,000 steps: the 1/8 share, seen 11.5 times, scored ~0.68 on its
+    training batches and 0.629 held out; all of the data ~0.60 and 0.649. The verdict says which overfits."""
+    log = tmp_path / "log.jsonl"
+    lines = [json.dumps({"event": "train", "step": s, "acc": [a, 0.5]}) for s, a in ((10, 0.2), (20, 0.7), (30, 0.66))]
+    log.write_text("\n".join([*lines, json.dumps({"event": "val", "step": 30, "acc": [0.1]}), '{"event": "tra']))
+    assert train_acc0(log, last=2) == 0.68          # the val event and the half-written last line left out
+    assert train_acc0(tmp_path / "missing.jsonl") is None
+    rows = [{"fraction": 0.125, "status": "done", "walk_tau": 2.303, "steps": 2000, "passes": 11.5, "acc0": 0.629,
+             "train_acc0": 0.68},
+            {"fraction": 1.0, "status": "done", "walk_tau": 2.356, "steps": 2000, "acc0": 0.649, "train_acc0": 0.60}]
+    said = verdict(rows)
+    assert "still rising" in said and "the 0.125 share overfits (training step-0 accuracy 0.680 against 0.629" in said
+    rows[0]["train_acc0"] = 0.62
+    assert "overfits" not in verdict(rows)

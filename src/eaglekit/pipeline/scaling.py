@@ -32,6 +32,7 @@ Recipe keys (section `scaling`):
 
 from __future__ import annotations
 
+import json
 import shlex
 import time
 from dataclasses import dataclass
@@ -178,6 +179,7 @@ def slice_row(out: Path, fraction: float, steps: int, state: dict) -> dict:
                    passes=round(steps_done / per_epoch, 2) if steps_done is not None and per_epoch else None,
                    best_step=best.get("step"), walk_tau=best.get("walk_accept_length"),
                    sim_tau=best.get("sim_accept_length"), acc0=(best.get("acc") or [None])[0],
+                   train_acc0=train_acc0(folder / "draft" / "log.jsonl"),
                    device=m.get("config", {}).get("device"), date=m.get("created"))
         if not m.get("complete") and row["status"] == "done":
             row["status"] = "running"
@@ -187,6 +189,28 @@ def slice_row(out: Path, fraction: float, steps: int, state: dict) -> dict:
         row.update(bench_tau=s["tau"], speedup=s["speedup"], bench_spec=s["spec"])
     row["status"] = {"running": "unfinished", "done": "done", "not run": "not run"}.get(row["status"], "failed")
     return row
+
+
+def train_acc0(log: Path, last: int = 10) -> float | None:
+    """Step-0 accuracy on the training batches, the mean of the last `last` logged steps: beside the
+    validation accuracy it says whether a small share is being memorized. A run still writing its log
+    may end in a half-written line; that one line is skipped."""
+    if not log.is_file():
+        return None
+    accs = []
+    for line in log.read_text().splitlines():
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if event.get("event") == "train" and event.get("acc"):
+            accs.append(event["acc"][0])
+    return round(sum(accs[-last:]) / len(accs[-last:]), 5) if accs else None
+
+
+def overfits(row: dict, margin: float = 0.02) -> bool:
+    """Training accuracy above validation accuracy by more than `margin`: the share is memorized."""
+    return None not in (row.get("train_acc0"), row.get("acc0")) and row["train_acc0"] > row["acc0"] + margin
 
 
 def verdict(rows: list[dict], key: str = "walk_tau", step: float = 0.05) -> str | None:
@@ -205,8 +229,14 @@ def verdict(rows: list[dict], key: str = "walk_tau", step: float = 0.05) -> str 
                    "by its data (raise scaling.steps to ask again for a longer run)")
     else:
         reading = f"flat within {step}: at this step budget more data of this kind buys little"
-    return (f"{key.replace('_', ' ')} {a[key]:.3f} -> {b[key]:.3f} ({gain:+.3f}) from {a['fraction']:g} to "
+    said = (f"{key.replace('_', ' ')} {a[key]:.3f} -> {b[key]:.3f} ({gain:+.3f}) from {a['fraction']:g} to "
             f"{b['fraction']:g} of the data, {b['steps']} steps each: {reading}")
+    memorized = [r for r in done[:-1] if overfits(r)]
+    if memorized and not overfits(b):
+        r = memorized[0]
+        said += (f"; the {r['fraction']:g} share overfits (training step-0 accuracy {r['train_acc0']:.3f} "
+                 f"against {r['acc0']:.3f} held out), all of the data does not")
+    return said
 
 
 def write_summary(out: Path, plan: ScalingPlan, steps: int, state: dict) -> dict:
