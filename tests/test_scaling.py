@@ -143,6 +143,9 @@ def test_the_verdict_names_a_small_share_that_overfits(tmp_path):
     log.write_text("\n".join([*lines, json.dumps({"event": "val", "step": 30, "acc": [0.1]}), '{"event": "tra']))
     assert train_acc0(log, last=2) == 0.68          # the val event and the half-written last line left out
     assert train_acc0(tmp_path / "missing.jsonl") is None
+    log.write_text("\n".join([lines[0], "not json", lines[1]]))
+    with pytest.raises(EaglekitError, match="line 2 is not JSON"):  # only a torn LAST line is left out
+        train_acc0(log)
     rows = [{"fraction": 0.125, "status": "done", "walk_tau": 2.303, "steps": 2000, "passes": 11.5, "acc0": 0.629,
              "train_acc0": 0.68},
             {"fraction": 1.0, "status": "done", "walk_tau": 2.356, "steps": 2000, "acc0": 0.649, "train_acc0": 0.60}]

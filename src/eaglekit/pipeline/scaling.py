@@ -32,7 +32,6 @@ Recipe keys (section `scaling`):
 
 from __future__ import annotations
 
-import json
 import shlex
 import time
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from pathlib import Path
 from eaglekit.artifacts import atomic_path, read_json, write_json
 from eaglekit.errors import EaglekitError
 from eaglekit.pipeline.recipe import to_flags
+from eaglekit.report.collect import read_log
 from eaglekit.report.scaling import scaling_svg
 
 KEYS = ("fractions", "steps", "bench")
@@ -193,18 +193,11 @@ def slice_row(out: Path, fraction: float, steps: int, state: dict) -> dict:
 
 def train_acc0(log: Path, last: int = 10) -> float | None:
     """Step-0 accuracy on the training batches, the mean of the last `last` logged steps: beside the
-    validation accuracy it says whether a small share is being memorized. A run still writing its log
-    may end in a half-written line; that one line is skipped."""
+    validation accuracy it says whether a small share is being memorized. The log is read as the
+    report reads it (a torn last line is left out, any other bad line is an error)."""
     if not log.is_file():
         return None
-    accs = []
-    for line in log.read_text().splitlines():
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if event.get("event") == "train" and event.get("acc"):
-            accs.append(event["acc"][0])
+    accs = [event["acc"][0] for event in read_log(log)[0] if event.get("acc")]
     return round(sum(accs[-last:]) / len(accs[-last:]), 5) if accs else None
 
 
