@@ -59,6 +59,12 @@ def unrolled_loss(model: nn.Module, batch, denominators: torch.Tensor, *, d2t: t
     the bench compares with).
     """
     positions = None if every_position else device_positions(batch, len(weights))
+    return loss_at(model, batch, denominators, positions, d2t=d2t, t2d=t2d, weights=weights, soft_ce=soft_ce)
+
+
+def loss_at(model: nn.Module, batch, denominators: torch.Tensor, positions, *, d2t: torch.Tensor,
+            t2d: torch.Tensor, weights: list[float], soft_ce: str = "plain") -> StepOutput:
+    """`unrolled_loss` at given (rows, positions) [N] (None: the whole grid): what --compile traces."""
     logits = model(batch.aux, batch.input_ids, positions)
     return ttt_loss(logits, batch, d2t, t2d, weights=weights, denominators=denominators, soft_ce=soft_ce,
                     positions=positions)
@@ -99,15 +105,27 @@ def check_inductor(device: torch.device, what: str) -> None:
         raise EaglekitError(f"{what} is not supported on {device.type}", hint=f"drop {what}")
 
 
+# Inductor's coalescing analysis for tiling (tiling_utils) raised an AssertionError in codegen on this
+# graph with torch 2.11 on an H200 (2026-12-01, `get_pw_red_splits`); without it inductor tiles as before.
+COMPILE_OPTIONS = {"triton.coalesce_tiling_analysis": False}
+
+
 def compiled_unrolled_loss(backend: str = "inductor"):
     """`unrolled_loss` under torch.compile: dynamic shapes (every batch has its own rows and length), and the
-    plain soft-CE formula, which inductor fuses itself (the hand-written backward is for eager)."""
-    compiled = torch.compile(unrolled_loss, dynamic=True, backend=backend)
+    plain soft-CE formula, which inductor fuses itself (the hand-written backward is for eager).
 
-    def run(model, batch, denominators, **kw):
+    The positions are found outside the graph (`nonzero` has a data-dependent size, a graph break).
+    A shape that would recompile past dynamo's limit raises instead of running eagerly unannounced.
+    """
+    compiled = torch.compile(loss_at, dynamic=True, backend=backend,
+                             options=COMPILE_OPTIONS if backend == "inductor" else None)
+
+    def run(model, batch, denominators, *, every_position: bool = False, **kw):
+        positions = None if every_position else device_positions(batch, len(kw["weights"]))
         # [ttt_steps] is fixed: static, or duck sizing ties it to the rows whenever they are equal (a recompile).
         torch._dynamo.mark_static(denominators, 0)
-        return compiled(model, batch, denominators, **kw, soft_ce="plain")
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+            return compiled(model, batch, denominators, positions, **kw, soft_ce="plain")
 
     return run
 

@@ -96,7 +96,8 @@ def soft_cross_entropy(logits: torch.Tensor, teacher: Teacher, *, soft_ce: str =
     if soft_ce == "fused":
         return SoftCrossEntropy.apply(logits, teacher.probs, teacher.index, chunk_elements)
     if soft_ce == "compiled":
-        return compiled_soft_cross_entropy()(logits, teacher)
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):   # never eager unannounced
+            return compiled_soft_cross_entropy()(logits, teacher)
     if soft_ce == "plain":
         return plain_soft_cross_entropy(logits, teacher)
     raise EaglekitError(f"unknown soft CE {soft_ce!r}", hint="use plain, fused or compiled")
