@@ -144,17 +144,10 @@ def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 def matvec_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """F.linear as a broadcast product and a sum (float32): Inductor generates the reduction kernel
     itself and fuses the neighbouring pointwise work into it (bias, residual add, SwiGLU), where
-    cuBLAS would be one more launch of a latency-bound GEMV. Unfused it would materialize [R, N, K].
-
-    The product is laid out [N, R, K] (output n-major, the R rows of one weight row adjacent), so a
-    block of the reduction kernel reads each weight row once for all R rows; laid out [R, N, K],
-    adjacent outputs were different weight rows and every row of x re-read all of W (a chain's 6-row
-    verify this way took 1.77 ms against 0.87 for one row, H200 2026-12-01). One row: the same kernel.
-    """
-    flat = x.reshape(-1, x.shape[-1])                                      # [R, K]
-    y = (weight.float().unsqueeze(1) * flat.float().unsqueeze(0)).sum(-1)  # [N, R]
-    y = y.T if bias is None else y.T + bias.float()                        # [R, N]
-    return y.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
+    cuBLAS would be one more launch of a latency-bound GEMV. Unfused it would materialize [R, N, K];
+    fused, each of the R rows re-reads W (from L2 for a few rows)."""
+    y = (x.unsqueeze(-2).float() * weight.float()).sum(-1)                 # [B, T, N]
+    return (y if bias is None else y + bias.float()).to(x.dtype)
 
 
 def frozen(t: torch.Tensor) -> nn.Parameter:
