@@ -135,6 +135,29 @@ def compiled_vs_eager(backend, shapes):
             torch.testing.assert_close(x, y, atol=1e-6, rtol=1e-4)
 
 
+def test_compiled_steps_share_four_graphs_over_every_step_and_shape():
+    """`compiled_steps`: the seven TTT steps and batches of other sizes run the same four graphs (an
+    int step index or a specialized size would compile one per step or per batch)."""
+    from torch._dynamo.utils import counters
+
+    from eaglekit.train.loop import TTTModel, compiled_unrolled_loss
+
+    torch._dynamo.reset()
+    counters.clear()
+    draft = make_draft()
+    steps = 4
+    model = TTTModel(draft, steps, "merged")
+    compiled = compiled_unrolled_loss("eager")          # dynamo's graphs, no AOT or codegen: fast
+    for T, B in [(11, 2), (9, 3), (13, 2)]:
+        batch, _ = batch_for(draft, T=T, B=B)
+        out = compiled(model, batch, step_counts(batch.loss_mask, steps), d2t=draft.d2t, t2d=draft.t2d,
+                       weights=[0.8 ** j for j in range(steps)])
+        out.loss.backward()
+    assert counters["stats"]["unique_graphs"] == 4
+    assert not counters["graph_break"]
+    torch._dynamo.reset()
+
+
 @pytest.mark.slow
 def test_compiled_step_traces_to_the_eager_numbers():
     """Dynamo + AOTAutograd (the merged attention's Function, the plain CE), without inductor's codegen

@@ -32,7 +32,7 @@ from eaglekit.train.profiling import StepProfiler
 from eaglekit.train.setup import Run, prepare
 from eaglekit.train.state import latest_state, load_state, restore_rng, save_state
 from eaglekit.train.tracker import Tracker
-from eaglekit.train.ttt import STATS, StepOutput, metrics_from_stats, step_counts, ttt_loss, ttt_positions, ttt_unroll
+from eaglekit.train.ttt import STATS, StepFunctions, StepOutput, compiled_steps, metrics_from_stats, step_counts, ttt_loss, ttt_positions, ttt_unroll
 
 log = logging.getLogger(__name__)
 
@@ -46,28 +46,23 @@ class TTTModel(nn.Module):
         self.ttt_steps = ttt_steps
         self.attention = attention
 
-    def forward(self, aux: torch.Tensor, input_ids: torch.Tensor, positions=None) -> list[torch.Tensor]:
-        return ttt_unroll(self.draft, aux, input_ids, self.ttt_steps, self.attention, positions)
+    def forward(self, aux: torch.Tensor, input_ids: torch.Tensor, positions=None, steps=None) -> list[torch.Tensor]:
+        return ttt_unroll(self.draft, aux, input_ids, self.ttt_steps, self.attention, positions, steps)
 
 
 def unrolled_loss(model: nn.Module, batch, denominators: torch.Tensor, *, d2t: torch.Tensor, t2d: torch.Tensor,
-                  weights: list[float], soft_ce: str = "plain", every_position: bool = False) -> StepOutput:
+                  weights: list[float], soft_ce: str = "plain", every_position: bool = False,
+                  steps: StepFunctions | None = None) -> StepOutput:
     """The draft's part of a training step: the unroll (through `model`, so DDP sees a forward) and its loss.
 
     TTT steps 1.., the head and the loss run at the positions some step counts (`ttt_positions`);
     every_position=True runs them on the whole [B, L] grid (the same loss and metrics, the reference
-    the bench compares with).
+    the bench compares with). steps: `ttt.EAGER_STEPS` (None) or `ttt.compiled_steps()`.
     """
     positions = None if every_position else device_positions(batch, len(weights))
-    return loss_at(model, batch, denominators, positions, d2t=d2t, t2d=t2d, weights=weights, soft_ce=soft_ce)
-
-
-def loss_at(model: nn.Module, batch, denominators: torch.Tensor, positions, *, d2t: torch.Tensor,
-            t2d: torch.Tensor, weights: list[float], soft_ce: str = "plain") -> StepOutput:
-    """`unrolled_loss` at given (rows, positions) [N] (None: the whole grid): what --compile traces."""
-    logits = model(batch.aux, batch.input_ids, positions)
+    logits = model(batch.aux, batch.input_ids, positions, steps)
     return ttt_loss(logits, batch, d2t, t2d, weights=weights, denominators=denominators, soft_ce=soft_ce,
-                    positions=positions)
+                    positions=positions, steps=steps)
 
 
 def device_positions(batch, ttt_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,27 +100,13 @@ def check_inductor(device: torch.device, what: str) -> None:
         raise EaglekitError(f"{what} is not supported on {device.type}", hint=f"drop {what}")
 
 
-# Inductor's coalescing analysis for tiling (tiling_utils) raised an AssertionError in codegen on this
-# graph with torch 2.11 on an H200 (2026-12-01, `get_pw_red_splits`); without it inductor tiles as before.
-COMPILE_OPTIONS = {"triton.coalesce_tiling_analysis": False}
-
-
 def compiled_unrolled_loss(backend: str = "inductor"):
-    """`unrolled_loss` under torch.compile: dynamic shapes (every batch has its own rows and length), and the
-    plain soft-CE formula, which inductor fuses itself (the hand-written backward is for eager).
+    """`unrolled_loss` with each TTT step's work compiled (`ttt.compiled_steps`: four graphs that every
+    step shares, dynamic in the batch's sizes; the positions are found outside them)."""
+    steps = compiled_steps(backend)
 
-    The positions are found outside the graph (`nonzero` has a data-dependent size, a graph break).
-    A shape that would recompile past dynamo's limit raises instead of running eagerly unannounced.
-    """
-    compiled = torch.compile(loss_at, dynamic=True, backend=backend,
-                             options=COMPILE_OPTIONS if backend == "inductor" else None)
-
-    def run(model, batch, denominators, *, every_position: bool = False, **kw):
-        positions = None if every_position else device_positions(batch, len(kw["weights"]))
-        # [ttt_steps] is fixed: static, or duck sizing ties it to the rows whenever they are equal (a recompile).
-        torch._dynamo.mark_static(denominators, 0)
-        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
-            return compiled(model, batch, denominators, positions, **kw, soft_ce="plain")
+    def run(model, batch, denominators, **kw):
+        return unrolled_loss(model, batch, denominators, **{**kw, "soft_ce": "plain"}, steps=steps)
 
     return run
 

@@ -25,6 +25,8 @@ simulated accept length are what serving can reach.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +34,7 @@ import torch.nn.functional as F
 
 from eaglekit.errors import EaglekitError
 from eaglekit.features.batch import Batch
+from eaglekit.features.teacher import Teacher
 from eaglekit.train.attention import merged_ttt_attention
 from eaglekit.train.config import ATTENTIONS
 from eaglekit.train.soft_ce import soft_cross_entropy
@@ -83,7 +86,8 @@ def ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, diag_k: l
 
 
 def ttt_unroll(draft, aux: torch.Tensor, input_ids: torch.Tensor, ttt_steps: int,
-               attention: str = "dense", positions: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[torch.Tensor]:
+               attention: str = "dense", positions: tuple[torch.Tensor, torch.Tensor] | None = None,
+               steps: StepFunctions | None = None) -> list[torch.Tensor]:
     """Run the draft for `ttt_steps` steps; returns the logits of each step.
 
     Args:
@@ -94,35 +98,77 @@ def ttt_unroll(draft, aux: torch.Tensor, input_ids: torch.Tensor, ttt_steps: int
         attention: "merged" (flash prefix + own chain, no [L, L] scores; the default) or "dense" (the reference).
         positions: (rows, positions) [N] from `ttt_positions`. Step 0 runs on the whole grid (its keys
             are every later step's prefix); steps 1.. and the head run at these positions only.
+        steps: the step functions (`EAGER_STEPS`, or `compiled_steps()`); with `positions` only.
 
     Returns:
         ttt_steps tensors [B, L, Vd] (L = T-1), or [N, Vd] at `positions`: step j, position t
         predicts p_{t+1+j}; positions t >= L-j read padding and are never counted.
     """
+    if positions is None:
+        hidden = draft.fuse(aux[:, :-1])                                      # [B, L, H]: g_t
+        tokens = input_ids[:, 1:]                                             # [B, L]: x_{t+1}
+        B, L = tokens.shape
+        grid = torch.arange(L, device=tokens.device).expand(B, L)
+        q, k0, v0, residual = draft.attention_pieces(tokens, hidden, grid)   # step 0: the true prefix
+        hidden = draft.finish(ttt_attention(q, k0, v0, [], [], attention), residual)   # [B, L, H], pre-norm
+        return [draft.logits(hidden)] + grid_steps(draft, hidden, tokens, grid, k0, v0, ttt_steps, attention)
+    steps = steps or EAGER_STEPS
+    rows, pos = positions
+    first_logits, hidden, k0, v0 = steps.first(draft, aux, input_ids, rows, pos, attention)
+    logits = [first_logits]                                                   # [N, Vd] a step
+    diag_k: list[torch.Tensor] = []
+    diag_v: list[torch.Tensor] = []
+    for j in range(1, ttt_steps):
+        q, k, v, residual = steps.project(draft, hidden, input_ids, rows, pos, step_index(j, pos.device), k0)
+        diag_k.append(k)
+        diag_v.append(v)
+        # The attention runs on the [B, L] grid (the prefix kernel wants it); the rows outside
+        # `positions` hold zeros there, and their outputs are dropped, so they get no gradient.
+        attended = ttt_attention(q, k0, v0, diag_k, diag_v, attention)
+        hidden, step_logits = steps.finish(draft, attended, rows, pos, residual)
+        logits.append(step_logits)
+    return logits
+
+
+def step_index(j: int, device) -> torch.Tensor:
+    """TTT step j as a 0-d tensor: compiled step functions then serve every j with one graph (an int
+    argument would be specialized, 0 and 1 always)."""
+    return torch.full((), j, dtype=torch.long, device=device)
+
+
+def first_step(draft, aux, input_ids, rows, pos, attention: str):
+    """Step 0 on the whole grid, its hidden state and head at `positions` only.
+
+    Returns: logits [N, Vd], hidden [N, H] (pre-norm), k0 / v0 [B, nkv, L, hd] (the true prefix).
+    """
     hidden = draft.fuse(aux[:, :-1])                                          # [B, L, H]: g_t
     tokens = input_ids[:, 1:]                                                 # [B, L]: x_{t+1}
     B, L = tokens.shape
     grid = torch.arange(L, device=tokens.device).expand(B, L)
-    q, k0, v0, residual = draft.attention_pieces(tokens, hidden, grid)       # step 0: the true prefix
-    hidden = draft.finish(ttt_attention(q, k0, v0, [], [], attention), residual)   # [B, L, H], pre-norm
-    if positions is None:
-        return [draft.logits(hidden)] + grid_steps(draft, hidden, tokens, grid, k0, v0, ttt_steps, attention)
-    rows, pos = positions
-    hidden = hidden[rows, pos]                                                # [N, H]
-    logits = [draft.logits(hidden)]                                           # [N, Vd]
-    ahead = F.pad(tokens, (0, ttt_steps))                                     # x_{t+1+j}, 0 past the end
-    diag_k: list[torch.Tensor] = []
-    diag_v: list[torch.Tensor] = []
-    for j in range(1, ttt_steps):
-        q, k, v, residual = draft.attention_pieces(ahead[rows, pos + j][None], hidden[None], (pos + j)[None])
-        # The attention runs on the [B, L] grid (the prefix kernel wants it); the rows outside
-        # `positions` hold zeros there, and their outputs are dropped, so they get no gradient.
-        diag_k.append(to_grid(k, positions, B, L))
-        diag_v.append(to_grid(v, positions, B, L))
-        attended = ttt_attention(to_grid(q, positions, B, L), k0, v0, diag_k, diag_v, attention)
-        hidden = draft.finish(attended[rows, :, pos].transpose(0, 1)[None], residual)[0]   # [N, H]
-        logits.append(draft.logits(hidden))
-    return logits
+    q, k0, v0, residual = draft.attention_pieces(tokens, hidden, grid)
+    hidden = draft.finish(ttt_attention(q, k0, v0, [], [], attention), residual)[rows, pos]   # [N, H]
+    return draft.logits(hidden), hidden, k0, v0
+
+
+def project_step(draft, hidden, input_ids, rows, pos, j, k0):
+    """Step j's rotated q/k/v at `positions` (token x_{t+1+j}, 0 past the end; rope position t+j), on the
+    [B, L] grid (`to_grid`), and its residual [1, N, H]. j: 0-d long tensor."""
+    tokens = input_ids[:, 1:]                                                 # [B, L]
+    B, L = tokens.shape
+    at = pos + j                                                              # [N]
+    ahead = torch.where(at < L, tokens[rows, at.clamp(max=L - 1)], 0)
+    q, k, v, residual = draft.attention_pieces(ahead[None], hidden[None], at[None])
+    grid = (rows, pos)
+    return to_grid(q, grid, B, L), to_grid(k, grid, B, L), to_grid(v, grid, B, L), residual
+
+
+def finish_step(draft, attended, rows, pos, residual):
+    """Step j's attention output [B, nh, L, hd] at `positions` -> (hidden [N, H], logits [N, Vd])."""
+    hidden = draft.finish(attended[rows, :, pos].transpose(0, 1)[None], residual)[0]
+    # A tensor of its own, as step 0's is, not a view of [1, N, H]: the next step's compiled graphs
+    # would guard on the base's layout and compile once more for step 2.
+    hidden = hidden.clone()
+    return hidden, draft.logits(hidden)
 
 
 def grid_steps(draft, hidden, tokens, grid, k0, v0, ttt_steps: int, attention: str) -> list[torch.Tensor]:
@@ -167,7 +213,9 @@ def ttt_positions(loss_mask: torch.Tensor, ttt_steps: int) -> tuple[torch.Tensor
     wanted = torch.zeros_like(counted[:, :L])
     for j in range(ttt_steps):
         wanted |= ahead[:, 1 + j:1 + j + L]
-    return wanted.nonzero(as_tuple=True)
+    found = wanted.nonzero()                                                 # [N, 2]
+    # Two tensors of their own, not views of one: a compiled step would guard on the shared base's sizes.
+    return found[:, 0].contiguous(), found[:, 1].contiguous()
 
 
 def every_position(B: int, L: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -239,7 +287,8 @@ def walk_rows(rows: list[tuple[list[bool], list[int]]], max_drafts: int | None) 
 
 def ttt_loss(logits: list[torch.Tensor], batch: Batch, d2t: torch.Tensor, t2d: torch.Tensor, *,
              weights: list[float], denominators: torch.Tensor, walk: bool = False,
-             soft_ce: str = "plain", positions: tuple[torch.Tensor, torch.Tensor] | None = None) -> StepOutput:
+             soft_ce: str = "plain", positions: tuple[torch.Tensor, torch.Tensor] | None = None,
+             steps: StepFunctions | None = None) -> StepOutput:
     """Loss and metric sums of one unrolled batch.
 
     Args:
@@ -253,7 +302,9 @@ def ttt_loss(logits: list[torch.Tensor], batch: Batch, d2t: torch.Tensor, t2d: t
         soft_ce: plain, fused or compiled (`soft_cross_entropy`).
         positions: (rows, positions) [N] of the logits (`ttt_positions`, which must hold every
             counted one); None: the whole grid.
+        steps: the step functions (`EAGER_STEPS`, or `compiled_steps()`, which run the plain soft CE).
     """
+    steps = steps or EAGER_STEPS
     if positions is None:
         B, L = logits[0].shape[:2]
         positions = every_position(B, L, logits[0].device)
@@ -264,30 +315,12 @@ def ttt_loss(logits: list[torch.Tensor], batch: Batch, d2t: torch.Tensor, t2d: t
     device = batch.input_ids.device
     stats = torch.zeros(len(logits), len(STATS), dtype=torch.float64, device=device)
     loss = batch.aux.new_zeros((), dtype=torch.float32)
-    chain = None
     run = torch.zeros(rows.shape, dtype=torch.long, device=device)            # [N]
+    chain = torch.ones(rows.shape, dtype=torch.bool, device=device)          # step 0 follows no miss
     for j, step_logits in enumerate(logits):                                   # [N, Vd]
-        raw = pos + 1 + j                                                      # the raw position whose p step j predicts
-        inside = raw < T
-        raw = raw.clamp(max=T - 1)
-        mask = counted[rows, raw] & inside                                     # [N]
-        teacher = batch.teacher.at(rows, raw)                                  # [1, N, ...]
-        in_vocab = t2d[teacher.argmax[0]]
-        ce = soft_cross_entropy(step_logits.unsqueeze(0), teacher, soft_ce=soft_ce)[0]   # [N] fp32
-        trained = mask & in_vocab
-        ce_sum = (ce * trained).sum()
+        ce_sum, chain, run, stats[j, :7] = steps.score(step_logits, counted, batch.teacher, batch.input_ids, rows,
+                                                       pos, step_index(j, device), d2t, t2d, chain, run, soft_ce=soft_ce)
         loss = loss + weights[j] * ce_sum / denominators[j].clamp(min=1).float()
-        with torch.no_grad():
-            guess = step_logits.argmax(-1)                                     # = argmax of log q
-            correct = (guess + d2t[guess]) == teacher.argmax[0]                # compared in target ids
-            prev = mask if chain is None else chain & mask
-            chain = prev & correct
-            run += chain
-            # Is the data the target's own greedy output? (next raw token == target argmax)
-            following = torch.where(raw + 1 < T, batch.input_ids[rows, (raw + 1).clamp(max=T - 1)], -1)
-            agree = (following == teacher.argmax[0]) & mask
-            stats[j, :7] = torch.stack([mask.sum(), (correct & mask).sum(), chain.sum(), prev.sum(),
-                                        ce_sum.detach(), trained.sum(), agree.sum()]).double()
     if walk:                                     # row j: a served chain of j + 1 drafts
         grid = torch.zeros(counted.shape[0], T - 1, dtype=torch.long, device=device)
         grid[rows, pos] = run
@@ -295,6 +328,83 @@ def ttt_loss(logits: list[torch.Tensor], batch: Batch, d2t: torch.Tensor, t2d: t
         for j, (tokens, cycles) in enumerate(walks):
             stats[j, 7], stats[j, 8] = tokens, cycles
     return StepOutput(loss=loss, stats=stats)
+
+
+def score_step(step_logits, counted, teacher: Teacher, input_ids, rows, pos, j, d2t, t2d, chain, run,
+               soft_ce: str = "plain"):
+    """Step j's loss sum and metric sums at `positions` (rows, pos [N]); j: 0-d long tensor.
+
+    Args:
+        step_logits: [N, Vd]. counted: [B, T] `counted_positions`. teacher: the batch's, [B, T, ...].
+        chain: [N] bool, every step before j was right (all True for step 0). run: [N] long, leading
+            correct steps so far.
+
+    Returns:
+        ce_sum (scalar fp32, the soft CE summed over the trained positions), chain, run, and the
+        metric sums [7] float64 (`STATS`' first seven).
+    """
+    T = counted.shape[1]
+    raw = pos + 1 + j                                                          # the raw position whose p step j predicts
+    inside = raw < T
+    raw = raw.clamp(max=T - 1)
+    mask = counted[rows, raw] & inside                                         # [N]
+    target = teacher.at(rows, raw)                                             # [1, N, ...]
+    in_vocab = t2d[target.argmax[0]]
+    ce = soft_cross_entropy(step_logits.unsqueeze(0), target, soft_ce=soft_ce)[0]   # [N] fp32
+    trained = mask & in_vocab
+    ce_sum = (ce * trained).sum()
+    with torch.no_grad():
+        guess = step_logits.argmax(-1)                                         # = argmax of log q
+        correct = (guess + d2t[guess]) == target.argmax[0]                     # compared in target ids
+        prev = chain & mask
+        chain = prev & correct
+        run = run + chain
+        # Is the data the target's own greedy output? (next raw token == target argmax)
+        following = torch.where(raw + 1 < T, input_ids[rows, (raw + 1).clamp(max=T - 1)], -1)
+        agree = (following == target.argmax[0]) & mask
+        sums = torch.stack([mask.sum(), (correct & mask).sum(), chain.sum(), prev.sum(), ce_sum.detach(),
+                            trained.sum(), agree.sum()]).double()
+    return ce_sum, chain, run, sums
+
+
+@dataclass(frozen=True)
+class StepFunctions:
+    """What one TTT step runs, as four functions: `ttt_unroll` calls `first` once and `project` and
+    `finish` for each later step, `ttt_loss` calls `score` for every step. Eager (`EAGER_STEPS`), or
+    each under torch.compile (`compiled_steps`): the seven steps then share four graphs, so a compile
+    traces and lowers one step's work, not the unroll's (the whole unroll + loss as one graph took
+    198 s to compile on an H200, 2026-12-04). The merged attention between them stays eager."""
+
+    first: Callable
+    project: Callable
+    finish: Callable
+    score: Callable
+
+
+EAGER_STEPS = StepFunctions(first_step, project_step, finish_step, score_step)
+# Inductor's coalescing analysis for tiling (tiling_utils) raised an AssertionError in codegen on the
+# unroll with torch 2.11 on an H200 (2026-12-01, `get_pw_red_splits`); without it inductor tiles as before.
+COMPILE_OPTIONS = {"triton.coalesce_tiling_analysis": False}
+
+
+@functools.cache
+def compiled_steps(backend: str = "inductor") -> StepFunctions:
+    """`EAGER_STEPS` under torch.compile, dynamic in the batch's sizes, the plain soft CE (inductor fuses
+    it itself). A shape that would recompile past dynamo's limit raises instead of running eagerly."""
+    def compiled(fn, **fixed):
+        graph = torch.compile(fn, dynamic=True, backend=backend,
+                              options=COMPILE_OPTIONS if backend == "inductor" else None)
+
+        @functools.wraps(fn)
+        def run(*args, **kw):
+            # No duck sizing: two sizes equal in one batch (rows and N, say) must not become one symbol.
+            with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True), \
+                    torch.fx.experimental._config.patch(use_duck_shape=False):
+                return graph(*args, **{**kw, **fixed})
+        return run
+
+    return StepFunctions(compiled(first_step), compiled(project_step), compiled(finish_step),
+                         compiled(score_step, soft_ce="plain"))
 
 
 def metrics_from_stats(stats: torch.Tensor) -> dict:
