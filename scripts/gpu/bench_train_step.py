@@ -13,7 +13,9 @@ and the loss at the positions some TTT step counts only (`ttt_positions`):
                  (the default of `eaglekit train`)
   new            merged attention + the fused soft CE, eager (`train --soft-ce fused`)
   cce            merged attention + the soft CE alone under torch.compile (`train --soft-ce compiled`)
-  new-compile    `eaglekit train --compile`: merged attention, the unroll + loss under torch.compile
+  new-compile    `eaglekit train --compile`: merged attention, each TTT step's work under torch.compile
+                 (`ttt.compiled_steps`; at 6331a2d the whole unroll + loss as one graph); `first_step_s`
+                 holds the compile
   dense-compile  dense attention under torch.compile
 Each prints ms/step (median of --steps after warm-up) and the peak device memory of a step, and
 checks that its loss matches the first variant's on the same batch.
