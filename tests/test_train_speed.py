@@ -136,11 +136,12 @@ def compiled_vs_eager(backend, shapes):
 
 
 def test_compiled_steps_share_four_graphs_over_every_step_and_shape():
-    """`compiled_steps`: the seven TTT steps and batches of other sizes run the same four graphs (an
-    int step index or a specialized size would compile one per step or per batch)."""
+    """`compiled_steps`: every TTT step and batches of other sizes, one row included (given an empty
+    second row), run the same four graphs, and give the eager loss and stats (an int step index or a
+    specialized size would compile one per step or per batch)."""
     from torch._dynamo.utils import counters
 
-    from eaglekit.train.loop import TTTModel, compiled_unrolled_loss
+    from eaglekit.train.loop import TTTModel, compiled_unrolled_loss, unrolled_loss
 
     torch._dynamo.reset()
     counters.clear()
@@ -148,10 +149,14 @@ def test_compiled_steps_share_four_graphs_over_every_step_and_shape():
     steps = 4
     model = TTTModel(draft, steps, "merged")
     compiled = compiled_unrolled_loss("eager")          # dynamo's graphs, no AOT or codegen: fast
-    for T, B in [(11, 2), (9, 3), (13, 2)]:
+    kw = dict(d2t=draft.d2t, t2d=draft.t2d, weights=[0.8 ** j for j in range(steps)])
+    for T, B in [(11, 2), (9, 1), (13, 3)]:
         batch, _ = batch_for(draft, T=T, B=B)
-        out = compiled(model, batch, step_counts(batch.loss_mask, steps), d2t=draft.d2t, t2d=draft.t2d,
-                       weights=[0.8 ** j for j in range(steps)])
+        den = step_counts(batch.loss_mask, steps)
+        out = compiled(model, batch, den, **kw)
+        ref = unrolled_loss(model, batch, den, **kw)
+        torch.testing.assert_close(out.loss, ref.loss)
+        torch.testing.assert_close(out.stats, ref.stats)
         out.loss.backward()
     assert counters["stats"]["unique_graphs"] == 4
     assert not counters["graph_break"]

@@ -23,6 +23,8 @@ from torch import nn
 from eaglekit.artifacts import AUX_CONVENTION, clear_folder, write_manifest, writer_lock
 from eaglekit.draft.checkpoint import save_draft
 from eaglekit.errors import EaglekitError
+from eaglekit.features.batch import Batch
+from eaglekit.features.teacher import Teacher
 from eaglekit.train import distributed
 from eaglekit.train.attention import check_merged_attention, plan_free_attention
 from eaglekit.train.config import TrainConfig
@@ -106,9 +108,24 @@ def compiled_unrolled_loss(backend: str = "inductor"):
     steps = compiled_steps(backend)
 
     def run(model, batch, denominators, **kw):
+        if batch.input_ids.shape[0] == 1:
+            batch = with_empty_row(batch)
         return unrolled_loss(model, batch, denominators, **{**kw, "soft_ce": "plain"}, steps=steps)
 
     return run
+
+
+def with_empty_row(batch: Batch) -> Batch:
+    """A one-row batch [1, T] as [2, T], the second row padding that nothing counts: the same loss, stats
+    and gradients. Dynamo specializes a size of 1, so the compiled steps would otherwise compile all
+    four graphs again for it (a pool's last group, a row as long as the batch)."""
+    def pad(x: torch.Tensor, value=0) -> torch.Tensor:
+        return torch.cat([x, torch.full_like(x, value)])
+
+    t = batch.teacher
+    teacher = Teacher(pad(t.argmax), pad(t.probs), None if t.index is None else pad(t.index))
+    host = None if batch.host_loss_mask is None else pad(batch.host_loss_mask, False)
+    return Batch(pad(batch.input_ids), pad(batch.loss_mask, False), pad(batch.aux), teacher, pad(batch.lengths), host)
 
 
 def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:

@@ -119,7 +119,7 @@ def ttt_unroll(draft, aux: torch.Tensor, input_ids: torch.Tensor, ttt_steps: int
     diag_k: list[torch.Tensor] = []
     diag_v: list[torch.Tensor] = []
     for j in range(1, ttt_steps):
-        q, k, v, residual = steps.project(draft, hidden, input_ids, rows, pos, step_index(j, pos.device), k0)
+        q, k, v, residual = steps.project(draft, hidden, input_ids, rows, pos, step_index(j, pos.device))
         diag_k.append(k)
         diag_v.append(v)
         # The attention runs on the [B, L] grid (the prefix kernel wants it); the rows outside
@@ -150,7 +150,7 @@ def first_step(draft, aux, input_ids, rows, pos, attention: str):
     return draft.logits(hidden), hidden, k0, v0
 
 
-def project_step(draft, hidden, input_ids, rows, pos, j, k0):
+def project_step(draft, hidden, input_ids, rows, pos, j):
     """Step j's rotated q/k/v at `positions` (token x_{t+1+j}, 0 past the end; rope position t+j), on the
     [B, L] grid (`to_grid`), and its residual [1, N, H]. j: 0-d long tensor."""
     tokens = input_ids[:, 1:]                                                 # [B, L]
@@ -371,9 +371,11 @@ def score_step(step_logits, counted, teacher: Teacher, input_ids, rows, pos, j, 
 class StepFunctions:
     """What one TTT step runs, as four functions: `ttt_unroll` calls `first` once and `project` and
     `finish` for each later step, `ttt_loss` calls `score` for every step. Eager (`EAGER_STEPS`), or
-    each under torch.compile (`compiled_steps`): the seven steps then share four graphs, so a compile
+    each under torch.compile (`compiled_steps`): every TTT step then shares four graphs, so a compile
     traces and lowers one step's work, not the unroll's (the whole unroll + loss as one graph took
-    198 s to compile on an H200, 2026-12-04). The merged attention between them stays eager."""
+    198 s to compile on an H200, 2026-12-04). The merged attention of steps 1.. runs eagerly between
+    them. Dynamo specializes a size of 1, so a one-row batch would compile all four again: the
+    compiled loss gives such a batch an empty second row (`train.loop.with_empty_row`)."""
 
     first: Callable
     project: Callable
