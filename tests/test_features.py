@@ -165,8 +165,20 @@ def test_empty_data_is_refused(target, tmp_path):
         read_conversations(empty)
     no_answers = [{"id": "a", "messages": [{"role": "user", "content": "hello"}]}]
     rows, _ = read_conversations(write_jsonl(tmp_path / "q.jsonl", no_answers))
-    with pytest.raises(EaglekitError, match="none of the 1 conversations has an assistant token"):
+    with pytest.raises(EaglekitError, match="none of the 1 conversations has an answer to learn from"):
         tokenize_conversations(target.tokenizer, rows, max_length=64)
+
+
+def test_a_conversation_cut_one_token_into_its_answer_is_dropped(target, tmp_path):
+    rows, _ = read_conversations(write_jsonl(tmp_path / "c.jsonl", [
+        {"id": "a", "messages": [{"role": "user", "content": "hello there"}, {"role": "assistant", "content": "hi, how are you"}]}]))
+    full, _ = tokenize_conversations(target.tokenizer, rows, max_length=256)
+    first_answer = int(full[0].loss_mask.nonzero()[0])
+    kept, _ = tokenize_conversations(target.tokenizer, rows, max_length=first_answer + 2)
+    assert [s.id for s in kept] == ["a"]                       # two answer tokens in a row: kept
+    # One answer token: no position to learn from (a batch of only such rows would train on nothing).
+    with pytest.raises(EaglekitError, match="none of the 1 conversations has an answer to learn from"):
+        tokenize_conversations(target.tokenizer, rows, max_length=first_answer + 1)
 
 
 def test_conversations_of_another_target_are_refused(target, tmp_path):

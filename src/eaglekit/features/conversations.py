@@ -95,7 +95,7 @@ def read_conversations(path: str | Path, *, target_fingerprint: dict | None = No
 
 def tokenize_conversations(tokenizer, rows: list[dict], *, max_length: int,
                            workers: int | None = None) -> tuple[list[Sample], dict]:
-    """Tokenize with the target's template; drop conversations without assistant tokens.
+    """Tokenize with the target's template; drop conversations with no position to learn from.
 
     The ids and masks are `eaglekit.targets.chat.tokenize_conversation`'s, in the order of `rows`.
     The texts of `CHUNK` conversations go to the tokenizer in one call, on `workers` threads (a
@@ -105,7 +105,7 @@ def tokenize_conversations(tokenizer, rows: list[dict], *, max_length: int,
         (samples, counts) where counts has conversations, dropped, tokens and assistant_tokens.
 
     Raises:
-        EaglekitError: no conversation has an assistant token (an empty dataset for training).
+        EaglekitError: no conversation has two assistant tokens in a row (an empty dataset for training).
     """
     samples: list[Sample] = []
     specials = special_tokens(tokenizer)
@@ -132,13 +132,17 @@ def tokenize_conversations(tokenizer, rows: list[dict], *, max_length: int,
                 take(*pending.popleft())
         while pending:
             take(*pending.popleft())
-    kept = [s for s in samples if bool(s.loss_mask[1:].any())]   # the first token is never predicted
+    # A position is learned from when it and the next token are both the assistant's (train.ttt.
+    # counted_positions): a conversation cut one token into its answer has none, and a batch of only
+    # such rows would have nothing to train on.
+    kept = [s for s in samples if bool((s.loss_mask[:-1] & s.loss_mask[1:]).any())]
     dropped = len(samples) - len(kept)
     if not kept:
-        raise EaglekitError(f"none of the {len(rows)} conversations has an assistant token to learn from",
+        raise EaglekitError(f"none of the {len(rows)} conversations has an answer to learn from (two assistant "
+                            "tokens in a row)",
                             hint="the dataset is empty for training: add conversations with assistant answers")
     if dropped:
-        log.warning("dropped %d of %d conversations without assistant tokens", dropped, len(rows))
+        log.warning("dropped %d of %d conversations without two assistant tokens in a row", dropped, len(rows))
     counts = {"conversations": len(kept), "dropped": dropped,
               "tokens": sum(s.length for s in kept),
               "assistant_tokens": int(sum(int(s.loss_mask.sum()) for s in kept))}
