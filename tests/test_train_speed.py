@@ -163,6 +163,33 @@ def test_compiled_steps_share_four_graphs_over_every_step_and_shape():
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_compiled_target_layers_share_one_graph_and_capture_the_same_states(arch):
+    """Online --compile: the target's decoder layers compiled one by one share one graph over every
+    layer and batch shape, and the aux states and logits are the eager ones (the capture hooks run)."""
+    from torch._dynamo.utils import counters
+    from tiny import tiny_model
+
+    from eaglekit.targets.capture import capture_aux_states
+    from eaglekit.train.loop import compile_target_layers
+    from eaglekit.train.ttt import compile_guards
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = tiny_model(arch).eval()
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(0, 200, shape, generator=g) for shape in ((2, 11), (3, 17), (4, 9))]
+    eager = [capture_aux_states(model, ids, [1, 3]) for ids in rows]
+    compile_target_layers(model, backend="eager")
+    with compile_guards():
+        compiled = [capture_aux_states(model, ids, [1, 3]) for ids in rows]
+    for a, b in zip(compiled, eager):
+        torch.testing.assert_close(a.aux_hidden, b.aux_hidden)
+        torch.testing.assert_close(a.logits, b.logits)
+    assert counters["stats"]["unique_graphs"] == 1
+    torch._dynamo.reset()
+
+
 @pytest.mark.slow
 def test_compiled_step_traces_to_the_eager_numbers():
     """Dynamo + AOTAutograd (the merged attention's Function, the plain CE), without inductor's codegen

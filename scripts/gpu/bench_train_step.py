@@ -14,7 +14,8 @@ and the loss at the positions some TTT step counts only (`ttt_positions`):
   new            merged attention + the fused soft CE, eager (`train --soft-ce fused`)
   cce            merged attention + the soft CE alone under torch.compile (`train --soft-ce compiled`)
   new-compile    `eaglekit train --compile`: merged attention, each TTT step's work under torch.compile
-                 (`ttt.compiled_steps`; at 6331a2d the whole unroll + loss as one graph); `first_step_s`
+                 (`ttt.compiled_steps`; at 6331a2d the whole unroll + loss as one graph), and with --target
+                 the target's layers (which stay compiled: list compiled variants last); `first_step_s`
                  holds the compile
   dense-compile  dense attention under torch.compile
 Each prints ms/step (median of --steps after warm-up) and the peak device memory of a step, and
@@ -56,7 +57,7 @@ from eaglekit.features.teacher import Teacher  # noqa: E402
 from eaglekit.targets.load import resolve_device  # noqa: E402
 from eaglekit.train.attention import plan_free_attention  # noqa: E402
 from eaglekit.train.config import TrainConfig  # noqa: E402
-from eaglekit.train.loop import TTTModel, compiled_unrolled_loss, unrolled_loss  # noqa: E402
+from eaglekit.train.loop import TTTModel, compile_target_layers, compiled_unrolled_loss, unrolled_loss  # noqa: E402
 from eaglekit.train.optim import make_optimizer  # noqa: E402
 from eaglekit.train.ttt import step_counts  # noqa: E402
 
@@ -178,6 +179,9 @@ def bench_variant(name: str, args, shape, device: torch.device, autocast: bool, 
     optimizer = make_optimizer(params, lr=TrainConfig.lr, weight_decay=TrainConfig.weight_decay, betas=TrainConfig.betas)
     batches, online = step_batches(args, draft, target, device)
     step_loss = compiled_unrolled_loss() if compiled else unrolled_loss
+    if compiled and target is not None and not getattr(target, "layers_compiled", False):
+        compile_target_layers(target.model)       # as `train --compile` online; it stays so: list compiled variants last
+        target.layers_compiled = True
     kw = dict(d2t=draft.d2t, t2d=draft.t2d, weights=[TrainConfig.step_decay ** j for j in range(args.ttt_steps)])
     if every_position:       # passed only when set: this script also times an older src tree, which lacks it
         kw["every_position"] = True

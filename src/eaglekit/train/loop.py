@@ -25,6 +25,7 @@ from eaglekit.draft.checkpoint import save_draft
 from eaglekit.errors import EaglekitError
 from eaglekit.features.batch import Batch
 from eaglekit.features.teacher import Teacher
+from eaglekit.targets.capture import decoder_layers
 from eaglekit.train import distributed
 from eaglekit.train.attention import check_merged_attention, plan_free_attention
 from eaglekit.train.config import TrainConfig
@@ -34,7 +35,19 @@ from eaglekit.train.profiling import StepProfiler
 from eaglekit.train.setup import Run, prepare
 from eaglekit.train.state import latest_state, load_state, restore_rng, save_state
 from eaglekit.train.tracker import Tracker
-from eaglekit.train.ttt import STATS, StepFunctions, StepOutput, compiled_steps, metrics_from_stats, step_counts, ttt_loss, ttt_positions, ttt_unroll
+from eaglekit.train.ttt import (
+    COMPILE_OPTIONS,
+    STATS,
+    StepFunctions,
+    StepOutput,
+    compile_guards,
+    compiled_steps,
+    metrics_from_stats,
+    step_counts,
+    ttt_loss,
+    ttt_positions,
+    ttt_unroll,
+)
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +128,14 @@ def compiled_unrolled_loss(backend: str = "inductor"):
     return run
 
 
+def compile_target_layers(model: nn.Module, backend: str = "inductor") -> None:
+    """Online --compile: each decoder layer of the target under torch.compile. The layers share one
+    graph (dynamo takes each layer's weights as inputs), so the compile lowers one layer, not the
+    model; the aux-state hooks run as before."""
+    for layer in decoder_layers(model):
+        layer.compile(dynamic=True, backend=backend, options=COMPILE_OPTIONS if backend == "inductor" else None)
+
+
 def with_empty_row(batch: Batch) -> Batch:
     """A one-row batch [1, T] as [2, T], the second row padding that nothing counts: the same loss, stats
     and gradients. Dynamo specializes a size of 1, so the compiled steps would otherwise compile all
@@ -159,6 +180,11 @@ class Trainer:
             self.model = wrap_ddp(self.model, self.device)
         if cfg.compile:
             check_compile_supported(self.device, self.dist.world_size)
+            if cfg.online:
+                if cfg.target_device_map:
+                    raise EaglekitError("--compile is not verified with a target sharded over devices",
+                                        hint="drop --compile or --target-device-map")
+                compile_target_layers(self.run.train.model)
         if cfg.soft_ce == "compiled":
             check_inductor(self.device, "--soft-ce compiled")
         self.step_loss = (compiled_unrolled_loss() if cfg.compile
@@ -231,7 +257,12 @@ class Trainer:
 
     def load_batches(self, step: int):
         _, micro = self.plan.micro_batches(step, self.dist.rank)
-        return [self.run.train.batch(indices, self.device) for indices in micro]
+        with self.target_guards():
+            return [self.run.train.batch(indices, self.device) for indices in micro]
+
+    def target_guards(self):
+        """Around the online target's forward: `compile_guards` where --compile compiled its layers."""
+        return compile_guards() if self.cfg.compile and self.cfg.online else contextlib.nullcontext()
 
     def batches_of(self, step: int):
         """This rank's batches of `step`; offline ones are read one step ahead in a thread (pure, so resume is exact)."""
@@ -292,7 +323,8 @@ class Trainer:
         stats = torch.zeros(self.cfg.ttt_steps, len(STATS), dtype=torch.float64, device=self.device)
         ones = torch.ones(self.cfg.ttt_steps, dtype=torch.float64, device=self.device)
         for indices in batches[self.dist.rank::self.dist.world_size]:
-            batch = val.batch(indices, self.device)
+            with self.target_guards():
+                batch = val.batch(indices, self.device)
             with self.amp():
                 positions = device_positions(batch, self.cfg.ttt_steps)
                 logits = ttt_unroll(self.draft, batch.aux, batch.input_ids, self.cfg.ttt_steps,

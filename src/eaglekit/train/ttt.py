@@ -25,6 +25,7 @@ simulated accept length are what serving can reach.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -389,6 +390,16 @@ EAGER_STEPS = StepFunctions(first_step, project_step, finish_step, score_step)
 COMPILE_OPTIONS = {"triton.coalesce_tiling_analysis": False}
 
 
+@contextlib.contextmanager
+def compile_guards():
+    """Where compiled training code runs: dynamo's recompile limit raises instead of running eagerly
+    unannounced, and no duck sizing (two sizes equal in one batch, rows and N say, must not become one
+    symbol, or the next batch compiles again)."""
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True), \
+            torch.fx.experimental._config.patch(use_duck_shape=False):
+        yield
+
+
 @functools.cache
 def compiled_steps(backend: str = "inductor") -> StepFunctions:
     """`EAGER_STEPS` under torch.compile, dynamic in the batch's sizes, the plain soft CE (inductor fuses
@@ -399,9 +410,7 @@ def compiled_steps(backend: str = "inductor") -> StepFunctions:
 
         @functools.wraps(fn)
         def run(*args, **kw):
-            # No duck sizing: two sizes equal in one batch (rows and N, say) must not become one symbol.
-            with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True), \
-                    torch.fx.experimental._config.patch(use_duck_shape=False):
+            with compile_guards():
                 return graph(*args, **{**kw, **fixed})
         return run
 
