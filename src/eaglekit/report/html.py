@@ -16,7 +16,7 @@ from eaglekit import __version__
 from eaglekit.artifacts import atomic_path
 from eaglekit.report.collect import Part, RunData, Source, collect
 from eaglekit.report.scaling import acc0_chart, tau_chart
-from eaglekit.report.svg import PALETTE, HLine, Series, bar_chart, fmt_num, line_chart
+from eaglekit.report.svg import PALETTE, HLine, Series, bar_chart, chart_css, fmt_num, line_chart
 
 FIGURES = ("loss", "accuracy", "tau", "scaling-tau", "scaling-acc0", "acceptance", "tau-by-category", "speed")
 
@@ -37,13 +37,10 @@ figure { margin: 0; background: #fff; border: 1px solid #d5d9de; padding: 8px; w
 figure.missing .box { height: 120px; display: flex; align-items: center; justify-content: center;
                       color: #8a939c; background: repeating-linear-gradient(45deg, #fafbfc, #fafbfc 8px, #f0f2f4 8px, #f0f2f4 16px); }
 svg.chart { display: block; max-width: 100%; height: auto; }
-svg .title { font-size: 13px; font-weight: 600; fill: #1d2329; } svg .tick, svg .legend, svg .value { font-size: 10px; fill: #444; }
-svg .label { font-size: 11px; fill: #333; } svg .plot-area { fill: #fff; stroke: #aab2ba; }
-svg .grid { stroke: #e6e9ec; } svg .tickmark { stroke: #aab2ba; }
 .badge { display: inline-block; padding: 0 7px; border-radius: 9px; font-size: 12px; font-weight: 600; margin-left: 6px; }
 .s-done, .s-pass { background: #d9f2df; color: #1e6b33; } .s-unfinished, .s-warn { background: #fff0c2; color: #7a5b00; }
 .s-failed, .s-fail, .s-unreadable, .s-missing { background: #fadbd8; color: #8e2a20; } .s-not-run, .s-skip { background: #e8eaed; color: #56606b; }
-"""
+""" + chart_css("svg ") + "\n"
 
 
 def badge(status: str) -> str:

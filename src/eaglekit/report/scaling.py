@@ -6,10 +6,7 @@ scaling.json as the pipeline's scaling stage writes it (rows with fraction, toke
 
 from __future__ import annotations
 
-from eaglekit.report.svg import H, Series, W, line_chart
-
-STYLE = (".title{font:600 13px sans-serif} .tick,.legend,.value{font:10px sans-serif;fill:#444} "
-         ".label{font:11px sans-serif} .plot-area{fill:#fff;stroke:#aab2ba} .grid{stroke:#e6e9ec} .tickmark{stroke:#aab2ba}")
+from eaglekit.report.svg import H, Series, W, chart_css, line_chart
 
 
 def tau_chart(table: dict, xlabel: str = "answer tokens") -> str | None:
@@ -46,5 +43,5 @@ def scaling_svg(table: dict) -> str | None:
     if left is None or right is None:
         return None
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * W}" height="{H}" viewBox="0 0 {2 * W} {H}">'
-            f'<style>{STYLE}</style><rect width="{2 * W}" height="{H}" fill="#ffffff"/>'
+            f'<style>svg {{ font-family: sans-serif; }} {chart_css()}</style><rect width="{2 * W}" height="{H}" fill="#ffffff"/>'
             f'<g>{left}</g><g transform="translate({W} 0)">{right}</g></svg>\n')

@@ -14,6 +14,23 @@ import math
 from dataclasses import dataclass, field
 from html import escape
 
+# The charts' text and frame styles, one source for the report page's CSS and each standalone SVG file.
+CHART_STYLE = {
+    ".title": "font-size: 13px; font-weight: 600; fill: #1d2329",
+    ".tick, .legend, .value": "font-size: 10px; fill: #444",
+    ".label": "font-size: 11px; fill: #333",
+    ".plot-area": "fill: #fff; stroke: #aab2ba",
+    ".grid": "stroke: #e6e9ec",
+    ".tickmark": "stroke: #aab2ba",
+}
+
+
+def chart_css(scope: str = "") -> str:
+    """CHART_STYLE as CSS rules, each selector prefixed with `scope` (e.g. "svg ")."""
+    return " ".join(f"{', '.join(scope + part.strip() for part in selector.split(','))} {{ {rule}; }}"
+                    for selector, rule in CHART_STYLE.items())
+
+
 PALETTE = ("#3b7dd8", "#d8843b", "#3ba55c", "#c8413b", "#8a5cc8", "#8c6d31", "#d85fa8", "#5f6b7a", "#17a2b8",
            "#b8a400")
 W, H = 560, 300
