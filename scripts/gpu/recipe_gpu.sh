@@ -117,6 +117,12 @@ session() {
     REFILL=eager recipe generate.attention=sdpa
     stamp "pipeline (sdpa) exit $? after $(( $(date +%s) - t0 )) s"
   fi
+  if [[ $code != 0 ]] && grep -q "stage train failed" "$LOG" && [[ ${EXTRA:-} == *train.compile=true* ]]; then
+    stamp "train failed with --compile: the pipeline again with train.compile=false, its draft folder cleared (said so in the results)"
+    rm -rf "$RUN/draft"        # another train command starts fresh, and train refuses a non-empty folder
+    recipe train.compile=false
+    stamp "pipeline (no compile) exit $? after $(( $(date +%s) - t0 )) s"
+  fi
   benches "$RUN/draft" "$eval" "$prompts"
   stamp "session done"
 }
