@@ -83,3 +83,39 @@ def test_the_captured_loop_check_ends_the_answers_the_cpu_check_ends():
     reference = run("cpu", graphs=False, compile=False, runner_kw={"attention": "sdpa"})
     assert [reason for _, reason in reference] == ["loop", "loop", "length", "length"]
     assert run("cuda", graphs=True, compile=True, refill="graphs") == reference
+
+
+def test_compiled_training_step_on_cuda_equals_the_eager_one():
+    """`train --compile` on CUDA (inductor's Triton kernels, the merged attention's flash kernels
+    eager between them): the loss, the stats and the gradients of the eager step, over batch shapes
+    that share the four graphs; the target's compiled layers capture the eager aux states."""
+    from eaglekit.targets.capture import capture_aux_states
+    from eaglekit.train.loop import TTTModel, compile_target_layers, compiled_unrolled_loss, unrolled_loss
+    from eaglekit.train.ttt import compile_guards, step_counts
+    from test_train_ttt import batch_for, make_draft
+
+    torch.manual_seed(0)
+    draft = make_draft().cuda()
+    steps = 4
+    model = TTTModel(draft, steps, "merged")
+    params = [p for p in draft.parameters() if p.requires_grad]
+    kw = dict(d2t=draft.d2t, t2d=draft.t2d, weights=[0.8 ** j for j in range(steps)])
+    compiled = compiled_unrolled_loss()
+    for T, B in [(11, 2), (9, 1), (13, 3)]:
+        batch = batch_for(make_draft(), T=T, B=B)[0].to("cuda")   # the same seeded draft's vocab, on the CPU
+        den = step_counts(batch.loss_mask, steps)
+        a, b = compiled(model, batch, den, **kw), unrolled_loss(model, batch, den, **kw)
+        torch.testing.assert_close(a.loss, b.loss, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(a.stats, b.stats, atol=1e-5, rtol=1e-5)
+        for x, y in zip(torch.autograd.grad(a.loss, params), torch.autograd.grad(b.loss, params)):
+            torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4)
+    from tiny import tiny_model
+
+    target = tiny_model("llama").eval().to("cuda")
+    ids = torch.randint(3, 200, (3, 17), device="cuda")
+    eager = capture_aux_states(target, ids, list(AUX))
+    compile_target_layers(target)
+    with compile_guards():
+        got = capture_aux_states(target, ids, list(AUX))
+    err = (got.aux_hidden - eager.aux_hidden).norm() / eager.aux_hidden.norm()   # reductions reordered: rounding only
+    assert err < 1e-5, err
