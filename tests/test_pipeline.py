@@ -230,3 +230,14 @@ def test_an_override_of_the_form_a_colon_b_stays_as_written():
     assert recipe == {"train": {"profile-steps": "10:20", "epochs": 3}, "bench": {"limit": "1:30.5"}}
     apply_override(recipe, "prompts.source=[a.jsonl, 10:20]")
     assert recipe["prompts"]["source"] == ["a.jsonl", "10:20"]
+
+
+def test_generation_past_training_s_max_length_is_said(caplog):
+    from eaglekit.pipeline.recipe import load_recipe
+    from eaglekit.pipeline.run import warn_past_training
+
+    caplog.set_level(logging.WARNING)
+    warn_past_training(load_recipe("smollm2-h200")["generate"], load_recipe("smollm2-h200")["train"])
+    assert "training reads the first" not in caplog.text          # the recipe generates what training reads
+    warn_past_training({"context-length": 4096}, {})
+    assert "conversations of 4096 tokens, training reads the first 2048" in caplog.text
