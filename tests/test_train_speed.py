@@ -168,11 +168,11 @@ def test_compiled_target_layers_share_one_graph_and_capture_the_same_states(arch
     """Online --compile: the target's decoder layers compiled one by one share one graph over every
     layer and batch shape, and the aux states and logits are the eager ones (the capture hooks run)."""
     from torch._dynamo.utils import counters
-    from tiny import tiny_model
 
     from eaglekit.targets.capture import capture_aux_states
     from eaglekit.train.loop import compile_target_layers
     from eaglekit.train.ttt import compile_guards
+    from tiny import tiny_model
 
     torch._dynamo.reset()
     counters.clear()
