@@ -233,11 +233,17 @@ def test_an_override_of_the_form_a_colon_b_stays_as_written():
 
 
 def test_generation_past_training_s_max_length_is_said(caplog):
+    """The stage that truncates for training is asked: train online, features offline (moe-tp8
+    trains offline on 8,192 tokens, and must not be told to cut generation to train's 2,048)."""
     from eaglekit.pipeline.recipe import load_recipe
     from eaglekit.pipeline.run import warn_past_training
 
     caplog.set_level(logging.WARNING)
-    warn_past_training(load_recipe("smollm2-h200")["generate"], load_recipe("smollm2-h200")["train"])
-    assert "training reads the first" not in caplog.text          # the recipe generates what training reads
-    warn_past_training({"context-length": 4096}, {})
-    assert "conversations of 4096 tokens, training reads the first 2048" in caplog.text
+    for name in ("smollm2-h200", "moe-tp8", "quick"):
+        warn_past_training(load_recipe(name))
+    assert "training reads the first" not in caplog.text          # the recipes generate what training reads
+    warn_past_training({"generate": {"context-length": 4096}, "features": False})
+    assert "conversations of 4096 tokens, training reads the first 2048 of each (train.max-length)" in caplog.text
+    caplog.clear()
+    warn_past_training({"generate": {"context-length": 4096}, "features": {"max-length": 1024}})
+    assert "training reads the first 1024 of each (features.max-length)" in caplog.text

@@ -298,7 +298,7 @@ def generate_flags(recipe: dict) -> list[str]:
     """The generate section's flags; with `gpus: N` on CUDA and no devices given, one worker per GPU
     (the vllm and openai backends spread the work over GPUs themselves)."""
     section = dict(recipe.get("generate") or {})
-    warn_past_training(section, recipe.get("train") or {})
+    warn_past_training(recipe)
     gpus = int(recipe.get("gpus") or 1)
     if gpus > 1 and "devices" not in section and str(recipe.get("device", "")).startswith("cuda") \
             and section.get("backend", GenerateOptions.backend) in LOCAL_BACKENDS:
@@ -306,18 +306,22 @@ def generate_flags(recipe: dict) -> list[str]:
     return to_flags(section)
 
 
-def warn_past_training(generate: dict, train: dict) -> None:
-    """Say so when generation may write conversations longer than training reads: training keeps
-    the first `max-length` tokens of each, so answer tokens past it cost generation time and are
-    never trained on."""
+def warn_past_training(recipe: dict) -> None:
+    """Say so when generation may write conversations longer than training reads: the stage that
+    tokenizes for training (features offline, train online with `features: false`) keeps the first
+    `max-length` tokens of each, so answer tokens past it cost generation time and are never trained on."""
+    from eaglekit.features.options import FeaturesOptions
     from eaglekit.train.config import TrainConfig
 
+    generate = recipe.get("generate") or {}
+    online = recipe.get("features", {}) is False
+    stage, default = ("train", TrainConfig.max_length) if online else ("features", FeaturesOptions.max_length)
     longest = max(int(generate.get(k) or 0) for k in ("context-length", "cache-slots"))
-    max_length = int(train.get("max-length") or TrainConfig.max_length)
+    max_length = int((recipe.get(stage) or {}).get("max-length") or default)
     if longest > max_length:
         log.warning("generate may write conversations of %d tokens, training reads the first %d of each "
-                    "(train.max-length): set generate.context-length to %d unless the answers serve "
-                    "something else too", longest, max_length, max_length)
+                    "(%s.max-length): set generate.context-length to %d unless the answers serve "
+                    "something else too", longest, max_length, stage, max_length)
 
 
 def feature_stage(pipe: "Pipeline", name: str, t: list[str], dev: list[str], features: dict, data: Path,
