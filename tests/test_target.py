@@ -152,3 +152,18 @@ def test_one_device_resolver_refuses_cuda_where_there_is_none():
         with pytest.raises(EaglekitError, match=f"device '{name}' asked for, but no CUDA device") as err:
             resolve_device(name)
         assert err.value.hint == "use --device cpu"
+
+
+def test_an_engine_that_loads_the_checkpoint_itself_gets_auto_resolved_by_the_one_rule():
+    """vLLM's own "auto" downcasts a float32 checkpoint (the run folder's target/) to its platform's first
+    dtype; the vLLM
+    backends get eaglekit's "auto" instead (bf16 on CUDA, fp32 on CPU), as the HF backends do."""
+    import torch
+
+    from eaglekit.targets.load import engine_dtype_name, resolve_dtype
+
+    assert engine_dtype_name("auto", "cpu") == "float32" == str(resolve_dtype("auto", "cpu")).removeprefix("torch.")
+    assert engine_dtype_name("bf16") == "bfloat16" and engine_dtype_name("fp16") == "float16"
+    assert engine_dtype_name("auto") == ("bfloat16" if torch.cuda.is_available() else "float32")
+    with pytest.raises(EaglekitError, match="unknown dtype 'int8'"):
+        engine_dtype_name("int8")

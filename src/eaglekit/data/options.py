@@ -45,7 +45,7 @@ class GenerateOptions:
     # local generation (also `eaglekit prompts synthesize`'s)
     batch_size: int = option(32, "sequences per generation call", group="local")
     device: str = option("auto", "auto, cpu, cuda, cuda:1", group="local")
-    dtype: str = option("auto", "auto (bf16 on GPU, fp32 on CPU), float32, bfloat16", group="local")
+    dtype: str = option("auto", "auto (bf16 on GPU, fp32 on CPU; the vllm backend too), float32, bfloat16", group="local")
     attention: str = option("auto", "the engine's attention kernel (auto: flex on CUDA, each row reads only its own "
                                     "cache blocks; sdpa where flex does not compile)", group="local",
                             choices=ATTENTIONS)

@@ -35,7 +35,7 @@ class VllmGenerator(Streaming):
         batch_size: requests in vLLM at once.
         max_model_len: prompt + answer tokens (the generate stage's context length).
         tensor_parallel_size: GPUs the target is split over.
-        dtype: vLLM's dtype ("auto": the checkpoint's).
+        dtype: vLLM's dtype, by its full name (the CLI resolves "auto" first: `engine_dtype_name`).
         engine_args: further `vllm.LLM` keyword arguments (gpu_memory_utilization, ...).
     """
 
@@ -98,7 +98,7 @@ def vllm_local_backend(args, sampling: Sampling):
     from eaglekit.data.local_backend import LocalBackend, context_length
     from eaglekit.features.vllm_capture import TargetFiles
     from eaglekit.targets.chat import check_template_masks
-    from eaglekit.targets.load import dtype_name
+    from eaglekit.targets.load import engine_dtype_name
 
     target = TargetFiles(args.target)
     check_template_masks(target.tokenizer)
@@ -108,7 +108,7 @@ def vllm_local_backend(args, sampling: Sampling):
         engine_args["gpu_memory_utilization"] = args.gpu_memory_utilization
     if args.enforce_eager:
         engine_args["enforce_eager"] = True
-    dtype = dtype_name(args.dtype)   # vLLM's spelling
+    dtype = engine_dtype_name(args.dtype)   # "auto" resolved as the HF path does
     generator = VllmGenerator(target.source.path, target.stop_token_ids, sampling, seed=args.seed,
                               batch_size=args.batch_size, max_model_len=context,
                               tensor_parallel_size=args.tensor_parallel_size, dtype=dtype, engine_args=engine_args)

@@ -24,7 +24,7 @@ class FeaturesOptions:
     shard_tokens: int = option(262144, "tokens per shard file", group="main")
     batch_tokens: int = option(8192, "rows x padded length per target forward", group="main")
     device: str = option("auto", "auto, cpu, cuda, cuda:1", group="main")
-    dtype: str = option("auto", "target dtype: auto (bf16 on GPU), float32, bfloat16", group="main")
+    dtype: str = option("auto", "target dtype: auto (bf16 on GPU, fp32 on CPU; the vllm backend too), float32, bfloat16", group="main")
     device_map: str | None = option(None, "shard a target too large for one GPU over all GPUs (e.g. auto; "
                                           "transformers/accelerate)", group="main")
     backend: str = option("hf", "hf: transformers forward hooks; vllm: the target runs in vLLM (offline "

@@ -149,7 +149,7 @@ class VllmCapture:
         topk: teacher entries per token.
         max_model_len: longest sample + 1 (the one token each request generates).
         tensor_parallel_size: GPUs the target is split over.
-        dtype: vLLM's dtype ("auto": the checkpoint's; "float32" to compare with HF on CPU).
+        dtype: vLLM's dtype, by its full name (the CLI resolves "auto" first: `engine_dtype_name`).
         batch_tokens: vLLM's max_num_batched_tokens (tokens per forward; long samples are chunked).
         engine_args: further `vllm.LLM` keyword arguments (gpu_memory_utilization, ...).
     """
@@ -232,7 +232,7 @@ def run_features_vllm(args) -> int:
     """`eaglekit features --backend vllm`: the HF path's flow (`features.cli.run_features`) with vLLM
     computing each shard."""
     from eaglekit.features.cli import capture_conversations
-    from eaglekit.targets.load import dtype_name
+    from eaglekit.targets.load import engine_dtype_name
 
     if args.device_map:
         raise EaglekitError("--device-map is the hf backend's way to split a target", hint="use --tensor-parallel-size")
@@ -241,7 +241,7 @@ def run_features_vllm(args) -> int:
     engine_args = {}
     if args.gpu_memory_utilization is not None:
         engine_args["gpu_memory_utilization"] = args.gpu_memory_utilization
-    dtype = dtype_name(args.dtype)   # vLLM's spelling
+    dtype = engine_dtype_name(args.dtype)   # "auto" resolved as the HF path does
     capture = None
 
     def shard_capture_for(aux: list[int], samples):

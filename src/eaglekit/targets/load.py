@@ -72,6 +72,14 @@ def dtype_name(dtype: str) -> str:
     return str(DTYPES[dtype]).removeprefix("torch.") if dtype in DTYPES else dtype
 
 
+def engine_dtype_name(dtype: str, device: str = "auto") -> str:
+    """The full name of the dtype an engine that loads the checkpoint itself (vLLM) gets: "auto"
+    resolved by eaglekit's one rule (bf16 on CUDA, fp32 on CPU), as the HF path resolves it, and
+    never passed on: vLLM's own "auto" downcasts a float32 checkpoint (the run folder's target/) to the
+    platform's first dtype: bf16 on x86 CPUs (vllm.platforms.cpu), where the HF path computes in fp32."""
+    return dtype_name(str(resolve_dtype(dtype, resolve_device(device))).removeprefix("torch."))
+
+
 def resolve_dtype(dtype: str | torch.dtype | None, device: str | torch.device) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
