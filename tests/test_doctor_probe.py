@@ -80,6 +80,17 @@ def test_trained_draft_passes_the_probe(exports, target_dir):
     assert "diagnosis" not in report.probe
 
 
+def test_the_probe_drafts_as_many_tokens_as_the_export_is_served_at(exports, target_dir, tmp_path):
+    """vLLM serves a speculators folder at its config's speculative_tokens; the probe drafts that
+    many by default (3 before: an export for 5 was probed at 3), and --k still overrides it."""
+    export_draft(exports["native"], "vllm", tmp_path / "k5", target=str(target_dir), speculative_tokens=5)
+    sglang = run_doctor(exports["sglang"], str(target_dir), **PROBE).probe
+    five = run_doctor(tmp_path / "k5", str(target_dir), **PROBE).probe
+    two = run_doctor(tmp_path / "k5", str(target_dir), k=2, **PROBE).probe
+    assert (sglang["k"], five["k"], two["k"]) == (3, 5, 2)
+    assert len(five["per_position"]) == 5 and len(two["per_position"]) == 2
+
+
 @pytest.mark.parametrize("story,export,engine,edit,cause", [
     ("weight names", "sglang", "sglang", dict(tensors=_rename_layers), "names"),
     ("d2t absolute", "vllm", "vllm", dict(tensors=_d2t_absolute), "d2t"),

@@ -202,4 +202,5 @@ def test_every_flag_states_its_default_once_and_from_its_field():
                 assert text.endswith(f"(default {action.default})".replace("%", "%%")), (p.prog, action.dest, text)
     assert seen > 50                                      # the rule is exercised across the subcommands
     args = build_parser().parse_args(["doctor", "d"])
-    assert args.k == 3 and args.target == "smollm2"        # defaults unchanged by the help text
+    assert args.max_new_tokens == 64 and args.target == "smollm2"   # defaults unchanged by the help text
+    assert args.k is None                                  # the folder's speculative_tokens (doctor.run)

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from eaglekit.formats.names import FORMATS
 from eaglekit.options import json_option, option
 from eaglekit.targets.options import target_option
 
-ENGINES = ("sglang", "vllm", "eagle")
+ENGINES = tuple(FORMATS)   # an engine per export format
 DTYPES = ("bfloat16", "float32", "float16", "bf16", "fp32", "fp16")
 GROUPS = {"main": None}
 
@@ -21,7 +22,8 @@ class DoctorOptions:
                                 group="main", choices=ENGINES)
     probe: str | None = option(None, "run the live probe on a prompts file (no value: built-in prompts)", group="main",
                                flag={"nargs": "?", "const": "builtin", "metavar": "PROMPTS"})
-    k: int = option(3, "draft tokens per step in the probe (--k as in bench)", group="main", aliases=("-k",))
+    k: int | None = option(None, "draft tokens per step in the probe (--k as in bench; default: the folder's "
+                                 "speculative_tokens, what vLLM serves it at, else 3)", group="main", aliases=("-k",))
     max_new_tokens: int = option(64, "continuation length per prompt", group="main")
     limit: int = option(6, "the probe uses the first N prompts, as bench's --limit", group="main", aliases=("--num-prompts",))
     device: str = option("auto", "where the target runs for the probe (auto: the GPU when there is one)",

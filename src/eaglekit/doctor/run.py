@@ -96,8 +96,19 @@ def training_tau(manifest: dict | None, k: int) -> tuple[float | None, str]:
     return None, "no training metrics recorded"
 
 
+def speculative_tokens(folder) -> int:
+    """The draft tokens per step a folder is served at: a speculators config's own (vLLM reads it when
+    no num_speculative_tokens is given), else the export manifest's, else export's default."""
+    from eaglekit.formats.options import ExportOptions
+
+    methods = ((folder.config.get("speculators_config") or {}).get("proposal_methods") or [{}])
+    config = (folder.manifest or {}).get("config") or {}
+    k = methods[0].get("speculative_tokens") if isinstance(methods[0], dict) else None
+    return int(k or config.get("speculative_tokens") or ExportOptions.speculative_tokens)
+
+
 def run_doctor(draft: str | Path, target: str = DoctorOptions.target, *, engine: str | None = None,
-               prompts: str | None = None, run_probe: bool = False, k: int = DoctorOptions.k,
+               prompts: str | None = None, run_probe: bool = False, k: int | None = DoctorOptions.k,
                max_new_tokens: int = DoctorOptions.max_new_tokens, num_prompts: int = DoctorOptions.limit,
                diagnose_always: bool = False, device: str = DoctorOptions.device, dtype: str = DoctorOptions.dtype,
                allow_unfinished: bool = False) -> Report:
@@ -109,7 +120,7 @@ def run_doctor(draft: str | Path, target: str = DoctorOptions.target, *, engine:
         engine: "sglang", "vllm" or "eagle"; default: the engine the folder's format is made for.
         prompts: prompts file for the live probe (None: built-in prompts).
         run_probe: run the live probe (and the diagnosis when acceptance is low).
-        k: draft tokens per verify step in the probe.
+        k: draft tokens per verify step in the probe; None: the folder's `speculative_tokens`.
         max_new_tokens: length of each greedy continuation the probe replays.
         num_prompts: how many prompts the probe uses.
         diagnose_always: run the diagnosis even when acceptance is fine.
@@ -127,6 +138,7 @@ def run_doctor(draft: str | Path, target: str = DoctorOptions.target, *, engine:
 
     device, dtype = resolve_device(device), probe_dtype(dtype)
     folder = read_folder(draft)
+    k = k or speculative_tokens(folder)
     unfinished = refuse_unfinished(folder.unfinished, draft, allow_unfinished=allow_unfinished)
     facts = target_facts(target)
     interp = interpret(folder, target_num_layers=facts.num_layers)

@@ -18,6 +18,7 @@ from eaglekit import __version__
 from eaglekit.artifacts import AUX_CONVENTION
 from eaglekit.draft.config import DraftConfig
 from eaglekit.errors import EaglekitError
+from eaglekit.formats.options import ExportOptions
 from eaglekit.targets.info import to_engine_convention
 
 SPECULATORS_ARCHITECTURE = "Eagle3Speculator"
@@ -58,7 +59,7 @@ def layer_config(cfg: DraftConfig) -> dict:
 
 
 def vllm_config(cfg: DraftConfig, *, verifier: str | None, verifier_architectures: list[str],
-                speculative_tokens: int = 3, extra: dict | None = None) -> dict:
+                speculative_tokens: int = ExportOptions.speculative_tokens, extra: dict | None = None) -> dict:
     """The speculators config (`Eagle3SpeculatorConfig`) that vLLM loads natively."""
     return {
         "architectures": [SPECULATORS_ARCHITECTURE],
