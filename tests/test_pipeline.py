@@ -247,3 +247,18 @@ def test_generation_past_training_s_max_length_is_said(caplog):
     caplog.clear()
     warn_past_training({"generate": {"context-length": 4096}, "features": {"max-length": 1024}})
     assert "training reads the first 1024 of each (features.max-length)" in caplog.text
+
+
+def test_the_doctor_s_probe_runs_on_the_run_s_device(tmp_path):
+    """`device=cuda:1` reaches the doctor stage as every other stage (the recipe had to repeat it, and
+    an override left the probe on cuda:0); the doctor section's own device still wins."""
+    from eaglekit.pipeline.recipe import apply_override, load_recipe
+    from eaglekit.pipeline.run import planned
+
+    recipe = load_recipe("smollm2-h200")
+    apply_override(recipe, "device=cuda:1")
+    doctor = next(s for s in planned(recipe, tmp_path) if s.name == "doctor")
+    assert doctor.argv[doctor.argv.index("--device") + 1] == "cuda:1" and doctor.argv.count("--device") == 1
+    apply_override(recipe, "doctor.device=cpu")
+    doctor = next(s for s in planned(recipe, tmp_path) if s.name == "doctor")
+    assert doctor.argv[doctor.argv.index("--device") + 1] == "cpu" and doctor.argv.count("--device") == 1

@@ -465,8 +465,9 @@ def run_stages(pipe: Pipeline, recipe: dict, out: Path) -> None:
 
     doctor = dict(recipe.get("doctor") or {})
     engine = doctor.pop("engine", "vllm")
+    doctor_dev = [] if "device" in doctor else dev   # the probe runs where the other stages do
     pipe.stage("doctor", ["doctor", str(out / "export" / engine), *t, "--engine", engine, *to_flags(doctor),
-                          "--out", str(out / "doctor")], ok_codes=(0, 1))
+                          *doctor_dev, "--out", str(out / "doctor")], ok_codes=(0, 1))
 
     bench = recipe.get("bench")
     if bench:
