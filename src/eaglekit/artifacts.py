@@ -34,6 +34,7 @@ from eaglekit.errors import EaglekitError
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+TRAINER_STATE = "trainer_state"   # a training run folder's resume state (train/state.py); the pipeline resumes on it
 CONVERSATION_SHARDS = "conversations"   # a generate folder's shards: conversations-00000.jsonl, ...
 # Aux layer ids inside eaglekit always mean "output of 0-based decoder layer i" (pre final norm).
 AUX_CONVENTION = "output_of_layer_0based"

@@ -19,7 +19,7 @@ from eaglekit.artifacts import AUX_CONVENTION
 from eaglekit.draft.config import DraftConfig
 from eaglekit.errors import EaglekitError
 from eaglekit.formats.options import ExportOptions
-from eaglekit.targets.info import to_engine_convention
+from eaglekit.targets.info import default_aux_layer_ids, to_engine_convention
 
 SPECULATORS_ARCHITECTURE = "Eagle3Speculator"
 EAGLE_ARCHITECTURE = "LlamaForCausalLM"
@@ -113,7 +113,7 @@ def eagle_config(cfg: DraftConfig, extra: dict | None = None) -> dict:
         problems.append("the target's layer count is unknown (pass --target)")
     else:
         N = cfg.target_num_layers
-        default = [1, N // 2 - 1, N - 4]  # EAGLE captures the inputs of layers 2, N//2, N-3
+        default = default_aux_layer_ids(N)  # EAGLE captures the inputs of layers 2, N//2, N-3
         if list(cfg.aux_layer_ids) != default:
             problems.append(f"aux layer ids {list(cfg.aux_layer_ids)} are not EAGLE's hard-coded {default}")
     if problems:

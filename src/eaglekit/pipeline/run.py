@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from eaglekit.artifacts import read_json, write_json, writer_lock
+from eaglekit.artifacts import TRAINER_STATE, read_json, write_json, writer_lock
 from eaglekit.data.options import LOCAL_BACKENDS, GenerateOptions
 from eaglekit.errors import EaglekitError
 from eaglekit.pipeline.recipe import to_flags
@@ -454,7 +454,7 @@ def run_stages(pipe: Pipeline, recipe: dict, out: Path) -> None:
     train_input += validation_stages(pipe, recipe, out, t, dev, features)
     draft = out / "draft"
     pipe.stage("train", ["train", *t, *train_input, *to_flags(recipe.get("train")), *dev,
-                         "--out", str(draft)], resume_flag="--resume", resume_marker=draft / "trainer_state",
+                         "--out", str(draft)], resume_flag="--resume", resume_marker=draft / TRAINER_STATE,
                processes=int(recipe.get("gpus") or 1))
 
     export = dict(recipe.get("export") or {})

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from eaglekit.artifacts import atomic_path, read_json, write_json
+from eaglekit.artifacts import TRAINER_STATE, atomic_path, read_json, write_json
 from eaglekit.errors import EaglekitError
 from eaglekit.pipeline.recipe import to_flags
 from eaglekit.report.collect import read_log
@@ -135,7 +135,7 @@ def run_scaling(pipe, plan: ScalingPlan, recipe: dict, out: Path, t: list[str], 
         pipe.stage(f"scaling-{fraction:g}-train",
                    ["train", *t, *train_input, *to_flags(train), "--train-fraction", f"{fraction:g}",
                     "--max-steps", str(steps), *dev, "--out", str(draft)],
-                   resume_flag="--resume", resume_marker=draft / "trainer_state",
+                   resume_flag="--resume", resume_marker=draft / TRAINER_STATE,
                    processes=int(recipe.get("gpus") or 1))
         if bench:
             pipe.stage(f"scaling-{fraction:g}-bench", ["bench", *t, "--draft", str(draft), *to_flags(bench), *dev,

@@ -20,12 +20,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from eaglekit.artifacts import atomic_path, read_json, write_json
+from eaglekit.artifacts import TRAINER_STATE, atomic_path, read_json, write_json
 from eaglekit.errors import EaglekitError
 from eaglekit.targets.source import validate_safetensors
 
 log = logging.getLogger(__name__)
-STATE_DIR = "trainer_state"
+STATE_DIR = TRAINER_STATE
 LATEST = "latest.json"
 
 
