@@ -72,6 +72,48 @@ def test_run_chains_every_stage_and_resumes(tiny_target_dir, tmp_path, capsys, c
     assert {k: v["seconds"] for k, v in again["stages"].items()} == {k: v["seconds"] for k, v in state["stages"].items()}
 
 
+def test_a_stage_whose_input_was_made_again_is_made_again(tiny_target_dir, tmp_path, caplog):
+    """A second target into the same run folder: the target stage runs again (its command changed),
+    and so must every stage reading what it made (their commands did not change; they were all
+    skipped, and the run said "doctor: ok" over data, draft and exports of the first target)."""
+    from eaglekit.pipeline.run import overwrites
+    from tiny import save_tiny_target
+
+    caplog.set_level(logging.INFO)
+    out = tmp_path / "run"
+    recipe = yaml.safe_load(open(tiny_recipe(tmp_path, tiny_target_dir)))
+    recipe.pop("bench")
+    first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
+    first.write_text(yaml.safe_dump(recipe))
+    other = save_tiny_target(tmp_path / "other-target", "llama", seed=1)
+    second.write_text(yaml.safe_dump({**recipe, "target": str(other)}))
+    main(["run", "--recipe", str(first), "--out", str(out)])
+    before = json.loads((out / "pipeline.json").read_text())["stages"]
+    caplog.clear()
+    main(["run", "--recipe", str(second), "--out", str(out)])
+    after = json.loads((out / "pipeline.json").read_text())["stages"]
+    assert caplog.text.count("done earlier, skipped") == 1 and "[prompts] done earlier, skipped" in caplog.text
+    assert all(after[name]["ran"] > before[name]["ran"] for name in before if name != "prompts"), after
+    assert after["prompts"]["ran"] == before["prompts"]["ran"]              # built without the target
+    assert "[generate] target changed since this stage ran: its output is out of date" in caplog.text
+    hashes = {folder: json.loads((out / folder / "manifest.json").read_text())["target"]["weights_hash"]
+              for folder in ("target", "conversations", "features", "draft", "export/vllm")}
+    assert len(set(hashes.values())) == 1, hashes
+    caplog.clear()
+    main(["run", "--recipe", str(second), "--out", str(out)])      # and nothing runs a third time
+    assert caplog.text.count("done earlier, skipped") == len(after)
+    assert overwrites(["prompts", "build"]) and overwrites(["target", "prepare"]) and not overwrites(["doctor"])
+    # The user's prompts file edited in place: the prompts are built again, and what reads them.
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(prompts.read_text().replace("Name three colours.", "Name four colours."))
+    caplog.clear()
+    main(["run", "--recipe", str(second), "--out", str(out)])
+    assert f"[prompts] {prompts} changed since this stage ran" in caplog.text
+    edited = json.loads((out / "pipeline.json").read_text())["stages"]
+    assert all(edited[name]["ran"] > after[name]["ran"] for name in after if name != "target"), edited
+    assert "Name four colours." in "".join(f.read_text() for f in (out / "prompts").glob("*.jsonl"))
+
+
 def test_stop_before_an_unknown_stage_is_refused(tmp_path, capsys):
     assert main(["run", "--recipe", "quick", "--out", str(tmp_path / "run"), "--stop-before", "trian"]) == 2
     assert "no stage named 'trian'" in capsys.readouterr().err

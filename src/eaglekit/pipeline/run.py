@@ -16,13 +16,17 @@
       report.html    `eaglekit report`: the page a person looks at, rewritten at the end of every run
 
 Each stage runs through its own subcommand (the same code path as running it alone). A stage
-recorded as finished with the same command is skipped; a stage that was interrupted is run again
-with its own resume (generate resumes by itself, train gets --resume). `gpus: N` answers the
+recorded as finished with the same command is skipped, unless what it read changed since: a stage
+whose output folder its command names finished again, or a file of the user's it names (prompts,
+an HF target folder's files) has another size or mtime. It then runs again with --overwrite. A
+stage that was interrupted is run again with its own resume (generate resumes by itself, train
+gets --resume). `gpus: N` answers the
 prompts with one worker per GPU and trains with torchrun on N GPUs of this host (DDP).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import shlex
 import subprocess
@@ -87,41 +91,52 @@ class Pipeline:
             self.plan.append(PlannedStage(name, argv, processes))
             return 0
         done = self.state["stages"].get(name)
-        if finished(self.state, name, argv):
+        if finished(self.state, name, argv, self.out):
             log.info("[%s] done earlier, skipped (%s)", name, shlex.join(["eaglekit", *argv]))
             return done["exit_code"]
-        resumed = bool(done and done["argv"] == argv and resume_flag and resume_marker is not None
+        upstream = upstream_runs(self.state, name, argv)
+        stale = stale_inputs(self.state, name, argv, self.out)
+        resumed = bool(not stale and done and done["argv"] == argv and resume_flag and resume_marker is not None
                        and resume_marker.exists())
-        if resumed:
-            argv = argv + [resume_flag]
+        extra = [resume_flag] if resumed else []
+        if stale:
+            # What it made came from an earlier run of these stages: made again, never kept or resumed.
+            log.warning("[%s] %s changed since this stage ran: its output is out of date, so it runs again%s",
+                        name, ", ".join(stale), " (--overwrite)" if overwrites(argv) else "")
+            extra = ["--overwrite"] if overwrites(argv) and "--overwrite" not in argv else []
         where = f"stage {self.planned.index(name) + 1} of {len(self.planned)}, " \
             if self.planned and name in self.planned else ""
-        log.info("[%s] %s (%sthe run so far: %s)", name, shlex.join(["eaglekit", *argv]), where,
+        log.info("[%s] %s (%sthe run so far: %s)", name, shlex.join(["eaglekit", *argv, *extra]), where,
                  duration(time.time() - self.started))
         self.look_ahead(name)
         log.info("[%s] %s", name, self.time_left(name, None).text())
-        self.record(name, argv, "running", None, 0.0)
+        files = input_files(argv, self.out)
+        self.record(name, argv, "running", None, 0.0, upstream=upstream, files=files)
         start = time.time()
         # The stage's progress lines end with the run's time left: in this process through run_outlook,
         # in the processes it starts (torchrun's ranks, --devices workers) through the environment.
         own = known_stage_time(self.stage_planned(name), self.state, self.out)
         with run_outlook(lambda left: self.time_left(name, None if left is None else StageTime(left)).text()), \
                 run_after(name, own, self.time_after()):
-            code = run_eaglekit(argv, processes)
+            code = run_eaglekit(argv + extra, processes)
         release_device_memory()
         seconds = round(time.time() - start, 1)
         if code not in ok_codes:
-            self.record(name, argv, "failed", code, seconds)
-            raise EaglekitError(f"stage {name} failed (exit {code}): {shlex.join(['eaglekit', *argv])}",
+            self.record(name, argv, "failed", code, seconds, upstream=upstream, files=files)
+            raise EaglekitError(f"stage {name} failed (exit {code}): {shlex.join(['eaglekit', *argv, *extra])}",
                                 hint="fix the cause and rerun `eaglekit run`; finished stages are skipped")
-        self.record(name, argv[:-1] if resumed else argv, "done", code, seconds, resumed=resumed)
+        self.record(name, argv, "done", code, seconds, resumed=resumed, upstream=upstream, files=files)
         return code
 
     def record(self, name: str, argv: list[str], status: str, code: int | None, seconds: float,
-               resumed: bool = False) -> None:
-        """`resumed`: the seconds cover only the part after the resume (no measure of the whole stage)."""
+               resumed: bool = False, upstream: dict | None = None, files: dict | None = None) -> None:
+        """`resumed`: the seconds cover only the part after the resume (no measure of the whole stage).
+        `upstream`: when each stage whose output this one reads had finished (`upstream_runs`); `ran`:
+        when this one finished, what a later stage reading its output records. `files`: the user's
+        input files it read, as `input_files` saw them."""
         self.state["stages"][name] = {"argv": argv, "status": status, "exit_code": code, "seconds": seconds,
-                                      "resumed": resumed}
+                                      "resumed": resumed, "upstream": upstream or {}, "files": files or {},
+                                      **({"ran": time.time()} if status == "done" else {})}
         write_json(self.state_path, self.state)
 
     def look_ahead(self, name: str) -> None:
@@ -130,7 +145,7 @@ class Pipeline:
             self.whole_plan, self.plan_is_whole = plan_so_far(self.recipe, self.out)
         names = [s.name for s in self.whole_plan]
         after = self.whole_plan[names.index(name) + 1:] if name in names else []
-        after = [s for s in until_stop(after, self.stop_before) if not finished(self.state, s.name, s.argv)]
+        after = [s for s in until_stop(after, self.stop_before) if not finished(self.state, s.name, s.argv, self.out)]
         self.ahead = [(s.name, known_stage_time(s, self.state, self.out)) for s in after]
 
     def time_left(self, name: str, own: StageTime | None) -> TimeLeft:
@@ -155,10 +170,79 @@ class Pipeline:
                                         and self.stop_before not in {s.name for s in self.whole_plan})
 
 
-def finished(state: dict, name: str, argv: list[str]) -> bool:
-    """Recorded as done with this exact command: the stage is skipped."""
+def finished(state: dict, name: str, argv: list[str], run_dir: Path) -> bool:
+    """Recorded as done with this exact command, on the output its upstream stages hold now: skipped."""
     done = state["stages"].get(name)
-    return bool(done) and done["argv"] == argv and done["status"] == "done"
+    return bool(done) and done["argv"] == argv and done["status"] == "done" \
+        and not stale_inputs(state, name, argv, run_dir)
+
+
+def stage_output(argv: list[str]) -> str | None:
+    """The folder a stage writes (its --out)."""
+    return argv[argv.index("--out") + 1] if "--out" in argv[:-1] else None
+
+
+def upstream_runs(state: dict, name: str, argv: list[str]) -> dict[str, float | None]:
+    """The recorded stages whose output folder this stage's command reads (a path in its argv, or
+    inside one), each with when it last finished. The dependencies come from the commands themselves."""
+    runs = {}
+    for other, rec in state["stages"].items():
+        out = stage_output(rec["argv"])
+        if other != name and out is not None and any(a == out or a.startswith(out + "/") for a in argv):
+            runs[other] = rec.get("ran", 0.0) if rec["status"] == "done" else None   # 0.0: recorded before `ran`
+    return runs
+
+
+def stale_inputs(state: dict, name: str, argv: list[str], run_dir: Path) -> list[str]:
+    """The upstream stages that finished again (or are unfinished now) since `name` ran on their
+    output, and the user's input files that changed since. A record from before these were
+    recorded is taken as it is."""
+    done = state["stages"].get(name)
+    if not done or "upstream" not in done:
+        return []
+    now = upstream_runs(state, name, argv)
+    stale = [other for other in now if now[other] is None or done["upstream"].get(other) != now[other]]
+    files = input_files(argv, run_dir)
+    if "files" in done:
+        stale += [path for path, seen in files.items() if done["files"].get(path) != seen]
+    return stale
+
+
+def input_files(argv: list[str], run_dir: Path) -> dict[str, list]:
+    """The files a command names outside the run folder (the user's prompts, an HF target folder),
+    each as [size, mtime_ns]; a folder as its files', one level deep. An edit in place shows."""
+    inside = Path(run_dir).resolve()
+    seen = {}
+    for arg in argv:
+        path = Path(arg.split(",")[0]) if not arg.startswith("-") else None
+        if path is None or not path.exists() or path.resolve().is_relative_to(inside):
+            continue
+        for file in sorted(path.iterdir()) if path.is_dir() else [path]:
+            if file.is_file():
+                st = file.stat()
+                seen[str(file)] = [st.st_size, st.st_mtime_ns]
+    return seen
+
+
+def overwrites(argv: list[str]) -> bool:
+    """Whether the stage's subcommand takes --overwrite (doctor and bench rewrite their folder anyway)."""
+    return "--overwrite" in subcommand_flags(tuple(argv[:2]))
+
+
+@functools.lru_cache(maxsize=None)
+def subcommand_flags(words: tuple[str, ...]) -> frozenset[str]:
+    """The flags of `eaglekit WORDS...` (a subcommand and, where it has them, its own subcommand), from the parser."""
+    import argparse
+
+    from eaglekit.cli import build_parser
+
+    parser = build_parser()
+    for word in words:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs or word not in subs[0].choices:
+            break
+        parser = subs[0].choices[word]
+    return frozenset(flag for action in parser._actions for flag in action.option_strings)
 
 
 def until_stop(stages: list[PlannedStage], stop_before: str | None) -> list[PlannedStage]:
