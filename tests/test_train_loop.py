@@ -208,6 +208,29 @@ def test_cli_refuses_non_empty_out_and_resume_with_other_settings(data, tmp_path
     assert "holds no trainer state" in capsys.readouterr().err
 
 
+def test_resume_on_features_captured_again_is_refused(data, tmp_path, capsys):
+    """A run stopped, its features folder captured again with other aux layers, then --resume: it
+    resumed (exit 0, complete) and the draft mixed two runs, its config's aux ids not its manifest's."""
+    import shutil
+
+    feat = tmp_path / "feat"
+    shutil.copytree(data["feat"], feat)
+    args = ["--max-steps", "2", "--val-every", "2", "--save-every", "2"]
+    run = train_args(data, tmp_path / "run", *args)
+    run[run.index("--features") + 1] = str(feat)
+    assert main(run) == 0
+    target = load_target(data["target"])
+    samples = greedy_samples(target.model, target.tokenizer, 16, max_new_tokens=24)
+    capture_features(target, samples, feat, aux_layer_ids=[2, 3, 4], topk=16, shard_tokens=1500,
+                     batch_tokens=1024, progress=False, overwrite=True)
+    capsys.readouterr()
+    assert main(run + ["--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "--resume on other data than the run in" in err and "inputs" in err and "--overwrite" in err
+    assert main(run + ["--overwrite"]) == 0                                   # the fix the hint names
+    assert json.loads((tmp_path / "run" / "manifest.json").read_text())["aux_layer_ids"] == [2, 3, 4]
+
+
 def test_features_of_another_target_are_refused_by_train(data, tmp_path, capsys):
     from tiny import save_tiny_target
 

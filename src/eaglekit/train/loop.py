@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import os
 import shutil
@@ -228,6 +229,12 @@ class Trainer:
             return self.cfg.warmup_steps
         return max(1, int(0.02 * self.total_steps))
 
+    def run_identity(self) -> dict:
+        """What the run trains on, beyond its arguments: the target, its input folders' fingerprints,
+        the aux layers and the draft vocab. A resume on anything else would mix two runs in one draft."""
+        return {"target": self.run.fingerprint, "inputs": self.run.inputs, "aux_layer_ids": list(self.run.aux_layer_ids),
+                "draft_vocab": self.run.vocab.summary()}
+
     def restore(self) -> None:
         folder = latest_state(self.out)
         state, draft_t, opt_t, rng_t = load_state(folder)
@@ -236,6 +243,14 @@ class Trainer:
                           if state["config"].get(k) != self.cfg.resume_key().get(k))
             raise EaglekitError(f"--resume with other settings than the run in {self.out}: {diff}",
                                 hint="resume with exactly the original arguments")
+        now = json.loads(json.dumps(self.run_identity()))        # as the state file holds it
+        was = state.get("run", now)                              # states from before 2026-12-04 hold none
+        if was != now:
+            diff = [k for k in now if was.get(k) != now.get(k)]
+            raise EaglekitError(f"--resume on other data than the run in {self.out} stopped on: its {', '.join(diff)} "
+                                f"changed since (the features or conversations were made again?)",
+                                hint="resume on the folders it started on, or pass --overwrite to train "
+                                     "from scratch on these")
         missing = set(self.draft.draft_state_dict()) - set(draft_t)
         if missing:
             raise EaglekitError(f"trainer state lacks {sorted(missing)[:4]}", hint="the state is damaged")
@@ -344,7 +359,7 @@ class Trainer:
             return
         tensors, meta = optimizer_tensors(self.optimizer, self.names)
         state = {"step": self.step, "total_steps": self.total_steps, "config": self.cfg.resume_key(),
-                 "optimizer": meta, "best": self.best, "history": self.history}
+                 "run": self.run_identity(), "optimizer": meta, "best": self.best, "history": self.history}
         save_state(self.out, step=self.step, draft_tensors=self.state_dict_for_save(), optimizer_tensors=tensors,
                    state=state)
 
