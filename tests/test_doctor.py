@@ -233,3 +233,18 @@ def test_sglang_names_finding_says_which_versions_it_applies_to(exports, target_
     eagle = run_doctor(planted(exports["sglang"], tmp_path / "e", tensors=_rename_layers), str(target_dir),
                        engine="eagle")
     assert "SGLang" not in next(c for c in eagle.checks if c.id == "names").message
+
+
+def test_a_manifest_and_config_of_different_runs_fail_aux_layer_ids(exports, target_dir, tmp_path):
+    """The training manifest records the aux layers it ran on; a config saying others is a folder
+    put together from two runs (a resume on recaptured features made one before 2026-12-04)."""
+    def other_layers(manifest):   # the training manifest the export carries, as the other run wrote it
+        manifest["source_manifest"]["aux_layer_ids"] = [i + 1 for i in manifest["aux_layer_ids"]["eaglekit"]]
+
+    clean = run_doctor(planted(exports["vllm"], tmp_path / "same", manifest=lambda m: m["source_manifest"].update(
+        aux_layer_ids=m["aux_layer_ids"]["eaglekit"])), str(target_dir), engine="vllm")
+    assert failed(clean) == []                                    # the same layers recorded: no finding
+    report = run_doctor(planted(exports["vllm"], tmp_path / "bad", manifest=other_layers), str(target_dir), engine="vllm")
+    assert failed(report) == ["aux_layer_ids"]
+    check = next(c for c in report.checks if c.id == "aux_layer_ids")
+    assert "the two come from different runs" in check.message and check.hint

@@ -266,6 +266,14 @@ def check_aux_layer_ids(ctx: Context) -> Check:
     N = ctx.facts.num_layers
     if r.aux_layer_ids is None:
         return Check("aux_layer_ids", WARN, "the target's layer count is unknown", "pass --target")
+    manifest = ctx.interp.folder.manifest or {}
+    recorded = next((b["aux_layer_ids"] for b in (manifest, manifest.get("source_manifest") or {})   # training's
+                     if isinstance(b, dict) and b.get("stage") == "train" and isinstance(b.get("aux_layer_ids"), list)),
+                    None)
+    if recorded is not None and list(recorded) != meant:
+        return Check("aux_layer_ids", FAIL, f"the folder's manifest says training ran on aux layers {list(recorded)}, "
+                     f"its config says {meant}: the two come from different runs",
+                     "export the draft again from its training run folder")
     out_of_range = [i for i in meant if not 0 <= i < N]
     if out_of_range:
         return Check("aux_layer_ids", FAIL, f"aux layers {out_of_range} do not exist in a {N}-layer target",
