@@ -338,3 +338,45 @@ def test_a_misspelled_recipe_key_is_refused_before_anything_runs(targets, tmp_pa
     err = capsys.readouterr().err
     assert "train.epochz is not an option of `eaglekit train`" in err and "did you mean train.epochs?" in err
     assert not (tmp_path / "runs").exists()
+
+
+# ---- a finished folder changed after the fact ----------------------------------------------------
+
+
+def test_a_finished_conversations_folder_cut_short_or_missing_a_shard_is_refused(targets, tmp_path, capsys):
+    """Found 2026-12-04: a shard cut from 3 conversations to 1 was read as the data (features exit 0
+    on 1 of 3), and rerunning generate said "already complete" over it; a lost shard went unseen."""
+    prompts, out = prompt_file(tmp_path), tmp_path / "conv"
+    assert generate(prompts, targets["base"], out, "--shard-size", "2") == 0
+    shards = sorted(out.glob("conversations-*.jsonl"))
+    assert len(shards) == 2
+    first = shards[0].read_text().splitlines(keepends=True)
+    shards[0].write_text(first[0])                                  # cut at a line boundary: valid JSONL
+    features = ["features", "--target", str(targets["base"]), "--data", str(out), "--out", str(tmp_path / "feat"),
+                "--device", "cpu", "--no-progress", "--teacher-topk", "8"]
+    capsys.readouterr()
+    assert main(features) == 2
+    err = capsys.readouterr().err
+    assert "holds 2 conversations, its manifest counted 3" in err and "eaglekit generate --overwrite" in err
+    assert generate(prompts, targets["base"], out, "--shard-size", "2") == 2   # not "already complete"
+    assert "holds 2 conversations, its manifest counted 3" in capsys.readouterr().err
+    shards[0].write_text("".join(first))
+    shards[1].unlink()
+    assert main(features) == 2
+    assert "does not hold the shards its manifest lists (missing ['conversations-00001.jsonl']" in capsys.readouterr().err
+    assert generate(prompts, targets["base"], out, "--shard-size", "2", "--overwrite") == 0   # the fix it names
+    assert main(features) == 0
+
+
+def test_a_prompts_split_emptied_after_the_build_is_refused(targets, tmp_path, capsys):
+    """An emptied train.jsonl (its manifest: 2 train prompts) gave a finished generate of the
+    validation prompts alone."""
+    folder = tmp_path / "prompts"
+    assert main(["prompts", "build", "--source", str(prompt_file(tmp_path)), "--validation-fraction", "0.34",
+                 "--out", str(folder)]) == 0
+    (folder / "train.jsonl").write_text("")
+    capsys.readouterr()
+    assert generate(folder, targets["base"], tmp_path / "conv") == 2
+    err = capsys.readouterr().err
+    assert "train.jsonl holds 0 prompts, the folder's manifest counted 2" in err and "rebuild it" in err
+    assert not (tmp_path / "conv").exists() or not any((tmp_path / "conv").iterdir())

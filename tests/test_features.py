@@ -147,6 +147,22 @@ def test_truncated_shard_is_refused(store_dir, tmp_path):
         FeatureStore(copy)
 
 
+def test_an_index_that_lost_shards_after_the_capture_is_refused(store_dir, tmp_path):
+    """Entries removed from a finished store's index.json: half the samples were trained on, unsaid."""
+    import shutil
+
+    copy = tmp_path / "f"
+    shutil.copytree(store_dir, copy)
+    index = json.loads((copy / "index.json").read_text())
+    counted = json.loads((copy / "manifest.json").read_text())["counts"]
+    index["shards"] = index["shards"][:1]
+    (copy / "index.json").write_text(json.dumps(index))
+    with pytest.raises(EaglekitError, match=f"index 1 shards and .* samples, the finished capture counted "
+                                            f"{counted['shards']} and {counted['samples']}") as err:
+        FeatureStore(copy)
+    assert "--overwrite" in err.value.hint
+
+
 def test_shard_with_wrong_aux_width_is_refused(store_dir, tmp_path):
     import shutil
 

@@ -43,6 +43,10 @@ def read_prompt_folder(folder: str | os.PathLike, splits: tuple[str, ...] = SPLI
                     prompts.append(Prompt.from_json(json.loads(line)))
                 except (json.JSONDecodeError, MalformedRecord) as err:
                     raise EaglekitError(f"{path}:{lineno}: {err}", hint="the prompts folder is corrupt; rebuild it") from err
+        counted = (manifest.get("counts") or {}).get(split)
+        if isinstance(counted, int) and counted != len(prompts):   # cut or emptied after the fact
+            raise EaglekitError(f"{path} holds {len(prompts)} prompts, the folder's manifest counted {counted}",
+                                hint="the prompts folder was changed after it was built; rebuild it (--overwrite)")
         out[split] = prompts
     return manifest, out
 

@@ -162,6 +162,9 @@ def finished_manifest(out: Path, identity: dict) -> dict | None:
         return None
     # Rerunning a finished command is a no-op (a pipeline killed right after this stage reruns it).
     check_resume(out, identity, finished=True)
+    from eaglekit.features.conversations import conversation_files
+
+    conversation_files(out)   # what it holds is what the manifest counted (else: make it again)
     log.info("%s is already complete: nothing to do", out)
     return read_manifest(out, stage="generate")
 

@@ -52,7 +52,28 @@ def conversation_files(path: str | Path) -> tuple[list[Path], dict | None]:
     files = sorted(path.glob(f"{CONVERSATION_SHARDS}-*.jsonl"))
     if not files:
         raise EaglekitError(f"{path} holds no {CONVERSATION_SHARDS}-*.jsonl shards", hint="is this a generate folder?")
+    check_counts(path, files, manifest)
     return files, manifest
+
+
+def check_counts(path: Path, files: list[Path], manifest: dict) -> None:
+    """A finished folder holds the shards and conversations its manifest counted: a shard cut, lost
+    or added after the fact is refused, never read as the data (3 of 8 conversations trained on)."""
+    counts = manifest.get("counts") or {}
+    listed = counts.get("shards")
+    hint = "the folder was changed after generate finished: make it again (`eaglekit generate --overwrite`)"
+    if isinstance(listed, list) and sorted(listed) != [f.name for f in files]:
+        missing, extra = sorted(set(listed) - {f.name for f in files}), sorted({f.name for f in files} - set(listed))
+        raise EaglekitError(f"{path} does not hold the shards its manifest lists (missing {missing}, "
+                            f"not listed {extra})", hint=hint)
+    expected = counts.get("conversations")
+    if isinstance(expected, int):
+        found = 0
+        for file in files:
+            with open(file, encoding="utf-8") as f:
+                found += sum(1 for line in f if line.strip())
+        if found != expected:
+            raise EaglekitError(f"{path} holds {found} conversations, its manifest counted {expected}", hint=hint)
 
 
 def read_conversations(path: str | Path, *, target_fingerprint: dict | None = None) -> tuple[list[dict], dict]:

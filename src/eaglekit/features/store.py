@@ -105,6 +105,11 @@ class FeatureStore:
             self.samples += [(len(self.shards) - 1, r) for r in range(len(entry["ids"]))]
         if not self.samples:
             raise EaglekitError(f"features in {self.folder} hold no samples", hint="the dataset is empty")
+        counts = self.manifest.get("counts") or {}
+        if self.complete and (len(self.shards), len(self.samples)) != (counts.get("shards"), counts.get("samples")):
+            raise EaglekitError(f"features in {self.folder} index {len(self.shards)} shards and {len(self.samples)} "
+                                f"samples, the finished capture counted {counts.get('shards')} and {counts.get('samples')}",
+                                hint="the index was changed after the capture; recapture (`eaglekit features --overwrite`)")
         self._handles: dict[int, object] = {}
 
     def check_header(self, file: Path, header: dict, width: int, entry: dict) -> None:
