@@ -380,3 +380,14 @@ def test_a_prompts_split_emptied_after_the_build_is_refused(targets, tmp_path, c
     err = capsys.readouterr().err
     assert "train.jsonl holds 0 prompts, the folder's manifest counted 2" in err and "rebuild it" in err
     assert not (tmp_path / "conv").exists() or not any((tmp_path / "conv").iterdir())
+
+
+def test_a_prompts_folder_without_its_manifest_is_unfinished_not_raw_files(targets, tmp_path, capsys):
+    """Read as a folder of raw prompt files, its validation split was answered as training data."""
+    folder = tmp_path / "prompts"
+    assert main(["prompts", "build", "--source", str(prompt_file(tmp_path)), "--validation-fraction", "0.34",
+                 "--out", str(folder)]) == 0
+    (folder / "manifest.json").unlink()                          # as a killed `prompts build` leaves it
+    capsys.readouterr()
+    assert generate(folder, targets["base"], tmp_path / "conv") == 2
+    assert "rerun `eaglekit prompts` with the same --out" in capsys.readouterr().err

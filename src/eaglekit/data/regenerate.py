@@ -36,7 +36,7 @@ from eaglekit.artifacts import (
 from eaglekit.data.folder import JsonlShards, read_prompt_folder
 from eaglekit.data.options import GenerateOptions
 from eaglekit.data.readers import SourceSpec, read_source
-from eaglekit.data.records import Conversation, Prompt
+from eaglekit.data.records import SPLITS, Conversation, Prompt
 from eaglekit.engine.sampling import Sampling
 from eaglekit.errors import EaglekitError
 
@@ -67,8 +67,10 @@ class GenerateConfig:
 def load_prompts(location: str, splits: tuple[str, ...], limit: int | None) -> tuple[dict[str, list[Prompt]], dict]:
     """Prompts by split from an `eaglekit prompts` folder, or all of one file (split "train")."""
     path = Path(location)
-    if path.is_dir() and (path / MANIFEST).is_file():
-        manifest, by_split = read_prompt_folder(path, splits)
+    # A folder holding every split's file is an `eaglekit prompts` folder, finished (a manifest) or
+    # not: read as raw files, its validation prompts would be answered as training data.
+    if path.is_dir() and ((path / MANIFEST).is_file() or all((path / f"{s}.jsonl").is_file() for s in SPLITS)):
+        manifest, by_split = read_prompt_folder(path, splits)   # without a manifest: says what to run
         # Content hashes only: the folder may be moved between a kill and the resume.
         inputs = {"prompts": {"manifest_config": sha256_json(manifest.get("config")),
                               **{s: sha256_file(path / f"{s}.jsonl") for s in splits}}}
