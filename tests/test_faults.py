@@ -165,6 +165,22 @@ def test_an_unfinished_draft_is_refused_by_export_doctor_bench_and_speculate(tar
     assert not (tmp_path / "e").exists() and not (tmp_path / "b").exists()
 
 
+def test_a_train_run_killed_before_its_first_manifest_is_unfinished(targets, tmp_path, capsys):
+    """Weights and a trainer state but no manifest (a kill between the first draft save and its
+    manifest) exported as a finished draft; a run with no draft yet said only "no weights"."""
+    draft = draft_folder(targets["base"], tmp_path / "draft")
+    (draft / "manifest.json").unlink()
+    (draft / "trainer_state").mkdir()
+    assert main(["export", str(draft), "--format", "vllm", "--out", str(tmp_path / "e")]) == 2
+    err = capsys.readouterr().err
+    assert "holds a trainer state but wrote no manifest yet" in err and "--resume" in err
+    assert not (tmp_path / "e").exists()
+    for weights in draft.glob("*.safetensors"):
+        weights.unlink()
+    assert main(["export", str(draft), "--format", "vllm", "--out", str(tmp_path / "e")]) == 2
+    assert "is an `eaglekit train` run that has saved no draft yet" in capsys.readouterr().err
+
+
 def test_train_refuses_to_init_from_an_unfinished_draft(targets, tmp_path):
     from eaglekit.train.config import TrainConfig
     from eaglekit.train.setup import initial_draft

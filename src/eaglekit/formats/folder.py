@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from eaglekit.artifacts import MANIFEST, read_json, unfinished_reason
+from eaglekit.artifacts import MANIFEST, TRAINER_STATE, read_json, unfinished_reason
 from eaglekit.errors import EaglekitError
 from eaglekit.targets.source import validate_safetensors
 
@@ -35,6 +35,8 @@ class DraftFolder:
     def unfinished(self) -> str | None:
         """Why the draft is unfinished (training stopped early), from its manifest or its config's
         `eaglekit` block (an export of an unfinished draft carries the mark), else None."""
+        if self.manifest is None and (self.path / TRAINER_STATE).is_dir():   # killed before its first manifest
+            return f"its `eaglekit train` run in {self.path} holds a trainer state but wrote no manifest yet"
         return unfinished_reason(self.manifest) or (self.eaglekit or {}).get("unfinished")
 
     @property
@@ -54,6 +56,9 @@ def weight_files(path: Path) -> list[Path]:
         if pickles:
             raise EaglekitError(f"{path} holds only pickle weights ({', '.join(pickles)})",
                                 hint="eaglekit reads safetensors only; convert them with the trainer that wrote them")
+        if (path / TRAINER_STATE).is_dir():
+            raise EaglekitError(f"{path} is an `eaglekit train` run that has saved no draft yet",
+                                hint="let it run to its first validation, or resume it with --resume")
         raise EaglekitError(f"{path} has no *.safetensors weights", hint="pass a draft folder")
     return files
 

@@ -362,6 +362,7 @@ class Trainer:
                  "run": self.run_identity(), "optimizer": meta, "best": self.best, "history": self.history}
         save_state(self.out, step=self.step, draft_tensors=self.state_dict_for_save(), optimizer_tensors=tensors,
                    state=state)
+        self.write_manifest(final=False)   # a killed run's manifest says where its trainer state stopped
 
     def write_manifest(self, *, final: bool, train_metrics: dict | None = None) -> dict:
         extra = {"complete": final, "aux_layer_ids": self.run.aux_layer_ids, "aux_layer_convention": AUX_CONVENTION,
@@ -385,9 +386,9 @@ class Trainer:
 
     def save_best(self, metrics: dict) -> None:
         self.best = {"step": self.step, **metrics}
-        if self.dist.main:
-            save_draft(self.draft, self.out)
+        if self.dist.main:   # the manifest first: a kill between the two leaves a folder marked unfinished
             self.write_manifest(final=False)
+            save_draft(self.draft, self.out)
 
     def record_validation(self, metrics: dict, tracker: Tracker) -> None:
         """Keep a validation in the history and the log; save the draft when it is the best so far."""
