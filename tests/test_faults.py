@@ -407,3 +407,16 @@ def test_a_prompts_folder_without_its_manifest_is_unfinished_not_raw_files(targe
     capsys.readouterr()
     assert generate(folder, targets["base"], tmp_path / "conv") == 2
     assert "rerun `eaglekit prompts` with the same --out" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", ["[]", '{"stage": "generate"}'])
+def test_a_manifest_of_the_wrong_shape_is_one_clear_error(text, targets, tmp_path, capsys):
+    """Valid JSON of another shape gave AttributeError / KeyError tracebacks."""
+    out = tmp_path / "conv"
+    assert generate(prompt_file(tmp_path), targets["base"], out) == 0
+    (out / "manifest.json").write_text(text)
+    capsys.readouterr()
+    assert main(["features", "--target", str(targets["base"]), "--data", str(out), "--out", str(tmp_path / "f"),
+                 "--device", "cpu", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "manifest.json is not an eaglekit manifest" in err and "make the folder again" in err

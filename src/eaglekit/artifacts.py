@@ -259,6 +259,9 @@ def read_manifest(folder: str | os.PathLike, *, stage: str | None = None) -> dic
     if not (folder / MANIFEST).is_file() and folder.is_dir():
         raise unfinished_folder_error(folder, stage)
     manifest = read_json(folder / MANIFEST, what="manifest")
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict) or "stage" not in manifest:
+        raise EaglekitError(f"{folder / MANIFEST} is not an eaglekit manifest (a JSON object with 'stage' and "
+                            "'config')", hint="the file was damaged or replaced: make the folder again")
     if stage is not None and manifest.get("stage") != stage:
         raise EaglekitError(
             f"{folder} holds a '{manifest.get('stage')}' artifact, expected '{stage}'",
