@@ -69,30 +69,29 @@ def load_prompts(spec: str | None, limit: int) -> list[list[dict]]:
 
 
 def training_tau(manifest: dict | None, k: int) -> tuple[float | None, str]:
-    """The accept length training predicts for chain drafting of k tokens, from a checkpoint manifest.
+    """The accept length training predicts for chain drafting of k tokens, from a checkpoint manifest
+    (its best validation, `eaglekit train`'s `best`; an export's `source_manifest` holds it).
 
-    Uses the walk accept length `eaglekit train` measures (greedy chain decoding replayed over
-    held-out answers) for a chain of k drafts, else the per-step conditional acceptance
-    (1 + sum_j prod_{i<=j} cond_i over the first k steps), else the simulated accept length.
+    Uses the walk accept length training measures (greedy chain decoding replayed over held-out
+    answers) for a chain of k drafts, else the per-step conditional acceptance over the first k
+    steps (`ttt.cumulative_acceptance`), else the simulated accept length.
     """
+    from eaglekit.train.ttt import cumulative_acceptance
+
     for block in (manifest or {}, (manifest or {}).get("source_manifest") or {}):
-        metrics = block.get("metrics") or block.get("best") or {}
-        by_k = metrics.get("walk_accept_length_by_k") or []
+        best = block.get("best") or {}
+        by_k = best.get("walk_accept_length_by_k") or []
         if 1 <= k <= len(by_k):
             return float(by_k[k - 1]), f"training's walk accept length (chain of {k})"
-        walk = metrics.get("walk_accept_length")
+        walk = best.get("walk_accept_length")
         if walk is not None and (block.get("config") or {}).get("ttt_steps") == k:
             return float(walk), f"training's walk accept length (chain of {k})"
-        cond = metrics.get("conditional_acceptance") or metrics.get("cond_acc")
+        cond = best.get("cond_acc")
         if isinstance(cond, list) and cond:
-            tau, run = 1.0, 1.0
-            for c in cond[:k]:
-                run *= float(c)
-                tau += run
-            return round(tau, 3), f"training's conditional acceptance over {min(k, len(cond))} steps"
-        sim = metrics.get("simulated_accept_length") or metrics.get("sim_accept_length")
-        if sim is not None:
-            return float(sim), "training's simulated accept length"
+            return round(1.0 + sum(cumulative_acceptance(cond[:k])), 3), \
+                f"training's conditional acceptance over {min(k, len(cond))} steps"
+        if best.get("sim_accept_length") is not None:
+            return float(best["sim_accept_length"]), "training's simulated accept length"
     return None, "no training metrics recorded"
 
 

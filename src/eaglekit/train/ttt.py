@@ -418,6 +418,16 @@ def compiled_steps(backend: str = "inductor") -> StepFunctions:
                          compiled(score_step, soft_ce="plain"))
 
 
+def cumulative_acceptance(cond: list[float]) -> list[float]:
+    """P(the first j+1 drafts are all accepted) from per-step conditional acceptance: the running
+    products; 1 + their sum over the first k steps is the accept length a chain of k is predicted."""
+    running, out = 1.0, []
+    for c in cond:
+        running *= float(c)
+        out.append(running)
+    return out
+
+
 def metrics_from_stats(stats: torch.Tensor) -> dict:
     """Per-step acc_j, conditional acceptance, cumulative acceptance and the simulated accept length.
 
@@ -437,12 +447,8 @@ def metrics_from_stats(stats: torch.Tensor) -> dict:
     walks = [round(float(t) / float(c), 5) for t, c in zip(col["walk_tokens"], col["walk_cycles"]) if float(c) > 0]
     acc = (col["correct"] / col["valid"].clamp(min=1)).tolist()
     cond = (col["chain"] / col["chain_prev"].clamp(min=1)).tolist()
-    tau, running = 1.0, 1.0
-    cumulative = []
-    for c in cond:
-        running *= c
-        cumulative.append(running)
-        tau += running
+    cumulative = cumulative_acceptance(cond)
+    tau = 1.0 + sum(cumulative)
     return {"acc": [round(a, 5) for a in acc], "cond_acc": [round(c, 5) for c in cond],
             "cum_acc": [round(c, 5) for c in cumulative], "sim_accept_length": round(tau, 5),
             "ce": [round(x, 5) for x in (col["loss_sum"] / col["counted"].clamp(min=1)).tolist()],
