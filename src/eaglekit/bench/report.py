@@ -14,18 +14,13 @@ from pathlib import Path
 
 from eaglekit.artifacts import atomic_path
 from eaglekit.bench.run import Turn
+from eaglekit.engine.generate import accept_length, acceptance_by_position
 
 log = logging.getLogger(__name__)
 
 
 def rate(tokens: int, seconds: float) -> float:
     return tokens / seconds if seconds > 0 else 0.0
-
-
-def acceptance(accepts: list[int], max_depth: int) -> list[float]:
-    if not accepts:
-        return [0.0] * max_depth
-    return [sum(a >= i + 1 for a in accepts) / len(accepts) for i in range(max_depth)]
 
 
 def method_stats(gens) -> dict:
@@ -44,7 +39,7 @@ def summarize(turns: list[Turn], label: str, max_depth: int, greedy: bool) -> di
         specs = [t.spec[label] for t in group]
         accepts = [a for g in specs for a in g.accept_lengths]
         row = {"id": pid, "turns": len(group), "plain": method_stats([t.plain for t in group]),
-               "spec": method_stats(specs), "tau": round(1 + sum(accepts) / max(len(accepts), 1), 3),
+               "spec": method_stats(specs), "tau": round(accept_length(accepts), 3),
                "cycles": len(accepts)}
         if group[0].hf is not None:
             row["hf"] = method_stats([t.hf for t in group])
@@ -55,10 +50,10 @@ def summarize(turns: list[Turn], label: str, max_depth: int, greedy: bool) -> di
     mean = lambda key: sum(r[key]["tok_s"] for r in rows) / len(rows)  # noqa: E731 (ratio of means)
     summary = {
         "spec": label,
-        "tau": round(1 + sum(accepts) / max(len(accepts), 1), 3),
+        "tau": round(accept_length(accepts), 3),
         "baseline_tok_s": round(mean("plain"), 2),
         "spec_tok_s": round(mean("spec"), 2),
-        "per_position_acceptance": [round(x, 4) for x in acceptance(accepts, max_depth)],
+        "per_position_acceptance": [round(x, 4) for x in acceptance_by_position(accepts, max_depth)],
         "cycles": len(accepts),
         "turns": len(turns),
         "prompts": len(rows),

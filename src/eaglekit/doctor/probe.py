@@ -20,6 +20,7 @@ import torch
 
 from eaglekit.draft.config import DraftConfig
 from eaglekit.draft.model import Eagle3Draft
+from eaglekit.engine.generate import accept_length, acceptance_by_position
 from eaglekit.errors import EaglekitError
 from eaglekit.targets.capture import capture_aux_states
 from eaglekit.targets.chat import prompt_ids
@@ -140,9 +141,8 @@ def probe(setup: ProbeSetup, runs: list[TargetRun], target_embedding: torch.Tens
         return ProbeResult(setup.label, None, error=str(err).splitlines()[0])
     if not counts:
         return ProbeResult(setup.label, None, error=f"the continuations are shorter than k={k} tokens")
-    n = len(counts)
-    return ProbeResult(setup.label, tau=round(1 + sum(counts) / n, 3),
-                       per_position=[round(sum(a > i for a in counts) / n, 3) for i in range(k)], drafts=n)
+    return ProbeResult(setup.label, tau=round(accept_length(counts), 3),
+                       per_position=[round(x, 3) for x in acceptance_by_position(counts, k)], drafts=len(counts))
 
 
 def with_aux(setup: ProbeSetup, ids: list[int], label: str) -> ProbeSetup:
