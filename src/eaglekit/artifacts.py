@@ -34,6 +34,12 @@ from eaglekit.errors import EaglekitError
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+# The files stages write and other stages (the pipeline, the report) read, named once.
+TRAIN_LOG = "log.jsonl"            # eaglekit train: one JSON event a line (train/tracker.py)
+DOCTOR_REPORT = "report.json"      # eaglekit doctor --out
+BENCH_RESULTS = "results.json"     # eaglekit bench --out
+PIPELINE_STATE = "pipeline.json"   # eaglekit run: which stages finished, with their commands
+SCALING_SUMMARY = "scaling.json"   # eaglekit run with `scaling`: the curve's table
 TRAINER_STATE = "trainer_state"   # a training run folder's resume state (train/state.py); the pipeline resumes on it
 CONVERSATION_SHARDS = "conversations"   # a generate folder's shards: conversations-00000.jsonl, ...
 # Aux layer ids inside eaglekit always mean "output of 0-based decoder layer i" (pre final norm).

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from eaglekit.artifacts import MANIFEST, atomic_path, sha256_file, write_json, write_manifest, writer_lock
+from eaglekit.artifacts import BENCH_RESULTS, MANIFEST, atomic_path, sha256_file, write_json, write_manifest, writer_lock
 from eaglekit.bench.options import BenchOptions
 from eaglekit.bench.prompts import load_bench_prompts
 from eaglekit.bench.report import markdown, plot, summarize, turn_records, verdict
@@ -146,7 +146,7 @@ def _write_outputs(result: dict, cfg: BenchOptions, out: Path) -> dict:
         log.warning(why_no_plot)
     result["plot"] = None if why_no_plot else "acceptance.png"
     result["plot_note"] = why_no_plot
-    write_json(out / "results.json", result)
+    write_json(out / BENCH_RESULTS, result)
     text = markdown(result)
     timing = result["summary"].get("timing") or {}
     if timing.get("warning"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from eaglekit.artifacts import emit_json
+from eaglekit.artifacts import DOCTOR_REPORT, emit_json
 from eaglekit.doctor.options import GROUPS, DoctorOptions
 from eaglekit.errors import EaglekitError
 from eaglekit.options import JSON_STDOUT, add_options
@@ -50,7 +50,7 @@ def write_report(report, args: argparse.Namespace) -> None:
     failed = [c["id"] for c in data["checks"] if c["status"] == "fail"]
     with writer_lock(out, stage="doctor"):
         (out / MANIFEST).unlink(missing_ok=True)  # an earlier report's manifest must not vouch for this one
-        write_json(out / "report.json", data)
+        write_json(out / DOCTOR_REPORT, data)
         write_manifest(out, stage="doctor", config={k: v for k, v in vars(args).items() if k != "func"},
                        target=None, inputs={"draft": str(args.draft), "report": sha256_json(data)},
                        counts={"checks": len(data["checks"]), "failed": len(failed)},

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from eaglekit.artifacts import TRAINER_STATE, read_json, write_json, writer_lock
+from eaglekit.artifacts import BENCH_RESULTS, DOCTOR_REPORT, MANIFEST, PIPELINE_STATE, TRAINER_STATE, read_json, write_json, writer_lock
 from eaglekit.data.options import LOCAL_BACKENDS, GenerateOptions
 from eaglekit.errors import EaglekitError
 from eaglekit.pipeline.recipe import to_flags
@@ -46,7 +46,7 @@ from eaglekit.report.html import write_report
 from eaglekit.targets.source import DEFAULT_TARGET
 
 log = logging.getLogger(__name__)
-STATE = "pipeline.json"
+STATE = PIPELINE_STATE
 
 
 class PlannedStage(NamedTuple):
@@ -304,7 +304,7 @@ def measured_stage_time(state: dict, name: str) -> StageTime | None:
 def main_draft_step_seconds(state: dict, out: Path) -> float | None:
     """Seconds an optimizer step of the main draft's training took, start-up included (None: not measured)."""
     train = measured_stage_time(state, "train")
-    manifest = out / "draft" / "manifest.json"
+    manifest = out / "draft" / MANIFEST
     if train is None or not manifest.is_file():
         return None
     steps = (read_json(manifest, "draft manifest").get("steps") or {}).get("done")
@@ -372,7 +372,7 @@ def prompt_stages(pipe: "Pipeline", recipe: dict, out: Path, t: list[str], dev: 
     if pipe.plan is not None:  # the files are not read yet
         wanted = f"<prompts in {built} + {add}>"
     else:
-        wanted = str(add + sum(read_json(built / "manifest.json", "prompts manifest")["counts"].get(k, 0)
+        wanted = str(add + sum(read_json(built / MANIFEST, "prompts manifest")["counts"].get(k, 0)
                                for k in ("train", "validation")))
     pipe.stage("synthesize", ["prompts", "synthesize", *t, "--top-up", str(built), "--num-prompts", wanted,
                               *to_flags(synth), *dev, "--out", str(out / "prompts"), "--overwrite"])
@@ -580,9 +580,9 @@ def data_line(manifest: dict, acc0: float | None) -> str | None:
 
 def summarize(out: Path) -> tuple[bool, str]:
     """One paragraph: what training predicts, what the doctor found, what the bench measured."""
-    manifest = read_json(out / "draft" / "manifest.json", "draft manifest")
+    manifest = read_json(out / "draft" / MANIFEST, "draft manifest")
     best = manifest.get("best") or {}
-    report = read_json(out / "doctor" / "report.json", "doctor report")
+    report = read_json(out / "doctor" / DOCTOR_REPORT, "doctor report")
     failed = [c["id"] for c in report["checks"] if c["status"] == "fail"]
     probe = report.get("probe") or {}
     acc0 = (best.get("acc") or [None])[0]
@@ -593,8 +593,8 @@ def summarize(out: Path) -> tuple[bool, str]:
     data = data_line(manifest, acc0)
     if data:
         lines.append(data)
-    if (out / "bench" / "results.json").is_file():
-        summary = read_json(out / "bench" / "results.json", "bench results")["summary"]
+    if (out / "bench" / BENCH_RESULTS).is_file():
+        summary = read_json(out / "bench" / BENCH_RESULTS, "bench results")["summary"]
         lines.append(f"bench: tau {summary['tau']}, speedup {summary['speedup']}x over plain decoding "
                      f"({summary['spec']}, {out / 'bench' / 'report.md'})")
         if summary.get("verdict") and summary["speedup"] < 1:

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from eaglekit.artifacts import TRAINER_STATE, atomic_path, read_json, write_json
+from eaglekit.artifacts import BENCH_RESULTS, MANIFEST, SCALING_SUMMARY, TRAIN_LOG, TRAINER_STATE, atomic_path, read_json, write_json
 from eaglekit.errors import EaglekitError
 from eaglekit.pipeline.recipe import to_flags
 from eaglekit.report.collect import read_log
@@ -46,7 +46,7 @@ from eaglekit.report.scaling import scaling_svg
 KEYS = ("fractions", "steps", "bench")
 # Train flags that set the length of a run: every slice gets the same number of steps instead.
 LENGTH_FLAGS = ("epochs", "max-steps", "time-budget-s")
-SUMMARY = "scaling.json"
+SUMMARY = SCALING_SUMMARY
 PASSES = "steps done over the slice's steps per epoch: how often training saw each sample"
 
 
@@ -106,7 +106,7 @@ def slice_folder(out: Path, fraction: float) -> Path:
 def step_budget(plan: ScalingPlan, out: Path) -> int:
     if plan.steps is not None:
         return plan.steps
-    manifest = out / "draft" / "manifest.json"
+    manifest = out / "draft" / MANIFEST
     if not manifest.is_file():
         raise StepsNotKnownYet(f"the scaling slices run the main draft's steps, and {manifest} does not exist yet",
                                hint="set scaling.steps to plan the slices before the main draft is trained")
@@ -155,7 +155,7 @@ def main_is_full_slice(manifest: dict, steps: int) -> bool:
 
 
 def reuses_main(out: Path, fraction: float, steps: int) -> bool:
-    path = out / "draft" / "manifest.json"
+    path = out / "draft" / MANIFEST
     return fraction == 1.0 and path.is_file() and main_is_full_slice(read_json(path, "draft manifest"), steps)
 
 
@@ -168,7 +168,7 @@ def slice_row(out: Path, fraction: float, steps: int, state: dict) -> dict:
     row = {"fraction": fraction, "folder": str(folder), "status": entry.get("status", "not run"),
            "command": shlex.join(["eaglekit", *entry["argv"]]) if entry else None, "steps": steps,
            "main_draft": main}
-    manifest_path = folder / "draft" / "manifest.json"
+    manifest_path = folder / "draft" / MANIFEST
     if manifest_path.is_file():
         m = read_json(manifest_path, "slice draft manifest")
         best, counts = m.get("best") or {}, m.get("counts") or {}
@@ -179,11 +179,11 @@ def slice_row(out: Path, fraction: float, steps: int, state: dict) -> dict:
                    passes=round(steps_done / per_epoch, 2) if steps_done is not None and per_epoch else None,
                    best_step=best.get("step"), walk_tau=best.get("walk_accept_length"),
                    sim_tau=best.get("sim_accept_length"), acc0=(best.get("acc") or [None])[0],
-                   train_acc0=train_acc0(folder / "draft" / "log.jsonl"),
+                   train_acc0=train_acc0(folder / "draft" / TRAIN_LOG),
                    device=m.get("config", {}).get("device"), date=m.get("created"))
         if not m.get("complete") and row["status"] == "done":
             row["status"] = "running"
-    results = folder / "bench" / "results.json"
+    results = folder / "bench" / BENCH_RESULTS
     if results.is_file():
         s = read_json(results, "slice bench results")["summary"]
         row.update(bench_tau=s["tau"], speedup=s["speedup"], bench_spec=s["spec"])

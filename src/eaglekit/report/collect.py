@@ -20,7 +20,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eaglekit.artifacts import read_json
+from eaglekit.artifacts import BENCH_RESULTS, DOCTOR_REPORT, MANIFEST, PIPELINE_STATE, SCALING_SUMMARY, TRAIN_LOG, read_json
 from eaglekit.errors import EaglekitError
 
 STATUS = ("done", "unfinished", "failed", "not run", "unreadable", "missing")
@@ -55,7 +55,7 @@ def read_optional(path: Path, what: str) -> tuple[dict | None, str | None]:
 
 
 def pipeline_state(run: Path) -> tuple[dict | None, str | None]:
-    return read_optional(run / "pipeline.json", "pipeline state")
+    return read_optional(run / PIPELINE_STATE, "pipeline state")
 
 
 def stage_status(state: dict | None, name: str) -> tuple[str | None, str, str | None]:
@@ -103,11 +103,11 @@ def read_log(path: Path) -> tuple[list[dict], list[dict], str]:
 def training(run: Path, state: dict | None, folder: str = "draft", stage: str = "train") -> Part:
     """Training curves and the best validation of one training run folder."""
     out = run / folder
-    manifest, error = read_optional(out / "manifest.json", "draft manifest")
+    manifest, error = read_optional(out / MANIFEST, "draft manifest")
     if error:
         return Part("unreadable", error)
     status, note, command = status_of(state, stage, manifest, complete_key="complete")
-    log_path = out / "log.jsonl"
+    log_path = out / TRAIN_LOG
     if status == "not run" and not log_path.is_file():
         return Part("not run", note)
     train, val, torn = read_log(log_path) if log_path.is_file() else ([], [], "")
@@ -123,25 +123,25 @@ def training(run: Path, state: dict | None, folder: str = "draft", stage: str = 
     if manifest is None:
         notes.append("no manifest yet (the first validation had not finished)")
     return Part(status, "; ".join(notes), data,
-                Source(files=[str(p) for p in (out / "manifest.json", log_path) if p.exists()], command=command,
+                Source(files=[str(p) for p in (out / MANIFEST, log_path) if p.exists()], command=command,
                        device=device, date=(manifest or {}).get("created")))
 
 
 def doctor(run: Path, state: dict | None) -> Part:
-    report, error = read_optional(run / "doctor" / "report.json", "doctor report")
-    manifest, error2 = read_optional(run / "doctor" / "manifest.json", "doctor manifest")
+    report, error = read_optional(run / "doctor" / DOCTOR_REPORT, "doctor report")
+    manifest, error2 = read_optional(run / "doctor" / MANIFEST, "doctor manifest")
     if error or error2:
         return Part("unreadable", error or error2)
     status, note, command = status_of(state, "doctor", report)
     if report is None:
         return Part(status if status != "done" else "missing", "no doctor/report.json" if status == "done" else note)
     config = (manifest or {}).get("config") or {}
-    return Part(status, note, report, Source(files=[str(run / "doctor" / "report.json")], command=command,
+    return Part(status, note, report, Source(files=[str(run / "doctor" / DOCTOR_REPORT)], command=command,
                                              device=config.get("device"), date=(manifest or {}).get("created")))
 
 
 def bench(run: Path, state: dict | None, folder: str = "bench", stage: str = "bench") -> Part:
-    results, error = read_optional(run / folder / "results.json", "bench results")
+    results, error = read_optional(run / folder / BENCH_RESULTS, "bench results")
     if error:
         return Part("unreadable", error)
     status, note, command = status_of(state, stage, results)
@@ -151,7 +151,7 @@ def bench(run: Path, state: dict | None, folder: str = "bench", stage: str = "be
     results["categories"], category_note = categories(results)
     notes = [n for n in (note, category_note) if n]
     return Part(status, "; ".join(notes), results,
-                Source(files=[str(run / folder / "results.json")], command=s.get("command") or command,
+                Source(files=[str(run / folder / BENCH_RESULTS)], command=s.get("command") or command,
                        device=s.get("device"), date=s.get("date")))
 
 
@@ -201,7 +201,7 @@ def categories(results: dict) -> tuple[list[dict], str]:
 
 
 def scaling(run: Path, state: dict | None) -> Part:
-    table, error = read_optional(run / "scaling" / "scaling.json", "scaling summary")
+    table, error = read_optional(run / "scaling" / SCALING_SUMMARY, "scaling summary")
     if error:
         return Part("unreadable", error)
     stages = {k: v for k, v in ((state or {}).get("stages") or {}).items() if k.startswith("scaling-")}
@@ -217,7 +217,7 @@ def scaling(run: Path, state: dict | None) -> Part:
     unfinished = [r["fraction"] for r in rows if r.get("status") != "done"]
     status = "unfinished" if unfinished else "done"
     note = f"slices {unfinished} not finished" if unfinished else ""
-    return Part(status, note, table, Source(files=[str(run / "scaling" / "scaling.json")],
+    return Part(status, note, table, Source(files=[str(run / "scaling" / SCALING_SUMMARY)],
                                             command=table.get("command"), device=table.get("device"),
                                             date=table.get("date")))
 
@@ -243,7 +243,7 @@ def collect(run: str | Path) -> RunData:
     if not run.is_dir():
         raise EaglekitError(f"no run folder {run}", hint="pass the folder `eaglekit run` wrote (e.g. runs/quick)")
     state, error = pipeline_state(run)
-    known = ("pipeline.json", "draft", "doctor", "bench", "scaling")
+    known = (PIPELINE_STATE, "draft", "doctor", "bench", "scaling")
     if state is None and not error and not any((run / k).exists() for k in known):
         raise EaglekitError(f"{run} holds no pipeline.json and no stage output ({', '.join(known[1:])})",
                             hint="pass the folder `eaglekit run` wrote (e.g. runs/quick)")

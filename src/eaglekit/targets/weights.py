@@ -21,11 +21,11 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+from eaglekit.artifacts import MANIFEST
 from eaglekit.targets.source import TargetSource, validate_safetensors
 
 CHUNK = 4096
 GGUF_CHUNKS = (1024, 4096)  # fewest and most samples of a GGUF file
-MANIFEST = "manifest.json"
 
 
 def weights_fingerprint(source: TargetSource) -> str:

@@ -6,11 +6,12 @@ import json
 import logging
 from pathlib import Path
 
+from eaglekit.artifacts import TRAIN_LOG
 from eaglekit.progress import Progress
 from eaglekit.train.state import truncate_log, write_log_line
 
 log = logging.getLogger(__name__)
-LOG = "log.jsonl"
+LOG = TRAIN_LOG
 
 
 class Tracker:
