@@ -47,14 +47,15 @@ LOOP_WARN = 0.10          # warn when more of the answer tokens than this are lo
 
 @dataclass(frozen=True)
 class GenerateConfig:
-    """What decides the content of a generate folder (a resumed run must use the same)."""
+    """What decides the content of a generate folder (a resumed run must use the same); the defaults
+    are `eaglekit generate`'s (GenerateOptions)."""
 
-    max_new_tokens: int = 1024
+    max_new_tokens: int = GenerateOptions.max_new_tokens
     sampling: Sampling = Sampling()
-    seed: int = 0  # the backend's seed (a generator's torch seed, or the base of per-request seeds)
-    splits: tuple[str, ...] = ("train", "validation")
-    limit: int | None = None  # first N prompts of each split (smoke runs, benchmarks)
-    stop_loops: int = 0       # the engine's loop check (`engine.batch.BatchDecoder`): it cuts answers
+    seed: int = GenerateOptions.seed  # the backend's seed (a generator's torch seed, or the base of per-request seeds)
+    splits: tuple[str, ...] = tuple(GenerateOptions.splits.split(","))
+    limit: int | None = GenerateOptions.limit  # first N prompts of each split (smoke runs, benchmarks)
+    stop_loops: int = GenerateOptions.stop_loops  # the engine's loop check (`engine.batch.BatchDecoder`): it cuts answers
 
     def to_json(self) -> dict:
         # The seed stays inside "sampling", where folders written before it moved out of Sampling have
