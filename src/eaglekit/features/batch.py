@@ -72,3 +72,11 @@ def pack_by_tokens(indices, lengths: list[int], *, batch_tokens: int,
     if current:
         batches.append(current)
     return batches
+
+
+def counted_positions(loss_mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] raw mask -> [B, T] mask of raw positions s whose prediction counts (x_s and x_{s+1} assistant).
+    The one rule: training's loss and stats, the baselines, and tokenization's drop of conversations
+    with nothing to learn from."""
+    nxt = torch.nn.functional.pad(loss_mask[:, 1:], (0, 1), value=False)
+    return loss_mask & nxt

@@ -21,6 +21,7 @@ import torch
 
 from eaglekit.artifacts import CONVERSATION_SHARDS, check_same_target, read_manifest, sha256_file
 from eaglekit.errors import EaglekitError
+from eaglekit.features.batch import counted_positions
 from eaglekit.targets.chat import conversation_texts, encode_texts, join_pieces, special_tokens
 
 log = logging.getLogger(__name__)
@@ -153,10 +154,9 @@ def tokenize_conversations(tokenizer, rows: list[dict], *, max_length: int,
                 take(*pending.popleft())
         while pending:
             take(*pending.popleft())
-    # A position is learned from when it and the next token are both the assistant's (train.ttt.
-    # counted_positions): a conversation cut one token into its answer has none, and a batch of only
-    # such rows would have nothing to train on.
-    kept = [s for s in samples if bool((s.loss_mask[:-1] & s.loss_mask[1:]).any())]
+    # A conversation cut one token into its answer has no counted position, and a batch of only such
+    # rows would have nothing to train on.
+    kept = [s for s in samples if bool(counted_positions(s.loss_mask[None]).any())]
     dropped = len(samples) - len(kept)
     if not kept:
         raise EaglekitError(f"none of the {len(rows)} conversations has an answer to learn from (two assistant "

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from eaglekit.errors import EaglekitError
-from eaglekit.features.batch import Batch
+from eaglekit.features.batch import Batch, counted_positions
 from eaglekit.features.teacher import Teacher
 from eaglekit.train.attention import merged_ttt_attention
 from eaglekit.train.config import ATTENTIONS
@@ -193,12 +193,6 @@ def to_grid(x: torch.Tensor, positions: tuple[torch.Tensor, torch.Tensor], B: in
     out = x.new_zeros(B, x.shape[1], L, x.shape[-1])
     out[rows, :, pos] = x[0].transpose(0, 1)                                  # [N, heads, hd]
     return out
-
-
-def counted_positions(loss_mask: torch.Tensor) -> torch.Tensor:
-    """[B, T] raw mask -> [B, T] mask of raw positions s whose prediction counts (x_s and x_{s+1} assistant)."""
-    nxt = F.pad(loss_mask[:, 1:], (0, 1), value=False)
-    return loss_mask & nxt
 
 
 def ttt_positions(loss_mask: torch.Tensor, ttt_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
