@@ -145,13 +145,20 @@ def normalize(text: str) -> str:
     return _SPACE.sub(" ", text).strip().lower()
 
 
+def hash_share(key: str, fraction: float) -> bool:
+    """Whether `key` falls in the hash-stable share `fraction` of all keys: the same answer on every
+    rerun and in every mix, and a smaller share inside a larger one. Callers salt the key so that
+    their shares (the prompts' split, the samples' split, the training share) are independent."""
+    digest = hashlib.sha256(key.encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
 def split_of(prompt: Prompt, validation_fraction: float, seed: int = 0) -> str:
     """'train' or 'validation' from a hash of the prompt's content: stable across reruns and mixes."""
     if not 0.0 <= validation_fraction < 1.0:
         raise EaglekitError(f"validation fraction {validation_fraction} is outside [0, 1)",
                             hint="use e.g. 0.02 for 2 % validation prompts")
-    digest = hashlib.sha256(f"split:{seed}:{prompt.dedup_key()}".encode()).digest()
-    return "validation" if int.from_bytes(digest[:8], "big") / 2**64 < validation_fraction else "train"
+    return "validation" if hash_share(f"split:{seed}:{prompt.dedup_key()}", validation_fraction) else "train"
 
 
 def order_key(prompt: Prompt, seed: int) -> str:

@@ -8,7 +8,6 @@ the target's own chat template (`eaglekit.targets.chat.tokenize_conversation`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -20,6 +19,7 @@ from pathlib import Path
 import torch
 
 from eaglekit.artifacts import CONVERSATION_SHARDS, check_same_target, read_manifest, sha256_file
+from eaglekit.data.records import hash_share
 from eaglekit.errors import EaglekitError
 from eaglekit.features.batch import counted_positions
 from eaglekit.targets.chat import conversation_texts, encode_texts, join_pieces, special_tokens
@@ -178,7 +178,4 @@ def is_held_out(row: dict) -> bool:
 
 def is_validation(sample_id: str, fraction: float) -> bool:
     """Stable train/validation split by id (a hash, so adding data never moves old samples)."""
-    if fraction <= 0:
-        return False
-    digest = hashlib.sha256(sample_id.encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+    return fraction > 0 and hash_share(sample_id, fraction)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from eaglekit.data.records import hash_share
 from eaglekit.draft.config import DraftConfig
 from eaglekit.draft.model import Eagle3Draft
 from eaglekit.draft.vocab import DraftVocab, build_draft_vocab, count_assistant_tokens
@@ -49,10 +49,7 @@ def in_train_share(sample_id: str, fraction: float) -> bool:
     """`--train-fraction`: whether a sample is in the hash-stable share `fraction` of the training
     data. The hash is salted, so the share is independent of the validation split, and a smaller
     share is a subset of a larger one (the nested slices of a data-scaling curve)."""
-    if fraction >= 1:
-        return True
-    digest = hashlib.sha256(b"eaglekit-train-share:" + sample_id.encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+    return fraction >= 1 or hash_share("eaglekit-train-share:" + sample_id, fraction)
 
 
 def train_share(ids: list[str], members: list[int], fraction: float) -> list[int]:
