@@ -44,6 +44,7 @@ from eaglekit.pipeline.scaling import StepsNotKnownYet, run_scaling, scaling_pla
 from eaglekit.progress import StageTime, TimeLeft, duration, run_after, run_outlook, stage_and_after
 from eaglekit.report.html import write_report
 from eaglekit.targets.source import DEFAULT_TARGET
+from eaglekit.train.manifest import draft_manifest_path, read_draft_manifest, steps_done
 
 log = logging.getLogger(__name__)
 STATE = PIPELINE_STATE
@@ -304,10 +305,7 @@ def measured_stage_time(state: dict, name: str) -> StageTime | None:
 def main_draft_step_seconds(state: dict, out: Path) -> float | None:
     """Seconds an optimizer step of the main draft's training took, start-up included (None: not measured)."""
     train = measured_stage_time(state, "train")
-    manifest = out / "draft" / MANIFEST
-    if train is None or not manifest.is_file():
-        return None
-    steps = (read_json(manifest, "draft manifest").get("steps") or {}).get("done")
+    steps = steps_done(read_draft_manifest(out / "draft")) if train is not None else None
     return train.seconds / steps if steps else None
 
 
@@ -566,7 +564,7 @@ def data_line(manifest: dict, acc0: float | None) -> str | None:
     """What the draft learned from, beside what a bigram table of the same data predicts (the
     validation baseline): a draft no better than that has too little data to learn more."""
     counts = manifest.get("counts") or {}
-    tokens, steps = counts.get("train_assistant_tokens"), (manifest.get("steps") or {}).get("done", "?")
+    tokens, steps = counts.get("train_assistant_tokens"), steps_done(manifest) or "?"
     bigram = (counts.get("val_baselines") or {}).get("bigram_acc")
     if tokens is None:
         return None
@@ -580,7 +578,7 @@ def data_line(manifest: dict, acc0: float | None) -> str | None:
 
 def summarize(out: Path) -> tuple[bool, str]:
     """One paragraph: what training predicts, what the doctor found, what the bench measured."""
-    manifest = read_json(out / "draft" / MANIFEST, "draft manifest")
+    manifest = read_json(draft_manifest_path(out / "draft"), "draft manifest")
     best = manifest.get("best") or {}
     report = read_json(out / "doctor" / DOCTOR_REPORT, "doctor report")
     failed = [c["id"] for c in report["checks"] if c["status"] == "fail"]

@@ -37,11 +37,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from eaglekit.artifacts import BENCH_RESULTS, MANIFEST, SCALING_SUMMARY, TRAIN_LOG, TRAINER_STATE, atomic_path, read_json, write_json
+from eaglekit.artifacts import BENCH_RESULTS, SCALING_SUMMARY, TRAIN_LOG, TRAINER_STATE, atomic_path, read_json, write_json
 from eaglekit.errors import EaglekitError
 from eaglekit.pipeline.recipe import to_flags
 from eaglekit.report.collect import read_log
 from eaglekit.report.scaling import scaling_svg
+from eaglekit.train.manifest import draft_manifest_path, read_draft_manifest, steps_done
 
 KEYS = ("fractions", "steps", "bench")
 # Train flags that set the length of a run: every slice gets the same number of steps instead.
@@ -106,11 +107,12 @@ def slice_folder(out: Path, fraction: float) -> Path:
 def step_budget(plan: ScalingPlan, out: Path) -> int:
     if plan.steps is not None:
         return plan.steps
-    manifest = out / "draft" / MANIFEST
-    if not manifest.is_file():
-        raise StepsNotKnownYet(f"the scaling slices run the main draft's steps, and {manifest} does not exist yet",
+    manifest = read_draft_manifest(out / "draft")
+    if manifest is None:
+        raise StepsNotKnownYet(f"the scaling slices run the main draft's steps, and {draft_manifest_path(out / 'draft')} "
+                               "does not exist yet",
                                hint="set scaling.steps to plan the slices before the main draft is trained")
-    steps = (read_json(manifest, "draft manifest").get("steps") or {}).get("done")
+    steps = steps_done(manifest)
     if not steps:
         raise EaglekitError("the main draft ran 0 steps: no step budget for the scaling slices",
                             hint="set scaling.steps")
@@ -149,14 +151,14 @@ def main_is_full_slice(manifest: dict, steps: int) -> bool:
     data, and N steps planned as N from the first step (a time budget re-plans the learning-rate
     schedule as it goes, so a budgeted run is not the same run even when it ends at N)."""
     config = manifest.get("config") or {}
-    done = (manifest.get("steps") or {}).get("done")
+    done = steps_done(manifest)
     return (bool(manifest.get("complete")) and config.get("train_fraction", 1.0) == 1.0
             and config.get("max_steps") == steps == done and config.get("time_budget_s") is None)
 
 
 def reuses_main(out: Path, fraction: float, steps: int) -> bool:
-    path = out / "draft" / MANIFEST
-    return fraction == 1.0 and path.is_file() and main_is_full_slice(read_json(path, "draft manifest"), steps)
+    manifest = read_draft_manifest(out / "draft") if fraction == 1.0 else None
+    return manifest is not None and main_is_full_slice(manifest, steps)
 
 
 def slice_row(out: Path, fraction: float, steps: int, state: dict) -> dict:
@@ -168,15 +170,13 @@ def slice_row(out: Path, fraction: float, steps: int, state: dict) -> dict:
     row = {"fraction": fraction, "folder": str(folder), "status": entry.get("status", "not run"),
            "command": shlex.join(["eaglekit", *entry["argv"]]) if entry else None, "steps": steps,
            "main_draft": main}
-    manifest_path = folder / "draft" / MANIFEST
-    if manifest_path.is_file():
-        m = read_json(manifest_path, "slice draft manifest")
+    m = read_draft_manifest(folder / "draft", "slice draft manifest")
+    if m is not None:
         best, counts = m.get("best") or {}, m.get("counts") or {}
-        trained = m.get("steps") or {}
-        steps_done, per_epoch = trained.get("done"), trained.get("per_epoch")
+        done, per_epoch = steps_done(m), (m.get("steps") or {}).get("per_epoch")
         row.update(samples=counts.get("train_samples"), tokens=counts.get("train_assistant_tokens"),
-                   all_tokens=counts.get("train_tokens"), steps=steps_done,
-                   passes=round(steps_done / per_epoch, 2) if steps_done is not None and per_epoch else None,
+                   all_tokens=counts.get("train_tokens"), steps=done,
+                   passes=round(done / per_epoch, 2) if done is not None and per_epoch else None,
                    best_step=best.get("step"), walk_tau=best.get("walk_accept_length"),
                    sim_tau=best.get("sim_accept_length"), acc0=(best.get("acc") or [None])[0],
                    train_acc0=train_acc0(folder / "draft" / TRAIN_LOG),
