@@ -54,6 +54,7 @@ def test_bench_oracle_tree_multi_turn(tmp_path, tiny_target_dir, prompts_file):
         assert (out / "acceptance.png").stat().st_size > 1000
     else:
         assert "matplotlib is not installed" in result["plot_note"]
+        assert not (out / "acceptance.png").exists()          # nor an earlier run's plot left beside these results
 
 
 def test_bench_checkpoint_draft_chain_and_sweep(tmp_path, tiny_target_dir, prompts_file):

@@ -144,6 +144,7 @@ def _write_outputs(result: dict, cfg: BenchOptions, out: Path) -> dict:
     why_no_plot = plot(result, out / "acceptance.png")
     if why_no_plot:
         log.warning(why_no_plot)
+        (out / "acceptance.png").unlink(missing_ok=True)   # an earlier run's plot must not pass for this one's
     result["plot"] = None if why_no_plot else "acceptance.png"
     result["plot_note"] = why_no_plot
     write_json(out / BENCH_RESULTS, result)
