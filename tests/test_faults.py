@@ -420,3 +420,20 @@ def test_a_manifest_of_the_wrong_shape_is_one_clear_error(text, targets, tmp_pat
                  "--device", "cpu", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "manifest.json is not an eaglekit manifest" in err and "make the folder again" in err
+
+
+def test_a_malformed_message_in_conversations_is_named_by_file_line_and_id(targets, tmp_path, capsys):
+    """It said only "message 1 is malformed", in which of thousands of conversations unsaid."""
+    out = tmp_path / "conv"
+    assert generate(prompt_file(tmp_path), targets["base"], out) == 0
+    shard = sorted(out.glob("conversations-*.jsonl"))[0]
+    lines = shard.read_text().splitlines(keepends=True)
+    row = json.loads(lines[1])
+    row["messages"][1]["content"] = None
+    lines[1] = json.dumps(row) + "\n"
+    shard.write_text("".join(lines))
+    capsys.readouterr()
+    assert main(["features", "--target", str(targets["base"]), "--data", str(out), "--out", str(tmp_path / "f"),
+                 "--device", "cpu", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"{shard}:2, conversation {row['id']!r}: message 1 is malformed" in err

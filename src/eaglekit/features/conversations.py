@@ -22,7 +22,7 @@ from eaglekit.artifacts import CONVERSATION_SHARDS, check_same_target, read_mani
 from eaglekit.data.records import hash_share
 from eaglekit.errors import EaglekitError
 from eaglekit.features.batch import counted_positions
-from eaglekit.targets.chat import conversation_texts, encode_texts, join_pieces, special_tokens
+from eaglekit.targets.chat import check_messages, conversation_texts, encode_texts, join_pieces, special_tokens
 
 log = logging.getLogger(__name__)
 CHUNK = 128  # conversations per tokenizer call: ~400 texts for the Rust loop, few ids held as Python lists
@@ -102,6 +102,10 @@ def read_conversations(path: str | Path, *, target_fingerprint: dict | None = No
                     raise EaglekitError(f"{file}:{lineno} has no 'messages' list",
                                         hint='each line is {"id", "source", "messages": [{"role", "content"}]}')
                 cid = str(row.get("id", f"{file.stem}:{lineno}"))
+                try:
+                    check_messages(row["messages"])
+                except EaglekitError as err:   # named where it is, not only by its message's index
+                    raise EaglekitError(f"{file}:{lineno}, conversation {cid!r}: {err.message}", hint=err.hint) from err
                 if cid in seen:
                     raise EaglekitError(f"{file}:{lineno}: conversation id {cid!r} appears twice",
                                         hint="ids must be unique (they decide the train/validation split)")
