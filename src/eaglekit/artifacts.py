@@ -52,6 +52,14 @@ def sha256_json(obj: Any) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def hash_share(key: str, fraction: float) -> bool:
+    """Whether `key` falls in the hash-stable share `fraction` of all keys: the same answer on every
+    rerun and in every mix, and a smaller share inside a larger one. Callers salt the key so that
+    their shares (the prompts' split, the samples' split, the training share) are independent."""
+    digest = hashlib.sha256(key.encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -20,6 +20,7 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 
+from eaglekit.artifacts import hash_share
 from eaglekit.errors import EaglekitError
 
 SPLITS = ("train", "validation")
@@ -143,14 +144,6 @@ _SPACE = re.compile(r"\s+")
 
 def normalize(text: str) -> str:
     return _SPACE.sub(" ", text).strip().lower()
-
-
-def hash_share(key: str, fraction: float) -> bool:
-    """Whether `key` falls in the hash-stable share `fraction` of all keys: the same answer on every
-    rerun and in every mix, and a smaller share inside a larger one. Callers salt the key so that
-    their shares (the prompts' split, the samples' split, the training share) are independent."""
-    digest = hashlib.sha256(key.encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
 def split_of(prompt: Prompt, validation_fraction: float, seed: int = 0) -> str:

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import torch
 
-from eaglekit.artifacts import CONVERSATION_SHARDS, check_same_target, read_manifest, sha256_file
-from eaglekit.data.records import hash_share
+from eaglekit.artifacts import CONVERSATION_SHARDS, check_same_target, hash_share, read_manifest, sha256_file
 from eaglekit.errors import EaglekitError
 from eaglekit.features.batch import counted_positions
 from eaglekit.targets.chat import check_messages, conversation_texts, encode_texts, join_pieces, special_tokens

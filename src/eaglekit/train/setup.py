@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from eaglekit.data.records import hash_share
+from eaglekit.artifacts import hash_share
 from eaglekit.draft.config import DraftConfig
 from eaglekit.draft.model import Eagle3Draft
 from eaglekit.draft.vocab import DraftVocab, build_draft_vocab, count_assistant_tokens
