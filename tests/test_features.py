@@ -135,6 +135,20 @@ def test_features_of_another_target_or_tokenizer_are_refused(target, store_dir):
         FeatureStore(store_dir, hidden_size=32)
 
 
+def test_a_features_manifest_missing_a_config_key_names_it(store_dir, tmp_path):
+    """A hand-edited manifest without `teacher_topk` gave a bare KeyError from deep in training."""
+    import shutil
+
+    copy = tmp_path / "f"
+    shutil.copytree(store_dir, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    del manifest["config"]["teacher_topk"]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(EaglekitError, match="manifest.json has no teacher_topk in its config") as err:
+        FeatureStore(copy)
+    assert "make the folder again" in err.value.hint
+
+
 def test_truncated_shard_is_refused(store_dir, tmp_path):
     import shutil
 

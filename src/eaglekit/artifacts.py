@@ -284,6 +284,17 @@ def read_manifest(folder: str | os.PathLike, *, stage: str | None = None) -> dic
     return manifest
 
 
+def manifest_config(manifest: dict, folder: str | os.PathLike, *keys: str) -> list:
+    """The values of `keys` in a manifest's config; a missing one names the key and the folder, so a
+    hand-edited or foreign manifest is refused instead of failing deep inside a stage."""
+    config = manifest["config"]
+    missing = [k for k in keys if k not in config]
+    if missing:
+        raise EaglekitError(f"{Path(folder) / MANIFEST} has no {', '.join(missing)} in its config",
+                            hint="the manifest was edited or written by another tool: make the folder again")
+    return [config[k] for k in keys]
+
+
 def unfinished_folder_error(folder: Path, stage: str | None) -> EaglekitError:
     """The error for a folder without a manifest, saying whether a writer is still at work."""
     command = f"`eaglekit {stage}`" if stage else "the eaglekit command that writes it"

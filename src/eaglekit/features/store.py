@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from eaglekit.artifacts import check_same_target, read_json, read_manifest
+from eaglekit.artifacts import check_same_target, manifest_config, read_json, read_manifest
 from eaglekit.errors import EaglekitError
 from eaglekit.targets.source import validate_safetensors
 
@@ -75,10 +75,11 @@ class FeatureStore:
         self.manifest = read_manifest(self.folder, stage="features")
         if target_fingerprint is not None:
             check_same_target(target_fingerprint, self.manifest.get("target"), what=f"features in {self.folder}")
-        cfg = self.manifest["config"]
-        self.aux_layer_ids: list[int] = list(cfg["aux_layer_ids"])
-        self.topk: int = int(cfg["teacher_topk"])
-        self.hidden_size: int = int(cfg["hidden_size"])
+        aux_layer_ids, topk, width = manifest_config(self.manifest, self.folder, "aux_layer_ids", "teacher_topk",
+                                                     "hidden_size")
+        self.aux_layer_ids: list[int] = list(aux_layer_ids)
+        self.topk: int = int(topk)
+        self.hidden_size: int = int(width)
         if hidden_size is not None and hidden_size != self.hidden_size:
             raise EaglekitError(f"features in {self.folder} hold {self.hidden_size}-wide states, the target's "
                                 f"hidden size is {hidden_size}", hint="capture features with this target")
