@@ -41,6 +41,13 @@ BENCH_RESULTS = "results.json"     # eaglekit bench --out
 PIPELINE_STATE = "pipeline.json"   # eaglekit run: which stages finished, with their commands
 SCALING_SUMMARY = "scaling.json"   # eaglekit run with `scaling`: the curve's table
 TRAINER_STATE = "trainer_state"   # a training run folder's resume state (train/state.py); the pipeline resumes on it
+# The folders of a run (`eaglekit run --out RUN`) that more than the pipeline reads: the report, the
+# scaling curve and the run's summary.
+RUN_DRAFT = "draft"       # eaglekit train --out
+RUN_EXPORT = "export"     # one folder per format under it
+RUN_DOCTOR = "doctor"
+RUN_BENCH = "bench"
+RUN_SCALING = "scaling"   # one slice run per fraction under it, and SCALING_SUMMARY
 CONVERSATION_SHARDS = "conversations"   # a generate folder's shards: conversations-00000.jsonl, ...
 # Aux layer ids inside eaglekit always mean "output of 0-based decoder layer i" (pre final norm).
 AUX_CONVENTION = "output_of_layer_0based"

@@ -20,8 +20,8 @@ NATIVE_LAYER = "midlayer."
 # vocabularies are equal (vLLM then refuses a `d2t` tensor), so those formats leave them out.
 FORMATS: dict[str, tuple[str, bool]] = {
     "sglang": ("midlayer.", True),
-    "eagle": ("midlayer.", True),
     "vllm": ("layers.0.", False),
+    "eagle": ("midlayer.", True),
 }
 # Names third-party checkpoints use for the decoder layer, tried in this order when importing.
 LAYER_ALIASES = ("midlayer.", "layers.0.")

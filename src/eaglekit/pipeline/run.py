@@ -36,9 +36,23 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from eaglekit.artifacts import BENCH_RESULTS, DOCTOR_REPORT, MANIFEST, PIPELINE_STATE, TRAINER_STATE, read_json, write_json, writer_lock
+from eaglekit.artifacts import (
+    BENCH_RESULTS,
+    DOCTOR_REPORT,
+    MANIFEST,
+    PIPELINE_STATE,
+    RUN_BENCH,
+    RUN_DOCTOR,
+    RUN_DRAFT,
+    RUN_EXPORT,
+    TRAINER_STATE,
+    read_json,
+    write_json,
+    writer_lock,
+)
 from eaglekit.data.options import LOCAL_BACKENDS, GenerateOptions
 from eaglekit.errors import EaglekitError
+from eaglekit.formats.names import FORMATS
 from eaglekit.pipeline.recipe import to_flags
 from eaglekit.pipeline.scaling import StepsNotKnownYet, run_scaling, scaling_plan, scaling_summary
 from eaglekit.progress import StageTime, TimeLeft, duration, run_after, run_outlook, stage_and_after
@@ -305,7 +319,7 @@ def measured_stage_time(state: dict, name: str) -> StageTime | None:
 def main_draft_step_seconds(state: dict, out: Path) -> float | None:
     """Seconds an optimizer step of the main draft's training took, start-up included (None: not measured)."""
     train = measured_stage_time(state, "train")
-    steps = steps_done(read_draft_manifest(out / "draft")) if train is not None else None
+    steps = steps_done(read_draft_manifest(out / RUN_DRAFT)) if train is not None else None
     return train.seconds / steps if steps else None
 
 
@@ -534,27 +548,27 @@ def run_stages(pipe: Pipeline, recipe: dict, out: Path) -> None:
     train_input = ["--data", str(out / "conversations")] if features is False else \
         feature_stage(pipe, "features", t, dev, features, out / "conversations", out / "features")
     train_input += validation_stages(pipe, recipe, out, t, dev, features)
-    draft = out / "draft"
+    draft = out / RUN_DRAFT
     pipe.stage("train", ["train", *t, *train_input, *to_flags(recipe.get("train")), *dev,
                          "--out", str(draft)], resume_flag="--resume", resume_marker=draft / TRAINER_STATE,
                processes=int(recipe.get("gpus") or 1))
 
     export = dict(recipe.get("export") or {})
-    formats = export.pop("formats", ["sglang", "vllm", "eagle"])
+    formats = export.pop("formats", list(FORMATS))   # every format the export writes
     for fmt in formats:
         pipe.stage(f"export-{fmt}", ["export", str(draft), "--format", fmt, *t, *to_flags(export),
-                                     "--out", str(out / "export" / fmt), "--overwrite"])
+                                     "--out", str(out / RUN_EXPORT / fmt), "--overwrite"])
 
     doctor = dict(recipe.get("doctor") or {})
     engine = doctor.pop("engine", "vllm")
     doctor_dev = [] if "device" in doctor else dev   # the probe runs where the other stages do
-    pipe.stage("doctor", ["doctor", str(out / "export" / engine), *t, "--engine", engine, *to_flags(doctor),
-                          *doctor_dev, "--out", str(out / "doctor")], ok_codes=(0, 1))
+    pipe.stage("doctor", ["doctor", str(out / RUN_EXPORT / engine), *t, "--engine", engine, *to_flags(doctor),
+                          *doctor_dev, "--out", str(out / RUN_DOCTOR)], ok_codes=(0, 1))
 
     bench = recipe.get("bench")
     if bench:
         pipe.stage("bench", ["bench", *t, "--draft", str(draft), *to_flags(bench), *dev,
-                             "--out", str(out / "bench")])
+                             "--out", str(out / RUN_BENCH)])
 
     if scaling is not None:
         run_scaling(pipe, scaling, recipe, out, t, dev, train_input)
@@ -578,9 +592,9 @@ def data_line(manifest: dict, acc0: float | None) -> str | None:
 
 def summarize(out: Path) -> tuple[bool, str]:
     """One paragraph: what training predicts, what the doctor found, what the bench measured."""
-    manifest = read_json(draft_manifest_path(out / "draft"), "draft manifest")
+    manifest = read_json(draft_manifest_path(out / RUN_DRAFT), "draft manifest")
     best = manifest.get("best") or {}
-    report = read_json(out / "doctor" / DOCTOR_REPORT, "doctor report")
+    report = read_json(out / RUN_DOCTOR / DOCTOR_REPORT, "doctor report")
     failed = [c["id"] for c in report["checks"] if c["status"] == "fail"]
     probe = report.get("probe") or {}
     acc0 = (best.get("acc") or [None])[0]
@@ -591,8 +605,8 @@ def summarize(out: Path) -> tuple[bool, str]:
     data = data_line(manifest, acc0)
     if data:
         lines.append(data)
-    if (out / "bench" / BENCH_RESULTS).is_file():
-        summary = read_json(out / "bench" / BENCH_RESULTS, "bench results")["summary"]
+    if (out / RUN_BENCH / BENCH_RESULTS).is_file():
+        summary = read_json(out / RUN_BENCH / BENCH_RESULTS, "bench results")["summary"]
         lines.append(f"bench: tau {summary['tau']}, speedup {summary['speedup']}x over plain decoding "
                      f"({summary['spec']}, {out / 'bench' / 'report.md'})")
         if summary.get("verdict") and summary["speedup"] < 1:

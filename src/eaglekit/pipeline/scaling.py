@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from eaglekit.artifacts import BENCH_RESULTS, SCALING_SUMMARY, TRAIN_LOG, TRAINER_STATE, atomic_path, read_json, write_json
+from eaglekit.artifacts import BENCH_RESULTS, RUN_BENCH, RUN_DRAFT, RUN_SCALING, SCALING_SUMMARY, TRAIN_LOG, TRAINER_STATE, atomic_path, read_json, write_json
 from eaglekit.errors import EaglekitError
 from eaglekit.pipeline.recipe import to_flags
 from eaglekit.report.collect import read_log
@@ -101,13 +101,13 @@ def scaling_plan(recipe: dict) -> ScalingPlan | None:
 
 
 def slice_folder(out: Path, fraction: float) -> Path:
-    return out / "scaling" / f"frac-{fraction:g}"
+    return out / RUN_SCALING / f"frac-{fraction:g}"
 
 
 def step_budget(plan: ScalingPlan, out: Path) -> int:
     if plan.steps is not None:
         return plan.steps
-    manifest = read_draft_manifest(out / "draft")
+    manifest = read_draft_manifest(out / RUN_DRAFT)
     if manifest is None:
         raise StepsNotKnownYet(f"the scaling slices run the main draft's steps, and {draft_manifest_path(out / 'draft')} "
                                "does not exist yet",
@@ -133,7 +133,7 @@ def run_scaling(pipe, plan: ScalingPlan, recipe: dict, out: Path, t: list[str], 
         if reuses_main(out, fraction, steps):
             continue
         folder = slice_folder(out, fraction)
-        draft = folder / "draft"
+        draft = folder / RUN_DRAFT
         pipe.stage(f"scaling-{fraction:g}-train",
                    ["train", *t, *train_input, *to_flags(train), "--train-fraction", f"{fraction:g}",
                     "--max-steps", str(steps), *dev, "--out", str(draft)],
@@ -141,7 +141,7 @@ def run_scaling(pipe, plan: ScalingPlan, recipe: dict, out: Path, t: list[str], 
                    processes=int(recipe.get("gpus") or 1))
         if bench:
             pipe.stage(f"scaling-{fraction:g}-bench", ["bench", *t, "--draft", str(draft), *to_flags(bench), *dev,
-                                                       "--out", str(folder / "bench")])
+                                                       "--out", str(folder / RUN_BENCH)])
     if pipe.plan is None:   # a plan-only pass (`--plan`, the run's look ahead) has no results to summarize
         write_summary(out, plan, steps, pipe.state)
 
@@ -157,7 +157,7 @@ def main_is_full_slice(manifest: dict, steps: int) -> bool:
 
 
 def reuses_main(out: Path, fraction: float, steps: int) -> bool:
-    manifest = read_draft_manifest(out / "draft") if fraction == 1.0 else None
+    manifest = read_draft_manifest(out / RUN_DRAFT) if fraction == 1.0 else None
     return manifest is not None and main_is_full_slice(manifest, steps)
 
 
@@ -170,7 +170,7 @@ def slice_row(out: Path, fraction: float, steps: int, state: dict) -> dict:
     row = {"fraction": fraction, "folder": str(folder), "status": entry.get("status", "not run"),
            "command": shlex.join(["eaglekit", *entry["argv"]]) if entry else None, "steps": steps,
            "main_draft": main}
-    m = read_draft_manifest(folder / "draft", "slice draft manifest")
+    m = read_draft_manifest(folder / RUN_DRAFT, "slice draft manifest")
     if m is not None:
         best, counts = m.get("best") or {}, m.get("counts") or {}
         done, per_epoch = steps_done(m), (m.get("steps") or {}).get("per_epoch")
@@ -179,11 +179,11 @@ def slice_row(out: Path, fraction: float, steps: int, state: dict) -> dict:
                    passes=round(done / per_epoch, 2) if done is not None and per_epoch else None,
                    best_step=best.get("step"), walk_tau=best.get("walk_accept_length"),
                    sim_tau=best.get("sim_accept_length"), acc0=(best.get("acc") or [None])[0],
-                   train_acc0=train_acc0(folder / "draft" / TRAIN_LOG),
+                   train_acc0=train_acc0(folder / RUN_DRAFT / TRAIN_LOG),
                    device=m.get("config", {}).get("device"), date=m.get("created"))
         if not m.get("complete") and row["status"] == "done":
             row["status"] = "running"
-    results = folder / "bench" / BENCH_RESULTS
+    results = folder / RUN_BENCH / BENCH_RESULTS
     if results.is_file():
         s = read_json(results, "slice bench results")["summary"]
         row.update(bench_tau=s["tau"], speedup=s["speedup"], bench_spec=s["spec"])
@@ -242,7 +242,7 @@ def write_summary(out: Path, plan: ScalingPlan, steps: int, state: dict) -> dict
              "command": " && ".join(r["command"] for r in rows if r["command"]) or None,
              "device": first.get("device"), "date": first.get("date"),
              "written": time.strftime("%Y-%m-%d %H:%M:%S")}
-    folder = out / "scaling"
+    folder = out / RUN_SCALING
     folder.mkdir(parents=True, exist_ok=True)
     write_json(folder / SUMMARY, table)
     with atomic_path(folder / "scaling.md") as tmp:
@@ -272,7 +272,7 @@ def markdown(table: dict) -> str:
 
 def scaling_summary(out: Path) -> str | None:
     """The run summary's line about the curve, if there is one."""
-    path = out / "scaling" / SUMMARY
+    path = out / RUN_SCALING / SUMMARY
     if not path.is_file():
         return None
     table = read_json(path, "scaling summary")

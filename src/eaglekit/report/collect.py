@@ -20,7 +20,19 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eaglekit.artifacts import BENCH_RESULTS, DOCTOR_REPORT, MANIFEST, PIPELINE_STATE, SCALING_SUMMARY, TRAIN_LOG, read_json
+from eaglekit.artifacts import (
+    BENCH_RESULTS,
+    DOCTOR_REPORT,
+    MANIFEST,
+    PIPELINE_STATE,
+    RUN_BENCH,
+    RUN_DOCTOR,
+    RUN_DRAFT,
+    RUN_SCALING,
+    SCALING_SUMMARY,
+    TRAIN_LOG,
+    read_json,
+)
 from eaglekit.errors import EaglekitError
 
 STATUS = ("done", "unfinished", "failed", "not run", "unreadable", "missing")
@@ -100,7 +112,7 @@ def read_log(path: Path) -> tuple[list[dict], list[dict], str]:
     return train, val, note
 
 
-def training(run: Path, state: dict | None, folder: str = "draft", stage: str = "train") -> Part:
+def training(run: Path, state: dict | None, folder: str = RUN_DRAFT, stage: str = "train") -> Part:
     """Training curves and the best validation of one training run folder."""
     out = run / folder
     manifest, error = read_optional(out / MANIFEST, "draft manifest")
@@ -128,19 +140,19 @@ def training(run: Path, state: dict | None, folder: str = "draft", stage: str = 
 
 
 def doctor(run: Path, state: dict | None) -> Part:
-    report, error = read_optional(run / "doctor" / DOCTOR_REPORT, "doctor report")
-    manifest, error2 = read_optional(run / "doctor" / MANIFEST, "doctor manifest")
+    report, error = read_optional(run / RUN_DOCTOR / DOCTOR_REPORT, "doctor report")
+    manifest, error2 = read_optional(run / RUN_DOCTOR / MANIFEST, "doctor manifest")
     if error or error2:
         return Part("unreadable", error or error2)
     status, note, command = status_of(state, "doctor", report)
     if report is None:
         return Part(status if status != "done" else "missing", "no doctor/report.json" if status == "done" else note)
     config = (manifest or {}).get("config") or {}
-    return Part(status, note, report, Source(files=[str(run / "doctor" / DOCTOR_REPORT)], command=command,
+    return Part(status, note, report, Source(files=[str(run / RUN_DOCTOR / DOCTOR_REPORT)], command=command,
                                              device=config.get("device"), date=(manifest or {}).get("created")))
 
 
-def bench(run: Path, state: dict | None, folder: str = "bench", stage: str = "bench") -> Part:
+def bench(run: Path, state: dict | None, folder: str = RUN_BENCH, stage: str = "bench") -> Part:
     results, error = read_optional(run / folder / BENCH_RESULTS, "bench results")
     if error:
         return Part("unreadable", error)
@@ -201,7 +213,7 @@ def categories(results: dict) -> tuple[list[dict], str]:
 
 
 def scaling(run: Path, state: dict | None) -> Part:
-    table, error = read_optional(run / "scaling" / SCALING_SUMMARY, "scaling summary")
+    table, error = read_optional(run / RUN_SCALING / SCALING_SUMMARY, "scaling summary")
     if error:
         return Part("unreadable", error)
     stages = {k: v for k, v in ((state or {}).get("stages") or {}).items() if k.startswith("scaling-")}
@@ -217,7 +229,7 @@ def scaling(run: Path, state: dict | None) -> Part:
     unfinished = [r["fraction"] for r in rows if r.get("status") != "done"]
     status = "unfinished" if unfinished else "done"
     note = f"slices {unfinished} not finished" if unfinished else ""
-    return Part(status, note, table, Source(files=[str(run / "scaling" / SCALING_SUMMARY)],
+    return Part(status, note, table, Source(files=[str(run / RUN_SCALING / SCALING_SUMMARY)],
                                             command=table.get("command"), device=table.get("device"),
                                             date=table.get("date")))
 
@@ -243,7 +255,7 @@ def collect(run: str | Path) -> RunData:
     if not run.is_dir():
         raise EaglekitError(f"no run folder {run}", hint="pass the folder `eaglekit run` wrote (e.g. runs/quick)")
     state, error = pipeline_state(run)
-    known = (PIPELINE_STATE, "draft", "doctor", "bench", "scaling")
+    known = (PIPELINE_STATE, RUN_DRAFT, RUN_DOCTOR, RUN_BENCH, RUN_SCALING)
     if state is None and not error and not any((run / k).exists() for k in known):
         raise EaglekitError(f"{run} holds no pipeline.json and no stage output ({', '.join(known[1:])})",
                             hint="pass the folder `eaglekit run` wrote (e.g. runs/quick)")
