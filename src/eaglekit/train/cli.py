@@ -15,7 +15,7 @@ def register(sub) -> None:
     p = sub.add_parser("train", help="train a draft with training-time test (TTT)",
                        description="Train an EAGLE-3 draft. Offline: --features DIR (from `eaglekit features`). "
                                    "Online: --data CONVERSATIONS, the target runs beside the draft. Writes the best "
-                                   "draft (by simulated accept length on held-out data) to --out.")
+                                   "draft (by walk tau, the accept length of a greedy draft walk, on held-out data) to --out.")
     from eaglekit.options import add_options
     from eaglekit.train.config import TrainConfig
 
