@@ -592,23 +592,24 @@ def data_line(manifest: dict, acc0: float | None) -> str | None:
 
 def summarize(out: Path) -> tuple[bool, str]:
     """One paragraph: what training predicts, what the doctor found, what the bench measured."""
-    manifest = read_json(draft_manifest_path(out / RUN_DRAFT), "draft manifest")
+    draft, doctor, bench = out / RUN_DRAFT, out / RUN_DOCTOR / DOCTOR_REPORT, out / RUN_BENCH / BENCH_RESULTS
+    manifest = read_json(draft_manifest_path(draft), "draft manifest")
     best = manifest.get("best") or {}
-    report = read_json(out / RUN_DOCTOR / DOCTOR_REPORT, "doctor report")
+    report = read_json(doctor, "doctor report")
     failed = [c["id"] for c in report["checks"] if c["status"] == "fail"]
     probe = report.get("probe") or {}
     acc0 = (best.get("acc") or [None])[0]
-    lines = [f"draft: {out / 'draft'} (predicted accept length {best.get('walk_accept_length')} on held-out "
+    lines = [f"draft: {draft} (predicted accept length {best.get('walk_accept_length')} on held-out "
              f"conversations, step-0 accuracy {acc0})",
              f"doctor: {'ok' if report['ok'] else 'FAILED ' + ', '.join(failed)}; live probe tau {probe.get('tau')}"
-             f" ({out / 'doctor' / 'report.json'})"]
+             f" ({doctor})"]
     data = data_line(manifest, acc0)
     if data:
         lines.append(data)
-    if (out / RUN_BENCH / BENCH_RESULTS).is_file():
-        summary = read_json(out / RUN_BENCH / BENCH_RESULTS, "bench results")["summary"]
+    if bench.is_file():
+        summary = read_json(bench, "bench results")["summary"]
         lines.append(f"bench: tau {summary['tau']}, speedup {summary['speedup']}x over plain decoding "
-                     f"({summary['spec']}, {out / 'bench' / 'report.md'})")
+                     f"({summary['spec']}, {bench.with_name('report.md')})")
         if summary.get("verdict") and summary["speedup"] < 1:
             lines.append(summary["verdict"])
             if str(summary.get("device", "")).startswith("cpu"):

@@ -47,7 +47,6 @@ from eaglekit.train.manifest import draft_manifest_path, read_draft_manifest, st
 KEYS = ("fractions", "steps", "bench")
 # Train flags that set the length of a run: every slice gets the same number of steps instead.
 LENGTH_FLAGS = ("epochs", "max-steps", "time-budget-s")
-SUMMARY = SCALING_SUMMARY
 PASSES = "steps done over the slice's steps per epoch: how often training saw each sample"
 
 
@@ -109,7 +108,7 @@ def step_budget(plan: ScalingPlan, out: Path) -> int:
         return plan.steps
     manifest = read_draft_manifest(out / RUN_DRAFT)
     if manifest is None:
-        raise StepsNotKnownYet(f"the scaling slices run the main draft's steps, and {draft_manifest_path(out / 'draft')} "
+        raise StepsNotKnownYet(f"the scaling slices run the main draft's steps, and {draft_manifest_path(out / RUN_DRAFT)} "
                                "does not exist yet",
                                hint="set scaling.steps to plan the slices before the main draft is trained")
     steps = steps_done(manifest)
@@ -244,7 +243,7 @@ def write_summary(out: Path, plan: ScalingPlan, steps: int, state: dict) -> dict
              "written": time.strftime("%Y-%m-%d %H:%M:%S")}
     folder = out / RUN_SCALING
     folder.mkdir(parents=True, exist_ok=True)
-    write_json(folder / SUMMARY, table)
+    write_json(folder / SCALING_SUMMARY, table)
     with atomic_path(folder / "scaling.md") as tmp:
         tmp.write_text(markdown(table))
     svg = scaling_svg(table)
@@ -272,7 +271,7 @@ def markdown(table: dict) -> str:
 
 def scaling_summary(out: Path) -> str | None:
     """The run summary's line about the curve, if there is one."""
-    path = out / RUN_SCALING / SUMMARY
+    path = out / RUN_SCALING / SCALING_SUMMARY
     if not path.is_file():
         return None
     table = read_json(path, "scaling summary")

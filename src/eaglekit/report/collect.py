@@ -140,15 +140,16 @@ def training(run: Path, state: dict | None, folder: str = RUN_DRAFT, stage: str 
 
 
 def doctor(run: Path, state: dict | None) -> Part:
-    report, error = read_optional(run / RUN_DOCTOR / DOCTOR_REPORT, "doctor report")
-    manifest, error2 = read_optional(run / RUN_DOCTOR / MANIFEST, "doctor manifest")
+    folder = run / RUN_DOCTOR
+    report, error = read_optional(folder / DOCTOR_REPORT, "doctor report")
+    manifest, error2 = read_optional(folder / MANIFEST, "doctor manifest")
     if error or error2:
         return Part("unreadable", error or error2)
     status, note, command = status_of(state, "doctor", report)
     if report is None:
         return Part(status if status != "done" else "missing", "no doctor/report.json" if status == "done" else note)
     config = (manifest or {}).get("config") or {}
-    return Part(status, note, report, Source(files=[str(run / RUN_DOCTOR / DOCTOR_REPORT)], command=command,
+    return Part(status, note, report, Source(files=[str(folder / DOCTOR_REPORT)], command=command,
                                              device=config.get("device"), date=(manifest or {}).get("created")))
 
 
