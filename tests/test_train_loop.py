@@ -256,6 +256,28 @@ def test_time_budget_stops_the_run_and_keeps_the_best(data, tmp_path):
     assert manifest["history"][-1]["step"] == manifest["steps"]["done"]
 
 
+def test_a_slow_first_step_does_not_cut_the_time_budget_short(data, tmp_path, monkeypatch):
+    """A --compile run spends its first step compiling (~200 s of a 540 s budget on an H200). The fit
+    10 steps in once counted it as the pace and stopped that run at step 33 with most of its budget
+    left (docs/results/2026-12-04-h200-compile-recipe). The run must spend its budget."""
+    from eaglekit.train import loop
+
+    real_step, calls = loop.Trainer.train_step, []
+
+    def first_step_slow(self):
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(2.0)          # the start-up (a compile) in step 1
+        return real_step(self)
+
+    monkeypatch.setattr(loop.Trainer, "train_step", first_step_slow)
+    manifest = train(config(data, tmp_path / "run", max_steps=None, epochs=10000, time_budget_s=4.0, val_every=10000,
+                            save_every=10000))
+    events = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    elapsed = max(e.get("elapsed_s", 0.0) for e in events)
+    assert manifest["complete"] and elapsed > 0.75 * 4.0, (manifest["steps"], elapsed)
+
+
 @pytest.mark.slow
 def test_walk_accept_length_predicts_the_engine(data, tmp_path):
     """The held-out accept length training reports is what eaglekit's engine then measures."""

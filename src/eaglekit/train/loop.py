@@ -428,8 +428,13 @@ class Trainer:
                 self.step += 1
                 window += stats
                 window_tokens += tokens
-                if refits and self.step == refits[0]:
-                    refits.pop(0)
+                if cfg.time_budget_s is not None and last_fit is None:
+                    # The first step holds the start-up (a --compile run compiles in it, ~200 s on
+                    # an H200): fits measure the pace after it, or they size the run to a few steps.
+                    last_fit = (self.step, time.perf_counter())
+                elif (refits and self.step == refits[0]) or self.ends_early(started):
+                    while refits and refits[0] <= self.step:
+                        refits.pop(0)
                     self.fit_budget(started, last_fit, tracker)
                     last_fit = (self.step, time.perf_counter())
                 if self.step % cfg.log_every == 0 or self.step == self.total_steps:
@@ -484,11 +489,19 @@ class Trainer:
         over = time.perf_counter() - started > self.cfg.time_budget_s
         return self.dist.broadcast_float(1.0 if over else 0.0) > 0.5
 
+    def ends_early(self, started: float) -> bool:
+        """The schedule's last step with more than a tenth of the time budget left: fit again before
+        stopping (a pace measured while the run still compiled or warmed up was too slow)."""
+        if self.cfg.time_budget_s is None or self.step != self.total_steps or self.step >= self.max_steps_cap:
+            return False
+        left = self.cfg.time_budget_s - (time.perf_counter() - started)
+        return self.dist.broadcast_float(left) > 0.1 * self.cfg.time_budget_s
+
     def fit_budget(self, started: float, last_fit: tuple[int, float] | None, tracker: Tracker) -> None:
         """Size the schedule to the time budget (rank 0 decides).
 
-        The first fit (10 steps in) uses the speed since the start; later ones the speed since the
-        fit before, without start-up costs and with the validations and checkpoints made meanwhile.
+        Each fit uses the speed since the fit before (the first, since the end of the first step),
+        without start-up costs and with the validations and checkpoints made meanwhile.
         """
         now = time.perf_counter()
         step0, t0 = last_fit or (0, started)
