@@ -437,3 +437,48 @@ def test_a_malformed_message_in_conversations_is_named_by_file_line_and_id(targe
                  "--device", "cpu", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert f"{shard}:2, conversation {row['id']!r}: message 1 is malformed" in err
+
+
+# ---- numbers that measure nothing -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["bench", "--draft", "random", "--limit", "0"], "--limit 0: no prompt to bench"),
+    (["bench", "--draft", "random", "--limit", "-2"], "--limit -2: no prompt to bench"),
+    (["bench", "--draft", "random", "--max-new-tokens", "0"], "--max-new-tokens 0: nothing to generate"),
+    (["speculate", "--draft", "random", "--max-new-tokens", "0", "hi"], "--max-new-tokens 0: nothing to generate"),
+    (["doctor", "DRAFT", "--probe", "--limit", "0"], "--limit 0: the probe would measure nothing"),
+    (["doctor", "DRAFT", "--probe", "--max-new-tokens", "0"], "--max-new-tokens 0: the probe would measure nothing"),
+])
+def test_a_count_that_measures_nothing_is_refused(argv, said, targets, tmp_path, capsys):
+    """Found 2026-12-04: bench --limit 0 benched every prompt (0 read as "all"), --limit -1 all but
+    the last, and the doctor's --limit 0 probed nothing and still printed a verdict."""
+    argv = [str(tmp_path) if a == "DRAFT" else a for a in argv] + ["--target", str(targets["base"]), "--device", "cpu"]
+    if argv[0] == "bench":
+        argv += ["--out", str(tmp_path / "bench")]
+    assert main(argv) == 2
+    assert said in capsys.readouterr().err
+    assert not (tmp_path / "bench").exists()
+
+
+def test_a_bench_whose_answers_end_at_the_first_token_is_refused_not_scored(targets, tmp_path, capsys):
+    """Found 2026-12-04: --max-new-tokens 1 ran no speculative cycle, and bench printed tau 1.00
+    and a cycle cost made up from no cycle."""
+    out = tmp_path / "bench"
+    assert main(["bench", "--target", str(targets["base"]), "--draft", "random", "--max-new-tokens", "1", "--no-hf",
+                 "--limit", "1", "--device", "cpu", "--out", str(out)]) == 2
+    assert "no speculative cycle ran" in capsys.readouterr().err
+    assert not (out / "results.json").exists()
+
+
+def test_bench_and_doctor_out_on_another_stages_folder_are_refused(targets, tmp_path, capsys):
+    """Found 2026-12-04: `bench --out DRAFT` and `doctor --out DRAFT` replaced the draft's manifest
+    with their own (exit 0); the draft then read as another stage's folder."""
+    draft = draft_folder(targets["base"], tmp_path / "draft")
+    before = (draft / "manifest.json").read_bytes()
+    assert main(["bench", "--target", str(targets["base"]), "--draft", str(draft), "--max-new-tokens", "4", "--no-hf",
+                 "--limit", "1", "--device", "cpu", "--out", str(draft)]) == 2
+    assert "holds the output of `eaglekit train`" in capsys.readouterr().err
+    assert main(["doctor", str(draft), "--target", str(targets["base"]), "--out", str(draft)]) == 2
+    assert "holds the output of `eaglekit train`" in capsys.readouterr().err
+    assert (draft / "manifest.json").read_bytes() == before

@@ -130,9 +130,28 @@ def writer_lock(folder: str | os.PathLike, *, stage: str | None = None) -> Itera
         if not _try_flock(fd, fcntl.LOCK_EX, LOCK_WAIT_S):
             raise EaglekitError(f"another {_writer_name(stage)} is writing to {folder}",
                                 hint="wait for it to finish, or use another --out")
+        if stage is not None:
+            refuse_other_stage(folder, stage)
         yield folder
     finally:
         os.close(fd)  # closing releases the lock
+
+
+# A writer's lock name where it differs from the stage its manifest records.
+_MANIFEST_STAGE = {"target prepare": "target"}
+
+
+def refuse_other_stage(folder: Path, stage: str) -> None:
+    """Refuse to write (or --overwrite) a folder another stage made: `bench --out runs/draft` once
+    replaced the draft's manifest with bench's, exit 0, and the draft then read as unfinished."""
+    try:
+        found = json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get("stage")
+    except (OSError, ValueError, AttributeError):
+        return   # no manifest (or a torn one): the stage's own checks decide
+    want = _MANIFEST_STAGE.get(stage, stage)
+    if isinstance(found, str) and found != want:
+        raise EaglekitError(f"{folder} holds the output of `eaglekit {found}`, not of {_writer_name(stage)}",
+                            hint="pass another --out; writing here would replace that stage's manifest")
 
 
 def being_written(folder: str | os.PathLike) -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from eaglekit.artifacts import BENCH_RESULTS, MANIFEST, atomic_path, sha256_file, write_json, write_manifest, writer_lock
+from eaglekit.artifacts import BENCH_RESULTS, MANIFEST, atomic_path, refuse_other_stage, sha256_file, write_json, write_manifest, writer_lock
 from eaglekit.bench.options import BenchOptions
 from eaglekit.bench.prompts import load_bench_prompts
 from eaglekit.bench.report import markdown, plot, summarize, turn_records, verdict
@@ -62,6 +62,8 @@ def benchmark(cfg: BenchOptions, command: str = "") -> dict:
     if cfg.hf_prompts < 0:
         raise EaglekitError(f"--hf-prompts {cfg.hf_prompts}: a number of prompts is >= 0",
                             hint="0 runs HF generate on every prompt, --no-hf on none")
+    if cfg.out and Path(cfg.out).is_dir():   # before minutes of benching: --out may be another stage's folder
+        refuse_other_stage(Path(cfg.out), "bench")
     folder = None
     if cfg.draft not in ("oracle", "random"):  # a wrong path or an unfinished draft fails before the target loads
         folder = read_draft_folder(cfg.draft, allow_unfinished=cfg.allow_unfinished)

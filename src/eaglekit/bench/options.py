@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from eaglekit.engine.options import GROUPS, EngineOptions
+from eaglekit.errors import EaglekitError
 from eaglekit.options import json_option, option
 
 __all__ = ["GROUPS", "BenchOptions"]
@@ -30,6 +31,11 @@ class BenchOptions(EngineOptions):
                                            "results say so)", group="main")
     json: str | None = json_option("the results")
     out: str = option("runs/bench", "output folder (results.json, report.md, plot, manifest)", group="main")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.limit is not None and self.limit < 1:   # 0 once read as "all prompts"
+            raise EaglekitError(f"--limit {self.limit}: no prompt to bench", hint="pass --limit 1 or more, or leave it out for all")
 
     def to_dict(self) -> dict:
         """The options as given, with the speculation shape and sampling they resolve to."""

@@ -15,6 +15,7 @@ from pathlib import Path
 from eaglekit.artifacts import atomic_path
 from eaglekit.bench.run import Turn
 from eaglekit.engine.generate import accept_length, acceptance_by_position
+from eaglekit.errors import EaglekitError
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,9 @@ def summarize(turns: list[Turn], label: str, max_depth: int, greedy: bool) -> di
         row["greedy_match"] = all(t.spec[label].tokens == t.plain.tokens for t in group) if greedy else None
         rows.append(row)
     accepts = [a for t in turns for a in t.spec[label].accept_lengths]
+    if not accepts:   # tau and a cycle's cost would be invented (tau 1.00 of no cycle)
+        raise EaglekitError(f"{label}: no speculative cycle ran in {len(turns)} turns (every answer ended at the "
+                            "prefill's first token)", hint="ask for more tokens (--max-new-tokens 2 or more)")
     mean = lambda key: sum(r[key]["tok_s"] for r in rows) / len(rows)  # noqa: E731 (ratio of means)
     summary = {
         "spec": label,

@@ -7,7 +7,7 @@ import argparse
 from eaglekit.artifacts import DOCTOR_REPORT, emit_json
 from eaglekit.doctor.options import GROUPS, DoctorOptions
 from eaglekit.errors import EaglekitError
-from eaglekit.options import JSON_STDOUT, add_options
+from eaglekit.options import JSON_STDOUT, add_options, options_from_args
 
 
 def register(sub) -> None:
@@ -26,6 +26,7 @@ def run(args: argparse.Namespace) -> int:
         raise EaglekitError(f"doctor needs a draft folder{given}",
                             hint="name the folder first: `eaglekit doctor DRAFT --json [PATH]`")
 
+    options_from_args(DoctorOptions, args)   # the options' own checks (a --limit of 0 and such)
     report = run_doctor(args.draft, args.target, engine=args.engine, prompts=args.probe,
                         run_probe=args.probe is not None, k=args.k, max_new_tokens=args.max_new_tokens,
                         num_prompts=args.limit, diagnose_always=args.diagnose,

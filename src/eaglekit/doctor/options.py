@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from eaglekit.errors import EaglekitError
 from eaglekit.formats.names import FORMATS
 from eaglekit.options import json_option, option
 from eaglekit.targets.options import target_option
@@ -35,3 +36,11 @@ class DoctorOptions:
                                            "report says so)", group="main")
     json: str | None = json_option("the report")
     out: str | None = option(None, "also write report.json and manifest.json into this folder", group="main")
+
+    def __post_init__(self):
+        for name in ("limit", "max_new_tokens"):   # a probe of 0 prompts or 0 tokens measures nothing
+            if getattr(self, name) < 1:
+                raise EaglekitError(f"--{name.replace('_', '-')} {getattr(self, name)}: the probe would measure nothing",
+                                    hint="pass 1 or more")
+        if self.k is not None and self.k < 1:
+            raise EaglekitError(f"--k {self.k}: the probe drafts no token", hint="pass --k 1 or more")

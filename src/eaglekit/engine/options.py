@@ -47,6 +47,11 @@ class EngineOptions:
     cache_slots: int | None = option(None, "KV cache slots, as generate's --cache-slots (default: from the prompts "
                                            "and max tokens)", group="runtime", aliases=("--max-len",))
 
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise EaglekitError(f"--max-new-tokens {self.max_new_tokens}: nothing to generate",
+                                hint="ask for at least one token a turn")
+
     @property
     def graphs(self) -> bool | None:
         """False when switched off, else None: the engine decides (graphs on CUDA)."""
