@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from eaglekit.artifacts import write_manifest, writer_lock
 from eaglekit.cli import main
@@ -482,3 +483,33 @@ def test_bench_and_doctor_out_on_another_stages_folder_are_refused(targets, tmp_
     assert main(["doctor", str(draft), "--target", str(targets["base"]), "--out", str(draft)]) == 2
     assert "holds the output of `eaglekit train`" in capsys.readouterr().err
     assert (draft / "manifest.json").read_bytes() == before
+
+
+def test_export_and_import_refuse_a_d2t_of_absolute_ids(targets, tmp_path, capsys):
+    """Found 2026-12-04: a d2t holding absolute target ids (engines add d2t to the draft id) passed
+    export's reload check; speculate and bench then failed with an IndexError."""
+    from safetensors.torch import load_file, save_file
+
+    draft = draft_folder(targets["base"], tmp_path / "draft")
+    weights = draft / "model.safetensors"
+    tensors = load_file(str(weights))
+    tensors["d2t"] = torch.arange(tensors["d2t"].shape[0], dtype=torch.long)   # absolute ids, not offsets
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    for argv in (["export", str(draft), "--format", "vllm", "--out", str(tmp_path / "vllm")],
+                 ["import", str(draft), "--out", str(tmp_path / "native")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "d2t holds absolute target ids" in err and "d2t[i] = target_id[i] - i" in err
+    assert not (tmp_path / "vllm").exists() and not (tmp_path / "native").exists()
+
+
+def test_export_with_target_checks_a_draft_that_records_none(targets, tmp_path, capsys):
+    """Found 2026-12-04: `export --target T` of a draft recording no target stamped it with T
+    unchecked, though its aux layers were past T's last layer."""
+    draft = save_draft(random_draft(load_target(targets["base"]).model, aux=[1, 3, 4]), tmp_path / "bare")
+    shallow = save_tiny_target(tmp_path / "shallow", num_layers=3)
+    assert main(["export", str(draft), "--format", "vllm", "--target", str(shallow), "--out", str(tmp_path / "out")]) == 2
+    assert "aux" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    assert main(["export", str(draft), "--format", "vllm", "--target", str(targets["base"]),
+                 "--out", str(tmp_path / "ok")]) == 0     # the target it fits is stamped

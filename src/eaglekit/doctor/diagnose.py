@@ -14,8 +14,9 @@ from typing import Callable
 
 import torch
 
-from eaglekit.doctor.checks import Context, d2t_problems
+from eaglekit.doctor.checks import Context
 from eaglekit.doctor.probe import ProbeResult, ProbeSetup, TargetRun, probe, with_aux
+from eaglekit.draft.vocab import d2t_problems
 from eaglekit.formats.names import EMBED
 from eaglekit.targets.info import to_engine_convention
 

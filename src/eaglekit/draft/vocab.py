@@ -230,3 +230,29 @@ def build_draft_vocab(counts: torch.Tensor, draft_vocab_size: int, *, always_inc
     vocab = DraftVocab(draft_ids=kept, vocab_size=vocab_size, forced_ids=forced, counted_tokens=total)
     vocab.coverage = vocab.coverage_of(counts)
     return vocab
+
+
+def d2t_problems(d2t: torch.Tensor, t2d: torch.Tensor | None, draft_vocab: int, vocab: int) -> tuple[list[str], str]:
+    """What is wrong with a d2t/t2d pair; the second value is the fix."""
+    if d2t.dtype.is_floating_point or d2t.dtype == torch.bool:
+        return [f"d2t is {d2t.dtype}, not an integer tensor"], "store d2t as int64 offsets"
+    if d2t.shape != (draft_vocab,):
+        return [f"d2t has shape {tuple(d2t.shape)}, expected ({draft_vocab},)"], "d2t needs one offset per draft id"
+    d2t = d2t.long()
+    ids = torch.arange(draft_vocab) + d2t  # what every engine computes: target = draft id + d2t[draft id]
+    ok = bool((ids >= 0).all() and (ids < vocab).all() and (ids[1:] > ids[:-1]).all())
+    if not ok:
+        absolute = bool((d2t >= 0).all() and (d2t < vocab).all() and (d2t[1:] > d2t[:-1]).all())
+        if absolute:
+            return ["d2t holds absolute target ids, engines add them to the draft id (target = i + d2t[i]): "
+                    f"{int((ids >= vocab).sum())} draft ids map outside the vocab, all others to wrong tokens"], \
+                "store offsets: d2t[i] = target_id[i] - i"
+        return ["d2t offsets give target ids that are negative, out of the vocab or not strictly increasing"], \
+            "rebuild d2t from the sorted draft vocabulary: d2t[i] = target_id[i] - i"
+    problems = []
+    if t2d is not None:
+        if t2d.dtype != torch.bool or t2d.shape != (vocab,):
+            problems.append(f"t2d is {t2d.dtype} {tuple(t2d.shape)}, expected bool ({vocab},)")
+        elif int(t2d.sum()) != draft_vocab or not bool(t2d[ids].all()):
+            problems.append(f"t2d marks {int(t2d.sum())} tokens, not the {draft_vocab} that d2t maps to")
+    return problems, "rebuild t2d as the mask of the target ids d2t maps to"

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from eaglekit.artifacts import atomic_dir, atomic_path, check_same_target, refuse_unfinished, sha256_file, write_json, write_manifest
+from eaglekit.artifacts import atomic_dir, atomic_path, refuse_unfinished, sha256_file, write_json, write_manifest
 from eaglekit.draft.checkpoint import CONFIG, WEIGHTS
 from eaglekit.draft.config import DraftConfig
 from eaglekit.errors import EaglekitError
@@ -22,7 +22,7 @@ from eaglekit.formats.configs import eagle_config, sglang_config, vllm_config
 from eaglekit.formats.detect import interpret
 from eaglekit.formats.facts import TargetFacts, target_facts
 from eaglekit.formats.folder import read_folder
-from eaglekit.formats.importer import native_tensors, read_strict
+from eaglekit.formats.importer import native_tensors, read_strict, stamp_target
 from eaglekit.formats.names import check_format, to_format
 from eaglekit.formats.options import ExportOptions
 from eaglekit.targets.info import to_engine_convention
@@ -99,11 +99,7 @@ def export_draft(ckpt: str | Path, fmt: str, out: str | Path, *, target: str | N
     reading = read_strict(ckpt, facts)
     source_manifest = reading.folder.manifest or {}
     unfinished = refuse_unfinished(reading.folder.unfinished, ckpt, allow_unfinished=allow_unfinished)
-    fingerprint = reading.folder.recorded_target
-    if facts is not None:
-        if fingerprint is not None:
-            check_same_target(facts.fingerprint, fingerprint, what=f"draft {ckpt}")
-        fingerprint = facts.fingerprint
+    fingerprint = stamp_target(reading, facts, ckpt)
     cfg = reading.config
     if cfg.target_num_layers is None and facts:
         cfg = replace(cfg, target_num_layers=facts.num_layers)

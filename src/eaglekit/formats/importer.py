@@ -17,10 +17,12 @@ from safetensors.torch import save_file
 from eaglekit.artifacts import atomic_dir, atomic_path, check_same_target, sha256_file, write_json, write_manifest
 from eaglekit.draft import Eagle3Draft
 from eaglekit.draft.checkpoint import CONFIG, WEIGHTS, load_draft
+from eaglekit.draft.vocab import d2t_problems
 from eaglekit.errors import EaglekitError
 from eaglekit.formats.detect import Interpretation, interpret
 from eaglekit.formats.facts import TargetFacts, target_facts
 from eaglekit.formats.folder import DraftFolder, read_folder
+from eaglekit.formats.load import check_fits_target
 from eaglekit.formats.names import NATIVE_TENSORS, VOCAB_MAPS
 from eaglekit.targets.info import check_aux_layer_ids
 
@@ -57,9 +59,28 @@ def strict_reading(folder: DraftFolder, *, target_num_layers: int | None) -> Int
     return reading
 
 
+def stamp_target(reading: Interpretation, facts: TargetFacts | None, path: str | Path) -> dict | None:
+    """The target an output names: the one the folder records, checked against `facts`. A folder
+    that records none must fit the target (vocab, hidden width, aux layers) before it is stamped
+    with it: one made for another target was once stamped and exported without a word."""
+    recorded = reading.folder.recorded_target
+    if facts is None:
+        return recorded
+    if recorded:
+        check_same_target(facts.fingerprint, recorded, what=f"draft {path}")
+    else:
+        check_fits_target(reading.config, facts.config, Path(path))
+        check_aux_layer_ids(list(reading.config.aux_layer_ids), facts.num_layers)
+    return facts.fingerprint
+
+
 def native_tensors(reading: Interpretation) -> dict[str, torch.Tensor]:
     """The native tensors, with the identity vocab maps filled in where a format leaves them out."""
     cfg, native = reading.config, dict(reading.native)
+    if "d2t" in native:   # absolute ids or out-of-vocab offsets passed the reload check, then broke decoding
+        problems, fix = d2t_problems(native["d2t"], None, cfg.draft_vocab_size, cfg.vocab_size)   # t2d: the doctor's
+        if problems:
+            raise EaglekitError(f"{reading.folder.path}: " + "; ".join(problems), hint=fix)
     if "d2t" not in native:
         if cfg.draft_vocab_size != cfg.vocab_size:
             raise EaglekitError(f"the draft vocab ({cfg.draft_vocab_size}) is smaller than the target's "
@@ -101,11 +122,7 @@ def import_draft(path: str | Path, out: str | Path, *, target: str | None = None
         cfg = replace(cfg, target_num_layers=facts.num_layers)
     if cfg.target_num_layers is not None:
         check_aux_layer_ids(list(cfg.aux_layer_ids), cfg.target_num_layers)
-    fingerprint = reading.folder.recorded_target
-    if facts is not None:
-        if fingerprint:
-            check_same_target(facts.fingerprint, fingerprint, what=f"draft {path}")
-        fingerprint = facts.fingerprint
+    fingerprint = stamp_target(reading, facts, path)
     tensors = {k: v.contiguous() for k, v in native_tensors(reading).items()}
 
     with atomic_dir(out, overwrite=overwrite, stage="import") as tmp:
