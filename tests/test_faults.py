@@ -513,3 +513,16 @@ def test_export_with_target_checks_a_draft_that_records_none(targets, tmp_path, 
     assert not (tmp_path / "out").exists()
     assert main(["export", str(draft), "--format", "vllm", "--target", str(targets["base"]),
                  "--out", str(tmp_path / "ok")]) == 0     # the target it fits is stamped
+
+
+def test_the_report_notes_a_bench_prompts_file_edited_into_bad_json(tmp_path):
+    """Found 2026-12-04: `eaglekit report` died with a raw JSONDecodeError when the bench's prompts
+    file had been edited since; the page now renders and says the categories are unknown."""
+    from eaglekit.report.collect import prompt_categories
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "category": "code", "turns": ["x"]}\n{"id": "b", "turns": [\n')
+    assert prompt_categories(str(prompts)) == ({}, prompt_categories(str(prompts))[1])
+    assert "no longer read as JSON" in prompt_categories(str(prompts))[1]
+    prompts.write_text('{"id": "a", "category": "code", "turns": ["x"]}\n')
+    assert prompt_categories(str(prompts)) == ({"a": "code"}, "")

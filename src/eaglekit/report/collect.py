@@ -181,11 +181,14 @@ def prompt_categories(path: str | None) -> tuple[dict[str, str], str]:
     if not p.is_file():
         return {}, f"the bench prompts {path} are gone: categories unknown"
     records = []
-    if p.suffix == ".json":
-        loaded = json.loads(p.read_text(encoding="utf-8"))
-        records = loaded if isinstance(loaded, list) else [loaded]
-    else:
-        records = [json.loads(line) for line in p.read_text(encoding="utf-8").split("\n") if line.strip()]
+    try:   # the file may have been edited since the bench ran: the page says so, the rest still renders
+        if p.suffix == ".json":
+            loaded = json.loads(p.read_text(encoding="utf-8"))
+            records = loaded if isinstance(loaded, list) else [loaded]
+        else:
+            records = [json.loads(line) for line in p.read_text(encoding="utf-8").split("\n") if line.strip()]
+    except (ValueError, OSError) as err:   # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return {}, f"the bench prompts {path} no longer read as JSON ({err}): categories unknown"
     out = {}
     for i, r in enumerate(records):
         if isinstance(r, dict):
