@@ -207,3 +207,22 @@ def test_the_chromium_check_catches_errors_and_network_use(chromium, tmp_path):
     assert "console.error: boom" in page.errors
     assert any(e.startswith("exception: ReferenceError") for e in page.errors)
     assert "http://example.invalid/x.png" in page.requests
+
+
+def test_a_bench_and_doctor_older_than_the_draft_are_marked_stale(run, tmp_path):
+    """Found 2026-12-04: a rerun that trained again but did not bench again showed the earlier
+    draft's bench in the run's summary and the report, as if it were this draft's."""
+
+    from eaglekit.artifacts import BENCH_RESULTS, MANIFEST, RUN_BENCH, RUN_DRAFT
+    from eaglekit.pipeline.run import summarize
+    from eaglekit.report.collect import collect
+
+    copy = tmp_path / "run"
+    shutil.copytree(run["out"], copy)
+    assert collect(copy).bench.status == "done" and "predates" not in summarize(copy)[1]
+    later = (copy / RUN_BENCH / BENCH_RESULTS).stat().st_mtime + 60
+    os.utime(copy / RUN_DRAFT / MANIFEST, (later, later))        # the draft was trained again
+    data = collect(copy)
+    assert data.bench.status == "stale" and data.doctor.status == "stale"
+    text = summarize(copy)[1]
+    assert "bench:" in text and "predates this draft" in text and "speedup" not in text

@@ -154,6 +154,13 @@ def refuse_other_stage(folder: Path, stage: str) -> None:
                             hint="pass another --out; writing here would replace that stage's manifest")
 
 
+def made_before(result: str | os.PathLike, source: str | os.PathLike) -> bool:
+    """Whether a result file (a bench's, a doctor's) predates the file it measured (a draft's
+    manifest): a run that trained again but did not bench again still held the old bench."""
+    result, source = Path(result), Path(source)
+    return result.is_file() and source.is_file() and result.stat().st_mtime < source.stat().st_mtime
+
+
 def being_written(folder: str | os.PathLike) -> bool:
     """Whether some process holds `folder`'s writer lock right now."""
     try:

@@ -46,6 +46,7 @@ from eaglekit.artifacts import (
     RUN_DRAFT,
     RUN_EXPORT,
     TRAINER_STATE,
+    made_before,
     read_json,
     write_json,
     writer_lock,
@@ -606,7 +607,12 @@ def summarize(out: Path) -> tuple[bool, str]:
     data = data_line(manifest, acc0)
     if data:
         lines.append(data)
-    if bench.is_file():
+    if made_before(doctor, draft_manifest_path(draft)):
+        lines[1] = f"doctor: {doctor} predates this draft (not run again since it was trained): run the doctor stage"
+    if made_before(bench, draft_manifest_path(draft)):
+        lines.append(f"bench: {bench} predates this draft (not run again since it was trained): its figures are "
+                     "an earlier draft's; run the bench stage")
+    elif bench.is_file():
         summary = read_json(bench, "bench results")["summary"]
         lines.append(f"bench: tau {summary['tau']}, speedup {summary['speedup']}x over plain decoding "
                      f"({summary['spec']}, {bench.with_name('report.md')})")

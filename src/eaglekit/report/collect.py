@@ -31,11 +31,12 @@ from eaglekit.artifacts import (
     RUN_SCALING,
     SCALING_SUMMARY,
     TRAIN_LOG,
+    made_before,
     read_json,
 )
 from eaglekit.errors import EaglekitError
 
-STATUS = ("done", "unfinished", "failed", "not run", "unreadable", "missing")
+STATUS = ("done", "unfinished", "failed", "not run", "unreadable", "missing", "stale")
 
 
 @dataclass
@@ -149,6 +150,8 @@ def doctor(run: Path, state: dict | None) -> Part:
     if report is None:
         return Part(status if status != "done" else "missing", "no doctor/report.json" if status == "done" else note)
     config = (manifest or {}).get("config") or {}
+    if made_before(folder / DOCTOR_REPORT, run / RUN_DRAFT / MANIFEST):
+        status, note = "stale", "made before the current draft was trained: run the doctor again"
     return Part(status, note, report, Source(files=[str(folder / DOCTOR_REPORT)], command=command,
                                              device=config.get("device"), date=(manifest or {}).get("created")))
 
@@ -162,6 +165,8 @@ def bench(run: Path, state: dict | None, folder: str = RUN_BENCH, stage: str = "
         return Part(status if status != "done" else "missing", f"no {folder}/results.json" if status == "done" else note)
     s = results["summary"]
     results["categories"], category_note = categories(results)
+    if folder == RUN_BENCH and made_before(run / folder / BENCH_RESULTS, run / RUN_DRAFT / MANIFEST):
+        status, note = "stale", "made before the current draft was trained: its figures are an earlier draft's"
     notes = [n for n in (note, category_note) if n]
     return Part(status, "; ".join(notes), results,
                 Source(files=[str(run / folder / BENCH_RESULTS)], command=s.get("command") or command,

@@ -38,7 +38,7 @@ figure.missing .box { height: 120px; display: flex; align-items: center; justify
                       color: #8a939c; background: repeating-linear-gradient(45deg, #fafbfc, #fafbfc 8px, #f0f2f4 8px, #f0f2f4 16px); }
 svg.chart { display: block; max-width: 100%; height: auto; }
 .badge { display: inline-block; padding: 0 7px; border-radius: 9px; font-size: 12px; font-weight: 600; margin-left: 6px; }
-.s-done, .s-pass { background: #d9f2df; color: #1e6b33; } .s-unfinished, .s-warn { background: #fff0c2; color: #7a5b00; }
+.s-done, .s-pass { background: #d9f2df; color: #1e6b33; } .s-unfinished, .s-stale, .s-warn { background: #fff0c2; color: #7a5b00; }
 .s-failed, .s-fail, .s-unreadable, .s-missing { background: #fadbd8; color: #8e2a20; } .s-not-run, .s-skip { background: #e8eaed; color: #56606b; }
 """ + chart_css("svg ") + "\n"
 
