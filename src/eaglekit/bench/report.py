@@ -158,8 +158,8 @@ def markdown(result: dict) -> str:
               ", ".join(f"{p:.3f}" for p in s["per_position_acceptance"]), ""]
     if s.get("hf_tok_s"):
         lines += [f"HF generate, on the first {s['hf_prompts']} of {s['prompts']} prompts: {s['hf_tok_s']:.1f} tok/s; "
-                  f"on those prompts plain decoding is {s['baseline_vs_hf']:.1f}x and speculation "
-                  f"{s['speedup_vs_hf']:.1f}x faster.", ""]
+                  f"on those prompts plain decoding runs at {s['baseline_vs_hf']:.2f}x and speculation at "
+                  f"{s['speedup_vs_hf']:.2f}x HF's speed.", ""]
     if result.get("sweep"):
         lines += ["## Sweep", "", "| setting | tau | spec tok/s | speedup |", "| --- | ---: | ---: | ---: |"]
         for row in result["sweep"]:

@@ -600,8 +600,9 @@ def summarize(out: Path) -> tuple[bool, str]:
     failed = [c["id"] for c in report["checks"] if c["status"] == "fail"]
     probe = report.get("probe") or {}
     acc0 = (best.get("acc") or [None])[0]
-    lines = [f"draft: {draft} (predicted accept length {best.get('walk_accept_length')} on held-out "
-             f"conversations, step-0 accuracy {acc0})",
+    walk = best.get("walk_accept_length")
+    lines = [f"draft: {draft} (predicted accept length {walk if walk is None else round(walk, 3)} on held-out "
+             f"conversations, step-0 accuracy {acc0 if acc0 is None else round(acc0, 3)})",
              f"doctor: {'ok' if report['ok'] else 'FAILED ' + ', '.join(failed)}; live probe tau {probe.get('tau')}"
              f" ({doctor})"]
     data = data_line(manifest, acc0)
