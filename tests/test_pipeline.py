@@ -114,6 +114,24 @@ def test_a_stage_whose_input_was_made_again_is_made_again(tiny_target_dir, tmp_p
     assert "Name four colours." in "".join(f.read_text() for f in (out / "prompts").glob("*.jsonl"))
 
 
+def test_an_edited_recipe_runs_the_changed_stage_again(tiny_target_dir, tmp_path, caplog):
+    """Found 2026-12-04: a recipe whose train settings changed ran train into its finished folder
+    without --overwrite; train refused it (needs --resume or --overwrite) and the run dead-ended."""
+    from eaglekit.pipeline.run import changed_args
+
+    caplog.set_level(logging.INFO)
+    recipe, out = tiny_recipe(tmp_path, tiny_target_dir), tmp_path / "run"
+    assert main(["run", "--recipe", recipe, "--out", str(out), "--stop-before", "export-sglang"]) == 0
+    before = json.loads((out / "pipeline.json").read_text())["stages"]
+    caplog.clear()
+    assert main(["run", "--recipe", recipe, "--out", str(out), "--stop-before", "export-sglang", "train.lr=0.001"]) == 0
+    after = json.loads((out / "pipeline.json").read_text())["stages"]
+    assert "[train] its settings changed (--lr" in caplog.text and "runs again (--overwrite)" in caplog.text
+    assert after["train"]["ran"] > before["train"]["ran"] and after["features"]["ran"] == before["features"]["ran"]
+    assert "--lr" in after["train"]["argv"]
+    assert changed_args(["train", "--lr", "1", "--x"], ["train", "--lr", "2"]) == ["--lr 1 -> 2", "--x on -> (unset)"]
+
+
 def test_stop_before_an_unknown_stage_is_refused(tmp_path, capsys):
     assert main(["run", "--recipe", "quick", "--out", str(tmp_path / "run"), "--stop-before", "trian"]) == 2
     assert "no stage named 'trian'" in capsys.readouterr().err

@@ -18,7 +18,8 @@
 Each stage runs through its own subcommand (the same code path as running it alone). A stage
 recorded as finished with the same command is skipped, unless what it read changed since: a stage
 whose output folder its command names finished again, or a file of the user's it names (prompts,
-an HF target folder's files) has another size or mtime. It then runs again with --overwrite. A
+an HF target folder's files) has another size or mtime. It then runs again with --overwrite, as
+does a finished stage whose command changed (an edited recipe), with a warning naming the flags. A
 stage that was interrupted is run again with its own resume (generate resumes by itself, train
 gets --resume). `gpus: N` answers the
 prompts with one worker per GPU and trains with torchrun on N GPUs of this host (DDP).
@@ -115,10 +116,14 @@ class Pipeline:
         resumed = bool(not stale and done and done["argv"] == argv and resume_flag and resume_marker is not None
                        and resume_marker.exists())
         extra = [resume_flag] if resumed else []
-        if stale:
-            # What it made came from an earlier run of these stages: made again, never kept or resumed.
-            log.warning("[%s] %s changed since this stage ran: its output is out of date, so it runs again%s",
-                        name, ", ".join(stale), " (--overwrite)" if overwrites(argv) else "")
+        changed = changed_args(done["argv"], argv) if done and done["argv"] != argv else []
+        if stale or changed:
+            # What it made came from an earlier run of these stages, or from other settings (the
+            # recipe was edited): made again, never kept or resumed.
+            why = (f"{', '.join(stale)} changed since this stage ran" if stale else
+                   f"its settings changed ({', '.join(changed)})")
+            log.warning("[%s] %s: its output is out of date, so it runs again%s",
+                        name, why, " (--overwrite)" if overwrites(argv) else "")
             extra = ["--overwrite"] if overwrites(argv) and "--overwrite" not in argv else []
         where = f"stage {self.planned.index(name) + 1} of {len(self.planned)}, " \
             if self.planned and name in self.planned else ""
@@ -191,6 +196,22 @@ def finished(state: dict, name: str, argv: list[str], run_dir: Path) -> bool:
     done = state["stages"].get(name)
     return bool(done) and done["argv"] == argv and done["status"] == "done" \
         and not stale_inputs(state, name, argv, run_dir)
+
+
+def changed_args(before: list[str], now: list[str]) -> list[str]:
+    """The flags whose values differ between two commands of a stage, as `--flag old -> new`."""
+    def flags(argv):
+        out, key = {}, None
+        for arg in argv:
+            if arg.startswith("--"):
+                key = arg
+                out[key] = ""
+            elif key is not None:
+                out[key] = f"{out[key]} {arg}".strip()
+        return out
+    a, b = flags(before), flags(now)
+    return [f"{k} {a.get(k, '(unset)') or 'on'} -> {b.get(k, '(unset)') or 'on'}"
+            for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)] or ["the command"]
 
 
 def stage_output(argv: list[str]) -> str | None:
