@@ -226,3 +226,19 @@ def test_a_bench_and_doctor_older_than_the_draft_are_marked_stale(run, tmp_path)
     assert data.bench.status == "stale" and data.doctor.status == "stale"
     text = summarize(copy)[1]
     assert "bench:" in text and "predates this draft" in text and "speedup" not in text
+
+
+def test_a_bench_or_doctor_result_without_its_manifest_is_unfinished(run, tmp_path):
+    """A result file is written before its manifest: without the manifest the stage did not finish
+    writing, and the report must not call the part done (found 2026-12-04)."""
+    from eaglekit.artifacts import MANIFEST, RUN_BENCH, RUN_DOCTOR
+    from eaglekit.report.collect import collect
+
+    copy = tmp_path / "run"
+    shutil.copytree(run["out"], copy)
+    (copy / RUN_BENCH / MANIFEST).unlink()
+    (copy / RUN_DOCTOR / MANIFEST).unlink()
+    data = collect(copy)
+    assert data.bench.status == "unfinished" and "did not finish writing" in data.bench.note
+    assert data.doctor.status == "unfinished" and "did not finish writing" in data.doctor.note
+

@@ -150,6 +150,8 @@ def doctor(run: Path, state: dict | None) -> Part:
     if report is None:
         return Part(status if status != "done" else "missing", "no doctor/report.json" if status == "done" else note)
     config = (manifest or {}).get("config") or {}
+    if manifest is None and status == "done":   # the manifest is written last: the doctor stopped mid-write
+        status, note = "unfinished", "no doctor/manifest.json beside the report: the doctor did not finish writing"
     if made_before(folder / DOCTOR_REPORT, run / RUN_DRAFT / MANIFEST):
         status, note = "stale", "made before the current draft was trained: run the doctor again"
     return Part(status, note, report, Source(files=[str(folder / DOCTOR_REPORT)], command=command,
@@ -164,6 +166,8 @@ def bench(run: Path, state: dict | None, folder: str = RUN_BENCH, stage: str = "
     if results is None:
         return Part(status if status != "done" else "missing", f"no {folder}/results.json" if status == "done" else note)
     s = results["summary"]
+    if not (run / folder / MANIFEST).is_file() and status == "done":   # written last: the bench stopped mid-write
+        status, note = "unfinished", f"no {folder}/manifest.json beside the results: the bench did not finish writing"
     results["categories"], category_note = categories(results)
     if folder == RUN_BENCH and made_before(run / folder / BENCH_RESULTS, run / RUN_DRAFT / MANIFEST):
         status, note = "stale", "made before the current draft was trained: its figures are an earlier draft's"
