@@ -158,7 +158,7 @@ def test_kernel_forms_compute_the_same_math():
 
 def test_few_rows_linear_is_f_linear():
     """The eager CPU form for a few rows (`weight @ x.T`, one row padded to two) is F.linear's math,
-    and `linear` takes it on a CPU for 1..CPU_FEW_ROWS rows only."""
+    and `linear` is F.linear's math whichever form this CPU timed faster."""
     from eaglekit.engine.target_fast import CPU_FEW_ROWS, few_rows_linear, linear
 
     g = torch.Generator().manual_seed(1)
@@ -171,6 +171,24 @@ def test_few_rows_linear_is_f_linear():
             torch.testing.assert_close(linear(x, w, bias), ref)
     big = torch.randn(CPU_FEW_ROWS + 1, 16, generator=g)
     torch.testing.assert_close(linear(big, w, b), torch.nn.functional.linear(big, w, b))
+
+
+def test_the_cpu_few_rows_form_is_measured_once_and_followed(monkeypatch):
+    """`linear` takes `few_rows_linear` for one row / a few rows exactly where the process's timing
+    said it is faster (it is machine-dependent: 2x faster on one host, 2.5x slower on another)."""
+    from eaglekit.engine import target_fast
+
+    choice = target_fast.cpu_few_rows_faster()
+    assert choice == target_fast.cpu_few_rows_faster() and all(isinstance(c, bool) for c in choice)
+    taken = []
+    monkeypatch.setattr(target_fast, "few_rows_linear", lambda x, w, b: taken.append(x.shape[0]) or x @ w.T)
+    w = torch.randn(8, 16)
+    for picks in ((True, False), (False, True), (False, False)):
+        monkeypatch.setattr(target_fast, "cpu_few_rows_faster", lambda picks=picks: picks)
+        taken.clear()
+        for rows in (1, 3, target_fast.CPU_FEW_ROWS + 1):
+            target_fast.linear(torch.randn(rows, 16), w)
+        assert taken == [rows for rows, pick in ((1, picks[0]), (3, picks[1])) if pick]
 
 
 def test_compiled_default_kernels_decode_like_eager():

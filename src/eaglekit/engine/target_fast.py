@@ -12,6 +12,10 @@ A aux width (len(aux_layer_ids) * H).
 
 from __future__ import annotations
 
+import functools
+import logging
+import time
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,6 +26,8 @@ from eaglekit.errors import EaglekitError
 from eaglekit.targets.capture import decoder_layers
 from eaglekit.targets.info import check_aux_layer_ids
 from eaglekit.targets.load import text_config
+
+log = logging.getLogger(__name__)
 
 # Families whose decoder is exactly Llama's math (pre-norm, rope, SwiGLU, RMSNorm w * x).
 FAST_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
@@ -110,27 +116,26 @@ def fused(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
                                      for m in linears]))
 
 
-# Eager CPU forwards of at most this many rows use `few_rows_linear`.
+# Eager CPU forwards of at most this many rows may use `few_rows_linear` (where it times faster).
 CPU_FEW_ROWS = 64
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, max_rows: int = 0) -> torch.Tensor:
     """x [..., K] -> [..., N] with weight [N, K]: `matvec_linear` inside torch.compile when x has at
-    most `max_rows` rows (0 = never); `few_rows_linear` for an eager CPU forward of a few rows (a
-    decode step, a verify, a draft step, a small batch); else F.linear (prefill, large forwards)."""
+    most `max_rows` rows (0 = never); for an eager CPU forward of a few rows (a decode step, a verify,
+    a draft step, a small batch) whichever of `few_rows_linear` and F.linear this CPU runs faster
+    (`cpu_few_rows_faster`); else F.linear (prefill, large forwards)."""
     rows = x.numel() // x.shape[-1]
     if torch.compiler.is_compiling():
         return matvec_linear(x, weight, bias) if max_rows and rows <= max_rows else F.linear(x, weight, bias)
-    if x.device.type == "cpu" and rows <= CPU_FEW_ROWS:
+    if x.device.type == "cpu" and rows <= CPU_FEW_ROWS and cpu_few_rows_faster()[rows > 1]:
         return few_rows_linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
 
 def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear as `weight @ x.T`, one row padded to two: on a CPU the BLAS then streams W at full
-    bandwidth, where `x @ W.T` (F.linear) and the one-row gemv read it at a third to a half of it.
-    SmolLM2's linears on a 2-core AVX-512 machine (MKL, fp32, 2026-12-02): 60 ms for one row through
-    F.linear, 30 ms for two rows this way, 87 ms for four rows through F.linear, 32-44 ms this way."""
+    """F.linear as `weight @ x.T`, one row padded to two: on some CPUs' BLAS this streams W at full
+    bandwidth where `x @ W.T` (F.linear) and the one-row gemv read it at a third to a half of it."""
     flat = x.reshape(-1, x.shape[-1])                                      # [R, K]
     rows = flat.shape[0]
     if rows == 1:
@@ -139,6 +144,40 @@ def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     if bias is not None:
         y = y + bias
     return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+@functools.cache
+def cpu_few_rows_faster() -> tuple[bool, bool]:
+    """(for one row, for 2..CPU_FEW_ROWS rows): whether `few_rows_linear` beats F.linear on this CPU,
+    timed once per process on 128 MB of fp32 weights (more than the caches hold, as a model's are).
+
+    The answer depends on the machine, so it is measured, not assumed. SmolLM2's linears (fp32,
+    MKL, 2 threads), one row / four rows: one 2-core AVX-512 host (2026-12-02) 60 / 87 ms through
+    F.linear and 30 / 32-44 ms as `weight @ x.T`; another (2026-12-04) 25 / 45 ms through F.linear
+    and 64 / 61 ms as `weight @ x.T` (plain decoding there 11.5 tok/s against HF generate's 23.3).
+    """
+    weights = [torch.full((4096, 2048), 0.5) for _ in range(4)]             # 4 x [N, K], 32 MB each
+    timed = {}
+    for rows in (1, 4):
+        x = torch.full((rows, 2048), 0.25)
+        for name, form in (("few", few_rows_linear), ("f.linear", F.linear)):
+            best = float("inf")
+            for _ in range(4):                                                  # the first one warms up
+                start = time.perf_counter()
+                for w in weights:
+                    form(x, w, None)
+                best = min(best, time.perf_counter() - start)
+            timed[rows, name] = best * 1e3
+    choice = (timed[1, "few"] < timed[1, "f.linear"], timed[4, "few"] < timed[4, "f.linear"])
+    log.info("CPU linears of a few rows (timed on 128 MB, %d threads): one row %s (%.1f ms; the other %.1f), "
+             "four rows %s (%.1f ms; the other %.1f)", torch.get_num_threads(),
+             *describe(choice[0], timed[1, "few"], timed[1, "f.linear"]),
+             *describe(choice[1], timed[4, "few"], timed[4, "f.linear"]))
+    return choice
+
+
+def describe(few: bool, few_ms: float, linear_ms: float) -> tuple[str, float, float]:
+    return ("weight @ x.T", few_ms, linear_ms) if few else ("F.linear", linear_ms, few_ms)
 
 
 def matvec_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
