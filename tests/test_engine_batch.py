@@ -324,3 +324,44 @@ def test_the_engines_loop_check_looks_for_the_blocks_the_data_check_does():
     from eaglekit.engine.batch import LOOP_PERIOD
 
     assert LOOP_PERIOD == MAX_PERIOD
+
+
+def test_answers_are_the_same_whatever_steps_are_queued_ahead_of_the_host():
+    """The ended rows' tokens are copied before a round's first steps are queued and read after them:
+    with sessions resuming their rows and any number of steps ahead (the CUDA rule follows the host),
+    every answer equals plain batch-1 decoding, and the stats split the host's time."""
+    model = peaked_model("llama")
+    first = [list(range(5, 25)), list(range(45, 70)), [300, 301], list(range(120, 100, -1))]   # 16+ tokens resume
+    ref_first = singles_of(model, first, [9, 3, 6, 4])
+    follow = {i: first[i] + ref_first[i].tokens + [42, 43] for i in range(len(first))}
+    ref_follow = singles_of(model, list(follow.values()), [5] * len(first))
+    for covers in ([1], [7], [3, 1, 6, 2, 7]):
+        decoder = BatchDecoder(make_target_runner(model, max_len=64, batch_size=3), sampling=Sampling(),
+                               graphs=False, compile=False, chunk=8)
+        picks = iter(covers * 100)
+        decoder._cover = lambda host_s, cover, picks=picks: next(picks)
+        queue = [Request(p, n, key=("first", i), session=i) for i, (p, n) in enumerate(zip(first, [9, 3, 6, 4]))]
+        got = {}
+        for request, completion in decoder.serve(lambda queue=queue: queue.pop(0) if queue else None, []):
+            got[request.key] = completion.tokens
+            kind, i = request.key
+            if kind == "first":
+                queue.append(Request(follow[i], 5, key=("follow", i), session=i, session_ends=True))
+        assert [got[("first", i)] for i in range(len(first))] == [g.tokens for g in ref_first], covers
+        assert [got[("follow", i)] for i in range(len(first))] == [g.tokens for g in ref_follow], covers
+        stats = decoder.stats()
+        parts = [stats[f"host_{part}_s"] for part in ("wait", "ended", "answers", "take")]
+        assert all(p >= 0 for p in parts) and sum(parts) <= stats["wall_s"]
+        assert decoder.resumed_tokens > 0                  # the follow-ups resumed their rows
+
+
+def test_the_steps_ahead_of_the_host_cover_its_last_round_on_cuda_only():
+    """On CUDA as many steps as the last round's host work took (at least a quarter of the round, at
+    most all but one step); on a CPU, where steps run as they are queued, a quarter."""
+    decoder = BatchDecoder(make_target_runner(peaked_model("llama"), max_len=32, batch_size=2), sampling=Sampling(),
+                           graphs=False, compile=False, chunk=16)
+    assert decoder._cover(0.5, 4) == 4                     # CPU
+    decoder.clock.cuda, decoder.clock.seconds, decoder.steps = True, {"decode": 0.4}, 100   # 4 ms a step
+    assert decoder._cover(0.001, 4) == 4                   # little host work: the quarter
+    assert decoder._cover(0.030, 4) == 9                   # 30 ms: 8 steps, and one more
+    assert decoder._cover(1.0, 4) == 15                    # never the whole round

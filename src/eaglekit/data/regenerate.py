@@ -261,6 +261,11 @@ def _finish(out: Path, shards: JsonlShards, identity: dict, config: GenerateConf
                      loop["rows"], loop["slots"], loop["steps"], loop.get("step_ms"), loop["occupancy"],
                      loop.get("decode_s", 0), loop.get("refill_s", 0), loop["refill_tokens"],
                      loop["refill_padded_tokens"], loop.get("resumed_tokens", 0), loop["other_s"], loop["wall_s"])
+            if "host_wait_s" in loop:
+                log.info("decoder host seconds: waiting at the sync %s, ended rows %s, answers handed out %s, "
+                         "requests taken and refills queued %s; %s steps queued ahead of that work a round",
+                         loop["host_wait_s"], loop["host_ended_s"], loop["host_answers_s"], loop["host_take_s"],
+                         loop.get("cover_steps"))
     manifest = write_manifest(out, stage="generate", config=resolved, target=identity["target"],
                               inputs=identity["inputs"], counts=counts, extra=extra)
     loops = (counts["answer_tokens_in_loops"] or 0) / max(counts["answer_tokens_checked_for_loops"], 1)

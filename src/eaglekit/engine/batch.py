@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable, Hashable, Iterator
@@ -132,6 +133,23 @@ def bucket(n: int) -> int:
     prompts the extra buckets cost ~2.2 s more than the padding they saved (measured there)."""
     power = 1 << (n - 1).bit_length()
     return power * 3 // 4 if n <= power * 3 // 4 else power
+
+
+@dataclass
+class Ending:
+    """Rows found ended at a round's sync, and their (end slot [E], looped [E], tokens [E, <= L]) copies
+    on their way to the host; `event` marks when the copies are done (CUDA), None elsewhere."""
+    rows: list[int]
+    copies: list[torch.Tensor]
+    event: object | None
+
+
+def to_host(t: torch.Tensor) -> torch.Tensor:
+    """A device tensor copied to (pinned) host memory without waiting for the queued work."""
+    if t.device.type != "cuda":
+        return t                                  # an indexed copy already
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    return host.copy_(t, non_blocking=True)
 
 
 class PhaseClock:
@@ -443,11 +461,13 @@ class BatchDecoder:
         `take` is asked whenever a row is free; a request it returns after an answer was yielded
         (a conversation's next turn) is served in the same run. Answers come back as they end.
 
-        One round: read which rows ended (the one sync); queue the first `cover` decode steps; hand
-        out the answers and take requests for the free rows while the GPU runs them; queue the new
-        rows' prefill, then the round's other steps and the loop check. A freed row so idles for the
-        rest of the round it ended in and `cover` steps (~12 of 16), not two more rounds; the host's
-        work hides behind the covering steps.
+        One round: read which rows ended (the one sync) and start copying their tokens; queue the
+        first `cover` decode steps; read the copies, hand out the answers and take requests for the
+        free rows while the GPU runs those steps; queue the new rows' prefill, then the round's other
+        steps and the loop check. A freed row so idles for the rest of the round it ended in and
+        `cover` steps, not two more rounds. On CUDA `cover` follows the host: enough steps to hide
+        the last round's host work (the recipe's multi-turn mix spent ~30 ms a round there,
+        2026-12-04), at least a quarter of the round, at most all but one step of it.
         """
         self.set_stop_ids(stop_ids)
         self.live.zero_()
@@ -456,15 +476,23 @@ class BatchDecoder:
         self.kept.clear()
         self.kept_by_row.clear()
         self.clock.reset()
+        self.host = dict.fromkeys(("wait", "ended", "answers", "take"), 0.0)   # host seconds by part (`stats`)
+        self.covers = []
         held: list[Request | None] = [None] * self.B          # the request each row answers
         free = list(range(self.B))                             # the longest free first (its cache the least likely resumed)
         cover = max(1, self.chunk // 4)                        # steps queued ahead of the host's work
-        ended: list = []
+        ending: Ending | None = None
         while True:
-            busy = any(r is not None for r in held)
+            ending_rows = set(ending.rows) if ending else set()
+            busy = any(r is not None and b not in ending_rows for b, r in enumerate(held))
             if busy:
                 self._decode(cover)
-            yield from self._answers(ended)
+                self.covers.append(cover)
+            host = time.perf_counter()
+            ended = self._ended(ending, held, free)           # the ended rows' answers, freed
+            handed = time.perf_counter()
+            yield from self._answers(ended)                    # the caller's work on them runs here
+            answered = time.perf_counter()
             taken = self._take(take, free)
             if taken:
                 with self.clock.phase("refill"):
@@ -473,9 +501,26 @@ class BatchDecoder:
                     held[row] = request
             elif not busy:
                 return
+            done = time.perf_counter()
+            self._add_host(ended=handed - host, answers=answered - handed, take=done - answered)
             self._decode(self.chunk - cover if busy else self.chunk, check=True)
-            ended = self._ended(held, free)                    # sync; the ended rows' answers are copied
+            ending = self._ending(held)                        # sync; the ended rows' copies start
             self.clock.collect()                               # the round's events have completed
+            cover = self._cover(done - host, cover)
+
+    def _add_host(self, **seconds: float) -> None:
+        for part, value in seconds.items():
+            self.host[part] += value
+
+    def _cover(self, host_s: float, cover: int) -> int:
+        """Steps to queue ahead of the next round's host work: as many as its last round took (the
+        device's step time from the clock), at least a quarter of a round, at most all but one step.
+        On a CPU the steps run as they are queued: nothing to hide, the quarter stays."""
+        base = max(1, self.chunk // 4)
+        step_s = self.clock.seconds.get("decode", 0.0) / max(self.steps, 1)
+        if not self.clock.cuda or step_s <= 0:
+            return base
+        return min(max(base, math.ceil(host_s / step_s) + 1), max(self.chunk - 1, 1))
 
     def _decode(self, steps: int, check: bool = False) -> None:
         """Queue `steps` batch decode steps (then the loop check, if asked and on)."""
@@ -519,20 +564,37 @@ class BatchDecoder:
         if session is not None:
             del self.kept[session]
 
-    def _ended(self, held: list, free: list[int]) -> list[tuple[Request, list[int], bool]]:
-        """(request, answer tokens, looped) of every row that ended since the last look; frees them,
-        and keeps what a session's row holds for its next turn."""
+    def _ending(self, held: list) -> Ending | None:
+        """Which rows ended since the last look (the round's sync), and their end slots, loop flags and
+        tokens on their way to the host: copied before the next steps are queued, read after (`_ended`)."""
+        wait = time.perf_counter()
         live = self.live.cpu().tolist()                        # the sync of the round (the GIL is released)
+        self._add_host(wait=time.perf_counter() - wait)
         rows = [b for b in range(self.B) if held[b] is not None and not live[b]]
         if not rows:
-            return []
+            return None
         index = torch.tensor(rows, device=self.device)
-        ends, looped = self.pos[index].cpu(), self.looped[index].tolist()
-        outs = self.out[index, :int(ends.max()) + 1].cpu()     # [E, <= L], copied before the next steps run
+        ends = self.pos[index]
+        longest = int(ends.max()) + 1 if self.device.type != "cuda" else self.L   # on CUDA no second sync
+        copies = [to_host(t) for t in (ends, self.looped[index], self.out[index, :longest])]
+        event = torch.cuda.Event() if self.device.type == "cuda" else None
+        if event is not None:
+            event.record()
+        return Ending(rows, copies, event)
+
+    def _ended(self, ending: Ending | None, held: list, free: list[int]) -> list[tuple[Request, list[int], bool]]:
+        """(request, answer tokens, looped) of the rows `_ending` found; frees them, and keeps what a
+        session's row holds for its next turn."""
+        if ending is None:
+            return []
+        if ending.event is not None:
+            ending.event.synchronize()                         # the copies only, not the steps queued after them
+        ends, looped, outs = ending.copies
+        ends, looped = ends.tolist(), looped.tolist()
         ended = []
-        for i, b in enumerate(rows):
+        for i, b in enumerate(ending.rows):
             request = held[b]
-            answer = outs[i, len(request.ids):int(ends[i]) + 1].tolist()   # the answer starts at the prompt's length
+            answer = outs[i, len(request.ids):ends[i] + 1].tolist()   # the answer starts at the prompt's length
             ended.append((request, answer, looped[i]))
             if request.session is not None and not request.session_ends:   # slots 0..end-1: the prompt and the answer but its last token
                 self._keep(b, request.session, request.ids + answer[:-1])
@@ -557,6 +619,8 @@ class BatchDecoder:
                 "refill_tokens": self.refill_tokens, "refill_padded_tokens": self.refill_padded_tokens,
                 "resumed_tokens": self.resumed_tokens,
                 "loop_stops": self.loop_stops,
+                **{f"host_{part}_s": round(seconds, 3) for part, seconds in getattr(self, "host", {}).items()},
+                "cover_steps": round(sum(self.covers) / len(self.covers), 2) if getattr(self, "covers", None) else None,
                 **self.clock.summary(steps=self.steps)}
 
     def run(self, prompts: list[list[int]], max_new_tokens: int, stop_ids) -> list[Completion]:
