@@ -167,3 +167,24 @@ def test_top_k_is_sampling_in_every_subcommand_and_the_tree_width_has_its_own_fl
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert "--top-k 8 is a sampling setting" in err and "--tree-top-k 8" in err, argv
+
+
+def test_a_greedy_mismatch_is_explained_in_16_bits_and_flagged_in_float32():
+    """bf16 answers that leave plain decoding's are explained (rounding, near-ties); in float32 the
+    same finding is flagged as a bug, since speculation must then reproduce plain greedy exactly."""
+    from eaglekit.bench.report import greedy_match_note, markdown
+
+    def result(match, dtype):
+        return {"summary": {"greedy_match": match, "config": {"dtype": dtype}, "spec": "chain k=5", "device": "cpu",
+                            "date": "d", "verdict": "v", "turns": 1, "new_tokens": {"spec": 1}, "hf_tok_s": None,
+                            "baseline_tok_s": 1.0, "spec_tok_s": 1.0, "speedup": 1.0, "tau": 1.0,
+                            "per_position_acceptance": [0.5]},
+                "config": {"target": "t", "draft": "d", "sampling": "greedy", "max_new_tokens": 8}, "prompts": []}
+
+    assert greedy_match_note(result(1.0, "torch.bfloat16")) is None
+    assert greedy_match_note(result(None, "torch.float32")) is None          # sampling: no greedy reference
+    bf16 = greedy_match_note(result(0.3, "torch.bfloat16"))
+    assert bf16.startswith("Greedy match 0.30: in bfloat16") and "--dtype float32" in bf16
+    fp32 = greedy_match_note(result(0.9, "torch.float32"))
+    assert "should equal plain decoding" in fp32 and "bug" in fp32
+    assert bf16 in markdown(result(0.3, "torch.bfloat16"))

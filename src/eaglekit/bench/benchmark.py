@@ -18,7 +18,7 @@ import torch
 from eaglekit.artifacts import BENCH_RESULTS, MANIFEST, atomic_path, refuse_other_stage, sha256_file, write_json, write_manifest, writer_lock
 from eaglekit.bench.options import BenchOptions
 from eaglekit.bench.prompts import load_bench_prompts
-from eaglekit.bench.report import markdown, plot, summarize, turn_records, verdict
+from eaglekit.bench.report import greedy_match_note, markdown, plot, summarize, turn_records, verdict
 from eaglekit.bench.run import Method, conversation_ids, run_turns
 from eaglekit.engine import DraftRunner, Engine, OracleDrafter, SpecConfig, make_target_runner
 from eaglekit.errors import EaglekitError
@@ -118,6 +118,9 @@ def benchmark(cfg: BenchOptions, command: str = "") -> dict:
         result["sweep"] = sweep
     result["turns"] = turn_records(turns)
     result["target_fingerprint"] = target.fingerprint()
+    note = greedy_match_note(result)
+    if note:
+        (log.warning if "float32" in note.split(":")[0] else log.info)(note.replace("**", ""))
     return result
 
 
