@@ -141,7 +141,7 @@ def test_cycle_profile_splits_a_real_cycle():
 
 
 def test_speculation_shape_follows_the_device_unless_given():
-    """An unset --mode / --k: a 32-node tree on CUDA, a chain of 3 on a CPU; flags always win."""
+    """An unset --mode / --k: a 32-node tree on CUDA, a chain of 2 on a CPU; flags always win."""
     import argparse
 
     from eaglekit.engine.options import GROUPS, EngineOptions
@@ -153,7 +153,7 @@ def test_speculation_shape_follows_the_device_unless_given():
     def spec_from(argv):
         return options_from_args(EngineOptions, parser.parse_args(argv)).spec_config()
 
-    assert spec_from(["--device", "cpu"]).to_dict() == {"mode": "chain", "k": 3}
+    assert spec_from(["--device", "cpu"]).to_dict() == {"mode": "chain", "k": 2}
     assert spec_from(["--device", "cuda"]).to_dict() == {"mode": "tree", "depth": 6, "top_k": 8, "total_tokens": 32}
     assert spec_from(["--device", "cpu", "--mode", "tree"]).num_nodes == 32
     assert spec_from(["--device", "cuda", "--mode", "chain"]).k == 5

@@ -17,7 +17,7 @@ from eaglekit.targets.options import target_option
 
 GROUPS = {"main": None, "speculation": "speculation", "generation": "generation", "runtime": "runtime"}
 RUNNERS = ("auto", "fast", "generic")
-CPU_CHAIN_K = 3   # see spec_config
+CPU_CHAIN_K = 2   # see spec_config
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,7 +65,9 @@ class EngineOptions:
         """The speculation shape; an unset --mode / --k follows the device. On a CPU every verified
         row and draft step is real compute: on a quiet 2-core machine (docs/results/2026-12-01-cpu,
         SmolLM2 fp32, random draft) a chain-3 cycle cost 2.44 plain steps and a 16-node tree 3.37, so a
-        CPU drafts a short chain. On CUDA a cycle is one graph and a 32-node tree verifies for about
+        CPU drafts a short chain. With an H200-trained draft on 6 MT-bench questions (2026-12-04,
+        docs/results/2026-12-04-cpu-chain-length) chains of 1 / 2 / 3 ran 1.32x / 1.34x / 1.03x: the
+        BLAS reads the weights once for two rows, not for four. On CUDA a cycle is one graph and a 32-node tree verifies for about
         what a chain does."""
         import torch
 
