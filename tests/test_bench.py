@@ -72,6 +72,7 @@ def test_bench_checkpoint_draft_chain_and_sweep(tmp_path, tiny_target_dir, promp
                           "--cache-slots", "256")
     assert len(result["sweep"]) >= 4
     assert result["summary"]["spec"] == max(result["sweep"], key=lambda r: r["spec_tok_s"])["spec"]
+    assert [r["spec"] for r in result["sweep"]][:3] == ["chain k=1", "chain k=2", "chain k=3"]   # a CPU's shapes
 
 
 def test_bench_refuses_a_draft_of_another_target(tmp_path, tiny_target_dir, prompts_file, capsys):

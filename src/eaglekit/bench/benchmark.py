@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 SWEEP = (SpecConfig(mode="chain", k=3), SpecConfig(mode="chain", k=5),
          SpecConfig(mode="tree", depth=4, top_k=4, total_tokens=16),
          SpecConfig(mode="tree", depth=6, top_k=8, total_tokens=32))
+# On a CPU every verified row is compute, and the fastest shapes were short chains (2026-12-04, an
+# H200 draft: chains of 1 / 2 / 3 at 1.32x / 1.34x / 1.03x, docs/results/2026-12-04-cpu-chain-length).
+CPU_SWEEP = (SpecConfig(mode="chain", k=1), SpecConfig(mode="chain", k=2), SpecConfig(mode="chain", k=3),
+             SpecConfig(mode="tree", depth=2, top_k=2, total_tokens=4))
 
 
 def device_name(device: str) -> str:
@@ -70,7 +74,7 @@ def benchmark(cfg: BenchOptions, command: str = "") -> dict:
     prompts = load_bench_prompts(cfg.prompts, cfg.limit)
     device = resolve_device(cfg.device)
     target = load_target(cfg.target, device=device, dtype=cfg.dtype)
-    specs = list(SWEEP) if cfg.sweep else [spec]
+    specs = list(SWEEP if device.startswith("cuda") else CPU_SWEEP) if cfg.sweep else [spec]
     draft = None
     if cfg.draft == "random":
         draft = random_draft_for(target.model, device)

@@ -21,7 +21,8 @@ class BenchOptions(EngineOptions):
     prompts: str | None = option(None, "JSONL ({id, turns} / {messages} / {prompt}) or an `eaglekit prompts` folder "
                                        "(default: a small built-in set)", group="main")
     limit: int | None = option(None, "only the first N prompts", group="main")
-    sweep: bool = option(False, "try several chain lengths and tree shapes; report the fastest", group="main")
+    sweep: bool = option(False, "try several chain lengths and tree shapes (on a CPU: chains of 1-3 and a 4-node tree); "
+                         "report the fastest", group="main")
     hf: bool = option(True, "skip HF generate", group="main")
     hf_prompts: int = option(8, "HF generate on the first N prompts only (all their turns), compared with plain and "
                                 "speculative decoding on the same prompts; HF ran ~30x slower than the engine for "
