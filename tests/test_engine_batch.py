@@ -326,42 +326,55 @@ def test_the_engines_loop_check_looks_for_the_blocks_the_data_check_does():
     assert LOOP_PERIOD == MAX_PERIOD
 
 
-def test_answers_are_the_same_whatever_steps_are_queued_ahead_of_the_host():
+def test_answers_are_the_same_whatever_steps_are_queued_ahead_of_the_host(monkeypatch):
     """The ended rows' tokens are copied before a round's first steps are queued and read after them:
-    with sessions resuming their rows and any number of steps ahead (the CUDA rule follows the host),
-    every answer equals plain batch-1 decoding, and the stats split the host's time."""
+    with sessions resuming their rows and any number of steps ahead (on CUDA `next_cover` picks it
+    from the device's idle time), every answer equals plain batch-1 decoding, and the stats split
+    the host's time."""
+    from eaglekit.engine import batch
+
+    class Mark:                                            # a CUDA event's part the loop uses
+        def elapsed_time(self, other):
+            return 0.0
+
+        def synchronize(self):
+            pass
+
     model = peaked_model("llama")
-    first = [list(range(5, 25)), list(range(45, 70)), [300, 301], list(range(120, 100, -1))]   # 16+ tokens resume
-    ref_first = singles_of(model, first, [9, 3, 6, 4])
+    first = [list(range(5, 25)), list(range(45, 70)), list(range(120, 100, -1))]   # 16+ tokens: worth resuming
+    ref_first = singles_of(model, first, [30, 11, 25], max_len=128)
     follow = {i: first[i] + ref_first[i].tokens + [42, 43] for i in range(len(first))}
-    ref_follow = singles_of(model, list(follow.values()), [5] * len(first))
+    ref_follow = singles_of(model, list(follow.values()), [19] * len(first), max_len=128)
     for covers in ([1], [7], [3, 1, 6, 2, 7]):
-        decoder = BatchDecoder(make_target_runner(model, max_len=64, batch_size=3), sampling=Sampling(),
+        decoder = BatchDecoder(make_target_runner(model, max_len=128, batch_size=3), sampling=Sampling(),
                                graphs=False, compile=False, chunk=8)
         picks = iter(covers * 100)
-        decoder._cover = lambda host_s, cover, picks=picks: next(picks)
-        queue = [Request(p, n, key=("first", i), session=i) for i, (p, n) in enumerate(zip(first, [9, 3, 6, 4]))]
+        monkeypatch.setattr(decoder, "_mark", Mark)
+        monkeypatch.setattr(batch, "next_cover", lambda *args, picks=picks: next(picks))
+        queue = [Request(p, n, key=("first", i), session=i) for i, (p, n) in enumerate(zip(first, [30, 11, 25]))]
         got = {}
         for request, completion in decoder.serve(lambda queue=queue: queue.pop(0) if queue else None, []):
             got[request.key] = completion.tokens
             kind, i = request.key
             if kind == "first":
-                queue.append(Request(follow[i], 5, key=("follow", i), session=i, session_ends=True))
+                queue.append(Request(follow[i], 19, key=("follow", i), session=i, session_ends=True))
         assert [got[("first", i)] for i in range(len(first))] == [g.tokens for g in ref_first], covers
         assert [got[("follow", i)] for i in range(len(first))] == [g.tokens for g in ref_follow], covers
         stats = decoder.stats()
         parts = [stats[f"host_{part}_s"] for part in ("wait", "ended", "answers", "take")]
         assert all(p >= 0 for p in parts) and sum(parts) <= stats["wall_s"]
         assert decoder.resumed_tokens > 0                  # the follow-ups resumed their rows
+        assert stats["cover_steps"] == pytest.approx(sum(covers) / len(covers), abs=1.5)   # the picks were used
 
 
-def test_the_steps_ahead_of_the_host_cover_its_last_round_on_cuda_only():
-    """On CUDA as many steps as the last round's host work took (at least a quarter of the round, at
-    most all but one step); on a CPU, where steps run as they are queued, a quarter."""
-    decoder = BatchDecoder(make_target_runner(peaked_model("llama"), max_len=32, batch_size=2), sampling=Sampling(),
-                           graphs=False, compile=False, chunk=16)
-    assert decoder._cover(0.5, 4) == 4                     # CPU
-    decoder.clock.cuda, decoder.clock.seconds, decoder.steps = True, {"decode": 0.4}, 100   # 4 ms a step
-    assert decoder._cover(0.001, 4) == 4                   # little host work: the quarter
-    assert decoder._cover(0.030, 4) == 9                   # 30 ms: 8 steps, and one more
-    assert decoder._cover(1.0, 4) == 15                    # never the whole round
+def test_the_steps_ahead_of_the_host_fill_the_devices_wait():
+    """Idle before the host's work: add the steps that would have filled it; not idle: one fewer, down
+    to a quarter of the round; never the whole round."""
+    from eaglekit.engine.batch import next_cover
+
+    assert next_cover(4, idle_ms=30.0, step_ms=4.0, base=4, chunk=16) == 12     # 7.5 steps of wait: 8 more
+    assert next_cover(12, idle_ms=0.5, step_ms=4.0, base=4, chunk=16) == 11     # hidden: probe one lower
+    assert next_cover(4, idle_ms=0.0, step_ms=4.0, base=4, chunk=16) == 4       # never below the quarter
+    assert next_cover(14, idle_ms=80.0, step_ms=4.0, base=4, chunk=16) == 15    # never the whole round
+    assert next_cover(1, idle_ms=9.0, step_ms=4.0, base=1, chunk=1) == 1        # a round of one step
+    assert next_cover(5, idle_ms=9.0, step_ms=0.0, base=4, chunk=16) == 5       # no step time yet

@@ -152,6 +152,20 @@ def to_host(t: torch.Tensor) -> torch.Tensor:
     return host.copy_(t, non_blocking=True)
 
 
+def next_cover(cover: int, idle_ms: float, step_ms: float, base: int, chunk: int) -> int:
+    """The steps to queue ahead of the next round's host work. idle_ms: how long the device waited
+    between the end of this round's `cover` steps and the host's next work (CUDA events); step_ms: a
+    decode step. Idle: add the steps that would have filled the wait. Not idle: one step fewer, to find
+    the least that hides the host. Never below `base` (a quarter of the round), never the whole round."""
+    if step_ms <= 0:
+        return cover
+    if idle_ms > step_ms / 4:
+        cover += math.ceil(idle_ms / step_ms)
+    else:
+        cover -= 1
+    return min(max(cover, base), max(chunk - 1, base))
+
+
 class PhaseClock:
     """Device time spent in named phases of the host loop (decode steps, refills), without a sync of
     its own: on CUDA each phase is bracketed by events that are read once a later sync has passed
@@ -465,9 +479,9 @@ class BatchDecoder:
         first `cover` decode steps; read the copies, hand out the answers and take requests for the
         free rows while the GPU runs those steps; queue the new rows' prefill, then the round's other
         steps and the loop check. A freed row so idles for the rest of the round it ended in and
-        `cover` steps, not two more rounds. On CUDA `cover` follows the host: enough steps to hide
-        the last round's host work (the recipe's multi-turn mix spent ~30 ms a round there,
-        2026-12-04), at least a quarter of the round, at most all but one step of it.
+        `cover` steps, not two more rounds. On CUDA `cover` follows the device's idle time before the
+        refill (`next_cover`): the recipe's multi-turn mix left the GPU idle ~30 ms a round behind
+        4 steps (2026-12-04); a freed row idling a step more costs far less than all rows idling.
         """
         self.set_stop_ids(stop_ids)
         self.live.zero_()
@@ -477,50 +491,52 @@ class BatchDecoder:
         self.kept_by_row.clear()
         self.clock.reset()
         self.host = dict.fromkeys(("wait", "ended", "answers", "take"), 0.0)   # host seconds by part (`stats`)
-        self.covers = []
+        self.cover_rounds = self.cover_total = 0
         held: list[Request | None] = [None] * self.B          # the request each row answers
         free = list(range(self.B))                             # the longest free first (its cache the least likely resumed)
-        cover = max(1, self.chunk // 4)                        # steps queued ahead of the host's work
+        cover = base = max(1, self.chunk // 4)                 # steps queued ahead of the host's work
         ending: Ending | None = None
         while True:
             ending_rows = set(ending.rows) if ending else set()
             busy = any(r is not None and b not in ending_rows for b, r in enumerate(held))
+            covered = None
             if busy:
                 self._decode(cover)
-                self.covers.append(cover)
+                covered = self._mark()                         # the device reaches it when the cover steps end
+                self.cover_rounds, self.cover_total = self.cover_rounds + 1, self.cover_total + cover
             host = time.perf_counter()
             ended = self._ended(ending, held, free)           # the ended rows' answers, freed
             handed = time.perf_counter()
             yield from self._answers(ended)                    # the caller's work on them runs here
             answered = time.perf_counter()
             taken = self._take(take, free)
+            queued = self._mark()                              # reached when the host has queued the work after it
             if taken:
                 with self.clock.phase("refill"):
                     self.refill(*(list(x) for x in zip(*taken)))
                 for row, request, _ in taken:
                     held[row] = request
-            elif not busy:
+            self._add_host(ended=handed - host, answers=answered - handed, take=time.perf_counter() - answered)
+            if not taken and not busy:
                 return
-            done = time.perf_counter()
-            self._add_host(ended=handed - host, answers=answered - handed, take=done - answered)
             self._decode(self.chunk - cover if busy else self.chunk, check=True)
             ending = self._ending(held)                        # sync; the ended rows' copies start
             self.clock.collect()                               # the round's events have completed
-            cover = self._cover(done - host, cover)
+            if covered is not None and queued is not None:
+                step_ms = 1000 * self.clock.seconds.get("decode", 0.0) / max(self.steps, 1)
+                cover = next_cover(cover, covered.elapsed_time(queued), step_ms, base, self.chunk)
+
+    def _mark(self):
+        """A CUDA event recorded on the rows' device (None on a CPU): where the device is in the queue."""
+        if self.device.type != "cuda":
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
 
     def _add_host(self, **seconds: float) -> None:
         for part, value in seconds.items():
             self.host[part] += value
-
-    def _cover(self, host_s: float, cover: int) -> int:
-        """Steps to queue ahead of the next round's host work: as many as its last round took (the
-        device's step time from the clock), at least a quarter of a round, at most all but one step.
-        On a CPU the steps run as they are queued: nothing to hide, the quarter stays."""
-        base = max(1, self.chunk // 4)
-        step_s = self.clock.seconds.get("decode", 0.0) / max(self.steps, 1)
-        if not self.clock.cuda or step_s <= 0:
-            return base
-        return min(max(base, math.ceil(host_s / step_s) + 1), max(self.chunk - 1, 1))
 
     def _decode(self, steps: int, check: bool = False) -> None:
         """Queue `steps` batch decode steps (then the loop check, if asked and on)."""
@@ -574,13 +590,9 @@ class BatchDecoder:
         if not rows:
             return None
         index = torch.tensor(rows, device=self.device)
-        ends = self.pos[index]
-        longest = int(ends.max()) + 1 if self.device.type != "cuda" else self.L   # on CUDA no second sync
-        copies = [to_host(t) for t in (ends, self.looped[index], self.out[index, :longest])]
-        event = torch.cuda.Event() if self.device.type == "cuda" else None
-        if event is not None:
-            event.record()
-        return Ending(rows, copies, event)
+        longest = min(self.L, max(len(held[b].ids) + held[b].max_new_tokens for b in rows))   # a row's last slot + 1, at most
+        copies = [to_host(t) for t in (self.pos[index], self.looped[index], self.out[index, :longest])]
+        return Ending(rows, copies, self._mark())
 
     def _ended(self, ending: Ending | None, held: list, free: list[int]) -> list[tuple[Request, list[int], bool]]:
         """(request, answer tokens, looped) of the rows `_ending` found; frees them, and keeps what a
@@ -620,7 +632,7 @@ class BatchDecoder:
                 "resumed_tokens": self.resumed_tokens,
                 "loop_stops": self.loop_stops,
                 **{f"host_{part}_s": round(seconds, 3) for part, seconds in getattr(self, "host", {}).items()},
-                "cover_steps": round(sum(self.covers) / len(self.covers), 2) if getattr(self, "covers", None) else None,
+                "cover_steps": round(self.cover_total / self.cover_rounds, 2) if getattr(self, "cover_rounds", 0) else None,
                 **self.clock.summary(steps=self.steps)}
 
     def run(self, prompts: list[list[int]], max_new_tokens: int, stop_ids) -> list[Completion]:
