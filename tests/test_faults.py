@@ -450,6 +450,8 @@ def test_a_malformed_message_in_conversations_is_named_by_file_line_and_id(targe
     (["speculate", "--draft", "random", "--max-new-tokens", "0", "hi"], "--max-new-tokens 0: nothing to generate"),
     (["doctor", "DRAFT", "--probe", "--limit", "0"], "--limit 0: the probe would measure nothing"),
     (["doctor", "DRAFT", "--probe", "--max-new-tokens", "0"], "--max-new-tokens 0: the probe would measure nothing"),
+    (["bench", "--draft", "random", "--k", "0"], "--k 0: a chain drafts at least one token"),      # ran k=2
+    (["speculate", "--draft", "random", "--k", "0", "hi"], "--k 0: a chain drafts at least one token"),
 ])
 def test_a_count_that_measures_nothing_is_refused(argv, said, targets, tmp_path, capsys):
     """Found 2026-12-04: bench --limit 0 benched every prompt (0 read as "all"), --limit -1 all but

@@ -51,6 +51,9 @@ class EngineOptions:
         if self.max_new_tokens < 1:
             raise EaglekitError(f"--max-new-tokens {self.max_new_tokens}: nothing to generate",
                                 hint="ask for at least one token a turn")
+        if self.k is not None and self.k < 1:     # 0 once read as unset and ran the device's default chain
+            raise EaglekitError(f"--k {self.k}: a chain drafts at least one token a cycle",
+                                hint="pass --k 1 or more, or leave it out for the device's default")
 
     @property
     def graphs(self) -> bool | None:
@@ -73,7 +76,7 @@ class EngineOptions:
 
         # From the device's name only: the device itself is checked where the target loads.
         cuda = torch.cuda.is_available() if self.device == "auto" else self.device.startswith("cuda")
-        return SpecConfig(mode=self.mode or ("tree" if cuda else "chain"), k=self.k or (SpecConfig.k if cuda else CPU_CHAIN_K),
+        return SpecConfig(mode=self.mode or ("tree" if cuda else "chain"), k=self.k if self.k is not None else (SpecConfig.k if cuda else CPU_CHAIN_K),
                           depth=self.depth, top_k=self.tree_top_k, total_tokens=self.total_tokens)
 
     def sampling(self):
