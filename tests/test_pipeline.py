@@ -3,6 +3,7 @@
 import json
 import logging
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -322,3 +323,50 @@ def test_the_doctor_s_probe_runs_on_the_run_s_device(tmp_path):
     apply_override(recipe, "doctor.device=cpu")
     doctor = next(s for s in planned(recipe, tmp_path) if s.name == "doctor")
     assert doctor.argv[doctor.argv.index("--device") + 1] == "cpu" and doctor.argv.count("--device") == 1
+
+
+def test_a_training_stopped_before_it_saved_a_state_starts_again(tiny_target_dir, tmp_path, caplog):
+    """Found by a newcomer review, 2026-12-04: the quick recipe interrupted in training (60 steps,
+    a resume state every 200) left a partial log and no state; the same command then died on
+    "draft is not empty". Now it starts training again, and the quick recipe saves every 20 steps."""
+    from eaglekit.artifacts import TRAINER_STATE
+
+    caplog.set_level(logging.INFO)
+    recipe, out = tiny_recipe(tmp_path, tiny_target_dir), tmp_path / "run"
+    assert main(["run", "--recipe", recipe, "--out", str(out), "--stop-before", "export-sglang"]) == 0
+    state = json.loads((out / "pipeline.json").read_text())
+    state["stages"]["train"]["status"] = "failed"                  # as an interruption leaves it
+    (out / "pipeline.json").write_text(json.dumps(state))
+    (out / "draft" / "manifest.json").unlink()
+    shutil.rmtree(out / "draft" / TRAINER_STATE, ignore_errors=True)
+    assert (out / "draft" / "log.jsonl").exists()                  # the partial log is all that is left
+    caplog.clear()
+    assert main(["run", "--recipe", recipe, "--out", str(out), "--stop-before", "export-sglang"]) == 0
+    assert "[train] stopped earlier before it saved a state to resume from: it starts again" in caplog.text
+    assert json.loads((out / "pipeline.json").read_text())["stages"]["train"]["status"] == "done"
+    assert (out / "draft" / "manifest.json").is_file()
+    assert load_recipe("quick")["train"]["save-every"] < 60
+
+
+def test_a_stage_that_refuses_its_options_or_crashes_is_recorded_as_failed(tiny_target_dir, tmp_path, capsys,
+                                                                            monkeypatch):
+    """Found by a newcomer review, 2026-12-04: `train.lr=abc` (argparse's exit) and a crash that is
+    not an EaglekitError left pipeline.json saying "running", with no "stage failed" line."""
+    from eaglekit.pipeline import run as pipeline_run
+
+    recipe, out = tiny_recipe(tmp_path, tiny_target_dir), tmp_path / "run"
+    assert main(["run", "--recipe", recipe, "--out", str(out), "--stop-before", "export-sglang", "train.lr=abc"]) == 2
+    err = capsys.readouterr().err
+    assert "stage train failed (exit 2: its options were refused (above))" in err
+    assert json.loads((out / "pipeline.json").read_text())["stages"]["train"]["status"] == "failed"
+    real = pipeline_run.run_eaglekit
+
+    def crashing(argv, processes=1):
+        if argv[0] == "train":
+            raise RuntimeError("a bug")
+        return real(argv, processes)
+
+    monkeypatch.setattr(pipeline_run, "run_eaglekit", crashing)
+    assert main(["run", "--recipe", recipe, "--out", str(out), "--stop-before", "export-sglang"]) == 2
+    assert "stage train failed (exit 1: RuntimeError: a bug)" in capsys.readouterr().err
+    assert json.loads((out / "pipeline.json").read_text())["stages"]["train"]["status"] == "failed"

@@ -116,6 +116,13 @@ class Pipeline:
         resumed = bool(not stale and done and done["argv"] == argv and resume_flag and resume_marker is not None
                        and resume_marker.exists())
         extra = [resume_flag] if resumed else []
+        if (not resumed and not stale and done and done["argv"] == argv and done["status"] != "done" and resume_flag
+                and overwrites(argv) and "--overwrite" not in argv):
+            # Stopped before it saved anything to resume from (the quick recipe's 60 steps once ran
+            # under the default --save-every 200): what it left is a partial log, so it starts again.
+            log.warning("[%s] stopped earlier before it saved a state to resume from: it starts again (--overwrite)",
+                        name)
+            extra = ["--overwrite"]
         changed = changed_args(done["argv"], argv) if done and done["argv"] != argv else []
         if stale or changed:
             # What it made came from an earlier run of these stages, or from other settings (the
@@ -139,12 +146,17 @@ class Pipeline:
         own = known_stage_time(self.stage_planned(name), self.state, self.out)
         with run_outlook(lambda left: self.time_left(name, None if left is None else StageTime(left)).text()), \
                 run_after(name, own, self.time_after()):
-            code = run_eaglekit(argv + extra, processes)
+            code, crash = run_stage(argv + extra, processes)
         release_device_memory()
         seconds = round(time.time() - start, 1)
         if code not in ok_codes:
             self.record(name, argv, "failed", code, seconds, upstream=upstream, files=files)
-            raise EaglekitError(f"stage {name} failed (exit {code}): {shlex.join(['eaglekit', *argv, *extra])}",
+            command = shlex.join(['eaglekit', *argv, *extra])
+            if code == 130:
+                raise EaglekitError(f"interrupted in stage {name}: {command}",
+                                    hint="rerun the same `eaglekit run` command: finished stages are skipped, and "
+                                         "this one resumes from its last saved state where it has one")
+            raise EaglekitError(f"stage {name} failed (exit {code}{': ' + crash if crash else ''}): {command}",
                                 hint="fix the cause and rerun `eaglekit run`; finished stages are skipped")
         self.record(name, argv, "done", code, seconds, resumed=resumed, upstream=upstream, files=files)
         return code
@@ -373,6 +385,19 @@ def command_line(argv: list[str], processes: int = 1) -> list[str]:
         return ["eaglekit", *argv]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
             "-m", "eaglekit", *argv]
+
+
+def run_stage(argv: list[str], processes: int = 1) -> tuple[int, str | None]:
+    """(exit code, what crashed) of `eaglekit <argv>`: an argparse exit or an exception that is not an
+    EaglekitError (a bug, or an input nothing checked) ends the stage as failed, not the run as
+    "running" forever (found by a newcomer review, 2026-12-04)."""
+    try:
+        return run_eaglekit(argv, processes), None
+    except SystemExit as stop:                       # argparse: a recipe value its stage does not take
+        return (stop.code if isinstance(stop.code, int) else 2), "its options were refused (above)"
+    except Exception as err:                         # noqa: BLE001 - recorded, logged whole, and raised as the run's error
+        log.exception("stage crashed")
+        return 1, f"{type(err).__name__}: {err}"
 
 
 def run_eaglekit(argv: list[str], processes: int = 1) -> int:
