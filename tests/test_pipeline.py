@@ -370,3 +370,7 @@ def test_a_stage_that_refuses_its_options_or_crashes_is_recorded_as_failed(tiny_
     assert main(["run", "--recipe", recipe, "--out", str(out), "--stop-before", "export-sglang"]) == 2
     assert "stage train failed (exit 1: RuntimeError: a bug)" in capsys.readouterr().err
     assert json.loads((out / "pipeline.json").read_text())["stages"]["train"]["status"] == "failed"
+    monkeypatch.setattr(pipeline_run, "run_eaglekit", lambda argv, processes=1: 130 if argv[0] == "train" else real(argv))
+    assert main(["run", "--recipe", recipe, "--out", str(out), "--stop-before", "export-sglang"]) == 2
+    err = capsys.readouterr().err                                  # Ctrl-C: rerun, not "fix the cause"
+    assert "interrupted in stage train" in err and "rerun the same `eaglekit run` command" in err
