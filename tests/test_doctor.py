@@ -172,6 +172,7 @@ def test_cli_json_and_exit_status(exports, target_dir, tmp_path, capsys):
     assert main(["doctor", str(exports["vllm"]), "--target", str(target_dir), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] is True and out["probe"] is None
+    assert any(n.startswith("acceptance not measured") and "--probe" in n for n in out["notes"])   # static only
     assert {"id", "status", "message", "hint"} <= set(out["checks"][0])
     bad = planted(exports["vllm"], tmp_path / "bad", tensors=_d2t_absolute)
     assert main(["doctor", str(bad), "--target", str(target_dir), "--json"]) == 1

@@ -165,6 +165,10 @@ def run_doctor(draft: str | Path, target: str = DoctorOptions.target, *, engine:
         report.probe["message"] += f" [measured in {dtype} on {device}]"
         report.checks.append(Check("probe", report.probe["status"], report.probe["message"],
                                    report.probe.get("fix") or ""))
+    else:   # a draft of random weights passes every static check (found by a newcomer review, 2026-12-04)
+        report.notes.append("acceptance not measured: these are the static checks only, which a draft of random "
+                            "weights passes too; `--probe` runs the draft against the target and measures its "
+                            "accept length (`--probe builtin`, or a prompts file of your workload)")
     return report
 
 
