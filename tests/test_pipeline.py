@@ -350,16 +350,28 @@ def test_a_training_stopped_before_it_saved_a_state_starts_again(tiny_target_dir
 
 def test_a_stage_that_refuses_its_options_or_crashes_is_recorded_as_failed(tiny_target_dir, tmp_path, capsys,
                                                                             monkeypatch):
-    """Found by a newcomer review, 2026-12-04: `train.lr=abc` (argparse's exit) and a crash that is
-    not an EaglekitError left pipeline.json saying "running", with no "stage failed" line."""
+    """Found by a newcomer review, 2026-12-04: `train.lr=abc` ran 5 minutes of data stages, then
+    argparse's exit (and any crash that is not an EaglekitError) left pipeline.json saying "running",
+    with no "stage failed" line. Values a stage's parser refuses are now refused before the run."""
     from eaglekit.pipeline import run as pipeline_run
 
     recipe, out = tiny_recipe(tmp_path, tiny_target_dir), tmp_path / "run"
-    assert main(["run", "--recipe", recipe, "--out", str(out), "--stop-before", "export-sglang", "train.lr=abc"]) == 2
-    err = capsys.readouterr().err
-    assert "stage train failed (exit 2: its options were refused (above))" in err
-    assert json.loads((out / "pipeline.json").read_text())["stages"]["train"]["status"] == "failed"
+    for value in ("train.lr=abc", "bench.mode=trie"):              # refused by their parsers before anything runs
+        assert main(["run", "--recipe", recipe, "--out", str(out), value]) == 2
+        assert "would be refused" in capsys.readouterr().err and not (out / "prompts").exists()
+        assert main(["run", "--recipe", recipe, "--out", str(out), "--plan", value]) == 2
+        assert "would be refused" in capsys.readouterr().err
     real = pipeline_run.run_eaglekit
+
+    def refusing(argv, processes=1):                               # what only the stage itself can refuse
+        if argv[0] == "train":
+            raise SystemExit(2)
+        return real(argv, processes)
+
+    monkeypatch.setattr(pipeline_run, "run_eaglekit", refusing)
+    assert main(["run", "--recipe", recipe, "--out", str(out), "--stop-before", "export-sglang"]) == 2
+    assert "stage train failed (exit 2: its options were refused (above))" in capsys.readouterr().err
+    assert json.loads((out / "pipeline.json").read_text())["stages"]["train"]["status"] == "failed"
 
     def crashing(argv, processes=1):
         if argv[0] == "train":

@@ -273,6 +273,32 @@ def input_files(argv: list[str], run_dir: Path) -> dict[str, list]:
     return seen
 
 
+def check_planned(stages: Sequence["PlannedStage"]) -> None:
+    """Parse every planned stage's command with its subcommand's own parser before anything runs: a
+    recipe value it refuses (`train.lr=abc`, `bench.mode=trie`) once surfaced minutes into a run,
+    when its stage began (found by a newcomer review, 2026-12-04). Commands holding a value known
+    only once an earlier stage ran (`<...>`) are left to their stage."""
+    import contextlib
+    import io
+
+    from eaglekit.cli import build_parser
+
+    parser = build_parser()
+    for stage in stages:
+        if any(arg.startswith("<") for arg in stage.argv):
+            continue
+        said = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(said):
+                parser.parse_args(stage.argv)
+        except SystemExit:
+            lines = [line for line in said.getvalue().splitlines() if line.strip()]
+            raise EaglekitError(f"the recipe's stage {stage.name} would be refused: "
+                                f"{lines[-1] if lines else 'its command does not parse'}",
+                                hint=f"fix the recipe key or override of that stage ({shlex.join(['eaglekit', *stage.argv])}); "
+                                     "nothing has run") from None
+
+
 def overwrites(argv: list[str]) -> bool:
     """Whether the stage's subcommand takes --overwrite (doctor and bench rewrite their folder anyway)."""
     return "--overwrite" in subcommand_flags(tuple(argv[:2]))
@@ -509,7 +535,9 @@ def plan_pipeline(recipe: dict, out: str | Path | None = None) -> list[str]:
     try:
         run_stages(pipe, recipe, out)
     except StepsNotKnownYet as err:   # the rest of the plan is known: print it, and say what is not
+        check_planned(pipe.plan)
         return [stage.command() for stage in pipe.plan] + [f"# then the scaling slices: {err.message}; {err.hint}"]
+    check_planned(pipe.plan)
     return [stage.command() for stage in pipe.plan]
 
 
@@ -541,6 +569,7 @@ def plan_so_far(recipe: dict, out: Path) -> tuple[list[PlannedStage], bool]:
 def run_locked(recipe: dict, out: Path, stop_before: str | None) -> dict:
     pipe = Pipeline(recipe, out, stop_before)
     pipe.whole_plan, pipe.plan_is_whole = plan_so_far(recipe, out)
+    check_planned(pipe.whole_plan)
     try:
         run_stages(pipe, recipe, out)
     except StopBefore as stop:
