@@ -528,3 +528,14 @@ def test_the_report_notes_a_bench_prompts_file_edited_into_bad_json(tmp_path):
     assert "no longer read as JSON" in prompt_categories(str(prompts))[1]
     prompts.write_text('{"id": "a", "category": "code", "turns": ["x"]}\n')
     assert prompt_categories(str(prompts)) == ({"a": "code"}, "")
+
+
+def test_the_doctors_probe_refuses_a_prompts_file_with_broken_lines(targets, tmp_path, capsys):
+    """Found by a newcomer review, 2026-12-04: `doctor --probe FILE` dropped a broken line without a
+    word and probed the rest (bench refuses the same file)."""
+    draft = draft_folder(targets["base"], tmp_path / "draft")
+    prompts = tmp_path / "probe.jsonl"
+    prompts.write_text('{"turns": ["one"]}\n{"turns": ["two"\n{"turns": ["three"]}\n')
+    assert main(["doctor", str(draft), "--target", str(targets["base"]), "--probe", str(prompts)]) == 2
+    err = capsys.readouterr().err
+    assert "1 malformed record(s) in the probe's prompts" in err and "probe.jsonl:2" in err

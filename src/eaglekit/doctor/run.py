@@ -58,6 +58,10 @@ def load_prompts(spec: str | None, limit: int) -> list[list[dict]]:
 
     source = SourceSpec.parse(spec)
     report = read_source(source)
+    if report.malformed:    # once skipped without a word, where bench refuses the same file
+        raise EaglekitError(f"{len(report.malformed)} malformed record(s) in the probe's prompts {spec}: "
+                            + "; ".join(report.malformed[:3]),
+                            hint="fix or remove those lines (`eaglekit bench` refuses them too)")
     report.prompts = [p for p in report.prompts if source.keeps(p)]
     if not report.prompts:
         raise EaglekitError(f"no prompts read from {spec}", hint="pass a JSONL/JSON/text file of prompts")
