@@ -539,3 +539,11 @@ def test_the_doctors_probe_refuses_a_prompts_file_with_broken_lines(targets, tmp
     assert main(["doctor", str(draft), "--target", str(targets["base"]), "--probe", str(prompts)]) == 2
     err = capsys.readouterr().err
     assert "1 malformed record(s) in the probe's prompts" in err and "probe.jsonl:2" in err
+
+
+def test_a_missing_draft_folders_hint_offers_only_what_the_command_takes(capsys):
+    """Found by a newcomer review, 2026-12-04: `speculate --draft oracle` said "no draft folder oracle"
+    with the hint "pass a draft folder, `oracle` or `random`" (only bench takes `oracle`)."""
+    assert main(["speculate", "hi", "--draft", "oracle", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "no draft folder oracle" in err and "`oracle`" not in err and "`random`" in err

@@ -25,7 +25,8 @@ def run(args: argparse.Namespace) -> int:
     opts = options_from_args(SpeculateOptions, args)
     # Bad options, a wrong path or an unfinished draft fail before the target loads.
     spec, sampling = opts.spec_config(), opts.sampling()
-    folder = None if opts.draft == "random" else read_draft_folder(opts.draft, allow_unfinished=opts.allow_unfinished)
+    folder = None if opts.draft == "random" else read_draft_folder(opts.draft, allow_unfinished=opts.allow_unfinished,
+                                                                     stand_ins=("random",))
     device = resolve_device(opts.device)
     target = load_target(opts.target, device=device, dtype=opts.dtype)
     if folder is None:

@@ -16,12 +16,15 @@ from eaglekit.formats.folder import DraftFolder, read_folder
 log = logging.getLogger(__name__)
 
 
-def read_draft_folder(folder: str | Path, *, allow_unfinished: bool = False) -> DraftFolder:
+def read_draft_folder(folder: str | Path, *, allow_unfinished: bool = False,
+                      stand_ins: tuple[str, ...] = ("oracle", "random")) -> DraftFolder:
     """A draft folder of any format the doctor reads (eaglekit, SGLang / SpecForge, speculators, EAGLE),
-    read before any model loads, so a wrong path or an unfinished draft fails in a second."""
+    read before any model loads, so a wrong path or an unfinished draft fails in a second.
+    `stand_ins`: the names the calling command takes in place of a folder (for the hint)."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise EaglekitError(f"no draft folder {folder}", hint="pass a draft folder, `oracle` or `random`")
+        names = " or ".join(f"`{name}`" for name in stand_ins)
+        raise EaglekitError(f"no draft folder {folder}", hint="pass a draft folder" + (f", or {names}" if names else ""))
     draft = read_folder(folder)
     refuse_unfinished(draft.unfinished, folder, allow_unfinished=allow_unfinished)
     return draft
@@ -34,7 +37,7 @@ def load_draft_for(folder: str | Path | DraftFolder, target, device: str, *, all
     from eaglekit.formats.importer import native_tensors, strict_reading
 
     if not isinstance(folder, DraftFolder):
-        folder = read_draft_folder(folder, allow_unfinished=allow_unfinished)
+        folder = read_draft_folder(folder, allow_unfinished=allow_unfinished, stand_ins=())
     if folder.recorded_target is not None:
         check_same_target(target.fingerprint(), folder.recorded_target, what=f"draft {folder.path}")
     reading = strict_reading(folder, target_num_layers=target.config.num_hidden_layers)
