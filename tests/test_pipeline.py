@@ -386,3 +386,17 @@ def test_a_stage_that_refuses_its_options_or_crashes_is_recorded_as_failed(tiny_
     assert main(["run", "--recipe", recipe, "--out", str(out), "--stop-before", "export-sglang"]) == 2
     err = capsys.readouterr().err                                  # Ctrl-C: rerun, not "fix the cause"
     assert "interrupted in stage train" in err and "rerun the same `eaglekit run` command" in err
+
+
+def test_the_quick_recipe_given_prompt_files_names_its_magpie_keys(tmp_path, capsys):
+    """Found by a newcomer review, 2026-12-04: `eaglekit run --recipe quick prompts.source=FILE` said
+    only "prompts.max-new-tokens is not an option of `eaglekit prompts build`", a key the user never
+    set. It now says why (a Magpie key) and how to drop or move it; KEY=null drops a key."""
+    source = tmp_path / "p.jsonl"
+    source.write_text('{"turns": ["hi"]}\n')
+    assert main(["run", "--recipe", "quick", "--plan", "--out", str(tmp_path / "r"), f"prompts.source={source}"]) == 2
+    err = capsys.readouterr().err
+    assert "prompts.max-new-tokens is a Magpie option" in err and "synthesize.max-new-tokens" in err
+    assert main(["run", "--recipe", "quick", "--plan", "--out", str(tmp_path / "r"), f"prompts.source={source}",
+                 "prompts.max-new-tokens=null", "prompts.num-prompts=null", "prompts.batch-size=null"]) == 0
+    assert f"eaglekit prompts build --source {source}" in capsys.readouterr().out

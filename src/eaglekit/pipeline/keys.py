@@ -34,8 +34,15 @@ def check_recipe_keys(recipe: dict) -> None:
             continue
         path, own = command
         valid = stage_flags(path) | own
-        for key in value:
-            if str(key).replace("_", "-") not in valid:
+        for key, given in value.items():
+            if given is not None and str(key).replace("_", "-") not in valid:   # KEY=null unsets it (no flag)
+                if path == ("prompts", "build") and str(key).replace("_", "-") in stage_flags(("prompts", "synthesize")):
+                    # a recipe that synthesizes (quick) given prompts.source=FILE: its Magpie keys stay behind
+                    raise EaglekitError(
+                        f"recipe key prompts.{key} is a Magpie option, and with prompts.source the prompts "
+                        "section is `eaglekit prompts build`'s",
+                        hint=f"drop it (prompts.{key}=null), or move it to the synthesize section "
+                             f"(synthesize.{key}=..., with synthesize.add=N to top your files up with Magpie prompts)")
                 raise unknown_key_error(section, str(key), path, valid)
 
 
