@@ -189,3 +189,14 @@ def test_a_greedy_mismatch_is_explained_in_16_bits_and_flagged_in_float32():
     fp32 = greedy_match_note(result(0.9, "torch.float32"))
     assert "should equal plain decoding" in fp32 and "bug" in fp32
     assert bf16 in markdown(result(0.3, "torch.bfloat16"))
+
+
+def test_a_bench_of_a_few_tokens_a_turn_says_it_is_too_short_to_time():
+    """Found by a newcomer review, 2026-12-04: `--max-new-tokens 4` printed "1.33x faster ... a cycle
+    costs 0.99 plain steps" at tau 1.00, a speedup that a few tokens cannot measure."""
+    from eaglekit.bench.report import verdict
+
+    short = {"speedup": 1.33, "spec": "chain k=2", "tau": 1.0, "cycle": {"plain_steps": 0.99},
+             "new_tokens": {"spec": 8}, "turns": 2}
+    assert "The answers average 4 tokens: too short to time speculation" in verdict(short)
+    assert "too short" not in verdict({**short, "new_tokens": {"spec": 512}})

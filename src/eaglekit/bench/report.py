@@ -101,6 +101,9 @@ def cycle_cost(turns: list[Turn], label: str) -> dict:
             "plain_steps": round(cycle_ms / step_ms, 3) if step_ms else None}
 
 
+SHORT_TURN = 32   # new tokens a turn below which tok/s and speedups measure the prefill more than the cycle
+
+
 def verdict(summary: dict, profile: dict | None = None) -> str:
     """One plain sentence: faster or slower than plain decoding, what a cycle costs, and (when the
     cycle was profiled) which part of it costs most."""
@@ -121,6 +124,10 @@ def verdict(summary: dict, profile: dict | None = None) -> str:
                  + ", ".join(f"{k} {v:.3f}" for k, v in parts.items()) + " ms.")
     elif speed < 1:
         text += " Run it on a GPU (CUDA graphs) for the split of the cycle into verify, draft and host time."
+    tokens, turns = (summary.get("new_tokens") or {}).get("spec"), summary.get("turns")
+    if tokens and turns and tokens / turns < SHORT_TURN:   # a few tokens time the prefill and the warm-up, not a cycle
+        text += (f" The answers average {tokens / turns:.0f} tokens: too short to time speculation "
+                 f"(use --max-new-tokens {2 * SHORT_TURN} or more).")
     return text
 
 
