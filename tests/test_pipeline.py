@@ -400,3 +400,13 @@ def test_the_quick_recipe_given_prompt_files_names_its_magpie_keys(tmp_path, cap
     assert main(["run", "--recipe", "quick", "--plan", "--out", str(tmp_path / "r"), f"prompts.source={source}",
                  "prompts.max-new-tokens=null", "prompts.num-prompts=null", "prompts.batch-size=null"]) == 0
     assert f"eaglekit prompts build --source {source}" in capsys.readouterr().out
+
+
+def test_a_doctor_reading_an_export_no_stage_writes_is_refused_before_the_run(tiny_target_dir, tmp_path, capsys):
+    """Found by a newcomer review, 2026-12-04: `export.formats=[sglang]` planned the (vLLM) doctor on
+    export/vllm, which no stage writes: the run would have failed at its end."""
+    recipe, out = tiny_recipe(tmp_path, tiny_target_dir), tmp_path / "run"
+    for argv in (["--plan"], []):
+        assert main(["run", "--recipe", recipe, "--out", str(out), *argv, "export.formats=[sglang]"]) == 2
+        assert "the doctor reads the vllm export" in capsys.readouterr().err
+    assert not (out / "prompts").exists()

@@ -566,8 +566,20 @@ def plan_so_far(recipe: dict, out: Path) -> tuple[list[PlannedStage], bool]:
     return pipe.plan, True
 
 
+def check_doctor_export(recipe: dict) -> None:
+    """The doctor reads the export of its engine's format: refuse a recipe whose export stages do not
+    write it (`export.formats=[sglang]` with the default vLLM doctor), before anything runs."""
+    formats = list((recipe.get("export") or {}).get("formats") or FORMATS)
+    engine = (recipe.get("doctor") or {}).get("engine", "vllm")
+    if engine in FORMATS and engine not in formats:   # it read a folder no stage writes, and failed at the end
+        raise EaglekitError(f"the doctor reads the {engine} export (doctor.engine: {engine}), which "
+                            f"export.formats {formats} does not write",
+                            hint=f"add {engine} to export.formats, or set doctor.engine to one of {formats}")
+
+
 def run_locked(recipe: dict, out: Path, stop_before: str | None) -> dict:
     pipe = Pipeline(recipe, out, stop_before)
+    check_doctor_export(recipe)
     pipe.whole_plan, pipe.plan_is_whole = plan_so_far(recipe, out)
     check_planned(pipe.whole_plan)
     try:
@@ -637,6 +649,7 @@ def run_stages(pipe: Pipeline, recipe: dict, out: Path) -> None:
 
     doctor = dict(recipe.get("doctor") or {})
     engine = doctor.pop("engine", "vllm")
+    check_doctor_export(recipe)
     doctor_dev = [] if "device" in doctor else dev   # the probe runs where the other stages do
     pipe.stage("doctor", ["doctor", str(out / RUN_EXPORT / engine), *t, "--engine", engine, *to_flags(doctor),
                           *doctor_dev, "--out", str(out / RUN_DOCTOR)], ok_codes=(0, 1))
