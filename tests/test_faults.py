@@ -547,3 +547,13 @@ def test_a_missing_draft_folders_hint_offers_only_what_the_command_takes(capsys)
     assert main(["speculate", "hi", "--draft", "oracle", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert "no draft folder oracle" in err and "`oracle`" not in err and "`random`" in err
+
+
+def test_a_draft_given_as_the_target_and_a_target_as_the_draft_are_named(targets, tmp_path, capsys):
+    """Found by a newcomer review, 2026-12-04: a draft as --target read as a tokenizer error (or a
+    35-line LOAD REPORT and a size mismatch); a target as the draft as "the draft is incomplete"."""
+    draft = draft_folder(targets["base"], tmp_path / "draft")
+    assert main(["target", "info", "--target", str(draft)]) == 2
+    assert f"{draft} is a draft folder (its config.json has draft_vocab_size), not a target" in capsys.readouterr().err
+    assert main(["doctor", str(targets["base"]), "--target", str(targets["base"])]) == 2
+    assert "holds a target model (LlamaForCausalLM" in capsys.readouterr().err

@@ -154,6 +154,12 @@ def interpret(folder: DraftFolder, *, target_num_layers: int | None = None) -> I
     hidden = _int(flat, "hidden_size")
     heads = _int(flat, "num_attention_heads")
     draft_vocab = flat.get("draft_vocab_size")
+    arch = next(iter(flat.get("architectures") or []), "")
+    if (draft_vocab is None and arch.endswith("ForCausalLM") and "eagle" not in arch.lower()
+            and _int(flat, "num_hidden_layers", 1) > 1):   # EAGLE's own drafts say LlamaForCausalLM with one layer
+        raise EaglekitError(f"this folder holds a target model ({arch}, {flat['num_hidden_layers']} layers), not a draft",
+                            hint="pass the draft folder (an `eaglekit train` or export folder) as the draft, and this "
+                                 "model as --target")
     if draft_vocab is None:
         if "lm_head.weight" not in native:
             raise EaglekitError("draft config lacks draft_vocab_size and the folder has no lm_head",

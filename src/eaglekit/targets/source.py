@@ -75,6 +75,16 @@ def resolve_target(spec: str | Path) -> TargetSource:
     return TargetSource(spec=spec, kind="hf_dir", path=path)
 
 
+def draft_marker(config: dict) -> str | None:
+    """What in a config.json says it is an EAGLE-3 draft's (any format eaglekit writes or reads), or None."""
+    if "draft_vocab_size" in config:
+        return "its config.json has draft_vocab_size"
+    if "speculators_model_type" in config:
+        return "a speculators config"
+    eagle = [a for a in config.get("architectures") or [] if "eagle" in str(a).lower()]
+    return f"architecture {eagle[0]}" if eagle else None
+
+
 def validate_gguf(path: Path) -> None:
     """Check the GGUF magic and that every tensor's data lies inside the file."""
     with open(path, "rb") as f:
@@ -108,9 +118,13 @@ def validate_hf_dir(path: Path) -> None:
                 else "pass a folder with config.json and *.safetensors (see `eaglekit target prepare`)")
         raise EaglekitError(f"{path} is not a model folder (no config.json)", hint=hint)
     try:
-        json.loads(config.read_text())
+        fields = json.loads(config.read_text())
     except json.JSONDecodeError as err:
         raise EaglekitError(f"{config} is not valid JSON ({err.msg})", hint="the file is corrupt") from err
+    drafted = draft_marker(fields) if isinstance(fields, dict) else None
+    if drafted:   # once: a tokenizer error, or a 35-line LOAD REPORT and a size mismatch
+        raise EaglekitError(f"{path} is a draft folder ({drafted}), not a target",
+                            hint="pass it as the draft (DRAFT / --draft), and the model it was trained for as --target")
     shards = sorted(path.glob("*.safetensors"))
     if not shards:
         if list(path.glob("*.bin")) or list(path.glob("*.pt")):
