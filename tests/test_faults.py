@@ -557,3 +557,20 @@ def test_a_draft_given_as_the_target_and_a_target_as_the_draft_are_named(targets
     assert f"{draft} is a draft folder (its config.json has draft_vocab_size), not a target" in capsys.readouterr().err
     assert main(["doctor", str(targets["base"]), "--target", str(targets["base"])]) == 2
     assert "holds a target model (LlamaForCausalLM" in capsys.readouterr().err
+
+
+def test_the_doctors_probe_given_a_folder_reads_a_prompts_folder_and_names_any_other(targets, tmp_path, capsys):
+    """Found by a newcomer review, 2026-12-04: `doctor --probe DRAFT_FOLDER` (the folder for the
+    prompts) failed on "manifest.json holds a JSON object ... records=KEY"."""
+    draft = draft_folder(targets["base"], tmp_path / "draft")
+    assert main(["doctor", str(draft), "--target", str(targets["base"]), "--probe", str(draft)]) == 2
+    assert "holds a 'train' artifact, expected 'prompts'" in capsys.readouterr().err
+    source = tmp_path / "p.jsonl"
+    source.write_text("".join(json.dumps({"id": f"q{i}", "turns": [f"Question {i}?"]}) + "\n" for i in range(8)))
+    assert main(["prompts", "build", "--source", str(source), "--validation-fraction", "0.5",
+                 "--out", str(tmp_path / "prompts")]) == 0
+    capsys.readouterr()
+    code = main(["doctor", str(draft), "--target", str(targets["base"]), "--probe", str(tmp_path / "prompts"),
+                 "--limit", "2", "--max-new-tokens", "4", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code in (0, 1) and report["probe"]["prompts"] == 2          # read from the folder's validation split

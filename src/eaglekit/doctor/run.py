@@ -56,6 +56,13 @@ def load_prompts(spec: str | None, limit: int) -> list[list[dict]]:
         return [[{"role": "user", "content": p}] for p in BUILTIN_PROMPTS[:limit]]
     from eaglekit.data.readers import SourceSpec, read_source
 
+    if Path(spec).is_dir():
+        # An `eaglekit prompts` folder: its validation split, as bench reads it (another stage's folder,
+        # a draft or conversations, is refused by its stage; it read as a JSON file's error).
+        from eaglekit.data.folder import read_prompt_folder
+
+        prompts = read_prompt_folder(spec, splits=("validation",))[1]["validation"]
+        return [type(p)(id=p.id, source=p.source, turns=p.turns[:1], system=p.system).messages() for p in prompts[:limit]]
     source = SourceSpec.parse(spec)
     report = read_source(source)
     if report.malformed:    # once skipped without a word, where bench refuses the same file
