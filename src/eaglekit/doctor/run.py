@@ -51,32 +51,35 @@ class Report:
 
 
 def load_prompts(spec: str | None, limit: int) -> list[list[dict]]:
-    """Chat messages of the probe prompts: a prompts file (any format `eaglekit data` reads) or built-in."""
+    """Chat messages of the probe prompts' first turns: built-in, a prompts file (any format
+    `eaglekit data` reads) or an `eaglekit prompts` folder."""
     if spec in (None, "builtin"):
         return [[{"role": "user", "content": p}] for p in BUILTIN_PROMPTS[:limit]]
+    prompts = folder_prompts(spec) if Path(spec).is_dir() else file_prompts(spec)
+    return [type(p)(id=p.id, source=p.source, turns=p.turns[:1], system=p.system).messages() for p in prompts[:limit]]
+
+
+def folder_prompts(spec: str) -> list:
+    """An `eaglekit prompts` folder's validation split, as bench reads it (another stage's folder, a
+    draft or conversations, is refused by its stage; it read as a JSON file's error)."""
+    from eaglekit.data.folder import read_prompt_folder
+
+    return read_prompt_folder(spec, splits=("validation",))[1]["validation"]
+
+
+def file_prompts(spec: str) -> list:
     from eaglekit.data.readers import SourceSpec, read_source
 
-    if Path(spec).is_dir():
-        # An `eaglekit prompts` folder: its validation split, as bench reads it (another stage's folder,
-        # a draft or conversations, is refused by its stage; it read as a JSON file's error).
-        from eaglekit.data.folder import read_prompt_folder
-
-        prompts = read_prompt_folder(spec, splits=("validation",))[1]["validation"]
-        return [type(p)(id=p.id, source=p.source, turns=p.turns[:1], system=p.system).messages() for p in prompts[:limit]]
     source = SourceSpec.parse(spec)
     report = read_source(source)
     if report.malformed:    # once skipped without a word, where bench refuses the same file
         raise EaglekitError(f"{len(report.malformed)} malformed record(s) in the probe's prompts {spec}: "
                             + "; ".join(report.malformed[:3]),
                             hint="fix or remove those lines (`eaglekit bench` refuses them too)")
-    report.prompts = [p for p in report.prompts if source.keeps(p)]
-    if not report.prompts:
+    prompts = [p for p in report.prompts if source.keeps(p)]
+    if not prompts:
         raise EaglekitError(f"no prompts read from {spec}", hint="pass a JSONL/JSON/text file of prompts")
-    messages = []
-    for prompt in report.prompts[:limit]:
-        first = type(prompt)(id=prompt.id, source=prompt.source, turns=prompt.turns[:1], system=prompt.system)
-        messages.append(first.messages())
-    return messages
+    return prompts
 
 
 def training_tau(manifest: dict | None, k: int) -> tuple[float | None, str]:
