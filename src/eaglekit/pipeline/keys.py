@@ -35,8 +35,9 @@ def check_recipe_keys(recipe: dict) -> None:
         path, own = command
         valid = stage_flags(path) | own
         for key, given in value.items():
-            if given is not None and str(key).replace("_", "-") not in valid:   # KEY=null unsets it (no flag)
-                if path == ("prompts", "build") and str(key).replace("_", "-") in stage_flags(("prompts", "synthesize")):
+            flag = str(key).replace("_", "-")
+            if given is not None and flag not in valid:   # KEY=null unsets it (no flag)
+                if path == ("prompts", "build") and flag in stage_flags(("prompts", "synthesize")):
                     # a recipe that synthesizes (quick) given prompts.source=FILE: its Magpie keys stay behind
                     raise EaglekitError(
                         f"recipe key prompts.{key} is a Magpie option, and with prompts.source the prompts "
