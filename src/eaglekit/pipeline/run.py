@@ -531,6 +531,7 @@ def run_pipeline(recipe: dict, out: str | Path | None = None, stop_before: str |
 def plan_pipeline(recipe: dict, out: str | Path | None = None) -> list[str]:
     """The command line of every stage of `recipe`, in order, running none (`eaglekit run --plan`)."""
     out = Path(out or recipe.get("out") or Path("runs") / recipe.get("name", "run"))
+    check_doctor_export(recipe)
     pipe = Pipeline(recipe, out, plan=[])
     try:
         run_stages(pipe, recipe, out)
@@ -649,7 +650,6 @@ def run_stages(pipe: Pipeline, recipe: dict, out: Path) -> None:
 
     doctor = dict(recipe.get("doctor") or {})
     engine = doctor.pop("engine", "vllm")
-    check_doctor_export(recipe)
     doctor_dev = [] if "device" in doctor else dev   # the probe runs where the other stages do
     pipe.stage("doctor", ["doctor", str(out / RUN_EXPORT / engine), *t, "--engine", engine, *to_flags(doctor),
                           *doctor_dev, "--out", str(out / RUN_DOCTOR)], ok_codes=(0, 1))
