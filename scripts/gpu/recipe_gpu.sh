@@ -14,6 +14,9 @@
 #      sweep     eaglekit bench --sweep (two chains, two trees) on 8 MT-bench questions: the fastest shape;
 #      heldout   eaglekit bench tree on prompts the recipe never saw or tuned on (HumanEval + Alpaca, 20 each);
 #      generate  bench_generate.py: the engine's batch decoder beside HF generate at the same batch;
+#      regen     eaglekit generate again on the run's prompts (REGEN_LIMIT, default 10,000), once per REGEN variant
+#                (extra flags, ';' between variants), into $W/regen-N: the decoder lines side by side;
+#      profile   profile_batch.py (one decode step and one refill, top kernels) at each of PROFILE_ROWS rows;
 #      kernels   bench_engine.py part c (oracle chain 5 and tree 32) for each VARIANT[%COMPILE_MODE] in KERNELS
 #                (default "reduce+matvec reduce+matvec%max-autotune-no-cudagraphs": Inductor's own GEMMs).
 # Env: W (work folder, /root/work), GPUS (1), TRAIN_S (train.time-budget-s; default the recipe's), LIMIT (MT-bench prompts),
@@ -78,8 +81,23 @@ PY
           python3 scripts/gpu/bench_engine.py --parts c --oracle-only --kernels "$v" --compile-mode "$mode" --target "$t" \
             --out "$W/be-${k//[^a-z0-9]/_}" 2>&1 | quiet | grep "^| c " >> "$LOG"
         done ;;
+      regen)     # issue 12: the generate stage again on the run's prompts, once per REGEN variant (flags; ';' between)
+        local i=0 flags
+        IFS=';' read -ra variants <<< "${REGEN:-}"
+        for flags in "${variants[@]}"; do
+          i=$((i + 1)); stamp "regen $i: $flags"
+          python3 -m eaglekit generate --prompts "$RUN/prompts" --target "$RUN/target" --limit "${REGEN_LIMIT:-10000}" \
+            --max-new-tokens 1024 --batch-size 512 --context-length 2048 --cache-slots 2048 --stop-loops 128 \
+            --refill graphs $flags --device cuda --out "$W/regen-$i" 2>&1 | quiet | grep "decoder\|wrote\|captured\|Error\|error" >> "$LOG"
+        done ;;
+      profile)   # where the batch decoder's step and refill go, at each of PROFILE_ROWS (default 512)
+        local rows
+        for rows in ${PROFILE_ROWS:-512}; do
+          python3 scripts/gpu/profile_batch.py --target "$t" --prompts "$prompts" --batch-size "$rows" --attention flex \
+            --out "$W/profile-$rows" 2>&1 | quiet | tail -40 >> "$LOG"
+        done ;;
       none) continue ;;   # BENCHES=none: the recipe's run alone
-      *) stamp "unknown bench $b (chain, sweep, heldout, generate, kernels, none)"; continue ;;
+      *) stamp "unknown bench $b (chain, sweep, heldout, generate, kernels, regen, profile, none)"; continue ;;
     esac
     stamp "bench $b done after $(( $(date +%s) - t0 )) s"
   done
@@ -141,7 +159,7 @@ pack() {  # what exists so far, in one archive (files back from $OUT: at most 8)
            "$RUN"/scaling/frac-*/bench/results.json; do   # the data-scaling curve, when the recipe has one
     [[ -e $f ]] && files+=("${f#"$W"/}")
   done
-  for f in "$W"/be-*/bench_engine.json "$W"/be-*/bench_engine.md; do
+  for f in "$W"/be-*/bench_engine.json "$W"/be-*/bench_engine.md "$W"/regen-*/manifest.json "$W"/profile-*/profile_batch.json; do
     [[ -e $f ]] && files+=("${f#"$W"/}")
   done
   tar -czf "$OUT/results.tar.gz" -C "$W" "${files[@]}" 2>/dev/null
@@ -162,7 +180,7 @@ case $VERB in
   start)
     : "${EAGLEKIT_SMOLLM2_DIR:?run setup.sh first}"
     PROMPTS=${2:?prompts folder}; EVAL=${3:?eval folder}
-    export -f session benches bench_shape stamp quiet; export W RUN LOG PROFILE EXTRA BENCHES KERNELS
+    export -f session benches bench_shape stamp quiet; export W RUN LOG PROFILE EXTRA BENCHES KERNELS REGEN REGEN_LIMIT PROFILE_ROWS
     setsid nohup bash -c "session '$PROMPTS' '$EVAL'" > "$W/session.out" 2>&1 < /dev/null &
     stamp "session launched (pid $!)"; sleep 2; cat "$LOG" ;;
   bench)   # a draft trained in an earlier session: the three benches alone, in the background

@@ -256,11 +256,12 @@ def _finish(out: Path, shards: JsonlShards, identity: dict, config: GenerateConf
         extra["decoder"] = decoder
         for loop in decoder["serve_loops"]:
             log.info("decoder: %d rows x %d slots, %d steps (%s ms each), occupancy %.2f; device seconds: "
-                     "decode %s, refill %s (%d prompt tokens, %d padded, %d resumed from the rows' caches), "
-                     "other %s of %s wall",
+                     "decode %s, refill %s (%d forwards, %d prompt tokens, %d padded, %d resumed from the rows' "
+                     "caches; %d graphs captured in %s s of it), other %s of %s wall",
                      loop["rows"], loop["slots"], loop["steps"], loop.get("step_ms"), loop["occupancy"],
-                     loop.get("decode_s", 0), loop.get("refill_s", 0), loop["refill_tokens"],
-                     loop["refill_padded_tokens"], loop.get("resumed_tokens", 0), loop["other_s"], loop["wall_s"])
+                     loop.get("decode_s", 0), loop.get("refill_s", 0), loop.get("refill_forwards", 0),
+                     loop["refill_tokens"], loop["refill_padded_tokens"], loop.get("resumed_tokens", 0),
+                     loop.get("refill_graphs", 0), loop.get("refill_capture_s", 0), loop["other_s"], loop["wall_s"])
             if "host_wait_s" in loop:
                 log.info("decoder host seconds: waiting at the sync %s, ended rows %s, answers handed out %s, "
                          "requests taken and refills queued %s; %s steps queued ahead of that work a round",

@@ -263,6 +263,7 @@ class BatchDecoder:
         self.stop_set: set[int] = set()
         self.steps = self.refills = self.tokens = self.loop_stops = 0   # counters since the last `serve` started (`stats`)
         self.refill_tokens = self.refill_padded_tokens = self.resumed_tokens = 0
+        self.refill_forwards, self.capture_s = 0, 0.0   # refill forwards; host seconds of first-use refill captures
         # A free row whose cache a session's next turn can resume: session -> (row, tokens at its slots 0..)
         self.kept: dict[Hashable, tuple[int, list[int]]] = {}
         self.kept_by_row: dict[int, Hashable] = {}
@@ -356,6 +357,7 @@ class BatchDecoder:
         Queued without a sync (inputs built on the host, copied asynchronously), so it runs behind
         the decode steps queued before it."""
         self.refills += len(rows)
+        self.refill_forwards += 1
         self.refill_tokens += sum(len(r.ids) - c for r, c in zip(requests, cached))
         self.resumed_tokens += sum(cached)
         P = self._padded_length(max(len(r.ids) - c for r, c in zip(requests, cached)))
@@ -405,7 +407,9 @@ class BatchDecoder:
         for buffer, t in zip(buffers, inputs):
             buffer.copy_(t, non_blocking=True)
         if first_use:
+            start = time.perf_counter()
             step.capture(warmup=1, quiet=True)
+            self.capture_s += time.perf_counter() - start
         step()
 
     def _refill_rows(self, ids: torch.Tensor, n: torch.Tensor, budget: torch.Tensor, rows: torch.Tensor,
@@ -486,7 +490,8 @@ class BatchDecoder:
         self.set_stop_ids(stop_ids)
         self.live.zero_()
         self.steps = self.refills = self.tokens = self.refill_tokens = self.refill_padded_tokens = self.loop_stops = 0
-        self.resumed_tokens = 0
+        self.resumed_tokens = self.refill_forwards = 0
+        self.capture_s = 0.0
         self.kept.clear()
         self.kept_by_row.clear()
         self.clock.reset()
@@ -629,7 +634,8 @@ class BatchDecoder:
         return {"rows": self.B, "slots": self.L, "chunk": self.chunk, "steps": self.steps, "refills": self.refills,
                 "answer_tokens": self.tokens, "occupancy": round(made / max(self.steps * self.B, 1), 4),
                 "refill_tokens": self.refill_tokens, "refill_padded_tokens": self.refill_padded_tokens,
-                "resumed_tokens": self.resumed_tokens,
+                "resumed_tokens": self.resumed_tokens, "refill_forwards": self.refill_forwards,
+                "refill_graphs": len(self.refill_steps), "refill_capture_s": round(self.capture_s, 3),
                 "loop_stops": self.loop_stops,
                 **{f"host_{part}_s": round(seconds, 3) for part, seconds in getattr(self, "host", {}).items()},
                 "cover_steps": round(self.cover_total / self.cover_rounds, 2) if getattr(self, "cover_rounds", 0) else None,
