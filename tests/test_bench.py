@@ -90,6 +90,28 @@ def test_bench_refuses_a_draft_of_another_target(tmp_path, tiny_target_dir, prom
     assert code == 2 and "made for another target model config" in capsys.readouterr().err
 
 
+def test_a_second_bench_into_a_finished_folder_needs_overwrite(tmp_path, tiny_target_dir, prompts_file, capsys):
+    """Found 2026-12-04: bench rewrote a finished bench's --out without --overwrite (exit 0), where every
+    other stage refuses its finished folder. Refused now before anything loads; --overwrite replaces it."""
+    shape = ("--mode", "chain", "--k", "2", "--no-hf", "--limit", "1")
+    out, first = run_bench(tmp_path, tiny_target_dir, prompts_file, "oracle", *shape)
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+    capsys.readouterr()
+    missing = tmp_path / "no-such-target"            # refused before the target is even looked for
+    assert main(["bench", "--target", str(missing), "--draft", "oracle", "--prompts", str(prompts_file),
+                 "--max-new-tokens", "8", *shape, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"output folder {out} already exists" in err and "--overwrite" in err
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before          # untouched
+    (out / "stray.txt").write_text("not a bench file")
+    out, again = run_bench(tmp_path, tiny_target_dir, prompts_file, "oracle", *shape, "--overwrite")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["stage"] == "bench" and manifest["config"]["overwrite"] is True
+    assert "--overwrite" in again["summary"]["command"] and "--overwrite" not in first["summary"]["command"]
+    assert not (out / "stray.txt").exists()                                   # the folder was replaced, not added to
+    assert not list(tmp_path.glob(f".{out.name}.*"))                          # no temporary folder left beside it
+
+
 def test_bench_prompts_keep_a_line_separator_inside_a_string(tmp_path):
     """JSON allows U+2028 unescaped in a string; str.splitlines would cut the record there."""
     from eaglekit.bench.prompts import load_bench_prompts

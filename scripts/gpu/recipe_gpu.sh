@@ -44,7 +44,7 @@ bench_tree() {  # what the recipe's bench stage measures, for a draft trained ea
   t0=$(date +%s)
   python3 -m eaglekit bench --target "$EAGLEKIT_SMOLLM2_DIR" --draft "$draft" --prompts "$eval/mt_bench.jsonl" \
     --limit "${LIMIT:-40}" --max-new-tokens 256 $(bench_shape) \
-    --out "$W/bench-tree" 2>&1 | quiet | tail -30 >> "$LOG"
+    --out "$W/bench-tree" --overwrite 2>&1 | quiet | tail -30 >> "$LOG"
   stamp "bench tree (MT-bench) done after $(( $(date +%s) - t0 )) s"
 }
 
@@ -55,10 +55,10 @@ benches() {  # after the recipe, each of $BENCHES in turn (default: chain heldou
     case $b in
       chain)     # the draft on MT-bench as a chain of 5
         python3 -m eaglekit bench --target "$t" --draft "$draft" --prompts "$eval/mt_bench.jsonl" --limit "${LIMIT:-40}" \
-          --max-new-tokens 256 --no-hf --mode chain --k 5 --out "$W/bench-chain" 2>&1 | quiet | tail -30 >> "$LOG" ;;
+          --max-new-tokens 256 --no-hf --mode chain --k 5 --out "$W/bench-chain" --overwrite 2>&1 | quiet | tail -30 >> "$LOG" ;;
       sweep)     # the bench's own shape sweep (chains of 3 and 5, trees 4/4/16 and 6/8/32) on 8 MT-bench questions
         python3 -m eaglekit bench --target "$t" --draft "$draft" --prompts "$eval/mt_bench.jsonl" --limit 8 \
-          --max-new-tokens 256 --no-hf --sweep --out "$W/bench-sweep" 2>&1 | quiet | tail -30 >> "$LOG" ;;
+          --max-new-tokens 256 --no-hf --sweep --out "$W/bench-sweep" --overwrite 2>&1 | quiet | tail -30 >> "$LOG" ;;
       heldout)   # a tree on prompts the recipe never saw or tuned on
         python3 - "$eval" "$W/heldout.jsonl" <<'PY'
 import itertools, json, sys
@@ -68,7 +68,7 @@ lines = [l for name in ("humaneval.jsonl", "alpaca.jsonl") for l in itertools.is
 out.write_text("".join(lines))
 PY
         python3 -m eaglekit bench --target "$t" --draft "$draft" --prompts "$W/heldout.jsonl" \
-          --max-new-tokens 256 --no-hf $(bench_shape) --out "$W/bench-heldout" \
+          --max-new-tokens 256 --no-hf $(bench_shape) --out "$W/bench-heldout" --overwrite \
           2>&1 | quiet | tail -30 >> "$LOG" ;;
       generate)  # the engine's batch decoder beside HF generate at the same batch
         [[ -n $prompts ]] || { stamp "bench_generate skipped: no prompts folder"; continue; }

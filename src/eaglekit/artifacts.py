@@ -189,6 +189,15 @@ def has_content(folder: Path) -> bool:
     return folder.is_dir() and any(folder.iterdir())
 
 
+def refuse_existing(out: str | os.PathLike, *, overwrite: bool) -> None:
+    """Refuse an output folder that holds anything (a finished result) unless `overwrite`: what
+    `atomic_dir` checks, and what a stage whose work takes minutes (bench) checks before that work.
+    An empty folder (left by a killed writer) counts as absent."""
+    out = Path(out)
+    if has_content(out) and not overwrite:
+        raise EaglekitError(f"output folder {out} already exists", hint="pass --overwrite or another --out")
+
+
 @contextmanager
 def atomic_dir(out: str | os.PathLike, *, overwrite: bool = False, stage: str | None = None) -> Iterator[Path]:
     """Yield an empty temporary folder; move it to `out` only if the block succeeds.
@@ -197,13 +206,12 @@ def atomic_dir(out: str | os.PathLike, *, overwrite: bool = False, stage: str | 
     this one to the final rename; an empty `out` (left by a killed writer) counts as absent.
     """
     out = Path(out)
-    if has_content(out) and not overwrite and not being_written(out):
-        raise EaglekitError(f"output folder {out} already exists", hint="pass --overwrite or another --out")
+    if not being_written(out):   # a writer at work there: writer_lock's refusal names it
+        refuse_existing(out, overwrite=overwrite)
     created = not out.exists()
     with writer_lock(out, stage=stage):
         try:
-            if has_content(out) and not overwrite:
-                raise EaglekitError(f"output folder {out} already exists", hint="pass --overwrite or another --out")
+            refuse_existing(out, overwrite=overwrite)
             with _temporary_dir_beside(out) as tmp:
                 yield tmp
                 _move_into_place(tmp, out)

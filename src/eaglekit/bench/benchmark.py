@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from eaglekit.artifacts import BENCH_RESULTS, MANIFEST, atomic_path, refuse_other_stage, sha256_file, write_json, write_manifest, writer_lock
+from eaglekit.artifacts import BENCH_RESULTS, atomic_dir, atomic_path, refuse_existing, refuse_other_stage, sha256_file, write_json, write_manifest
 from eaglekit.bench.options import BenchOptions
 from eaglekit.bench.prompts import load_bench_prompts
 from eaglekit.bench.report import greedy_match_note, markdown, plot, summarize, turn_records, verdict
@@ -58,6 +58,15 @@ def cache_slots(cfg: BenchOptions, tokenizer, prompts, specs) -> int:
     return -(-(longest + headroom) // 128) * 128
 
 
+def check_out(cfg: BenchOptions) -> None:
+    """Refuse --out before minutes of benching: another stage's folder (--overwrite included), and a
+    finished bench's unless --overwrite (`write_outputs` checks again under the folder's lock)."""
+    out = Path(cfg.out)
+    if out.is_dir():
+        refuse_other_stage(out, "bench")
+    refuse_existing(out, overwrite=cfg.overwrite)
+
+
 def benchmark(cfg: BenchOptions, command: str = "") -> dict:
     """Run the benchmark and return the results (see module docstring for the files)."""
     from eaglekit.targets.load import load_target, resolve_device
@@ -66,8 +75,6 @@ def benchmark(cfg: BenchOptions, command: str = "") -> dict:
     if cfg.hf_prompts < 0:
         raise EaglekitError(f"--hf-prompts {cfg.hf_prompts}: a number of prompts is >= 0",
                             hint="0 runs HF generate on every prompt, --no-hf on none")
-    if cfg.out and Path(cfg.out).is_dir():   # before minutes of benching: --out may be another stage's folder
-        refuse_other_stage(Path(cfg.out), "bench")
     folder = None
     if cfg.draft not in ("oracle", "random"):  # a wrong path or an unfinished draft fails before the target loads
         folder = read_draft_folder(cfg.draft, allow_unfinished=cfg.allow_unfinished)
@@ -143,17 +150,16 @@ def runner_dtype(runner) -> torch.dtype:
 
 
 def write_outputs(result: dict, cfg: BenchOptions, out: str | Path) -> dict:
-    """Write results.json, report.md, acceptance.png and manifest.json (last) into `out`, holding its writer lock."""
-    with writer_lock(out, stage="bench"):
-        (Path(out) / MANIFEST).unlink(missing_ok=True)  # an earlier run's manifest must not vouch for these files
-        return _write_outputs(result, cfg, Path(out))
+    """Write results.json, report.md, acceptance.png and manifest.json (last) into a fresh folder that
+    replaces `out` (a finished one only with --overwrite), holding its writer lock."""
+    with atomic_dir(out, overwrite=cfg.overwrite, stage="bench") as tmp:
+        return _write_outputs(result, cfg, tmp)
 
 
 def _write_outputs(result: dict, cfg: BenchOptions, out: Path) -> dict:
     why_no_plot = plot(result, out / "acceptance.png")
     if why_no_plot:
         log.warning(why_no_plot)
-        (out / "acceptance.png").unlink(missing_ok=True)   # an earlier run's plot must not pass for this one's
     result["plot"] = None if why_no_plot else "acceptance.png"
     result["plot_note"] = why_no_plot
     write_json(out / BENCH_RESULTS, result)

@@ -32,6 +32,8 @@ class BenchOptions(EngineOptions):
                                            "results say so)", group="main")
     json: str | None = json_option("the results")
     out: str = option("runs/bench", "output folder (results.json, report.md, plot, manifest)", group="main")
+    overwrite: bool = option(False, "replace an existing output folder (a finished bench is refused otherwise)",
+                             group="main")
 
     def __post_init__(self):
         super().__post_init__()

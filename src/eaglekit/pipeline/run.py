@@ -300,7 +300,7 @@ def check_planned(stages: Sequence["PlannedStage"]) -> None:
 
 
 def overwrites(argv: list[str]) -> bool:
-    """Whether the stage's subcommand takes --overwrite (doctor and bench rewrite their folder anyway)."""
+    """Whether the stage's subcommand takes --overwrite (doctor rewrites its folder anyway)."""
     return "--overwrite" in subcommand_flags(tuple(argv[:2]))
 
 
@@ -657,7 +657,7 @@ def run_stages(pipe: Pipeline, recipe: dict, out: Path) -> None:
     bench = recipe.get("bench")
     if bench:
         pipe.stage("bench", ["bench", *t, "--draft", str(draft), *to_flags(bench), *dev,
-                             "--out", str(out / RUN_BENCH)])
+                             "--out", str(out / RUN_BENCH), "--overwrite"])
 
     if scaling is not None:
         run_scaling(pipe, scaling, recipe, out, t, dev, train_input)

@@ -140,7 +140,7 @@ def run_scaling(pipe, plan: ScalingPlan, recipe: dict, out: Path, t: list[str], 
                    processes=int(recipe.get("gpus") or 1))
         if bench:
             pipe.stage(f"scaling-{fraction:g}-bench", ["bench", *t, "--draft", str(draft), *to_flags(bench), *dev,
-                                                       "--out", str(folder / RUN_BENCH)])
+                                                       "--out", str(folder / RUN_BENCH), "--overwrite"])
     if pipe.plan is None:   # a plan-only pass (`--plan`, the run's look ahead) has no results to summarize
         write_summary(out, plan, steps, pipe.state)
 
