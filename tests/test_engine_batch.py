@@ -378,3 +378,28 @@ def test_the_steps_ahead_of_the_host_fill_the_devices_wait():
     assert next_cover(14, idle_ms=80.0, step_ms=4.0, base=4, chunk=16) == 15    # never the whole round
     assert next_cover(1, idle_ms=9.0, step_ms=4.0, base=1, chunk=1) == 1        # a round of one step
     assert next_cover(5, idle_ms=9.0, step_ms=0.0, base=4, chunk=16) == 5       # no step time yet
+
+
+def test_compiled_decode_step_compiles_one_layer_and_answers_as_eager():
+    """compile=True on the fast runner compiles each decoder layer (one graph they all share) and leaves
+    the rest of the step and the refills eager: Inductor's C++ kernels on CPU, the tokens eager's."""
+    from torch._dynamo.utils import counters
+
+    model = peaked_model("llama")
+    limits = [12, 3, 7, 5, 2]
+    runs = {}
+    for compile in (False, True):
+        torch._dynamo.reset()
+        counters.clear()
+        decoder = BatchDecoder(make_target_runner(model, max_len=64, batch_size=2, attention="sdpa"),
+                               sampling=Sampling(), graphs=False, compile=compile, chunk=3)
+        queue = iter([Request(p, n, key=i) for i, (p, n) in enumerate(zip(PROMPTS, limits))])
+        runs[compile] = {r.key: c.tokens for r, c in decoder.serve(lambda q=queue: next(q, None), [])}
+        graphs, ops = counters["stats"]["unique_graphs"], counters["stats"]["calls_captured"]
+    assert runs[True] == runs[False] and sorted(map(len, runs[True].values())) == sorted(limits)
+    assert graphs == 1                         # every layer's decode forward; refills (other shapes) stayed eager
+    torch._dynamo.reset()
+    counters.clear()
+    torch.compile(decoder._step, backend="eager")()                  # the whole step traced: both layers and the rest
+    assert ops < counters["stats"]["calls_captured"] / 2               # one layer's ops were compiled, not the step's
+    assert decoder.runner.layer_calls is None  # outside a step the layers run as they are
