@@ -4,6 +4,8 @@ For each attention variant, builds the stage's decoder (`engine.batch.batch_runn
 as `EngineGenerator` does), fills every row with a real prompt, then times with CUDA events:
     step     one replay of the captured decode step, all rows live (ms)
     refill   the eager prefill of `--refill` prompts into free rows (ms), and its kernel count
+    graphed  the graphed refill of those prompts, fresh and resumed (all but 32 tokens cached):
+             a bucket's first use (its capture) and a replay (ms), and the replay's top kernels
     round    one `serve` round's GPU work as the stage queues it: `chunk` steps + the refill of the
              rows that end in a round at the measured answer length (ms)
 and prints the tokens/s these imply beside the figures, with the top kernels of a refill and a step
@@ -72,6 +74,31 @@ def top_kernels(fn, n: int = 12) -> tuple[int, list[str]]:
     return count, [f"{e.device_time_total / 1e3:8.3f} ms  x{e.count:<5d} {e.key[:90]}" for e in events[:n]]
 
 
+def graphed_refills(runner, ids: list[list[int]], rows: int) -> dict:
+    """The stage's graphed refills (`--refill graphs`): for fresh prompts and for resumed ones (a turn
+    whose row caches its first tokens, as a conversation's next turn), the first use of a bucket (its
+    capture: a warm-up run, the capture, a sync) and a replay, in ms, with the replay's top kernels."""
+    dec = BatchDecoder(runner, sampling=Sampling(), graphs=True, compile=False, refill="graphs")
+    dec.set_stop_ids([-5])
+    prompts = [i for i in ids if len(i) >= 96][:rows]
+    shapes = {"fresh": [0] * len(prompts),                            # the whole prompt prefilled
+              "resumed": [len(i) - 32 for i in prompts]}              # all but its last 32 tokens cached
+    out = {}
+    for name, cached in shapes.items():
+        requests = [Request(i, 512) for i in prompts]
+        refill = lambda: dec._prefill(list(range(len(prompts))), requests, cached)   # noqa: E731, B023
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        refill()                                                     # the bucket's first use: captured
+        torch.cuda.synchronize()
+        first_ms = 1000 * (time.perf_counter() - start)
+        count, top = top_kernels(refill)
+        out[name] = {"prompts": len(prompts), "new_tokens": sum(len(i) - c for i, c in zip(prompts, cached)),
+                     "graphs": sorted(map(list, dec.refill_steps)), "first_use_ms": round(first_ms, 1),
+                     "replay_ms": round(timed(refill, 10), 3), "kernels": count, "top": top}
+    return out
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     target = load_target(args.target, device="cuda", dtype="auto")
@@ -99,6 +126,7 @@ def main(argv=None) -> int:
         refill = lambda: dec.refill(rows, [Request(i, 512) for i in spare])   # noqa: E731, B023 (timed at once)
         refill_ms = timed(refill, 5)
         refill_kernels, refill_top = top_kernels(refill)
+        graphed = graphed_refills(runner, ids, args.refill)
         per_round = B * args.chunk / args.answer_tokens             # rows that end (and are refilled) per round
         round_ms = args.chunk * step_ms + per_round / args.refill * refill_ms
         v = {"built_s": round(built, 1), "step_ms": round(step_ms, 3), "step_kernels": step_kernels,
@@ -106,11 +134,14 @@ def main(argv=None) -> int:
              "refill_prompt_tokens": sum(map(len, spare)), "round_ms": round(round_ms, 2),
              "tokens_per_s_steps_only": round(B / step_ms * 1e3),
              "tokens_per_s_round": round(B * args.chunk / round_ms * 1e3),
-             "step_top": step_top, "refill_top": refill_top}
+             "step_top": step_top, "refill_top": refill_top, "graphed": graphed}
         result["variants"][attention] = v
         print(json.dumps({k: x for k, x in v.items() if not k.endswith("_top")}), flush=True)
         print("  step top kernels:\n    " + "\n    ".join(step_top), flush=True)
         print("  refill top kernels:\n    " + "\n    ".join(refill_top), flush=True)
+        for name, g in graphed.items():
+            print(f"  graphed refill, {name}: " + json.dumps({k: x for k, x in g.items() if k != "top"}), flush=True)
+            print("    " + "\n    ".join(g["top"]), flush=True)
         dec = runner = refill = None   # free the cache before the next variant
         torch._dynamo.reset()
         torch.cuda.empty_cache()
