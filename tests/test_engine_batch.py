@@ -403,3 +403,32 @@ def test_compiled_decode_step_compiles_one_layer_and_answers_as_eager():
     torch.compile(decoder._step, backend="eager")()                  # the whole step traced: both layers and the rest
     assert ops < counters["stats"]["calls_captured"] / 2               # one layer's ops were compiled, not the step's
     assert decoder.runner.layer_calls is None  # outside a step the layers run as they are
+
+
+def test_compiled_refills_answer_as_eager_ones_in_two_graphs():
+    """refill="compiled": each layer under torch.compile with dynamic shapes. Fresh and resumed refills of
+    any rows and lengths run two graphs (sizes 0 and 1 padded away), and every answer equals
+    the eager refill's (fp32, Inductor's C++ kernels on CPU)."""
+    from torch._dynamo.utils import counters
+
+    model = peaked_model("llama")
+    first = [p * (18 // len(p) + 1) for p in PROMPTS]                # 18+ tokens: a next turn resumes (RESUME_MIN)
+    runs, graphs = {}, None
+    for refill in ("eager", "compiled"):
+        torch._dynamo.reset()
+        counters.clear()
+        decoder = BatchDecoder(make_target_runner(model, max_len=96, batch_size=3, attention="sdpa"),
+                               sampling=Sampling(), graphs=False, compile=False, chunk=2, refill=refill)
+        queue = [Request(p, 3 + i, key=("first", i), session=i) for i, p in enumerate(first)]
+        got = {}
+        for request, completion in decoder.serve(lambda q=queue: q.pop(0) if q else None, []):
+            got[request.key] = completion.tokens
+            kind, i = request.key
+            if kind == "first":      # the next turn: its row's cache holds the prompt and answer (resumed)
+                queue.append(Request(first[i] + completion.tokens + [42] * (i % 2 + 1), 4, key=("next", i), session=i,
+                                     session_ends=True))
+        runs[refill] = got
+        if refill == "compiled":
+            graphs, resumed = counters["stats"]["unique_graphs"], decoder.resumed_tokens
+    assert runs["compiled"] == runs["eager"] and len(runs["eager"]) == 2 * len(first)
+    assert resumed > 0 and graphs == 2              # prompts alone, and prompts reading their rows' cached slots

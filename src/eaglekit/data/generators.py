@@ -127,7 +127,7 @@ class EngineGenerator(Streaming):
         chunk: decode steps between host checks.
         max_len: cache slots per row of the first decoder (default: what the first request needs,
             rounded up to `SLOTS`, at least `MIN_SLOTS` with flex attention, at most the target's context).
-        refill: "eager" or "graphs" prefills of the rows that free up (`engine.batch.BatchDecoder`).
+        refill: "eager", "graphs" or "compiled" prefills of the rows that free up (`engine.batch.BatchDecoder`).
         stop_loops: end an answer once its last N tokens repeat a block (`engine.batch.BatchDecoder`); 0: off.
     """
 

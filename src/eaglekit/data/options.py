@@ -16,7 +16,7 @@ from eaglekit.targets.options import target_option
 BACKENDS = ("local", "engine", "hf", "openai", "vllm")
 LOCAL_BACKENDS = ("local", "engine", "hf")
 ATTENTIONS = ("auto", "flex", "sdpa", "matmul")
-REFILLS = ("eager", "graphs")
+REFILLS = ("eager", "graphs", "compiled")
 GROUPS = {"main": None, "local": "local generation", "vllm": "vllm backend", "openai": "openai backend"}
 WORKER_SKIPS = ("out", "overwrite", "device")     # the parent's own: each worker gets its own
 WORKER_SKIP_GROUPS = ("vllm", "openai")           # --devices refuses these backends
@@ -57,7 +57,9 @@ class GenerateOptions:
                                   "(launch-bound on a GPU), or graphs: one CUDA graph per bucket of rows x prompt "
                                   "length, captured on first use (fast runner on CUDA only; on an H200 it served "
                                   "1.2x eager's rate, docs/results/2026-12-01-h200-late, and the smollm2-h200 "
-                                  "recipe uses it)", group="local", choices=REFILLS)
+                                  "recipe uses it), or compiled: each layer under torch.compile with dynamic "
+                                  "shapes, one graph for every refill, nothing padded to a bucket or captured "
+                                  "per shape (fast runner; not yet timed on a GPU)", group="local", choices=REFILLS)
     refill_padding: float = option(0.0, "at most this many padded tokens per prompt token in one refill forward "
                                         "(split by length where more): a long prompt stops padding short ones "
                                         "to its length; 0 = the default: 2 for an eager CPU refill, no cap "

@@ -53,7 +53,7 @@ from eaglekit.targets.load import Target
 log = logging.getLogger(__name__)
 MAX_STOP_IDS = 8          # stop ids the device compares against (padded with -1)
 PREFILL_TOKENS = 16384    # prompt tokens (padding included) per refill forward
-REFILL_KINDS = ("eager", "graphs")
+REFILL_KINDS = ("eager", "graphs", "compiled")
 REFILL_MIN = 64           # graphed refills pad prompts to a `bucket` at least this long
 LOOP_PERIOD = 64          # --stop-loops: the longest repeated block looked for (= data.quality.MAX_PERIOD; the
                           # engine is a layer below data and may not import it)
@@ -227,7 +227,9 @@ class BatchDecoder:
         graphs, compile: capture the decode step in a CUDA graph / torch.compile it.
         chunk: decode steps between host checks.
         prefill_tokens: prompt tokens per refill forward (more refills are split into several).
-        refill: "eager" forwards or "graphs" (one CUDA graph per bucket of rows x prompt length).
+        refill: "eager" forwards, "graphs" (one CUDA graph per bucket of rows x prompt length) or
+            "compiled" (each layer under torch.compile with dynamic shapes: one graph for every refill,
+            launched eagerly, so no bucket pads its rows or prompts and nothing is captured per shape).
         refill_padding: at most this many padded tokens per prompt token in one refill forward; 0:
             the default, 2 for an eager CPU refill (compute-bound), no cap elsewhere.
         stop_loops: W > 0 ends a row (finish_reason "loop") once its answer's last W tokens repeat a
@@ -241,8 +243,8 @@ class BatchDecoder:
         self.runner, self.sampling, self.chunk, self.prefill_tokens = runner, sampling, chunk, prefill_tokens
         if refill not in REFILL_KINDS:
             raise EaglekitError(f"unknown refill kind {refill!r}", hint=f"use one of {REFILL_KINDS}")
-        if refill == "graphs" and getattr(runner, "kind", None) != "fast":
-            raise EaglekitError("graphed refills need the fast runner (the generic one runs the HF model's own "
+        if refill != "eager" and getattr(runner, "kind", None) != "fast":
+            raise EaglekitError(f"{refill} refills need the fast runner (the generic one runs the HF model's own "
                                 "code, which may sync with the host)", hint="use --refill eager")
         B, L = runner.batch_size, runner.max_len
         self.B, self.L = B, L
@@ -276,7 +278,7 @@ class BatchDecoder:
         # A CPU forward costs its tokens, padding included; a CUDA one is launch-bound (eager) or a
         # replay (graphed): there fewer forwards win, here less padding does (resumed turns of a
         # round padded 3.3x, docs/results/2026-12-01-cpu-resume).
-        compute_bound = self.device.type == "cpu" and refill == "eager"
+        compute_bound = self.device.type == "cpu" and refill != "graphs"
         check_refill_padding(refill_padding)
         self.max_padding = refill_padding or (2.0 if compute_bound else 0.0)
         # An eager refill is launch-bound: ~1400 kernels queued from Python, ~49 ms a round on an H200
@@ -284,6 +286,10 @@ class BatchDecoder:
         # refills replay one CUDA graph per (rows, prompt length) bucket, captured on first use.
         self.refill_steps: dict[tuple[int, int, int], tuple[Step, tuple[torch.Tensor, ...]]] = {}
         self.refill_pool = torch.cuda.graph_pool_handle() if graphs and refill == "graphs" else None
+        # Compiled refills: sizes 0 and 1 would each compile again (dynamo specializes them), so a
+        # refill has at least 2 rows and 2 tokens (`_padded_rows`, `_padded_length`): two graphs in all,
+        # with and without cached slots read.
+        self.refill_layers = runner.compiled_layers(compile_mode, dynamic=True) if refill == "compiled" else None
         check_stop_loops(stop_loops, L)
         self.stop_loops = stop_loops
         self.loop_check = Step(self._loop_check, use_graph=graphs, name="loop check") if stop_loops else None
@@ -296,7 +302,12 @@ class BatchDecoder:
         small kernels, eager inside the CUDA graph; the whole step compiled took 35-46 s on an H200), the
         generic runner's whole step compiled, or eager."""
         if compile and getattr(self.runner, "kind", None) == "fast":
-            return self.runner.with_compiled_layers(self._step, mode)
+            layers = self.runner.compiled_layers(mode)
+
+            def step() -> None:
+                with self.runner.using(layers):
+                    self._step()
+            return step
         return compiled(self._step, compile, mode)
 
     def _step(self) -> None:
@@ -370,7 +381,7 @@ class BatchDecoder:
         self.resumed_tokens += sum(cached)
         P = self._padded_length(max(len(r.ids) - c for r, c in zip(requests, cached)))
         span = self._span_read(max(len(r.ids) for r in requests)) if any(cached) else 0
-        extra = self._padded_rows(len(rows)) - len(rows)     # graphed: the last request again (same values, same places)
+        extra = self._padded_rows(len(rows)) - len(rows)     # graphed, compiled: the last request again (same values, same places)
         rows, requests, cached = rows + rows[-1:] * extra, requests + requests[-1:] * extra, cached + cached[-1:] * extra
         self.refill_padded_tokens += len(rows) * P
         ids = self._upload([[0] * (P - len(r.ids) + c) + r.ids[c:] for r, c in zip(requests, cached)])   # [R, P]
@@ -378,24 +389,28 @@ class BatchDecoder:
         inputs = (ids, *(self._upload(x) for x in lists))
         if self.refill_kind == "graphs":
             self._refill_graphed(inputs, span)
+        elif self.refill_kind == "compiled":
+            with self.runner.using(self.refill_layers):
+                self._refill_rows(*inputs, span=span)
         else:
             self._refill_rows(*inputs, span=span)
 
     def _padded_length(self, longest: int) -> int:
         """Graphed refills pad prompts to a bucket (`bucket`, at least REFILL_MIN, at most the row's
-        slots): few buckets, each a graph; eager ones to the longest."""
-        if self.refill_kind == "eager":
-            return longest
-        return min(bucket(max(longest, REFILL_MIN)), self.L)
+        slots): few buckets, each a graph; eager ones to the longest; compiled ones to the longest, at
+        least 2 (see `refill_layers`)."""
+        if self.refill_kind == "graphs":
+            return min(bucket(max(longest, REFILL_MIN)), self.L)
+        return max(longest, 2) if self.refill_kind == "compiled" else longest
 
     def _padded_rows(self, rows: int) -> int:
-        return rows if self.refill_kind == "eager" else bucket(rows)
+        return bucket(rows) if self.refill_kind == "graphs" else max(rows, 2) if self.refill_kind == "compiled" else rows
 
     def _span_read(self, longest: int) -> int:
         """The cached slots a resuming refill reads: its longest prompt's; graphed, a power of two. It is
         a third bucket dimension, and each new (rows, length, span) costs a capture: the finer row and
         length buckets alone added ~2.2 s of refill time to a 2,000-prompt run (2026-12-01-h200-late)."""
-        if self.refill_kind == "eager":
+        if self.refill_kind != "graphs":
             return longest
         return min(max(REFILL_MIN, 1 << (longest - 1).bit_length()), self.L)
 

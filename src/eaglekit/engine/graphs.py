@@ -23,8 +23,9 @@ log = logging.getLogger(__name__)
 COMPILE_MODE = "default"  # the graphs are ours; Inductor fuses (max-autotune took minutes per step on H200)
 
 
-def compiled(fn: Callable, enabled: bool, mode: str = COMPILE_MODE) -> Callable:
-    """torch.compile(fn) when enabled (static shapes: every step has fixed shapes)."""
+def compiled(fn: Callable, enabled: bool, mode: str = COMPILE_MODE, dynamic: bool = False) -> Callable:
+    """torch.compile(fn) when enabled: static shapes (every step has fixed shapes), or `dynamic`
+    (one graph for every size but 0 and 1, which dynamo always specializes)."""
     if not enabled:
         return fn
     import torch._dynamo
@@ -33,7 +34,7 @@ def compiled(fn: Callable, enabled: bool, mode: str = COMPILE_MODE) -> Callable:
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     torch._dynamo.config.accumulated_recompile_limit = max(
         torch._dynamo.config.accumulated_recompile_limit, 512)
-    return torch.compile(fn, mode=mode, dynamic=False)
+    return torch.compile(fn, mode=mode, dynamic=dynamic)
 
 
 class Step:

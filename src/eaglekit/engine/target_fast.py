@@ -12,6 +12,7 @@ A aux width (len(aux_layer_ids) * H).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
@@ -284,7 +285,8 @@ class FastTarget(nn.Module):
         self.attention_rows = small_rows if attention_rows is None else attention_rows
         self.layers = nn.ModuleList(FastLayer(layer, cfg, cache, attention, matvec, small_rows, self.attention_rows)
                                     for layer, cache in zip(layers, caches))
-        self.layer_calls: list | None = None        # set inside `with_compiled_layers`: the layers' compiled forms
+        self.layer_calls: list | None = None        # inside `using`: the layers' compiled forms
+        self.compiled_forms: dict[tuple[str, bool], list] = {}
         decoder = model.get_decoder()
         self.embed = model.get_input_embeddings().weight
         self.norm = decoder.norm.weight
@@ -320,22 +322,25 @@ class FastTarget(nn.Module):
         logits = linear(rms_norm(x, self.norm, self.eps), self.lm_head, self.lm_bias)
         return logits, aux
 
-    def with_compiled_layers(self, fn, mode: str):
-        """fn (a step that calls this runner) run with each decoder layer under torch.compile and the
-        rest of the step eager: "regional" compilation. Every layer runs one compiled graph (dynamo takes
-        a layer's weights and cache as inputs), so Inductor lowers one layer where compiling the whole
-        step lowers them all: SmolLM2's 512-row decode step compiled in 35-46 s on an H200 (2026-12-04),
-        17.3 s against 43.8 s on a CPU (docs/results/2026-12-04-cpu-regional-compile). Inside a CUDA graph the
-        eager rest costs no launches. Forwards outside fn (a refill's) stay eager: their shapes vary."""
-        calls = [compiled(layer, True, mode) for layer in self.layers]
+    def compiled_layers(self, mode: str, dynamic: bool = False) -> list:
+        """The decoder layers under torch.compile ("regional" compilation), made once per (mode, dynamic).
+        Every layer runs one compiled graph (dynamo takes a layer's weights and cache as inputs), so
+        Inductor lowers one layer where compiling a whole step lowers them all: SmolLM2's 512-row decode
+        step, compiled whole, took 35-46 s on an H200 (2026-12-04); on a CPU 43.0 s whole against 13.1 s
+        by layer (docs/results/2026-12-04-cpu-regional-compile). `dynamic`: one graph for forwards of
+        any rows and tokens (a refill's), static: one per shape (a decode step's). Run them with `using`."""
+        if (mode, dynamic) not in self.compiled_forms:
+            self.compiled_forms[mode, dynamic] = [compiled(layer, True, mode, dynamic) for layer in self.layers]
+        return self.compiled_forms[mode, dynamic]
 
-        def run() -> None:
-            self.layer_calls = calls
-            try:
-                fn()
-            finally:
-                self.layer_calls = None
-        return run
+    @contextlib.contextmanager
+    def using(self, calls: list):
+        """Forwards inside run these layer calls (`compiled_layers`); outside, the layers as they are."""
+        self.layer_calls = calls
+        try:
+            yield
+        finally:
+            self.layer_calls = None
 
     def move_kv(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         move_slots(self.kv_store, src, dst)                                 # every layer, k and v at once
