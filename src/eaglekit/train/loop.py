@@ -238,13 +238,17 @@ class Trainer:
     def restore(self) -> None:
         folder = latest_state(self.out)
         state, draft_t, opt_t, rng_t = load_state(folder)
-        if state["config"] != self.cfg.resume_key():
-            diff = sorted(k for k in set(state["config"]) | set(self.cfg.resume_key())
-                          if state["config"].get(k) != self.cfg.resume_key().get(k))
+        # The target and the input folders are compared by what they hold (run_identity's fingerprints),
+        # not where they lie: a run folder copied or moved resumes. States from before 2026-12-04 hold
+        # no fingerprints: their paths are compared.
+        placed = ("target", "features", "data", "val_data") if "run" in state else ()
+        key, was_key = ({k: v for k, v in d.items() if k not in placed} for d in (self.cfg.resume_key(), state["config"]))
+        if was_key != key:
+            diff = sorted(k for k in set(was_key) | set(key) if was_key.get(k) != key.get(k))
             raise EaglekitError(f"--resume with other settings than the run in {self.out}: {diff}",
                                 hint="resume with exactly the original arguments")
-        now = json.loads(json.dumps(self.run_identity()))        # as the state file holds it
-        was = state.get("run", now)                              # states from before 2026-12-04 hold none
+        now = unplaced(json.loads(json.dumps(self.run_identity())))   # as the state file holds it
+        was = unplaced(state.get("run", now))                          # states from before 2026-12-04 hold none
         if was != now:
             diff = [k for k in now if was.get(k) != now.get(k)]
             raise EaglekitError(f"--resume on other data than the run in {self.out} stopped on: its {', '.join(diff)} "
@@ -513,6 +517,13 @@ class Trainer:
             log.info("time budget: %.3f s/step -> %d steps (was %d)", per_step, fit, self.total_steps)
             self.total_steps = max(fit, self.step + 1)
             tracker.set_total(self.total_steps)
+
+
+def unplaced(identity: dict) -> dict:
+    """A run's identity without where its input folders lie (their fingerprints' `path`)."""
+    inputs = {k: {f: v for f, v in fp.items() if f != "path"} if isinstance(fp, dict) else fp
+              for k, fp in (identity.get("inputs") or {}).items()}
+    return {**identity, "inputs": inputs}
 
 
 # Refit the time budget this many steps in, then every BUDGET_REFIT_EVERY: the pace keeps settling. At
