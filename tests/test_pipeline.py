@@ -410,3 +410,85 @@ def test_a_doctor_reading_an_export_no_stage_writes_is_refused_before_the_run(ti
         assert main(["run", "--recipe", recipe, "--out", str(out), *argv, "export.formats=[sglang]"]) == 2
         assert "the doctor reads the vllm export" in capsys.readouterr().err
     assert not (out / "prompts").exists()
+
+
+def test_a_run_folder_moved_elsewhere_goes_on_where_it_was(tiny_target_dir, tmp_path, caplog):
+    """A finished run folder moved (`mv runs/tiny /data/tiny`) ran every stage again: pipeline.json's
+    commands named the old folder, so none matched the plan. Paths inside the run folder now read as
+    in the folder it is in; the user's files outside it are still compared as given."""
+    from eaglekit.pipeline.run import Pipeline, finished, planned
+
+    caplog.set_level(logging.INFO)
+    recipe, out = tiny_recipe(tmp_path, tiny_target_dir), tmp_path / "run"
+    main(["run", "--recipe", recipe, "--out", str(out)])
+    before = json.loads((out / "pipeline.json").read_text())["stages"]
+    moved = tmp_path / "elsewhere" / "moved-run"
+    moved.parent.mkdir()
+    shutil.move(out, moved)
+    stages = planned(load_recipe(recipe), moved)
+    state = Pipeline(load_recipe(recipe), moved).state       # what `eaglekit run` judges the stages on
+    assert [s.name for s in stages] == list(before)
+    assert all(finished(state, s.name, s.argv, moved) for s in stages)
+    caplog.clear()
+    main(["run", "--recipe", recipe, "--out", str(moved)])
+    after = json.loads((moved / "pipeline.json").read_text())
+    assert caplog.text.count("done earlier, skipped") == len(before), caplog.text
+    assert {k: v["ran"] for k, v in after["stages"].items()} == {k: v["ran"] for k, v in before.items()}
+    assert after["run_dir"] == str(moved) and str(out) not in json.dumps(after["stages"])
+    # Another prompts file outside the folder: the prompts are built again, and every stage after them.
+    other = tmp_path / "other-prompts.jsonl"
+    other.write_text((tmp_path / "prompts.jsonl").read_text().replace("Name three colours.", "Name four colours."))
+    caplog.clear()
+    main(["run", "--recipe", recipe, "--out", str(moved), f"prompts.source=[{other}]"])
+    again = json.loads((moved / "pipeline.json").read_text())["stages"]
+    assert "[target] done earlier, skipped" in caplog.text and caplog.text.count("done earlier, skipped") == 1
+    assert f"[prompts] {other} changed since this stage ran" in caplog.text
+    assert all(again[k]["ran"] > before[k]["ran"] for k in before if k != "target"), again
+
+
+def test_an_interrupted_training_resumes_in_a_copied_run_folder(tiny_target_dir, tmp_path, caplog, monkeypatch):
+    """Ctrl-C in training, the run folder copied (`cp -r`), the same command on the copy: the stages
+    before train are skipped and train resumes from its saved state (it was planned again from the
+    start, and `train --resume` refused the new folder's --target and --features paths)."""
+    from eaglekit.train.loop import Trainer
+
+    caplog.set_level(logging.INFO)
+    recipe, out = tiny_recipe(tmp_path, tiny_target_dir), tmp_path / "run"
+    flags = ["--stop-before", "export-sglang", "train.epochs=3", "train.save-every=2"]
+    save = Trainer.save_trainer_state
+
+    def save_then_stop(self):
+        save(self)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "save_trainer_state", save_then_stop)
+    assert main(["run", "--recipe", recipe, "--out", str(out), *flags]) == 2
+    monkeypatch.undo()
+    assert json.loads((out / "pipeline.json").read_text())["stages"]["train"]["status"] == "failed"
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    caplog.clear()
+    assert main(["run", "--recipe", recipe, "--out", str(copy), *flags]) == 0
+    assert caplog.text.count("done earlier, skipped") == 4, caplog.text    # target, prompts, generate, features
+    assert f"--out {copy / 'draft'} --resume" in caplog.text
+    resumed = re.search(r"resumed \S+ at step 2 of (\d+)", caplog.text)
+    assert resumed and int(resumed[1]) > 2, caplog.text
+    state = json.loads((copy / "pipeline.json").read_text())["stages"]
+    assert state["train"]["status"] == "done" and state["train"]["resumed"]
+
+
+def test_moved_here_rewrites_only_paths_inside_the_old_run_folder():
+    from eaglekit.pipeline.run import moved_here
+
+    argv = ["generate", "--prompts", "runs/a/prompts", "--target", "/models/t", "--extra", "runs/a-notes.jsonl",
+            "--out", "runs/a/conversations"]
+    recorded = {"run_dir": "runs/a", "stages": {"generate": {"argv": argv}}}
+    assert moved_here(json.loads(json.dumps(recorded)), Path("/data/b"))["stages"]["generate"]["argv"] == \
+        ["generate", "--prompts", "/data/b/prompts", "--target", "/models/t", "--extra", "runs/a-notes.jsonl",
+         "--out", "/data/b/conversations"]
+    legacy = {"stages": {"target": {"argv": ["target", "prepare", "--out", "runs/a/target"]},
+                         "export-vllm": {"argv": ["export", "runs/a/draft", "--out", "runs/a/export/vllm"]}}}
+    state = moved_here(legacy, Path("/data/b"))                   # recorded before run_dir: found from the outputs
+    assert state["run_dir"] == "/data/b"
+    assert state["stages"]["export-vllm"]["argv"] == ["export", "/data/b/draft", "--out", "/data/b/export/vllm"]
+    assert state["stages"]["target"]["argv"][-1] == "/data/b/target"

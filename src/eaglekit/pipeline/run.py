@@ -16,19 +16,21 @@
       report.html    `eaglekit report`: the page a person looks at, rewritten at the end of every run
 
 Each stage runs through its own subcommand (the same code path as running it alone). A stage
-recorded as finished with the same command is skipped, unless what it read changed since: a stage
-whose output folder its command names finished again, or a file of the user's it names (prompts,
-an HF target folder's files) has another size or mtime. It then runs again with --overwrite, as
-does a finished stage whose command changed (an edited recipe), with a warning naming the flags. A
-stage that was interrupted is run again with its own resume (generate resumes by itself, train
-gets --resume). `gpus: N` answers the
-prompts with one worker per GPU and trains with torchrun on N GPUs of this host (DDP).
+recorded as finished with the same command is skipped (its paths inside the run folder read as in
+the folder it is in now: a run folder moved or copied goes on where it was), unless what it read
+changed since: a stage whose output folder its command names finished again, or a file of the
+user's it names (prompts, an HF target folder's files) has another size or mtime. It then runs
+again with --overwrite, as does a finished stage whose command changed (an edited recipe), with a
+warning naming the flags. A stage that was interrupted is run again with its own resume (generate
+resumes by itself, train gets --resume). `gpus: N` answers the prompts with one worker per GPU and
+trains with torchrun on N GPUs of this host (DDP).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
 import shlex
 import subprocess
 import sys
@@ -86,8 +88,8 @@ class Pipeline:
         self.plan_is_whole = True                # False: the plan stopped at a stage that needs an earlier output
         self.ahead: list[tuple[str, StageTime | None]] = []   # the stages after the running one, each's known time
         self.state_path = out / STATE
-        self.state = read_json(self.state_path, "pipeline state") \
-            if self.state_path.is_file() and plan is None else {"stages": {}}
+        self.state = moved_here(read_json(self.state_path, "pipeline state")
+                                if self.state_path.is_file() and plan is None else {"stages": {}}, out)
         self.started = time.time()
 
     @property
@@ -201,6 +203,34 @@ class Pipeline:
             return False
         return not self.stop_before or (self.stop_before != "scaling"
                                         and self.stop_before not in {s.name for s in self.whole_plan})
+
+
+def moved_here(state: dict, out: Path) -> dict:
+    """The state with its stages' commands as they read in `out`: a run folder copied or moved (or
+    named otherwise, relative or absolute) held its old path in every command, so each finished
+    stage ran again and an interrupted train was not resumed. Paths inside the folder where it was
+    recorded (`run_dir`) are rewritten to `out`; every other path (the user's prompts, a target
+    elsewhere) stays as given and is compared as it is."""
+    was, now = state.get("run_dir") or recorded_run_dir(state), str(out)
+    if was and was != now:
+        log.info("%s was recorded in %s: its stages' paths there are read as in %s", STATE, was, now)
+        for rec in state["stages"].values():
+            rec["argv"] = [now + arg[len(was):] if arg == was or arg.startswith(was + "/") else arg
+                           for arg in rec["argv"]]
+    state["run_dir"] = now
+    return state
+
+
+def recorded_run_dir(state: dict) -> str | None:
+    """Where a state recorded before `run_dir` was (each stage writes a folder of the run folder,
+    or one inside such a folder: export/vllm): the common folder of their outputs' parents."""
+    parents = [os.path.dirname(out) for rec in state["stages"].values() if (out := stage_output(rec["argv"]))]
+    if not parents:
+        return None
+    try:
+        return os.path.commonpath(parents) or None
+    except ValueError:   # absolute and relative mixed: none
+        return None
 
 
 def finished(state: dict, name: str, argv: list[str], run_dir: Path) -> bool:
