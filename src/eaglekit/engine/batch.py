@@ -41,7 +41,7 @@ from typing import Callable, Hashable, Iterator
 import torch
 
 from eaglekit.engine.flex import BLOCK
-from eaglekit.engine.graphs import COMPILE_MODE, Step, compiled
+from eaglekit.engine.graphs import COMPILE_MODE, Step, check_inductor, compiled
 from eaglekit.engine.kv import Refill
 from eaglekit.engine.runner import make_target_runner
 from eaglekit.engine.sampling import Sampling, next_token
@@ -246,6 +246,8 @@ class BatchDecoder:
         if refill != "eager" and getattr(runner, "kind", None) != "fast":
             raise EaglekitError(f"{refill} refills need the fast runner (the generic one runs the HF model's own "
                                 "code, which may sync with the host)", hint="use --refill eager")
+        if refill == "compiled":
+            check_inductor(next(runner.parameters()).device, "--refill compiled")
         B, L = runner.batch_size, runner.max_len
         self.B, self.L = B, L
         self.device = next(runner.parameters()).device

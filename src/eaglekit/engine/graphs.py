@@ -12,6 +12,8 @@ steps at construction on dummy inputs, and every generation starts by setting al
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import time
 from typing import Callable
 
@@ -35,6 +37,22 @@ def compiled(fn: Callable, enabled: bool, mode: str = COMPILE_MODE, dynamic: boo
     torch._dynamo.config.accumulated_recompile_limit = max(
         torch._dynamo.config.accumulated_recompile_limit, 512)
     return torch.compile(fn, mode=mode, dynamic=dynamic)
+
+
+def check_inductor(device: torch.device, what: str) -> None:
+    """Refuse `what` (a flag that compiles with inductor) where inductor cannot build kernels."""
+    if device.type == "cuda":
+        from torch.utils._triton import has_triton
+
+        if not has_triton():
+            raise EaglekitError(f"{what} on GPU needs triton, which this environment lacks",
+                                hint=f"install triton (it ships with the CUDA wheels of torch), or drop {what}")
+    elif device.type == "cpu":
+        if not any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "g++", "clang++")):
+            raise EaglekitError(f"{what} on CPU needs a C++ compiler (inductor builds its kernels with it)",
+                                hint=f"install g++, or drop {what}")
+    else:
+        raise EaglekitError(f"{what} is not supported on {device.type}", hint=f"drop {what}")
 
 
 class Step:

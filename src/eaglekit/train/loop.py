@@ -14,7 +14,6 @@ import functools
 import json
 import logging
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from torch import nn
 
 from eaglekit.artifacts import AUX_CONVENTION, clear_folder, write_manifest, writer_lock
 from eaglekit.draft.checkpoint import save_draft
+from eaglekit.engine.graphs import check_inductor
 from eaglekit.errors import EaglekitError
 from eaglekit.features.batch import Batch
 from eaglekit.features.teacher import Teacher
@@ -98,22 +98,6 @@ def check_compile_supported(device: torch.device, world_size: int) -> None:
         raise EaglekitError("--compile is not verified with DDP (several processes)",
                             hint="train in one process, or drop --compile")
     check_inductor(device, "--compile")
-
-
-def check_inductor(device: torch.device, what: str) -> None:
-    """Refuse `what` (a flag that compiles with inductor) where inductor cannot build kernels."""
-    if device.type == "cuda":
-        from torch.utils._triton import has_triton
-
-        if not has_triton():
-            raise EaglekitError(f"{what} on GPU needs triton, which this environment lacks",
-                                hint=f"install triton (it ships with the CUDA wheels of torch), or drop {what}")
-    elif device.type == "cpu":
-        if not any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "g++", "clang++")):
-            raise EaglekitError(f"{what} on CPU needs a C++ compiler (inductor builds its kernels with it)",
-                                hint=f"install g++, or drop {what}")
-    else:
-        raise EaglekitError(f"{what} is not supported on {device.type}", hint=f"drop {what}")
 
 
 def compiled_unrolled_loss(backend: str = "inductor"):
