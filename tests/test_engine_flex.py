@@ -84,3 +84,27 @@ def test_decode_step_traces_whole_with_flex(monkeypatch):
     queue = iter([Request(p, n, key=i) for i, (p, n) in enumerate(zip(PROMPTS, limits))])
     assert {r.key: c.tokens for r, c in traced.serve(lambda: next(queue, None), [])} == ref
     assert built == {"rows": 2}                                # the traced step took the flex path
+
+
+def test_compiled_batch_decoder_with_flex_builds_the_block_mask_once_a_step(monkeypatch):
+    """compile=True compiles each layer (Inductor's CPU flex kernel here): the block mask is built once
+    a step, outside the layers, and passed to each; the tokens are eager's, from one graph."""
+    from torch._dynamo.utils import counters
+
+    import eaglekit.engine.flex as flex
+    from eaglekit.engine.batch import Request
+
+    model = peaked_model("llama")
+    limits = [20, 6, 12]
+    runs, built = {}, []
+    monkeypatch.setattr(flex, "block_mask_of", lambda mask: built.append(mask.shape) or block_mask_of(mask))
+    for compile in (False, True):
+        torch._dynamo.reset()
+        counters.clear()
+        decoder = BatchDecoder(batch_runner(model, max_len=BLOCK, batch_size=2, attention="flex"), sampling=Sampling(),
+                               graphs=False, compile=compile, chunk=4)
+        queue = iter([Request(p, n, key=i) for i, (p, n) in enumerate(zip(PROMPTS, limits))])
+        runs[compile] = {r.key: c.tokens for r, c in decoder.serve(lambda q=queue: next(q, None), [])}
+    assert runs[True] == runs[False]
+    assert counters["stats"]["unique_graphs"] == 1
+    assert len(built) == decoder.steps and decoder.steps > 0        # eager: none (SDPA); compiled: one a step

@@ -251,9 +251,6 @@ class BatchDecoder:
         B, L = runner.batch_size, runner.max_len
         self.B, self.L = B, L
         self.device = next(runner.parameters()).device
-        if compile and self.device.type != "cuda" and getattr(runner, "attention", None) == "flex":
-            raise EaglekitError("flex attention is compiled for CUDA only (Inductor's CPU kernel takes no mask "
-                                "computed in the step)", hint="on CPU run eagerly (compile=False) or use sdpa")
         long = dict(dtype=torch.long, device=self.device)
         self.tok = torch.zeros(B, 1, **long)       # the token each row feeds next (its last chosen one)
         self.pos = torch.zeros(B, **long)          # its slot = its position

@@ -16,6 +16,7 @@ BLOCK), d head dim, NB = L / BLOCK.
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -58,10 +59,30 @@ def _no_q_blocks() -> dict:
 NO_Q_BLOCKS = _no_q_blocks()
 
 
-def attend_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """q [B, h, R, d], k/v [B, h, L, d], mask [B, 1, R, L] bool -> [B, h, R, d]."""
+@dataclass(frozen=True)
+class FlexMask:
+    """A boolean mask [B, 1, R, L] with its BlockMask, built once for a forward's layers (`flex_mask`):
+    built inside each layer, its ~8 small kernels ran once per layer where the layers are compiled
+    one by one (`FastTarget.compiled_layers`)."""
+
+    dense: torch.Tensor
+    block: object
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.dense.shape
+
+
+def flex_mask(mask: torch.Tensor) -> FlexMask:
+    return FlexMask(mask, block_mask_of(mask))
+
+
+def attend_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
+    """q [B, h, R, d], k/v [B, h, L, d], mask [B, 1, R, L] bool or its `FlexMask` -> [B, h, R, d]."""
+    dense = mask.dense if isinstance(mask, FlexMask) else mask
     if not torch.compiler.is_compiling():
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=dense)
     from torch.nn.attention.flex_attention import flex_attention
 
-    return flex_attention(q, k, v, block_mask=block_mask_of(mask))
+    block = mask.block if isinstance(mask, FlexMask) else block_mask_of(mask)
+    return flex_attention(q, k, v, block_mask=block)

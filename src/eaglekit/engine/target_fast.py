@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eaglekit.engine.flex import flex_mask
 from eaglekit.engine.graphs import compiled
 from eaglekit.engine.kv import ATTENTION_KINDS, KVCache, Refill, attend, group_mask, move_slots, stacked_caches
 from eaglekit.engine.tree import cache_mask, causal_block
@@ -311,6 +312,9 @@ class FastTarget(nn.Module):
         x = F.embedding(input_ids, self.embed)
         cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # [B, 1, T, d]
         mask = group_mask(mask, self.layers[0].nh // self.layers[0].nkv)
+        compiled_layers = self.layer_calls is not None or torch.compiler.is_compiling()
+        if self.attention == "flex" and compiled_layers and not isinstance(slots, Refill):
+            mask = flex_mask(mask)                  # its block lists once, not once per layer
         states = {}
         for i, layer in enumerate(self.layer_calls or self.layers):
             x = layer(x, cos, sin, slots, mask)
