@@ -207,10 +207,10 @@ def test_a_greedy_mismatch_is_explained_in_16_bits_and_flagged_in_float32():
     assert greedy_match_note(result(1.0, "torch.bfloat16")) is None
     assert greedy_match_note(result(None, "torch.float32")) is None          # sampling: no greedy reference
     bf16 = greedy_match_note(result(0.3, "torch.bfloat16"))
-    assert bf16.startswith("Greedy match 0.30: in bfloat16") and "--dtype float32" in bf16
+    assert bf16.text.startswith("Greedy match 0.30: in bfloat16") and "--dtype float32" in bf16.text and not bf16.bug
     fp32 = greedy_match_note(result(0.9, "torch.float32"))
-    assert "should equal plain decoding" in fp32 and "bug" in fp32
-    assert bf16 in markdown(result(0.3, "torch.bfloat16"))
+    assert "should equal plain decoding" in fp32.text and fp32.bug
+    assert bf16.text in markdown(result(0.3, "torch.bfloat16"))
 
 
 def test_a_bench_of_a_few_tokens_a_turn_says_it_is_too_short_to_time():

@@ -131,7 +131,7 @@ def benchmark(cfg: BenchOptions, command: str = "") -> dict:
     result["target_fingerprint"] = target.fingerprint()
     note = greedy_match_note(result)
     if note:
-        (log.warning if "float32" in note.split(":")[0] else log.info)(note.replace("**", ""))
+        (log.warning if note.bug else log.info)(note.text.replace("**", ""))
     return result
 
 

@@ -10,6 +10,7 @@ included; per-position acceptance[i] = P(the first i+1 drafts of a cycle were al
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from eaglekit.artifacts import atomic_path
@@ -165,7 +166,7 @@ def markdown(result: dict) -> str:
               ", ".join(f"{p:.3f}" for p in s["per_position_acceptance"]), ""]
     note = greedy_match_note(result)
     if note:
-        lines += [note, ""]
+        lines += [note.text, ""]
     if s.get("hf_tok_s"):
         lines += [f"HF generate, on the first {s['hf_prompts']} of {s['prompts']} prompts: {s['hf_tok_s']:.1f} tok/s; "
                   f"on those prompts plain decoding runs at {s['baseline_vs_hf']:.2f}x and speculation at "
@@ -178,7 +179,15 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def greedy_match_note(result: dict) -> str | None:
+@dataclass(frozen=True)
+class GreedyNote:
+    """Why some greedy answers differ from plain decoding's; `bug`: in float32, where they must not."""
+
+    text: str
+    bug: bool
+
+
+def greedy_match_note(result: dict) -> GreedyNote | None:
     """Why some greedy answers differ from plain decoding's, when they do: rounding in a 16-bit
     dtype (expected), or in float32 a sign of a bug (speculation must then reproduce plain greedy)."""
     match = result["summary"].get("greedy_match")
@@ -186,13 +195,14 @@ def greedy_match_note(result: dict) -> str | None:
         return None
     dtype = str(result["summary"].get("config", {}).get("dtype", "")).removeprefix("torch.")
     if dtype == "float32":
-        return (f"**Greedy match {match:.2f} in float32: speculative greedy output should equal plain decoding "
-                "token for token.** Unless two logits tie exactly, this is a bug in the engine: please report it "
-                "with this folder.")
-    return (f"Greedy match {match:.2f}: in {dtype or 'this dtype'} the verify forward (several tokens at once) rounds "
-            "differently from plain decoding's one-token step, and one near-tie decided the other way changes the "
-            "rest of the answer. Every token speculation commits is still the target's own greedy choice in its "
-            "verify forward; in float32 (`--dtype float32`) the two outputs are identical token for token.")
+        return GreedyNote(f"**Greedy match {match:.2f} in float32: speculative greedy output should equal plain decoding "
+                          "token for token.** Unless two logits tie exactly, this is a bug in the engine: please report "
+                          "it with this folder.", bug=True)
+    return GreedyNote(f"Greedy match {match:.2f}: in {dtype or 'this dtype'} the verify forward (several tokens at once) "
+                      "rounds differently from plain decoding's one-token step, and one near-tie decided the other way "
+                      "changes the rest of the answer. Every token speculation commits is still the target's own greedy "
+                      "choice in its verify forward; in float32 (`--dtype float32`) the two outputs are identical token "
+                      "for token.", bug=False)
 
 
 def plot(result: dict, path: Path) -> str | None:
