@@ -295,6 +295,18 @@ class BatchDecoder:
         self.step.capture()                        # on dummy state: every row empty
         if self.loop_check:
             self.loop_check.capture()
+        if self.refill_layers:
+            self._compile_refills()
+
+    def _compile_refills(self) -> None:
+        """Compile the two refill graphs now (on dummy rows, as the step's capture does), not in the
+        first rounds of a serve, whose timing would then hold the compile."""
+        start = time.perf_counter()
+        for cached in (0, 1):                      # prompts alone; prompts reading their rows' cached slots
+            self._prefill([0, 1], [Request([0, 0, 0], 1)] * 2, [cached] * 2)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        log.info("compiled the refills in %.1f s", time.perf_counter() - start)
 
     def _compiled_step(self, compile: bool, mode: str):
         """The decode step as run: the fast runner's layers compiled one by one (the step's rest is a few
