@@ -81,6 +81,8 @@ def graphed_refills(runner, ids: list[list[int]], rows: int) -> dict:
     dec = BatchDecoder(runner, sampling=Sampling(), graphs=True, compile=False, refill="graphs")
     dec.set_stop_ids([-5])
     prompts = [i for i in ids if len(i) >= 96][:rows]
+    if len(prompts) < 2:
+        return {"skipped": f"{len(prompts)} prompts of 96+ tokens"}
     shapes = {"fresh": [0] * len(prompts),                            # the whole prompt prefilled
               "resumed": [len(i) - 32 for i in prompts]}              # all but its last 32 tokens cached
     out = {}
@@ -140,6 +142,8 @@ def main(argv=None) -> int:
         print("  step top kernels:\n    " + "\n    ".join(step_top), flush=True)
         print("  refill top kernels:\n    " + "\n    ".join(refill_top), flush=True)
         for name, g in graphed.items():
+            if not isinstance(g, dict):
+                continue
             print(f"  graphed refill, {name}: " + json.dumps({k: x for k, x in g.items() if k != "top"}), flush=True)
             print("    " + "\n    ".join(g["top"]), flush=True)
         dec = runner = refill = None   # free the cache before the next variant
