@@ -59,7 +59,9 @@ class GenerateOptions:
                                   "1.2x eager's rate, docs/results/2026-12-01-h200-late, and the smollm2-h200 "
                                   "recipe uses it), or compiled: each layer under torch.compile with dynamic "
                                   "shapes, one graph for every refill, nothing padded to a bucket or captured "
-                                  "per shape (fast runner; not yet timed on a GPU)", group="local", choices=REFILLS)
+                                  "per shape (fast runner; not yet timed on a GPU: the whole forward compiled so "
+                                  "ran 3.2x slower than eager on an H200, docs/results/2026-12-01-h200-night)",
+                         group="local", choices=REFILLS)
     refill_padding: float = option(0.0, "at most this many padded tokens per prompt token in one refill forward "
                                         "(split by length where more): a long prompt stops padding short ones "
                                         "to its length; 0 = the default: 2 for an eager CPU refill, no cap "

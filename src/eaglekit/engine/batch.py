@@ -229,7 +229,9 @@ class BatchDecoder:
         prefill_tokens: prompt tokens per refill forward (more refills are split into several).
         refill: "eager" forwards, "graphs" (one CUDA graph per bucket of rows x prompt length) or
             "compiled" (each layer under torch.compile with dynamic shapes: one graph for every refill,
-            launched eagerly, so no bucket pads its rows or prompts and nothing is captured per shape).
+            launched eagerly, so no bucket pads its rows or prompts and nothing is captured per shape;
+            the whole refill forward compiled with dynamic shapes ran 3.2x slower than eager on an H200,
+            docs/results/2026-12-01-h200-night: this form is not timed on a GPU yet).
         refill_padding: at most this many padded tokens per prompt token in one refill forward; 0:
             the default, 2 for an eager CPU refill (compute-bound), no cap elsewhere.
         stop_loops: W > 0 ends a row (finish_reason "loop") once its answer's last W tokens repeat a
