@@ -41,9 +41,9 @@ def test_plain_and_speculative_engines_on_cuda_equal_the_cpu():
         assert [engine.generate(p, NEW).tokens for p in PROMPTS] == reference, spec.label()
 
 
-@pytest.mark.parametrize("refill", ["eager", "graphs"])
+@pytest.mark.parametrize("refill", ["eager", "graphs", "compiled"])
 def test_batch_decoder_on_cuda_equals_the_eager_cpu_decoder(refill):
-    """Flex attention in the captured step, rows refilled (eagerly, or replaying a graph per bucket)
+    """Flex attention in the captured step, rows refilled (eagerly, replaying a graph per bucket, or compiled)
     while others decode, a conversation's next turn queued after its answer and resumed in its row
     (the CPU reference prefills it whole)."""
     prompts = PROMPTS + [[9, 8, 7, 6, 5, 4, 3, 2] * 9, [100, 200]]
