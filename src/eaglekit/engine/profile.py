@@ -6,7 +6,7 @@ of them advances the committed length, so every replay repeats the same work):
 
     compaction   the accepted path's KV moved into place (trees; a chain is in place)
     catch_up     the draft over the committed rows
-    propose      the draft's next chain or tree (the engine's own captured first-proposal step)
+    propose      the draft's next chain or tree (the engine's first-proposal step, compiled as the cycle's is)
 
 `verify` (the target forward and greedy acceptance) is the fused cycle graph minus those pieces:
 compiling it alone would cost another minute per engine. `host_ms` is what `generate` spends per
@@ -102,10 +102,10 @@ def cycle_profile(engine: Engine, prompt_ids: list[int], max_new_tokens: int) ->
            "cycle_kernels": kernels and kernels["kernels"], "pieces": {},
            # the cycle graph's kernels by time: what to fuse next (busy_ms against the graph's ms: launch gaps)
            "cycle_busy_ms": kernels and kernels["busy_ms"], "cycle_top_kernels": kernels and kernels["top"]}
+    pieces["propose"] = engine._propose_root_step                        # compiled here as the cycle's graph holds it
     steps = {name: Step(compiled(fn, engine.compile), use_graph=engine.graphs, name=name) for name, fn in pieces.items()}
     for step in steps.values():
         step.capture()
-    steps["propose"] = engine.proposal                                     # captured already: no new compile
     for name, step in steps.items():
         out["pieces"][name] = {"ms": replay_ms(step, engine.device), "kernels": kernels_per_call(step, engine.device)}
     draft_ms = sum(p["ms"] for p in out["pieces"].values())
