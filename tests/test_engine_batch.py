@@ -433,3 +433,16 @@ def test_compiled_refills_answer_as_eager_ones_in_two_graphs():
             graphs, resumed = counters["stats"]["unique_graphs"], decoder.resumed_tokens
     assert runs["compiled"] == runs["eager"] and len(runs["eager"]) == 2 * len(first)
     assert resumed > 0 and graphs == 1 + 2    # the decode step's layer; prompts alone, and prompts reading cached slots
+
+
+def test_compiled_refills_with_one_row():
+    """One row: the build's compile and every refill send it twice (sizes of 1 compile apart)."""
+    model = peaked_model("llama")
+    prompts = PROMPTS[:3]
+    got = {}
+    for refill in ("eager", "compiled"):
+        decoder = BatchDecoder(make_target_runner(model, max_len=64, batch_size=1, attention="sdpa"),
+                               sampling=Sampling(), graphs=False, compile=False, chunk=2, refill=refill)
+        got[refill] = [c.tokens for c in decoder.run(prompts, 6, [])]
+        assert decoder.stats()["refills"] == len(prompts)           # the build's compile is not counted
+    assert got["compiled"] == got["eager"]

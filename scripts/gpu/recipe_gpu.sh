@@ -20,7 +20,7 @@
 #      kernels   bench_engine.py part c (oracle chain 5 and tree 32) for each VARIANT[%COMPILE_MODE] in KERNELS
 #                (default "reduce+matvec reduce+matvec%max-autotune-no-cudagraphs": Inductor's own GEMMs).
 # Env: W (work folder, /root/work), GPUS (1), TRAIN_S (train.time-budget-s; default the recipe's), LIMIT (MT-bench prompts),
-# REFILL (generate.refill: graphs, the recipe's, or eager), PROFILE (train.profile-steps A:B: the
+# REFILL (generate.refill: graphs, the recipe's, eager or compiled), PROFILE (train.profile-steps A:B: the
 # training loop's torch.profiler table, run/draft/profile.txt), EXTRA (more SECTION.KEY=VALUE overrides,
 # split at spaces, e.g. "generate.limit=null": answer every training prompt, not the recipe's 20,000),
 # BENCHES and KERNELS (step 2).
@@ -82,16 +82,19 @@ PY
             --out "$W/be-${k//[^a-z0-9]/_}" 2>&1 | quiet | grep "^| c " >> "$LOG"
         done ;;
       regen)     # issue 12: the generate stage again on the run's prompts, once per REGEN variant (flags; ';' between)
-        local i=0 flags
-        IFS=';' read -ra variants <<< "${REGEN:-}"
+        local i=0 flags variants
+        [[ -d $RUN/prompts ]] || { stamp "regen skipped: no $RUN/prompts (the recipe's data stages make it)"; continue; }
+        IFS=';' read -ra variants <<< "${REGEN:- }"          # unset: one run with the stage's own flags
         for flags in "${variants[@]}"; do
           i=$((i + 1)); stamp "regen $i: $flags"
           python3 -m eaglekit generate --prompts "$RUN/prompts" --target "$RUN/target" --limit "${REGEN_LIMIT:-10000}" \
             --max-new-tokens 1024 --batch-size 512 --context-length 2048 --cache-slots 2048 --stop-loops 128 \
-            --refill graphs $flags --device cuda --out "$W/regen-$i" 2>&1 | quiet | grep "decoder\|wrote\|captured\|Error\|error" >> "$LOG"
+            --refill graphs $flags --device cuda --overwrite --out "$W/regen-$i" 2>&1 | quiet \
+            | grep "decoder\|wrote\|captured\|compiled\|Error\|error" >> "$LOG"
         done ;;
       profile)   # where the batch decoder's step and refill go, at each of PROFILE_ROWS (default 512)
         local rows
+        [[ -n $prompts ]] || { stamp "profile skipped: no prompts folder"; continue; }
         for rows in ${PROFILE_ROWS:-512}; do
           python3 scripts/gpu/profile_batch.py --target "$t" --prompts "$prompts" --batch-size "$rows" --attention flex \
             --out "$W/profile-$rows" 2>&1 | quiet | tail -40 >> "$LOG"
@@ -117,7 +120,7 @@ session() {
   recipe() {  # the recipe with this session's overrides, plus any given
     python3 -m eaglekit run --recipe smollm2-h200 --out "$RUN" gpus="${GPUS:-1}" target="$t" \
       "prompts.source=[$full$w]" ${TRAIN_S:+"train.time-budget-s=$TRAIN_S"} train.no-progress=true \
-      "bench.prompts=$eval/mt_bench.jsonl" "bench.limit=${LIMIT:-40}" "generate.refill=${REFILL:-graphs}" ${PROFILE:+"train.profile-steps=$PROFILE"} ${EXTRA:-} "$@" 2>&1 | quiet >> "$LOG"
+      "bench.prompts=$eval/mt_bench.jsonl" "bench.limit=${LIMIT:-40}" "generate.refill=${REFILL:-graphs}" ${PROFILE:+"train.profile-steps=$PROFILE"} "$@" ${EXTRA:-} 2>&1 | quiet >> "$LOG"
     return "${PIPESTATUS[0]}"
   }
   t0=$(date +%s); stamp "pipeline starts"

@@ -58,8 +58,8 @@ class GenerateOptions:
                                   "length, captured on first use (fast runner on CUDA only; on an H200 it served "
                                   "1.2x eager's rate, docs/results/2026-12-01-h200-late, and the smollm2-h200 "
                                   "recipe uses it), or compiled: each layer under torch.compile with dynamic "
-                                  "shapes, one graph for every refill, nothing padded to a bucket or captured "
-                                  "per shape (fast runner; not yet timed on a GPU: the whole forward compiled so "
+                                  "shapes, two graphs (fresh and resumed prompts), nothing padded to a bucket or "
+                                  "captured per shape (fast runner; not yet timed on a GPU: the whole forward compiled so "
                                   "ran 3.2x slower than eager on an H200, docs/results/2026-12-01-h200-night)",
                          group="local", choices=REFILLS)
     refill_padding: float = option(0.0, "at most this many padded tokens per prompt token in one refill forward "

@@ -224,12 +224,14 @@ class BatchDecoder:
     Args:
         runner: a target runner (`engine.runner.make_target_runner`) built with batch_size = B.
         sampling: greedy (temperature 0) or sampling settings.
-        graphs, compile: capture the decode step in a CUDA graph / torch.compile it.
+        graphs, compile: capture the decode step in a CUDA graph / torch.compile it (the fast runner's
+            layers one by one, `_compiled_step`).
         chunk: decode steps between host checks.
         prefill_tokens: prompt tokens per refill forward (more refills are split into several).
         refill: "eager" forwards, "graphs" (one CUDA graph per bucket of rows x prompt length) or
-            "compiled" (each layer under torch.compile with dynamic shapes: one graph for every refill,
-            launched eagerly, so no bucket pads its rows or prompts and nothing is captured per shape;
+            "compiled" (each layer under torch.compile with dynamic shapes: two graphs, fresh and
+            resumed prompts, launched eagerly; rows and prompts padded to 2 at least, not to a bucket,
+            and nothing captured per shape;
             the whole refill forward compiled with dynamic shapes ran 3.2x slower than eager on an H200,
             docs/results/2026-12-01-h200-night: this form is not timed on a GPU yet).
         refill_padding: at most this many padded tokens per prompt token in one refill forward; 0:
@@ -266,7 +268,8 @@ class BatchDecoder:
         self.stop_set: set[int] = set()
         self.steps = self.refills = self.tokens = self.loop_stops = 0   # counters since the last `serve` started (`stats`)
         self.refill_tokens = self.refill_padded_tokens = self.resumed_tokens = 0
-        self.refill_forwards, self.capture_s = 0, 0.0   # refill forwards; host seconds of first-use refill captures
+        self.refill_forwards = self.captures = 0        # refill forwards; refill graphs captured (first uses)
+        self.capture_s = 0.0                            # host seconds of those captures
         # A free row whose cache a session's next turn can resume: session -> (row, tokens at its slots 0..)
         self.kept: dict[Hashable, tuple[int, list[int]]] = {}
         self.kept_by_row: dict[int, Hashable] = {}
@@ -302,12 +305,18 @@ class BatchDecoder:
 
     def _compile_refills(self) -> None:
         """Compile the two refill graphs now (on dummy rows, as the step's capture does), not in the
-        first rounds of a serve, whose timing would then hold the compile."""
+        first rounds of a serve, whose timing would then hold the compile. The shapes are a refill's
+        (up to 16 rows of up to 256 tokens, half of them cached for the resumed graph), not the least
+        that compiles: Inductor takes its size hints from the first call."""
         start = time.perf_counter()
-        for cached in (0, 1):                      # prompts alone; prompts reading their rows' cached slots
-            self._prefill([0, 1], [Request([0, 0, 0], 1)] * 2, [cached] * 2)
+        rows = list(range(min(self.B, 16)))
+        rows += rows[:1] * (2 - len(rows))         # one row: sent twice, as `_prefill` pads
+        n = max(3, min(256, self.L - 1))
+        for cached in (0, n // 2):                 # prompts alone; prompts reading their rows' cached slots
+            self._prefill(rows, [Request([0] * n, 1)] * len(rows), [cached] * len(rows))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+        self.refills = self.refill_forwards = self.refill_tokens = self.refill_padded_tokens = self.resumed_tokens = 0
         log.info("compiled the refills in %.1f s", time.perf_counter() - start)
 
     def _compiled_step(self, compile: bool, mode: str):
@@ -446,6 +455,7 @@ class BatchDecoder:
             start = time.perf_counter()
             step.capture(warmup=1, quiet=True)
             self.capture_s += time.perf_counter() - start
+            self.captures += 1
         step()
 
     def _refill_rows(self, ids: torch.Tensor, n: torch.Tensor, budget: torch.Tensor, rows: torch.Tensor,
@@ -526,7 +536,7 @@ class BatchDecoder:
         self.set_stop_ids(stop_ids)
         self.live.zero_()
         self.steps = self.refills = self.tokens = self.refill_tokens = self.refill_padded_tokens = self.loop_stops = 0
-        self.resumed_tokens = self.refill_forwards = 0
+        self.resumed_tokens = self.refill_forwards = self.captures = 0
         self.capture_s = 0.0
         self.kept.clear()
         self.kept_by_row.clear()
@@ -671,7 +681,7 @@ class BatchDecoder:
                 "answer_tokens": self.tokens, "occupancy": round(made / max(self.steps * self.B, 1), 4),
                 "refill_tokens": self.refill_tokens, "refill_padded_tokens": self.refill_padded_tokens,
                 "resumed_tokens": self.resumed_tokens, "refill_forwards": self.refill_forwards,
-                "refill_graphs": len(self.refill_steps), "refill_capture_s": round(self.capture_s, 3),
+                "refill_graphs": self.captures, "refill_capture_s": round(self.capture_s, 3),
                 "loop_stops": self.loop_stops,
                 **{f"host_{part}_s": round(seconds, 3) for part, seconds in getattr(self, "host", {}).items()},
                 "cover_steps": round(self.cover_total / self.cover_rounds, 2) if getattr(self, "cover_rounds", 0) else None,

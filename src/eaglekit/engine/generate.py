@@ -14,8 +14,9 @@ device-to-host copy) to check stop tokens and length. Tokens past a stop token a
 extra cycles only cost time.
 
 Plain decoding (the baseline) is the `decode` step: one token per target forward, run `chunk`
-times between host checks for a stop token. On CUDA every step is compiled and captured in a CUDA
-graph (graphs.py); on CPU the same code runs eagerly. The prompt is prefilled the same way in both
+times between host checks for a stop token. On CUDA every step is captured in a CUDA graph
+(graphs.py), and the decode step and the cycle are compiled first (the prefill pieces and the first
+proposal, run once a generation, are not); on CPU the same code runs eagerly. The prompt is prefilled the same way in both
 modes: on CUDA in `prefill_chunk`-token pieces, each a replay of one captured (uncompiled) graph,
 since an eager forward of a small model is tens of milliseconds of launches; elsewhere at once.
 """

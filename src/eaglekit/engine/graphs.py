@@ -80,8 +80,9 @@ class Step:
         except RuntimeError as err:
             raise EaglekitError(
                 f"capturing the {self.name} step in a CUDA graph failed: {err}",
-                hint="the target's forward syncs with the host (e.g. MoE routing in the HF code); "
-                     "use --no-graphs, or the fast runner if the target is a Llama-family model") from err
+                hint="the step's code syncs with the host (e.g. MoE routing in the HF code, or an op whose output "
+                     "size depends on the data); use --no-graphs, or the fast runner if the target is a "
+                     "Llama-family model") from err
         torch.cuda.synchronize()
         self.graph = graph
         (log.debug if quiet else log.info)("captured %s in %.1f s (compile included)", self.name, time.perf_counter() - start)

@@ -331,8 +331,8 @@ class FastTarget(nn.Module):
         Every layer runs one compiled graph (dynamo takes a layer's weights and cache as inputs), so
         Inductor lowers one layer where compiling a whole step lowers them all: SmolLM2's 512-row decode
         step, compiled whole, took 35-46 s on an H200 (2026-12-04); on a CPU 43.0 s whole against 13.1 s
-        by layer (docs/results/2026-12-04-cpu-regional-compile). `dynamic`: one graph for forwards of
-        any rows and tokens (a refill's), static: one per shape (a decode step's). Run them with `using`."""
+        by layer (docs/results/2026-12-04-cpu-regional-compile). `dynamic`: graphs for forwards of any
+        rows and tokens but 0 and 1 (refills'), static: one per shape (a decode step's). Run them with `using`."""
         if (mode, dynamic) not in self.compiled_forms:
             self.compiled_forms[mode, dynamic] = [compiled(layer, True, mode, dynamic) for layer in self.layers]
         return self.compiled_forms[mode, dynamic]
@@ -340,11 +340,11 @@ class FastTarget(nn.Module):
     @contextlib.contextmanager
     def using(self, calls: list):
         """Forwards inside run these layer calls (`compiled_layers`); outside, the layers as they are."""
-        self.layer_calls = calls
+        before, self.layer_calls = self.layer_calls, calls
         try:
             yield
         finally:
-            self.layer_calls = None
+            self.layer_calls = before
 
     def move_kv(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         move_slots(self.kv_store, src, dst)                                 # every layer, k and v at once
