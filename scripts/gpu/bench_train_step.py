@@ -13,6 +13,8 @@ and the loss at the positions some TTT step counts only (`ttt_positions`):
                  (the default of `eaglekit train`)
   new            merged attention + the fused soft CE, eager (`train --soft-ce fused`)
   cce            merged attention + the soft CE alone under torch.compile (`train --soft-ce compiled`)
+  merged-target  merged, with the target's layers alone under torch.compile (with --target; the draft's
+                 step eager): what compiling the online target's forward alone would buy
   new-compile    `eaglekit train --compile`: merged attention, each TTT step's work under torch.compile
                  (`ttt.compiled_steps`; at 6331a2d the whole unroll + loss as one graph), and with --target
                  the target's layers (which stay compiled: list compiled variants last); `first_step_s`
@@ -61,14 +63,15 @@ from eaglekit.train.loop import TTTModel, compile_target_layers, compiled_unroll
 from eaglekit.train.optim import make_optimizer  # noqa: E402
 from eaglekit.train.ttt import step_counts  # noqa: E402
 
-VARIANTS = {  # name: (attention, compiled, soft CE, head on every position)
-    "old": ("dense", False, "plain", True),
-    "merged-all": ("merged", False, "plain", True),
-    "merged": ("merged", False, "plain", False),
-    "new": ("merged", False, "fused", False),
-    "cce": ("merged", False, "compiled", False),
-    "new-compile": ("merged", True, None, False),
-    "dense-compile": ("dense", True, None, False),
+VARIANTS = {  # name: (attention, compiled, soft CE, head on every position, the target's layers compiled)
+    "old": ("dense", False, "plain", True, False),
+    "merged-all": ("merged", False, "plain", True, False),
+    "merged": ("merged", False, "plain", False, False),
+    "new": ("merged", False, "fused", False, False),
+    "cce": ("merged", False, "compiled", False, False),
+    "merged-target": ("merged", False, "plain", False, True),
+    "new-compile": ("merged", True, None, False, True),
+    "dense-compile": ("dense", True, None, False, True),
 }
 SMOLLM2 = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rope_theta=100000.0,
@@ -172,14 +175,14 @@ def step_batches(args, draft: Eagle3Draft, target, device: torch.device):
 
 
 def bench_variant(name: str, args, shape, device: torch.device, autocast: bool, target=None) -> dict:
-    attention, compiled, soft_ce, every_position = VARIANTS[name]
+    attention, compiled, soft_ce, every_position, target_compiled = VARIANTS[name]
     draft = make_draft(shape, args.draft_vocab_size, device)
     model = TTTModel(draft, args.ttt_steps, attention)
     params = [(n, p) for n, p in draft.named_parameters() if p.requires_grad]
     optimizer = make_optimizer(params, lr=TrainConfig.lr, weight_decay=TrainConfig.weight_decay, betas=TrainConfig.betas)
     batches, online = step_batches(args, draft, target, device)
     step_loss = compiled_unrolled_loss() if compiled else unrolled_loss
-    if compiled and target is not None and not getattr(target, "layers_compiled", False):
+    if target_compiled and target is not None and not getattr(target, "layers_compiled", False):
         compile_target_layers(target.model)       # as `train --compile` online; it stays so: list compiled variants last
         target.layers_compiled = True
     kw = dict(d2t=draft.d2t, t2d=draft.t2d, weights=[TrainConfig.step_decay ** j for j in range(args.ttt_steps)])
