@@ -196,6 +196,15 @@ def load_smollm2(args):
 PLAIN_ENGINES: dict = {}
 
 
+def tree_shape(text: str) -> SpecConfig:
+    """"4/4/16" -> the tree of depth 4, top-k 4 and 16 nodes verified a cycle (root included)."""
+    try:
+        depth, top_k, total = (int(x) for x in text.strip().split("/"))
+    except ValueError:
+        raise SystemExit(f"--trees: {text!r} is not DEPTH/TOP_K/TOTAL_TOKENS, e.g. 4/4/16") from None
+    return SpecConfig(mode="tree", depth=depth, top_k=top_k, total_tokens=total)
+
+
 def kernel_options(variant: str) -> dict:
     """"reduce+matvec@8" -> {"attention": "reduce", "matvec": True, "small_rows": 8} (fast runner
     options; without @N the runner's default small_rows). "reduce+matvec@1/32": the reduce
@@ -319,7 +328,7 @@ def oracle_and_random(args, model, ids, draft, variant: str) -> dict:
             out[name]["profile"] = profile_cycle(args, engine, ids)
             save_partial(args, out)
 
-    for spec in SMOKE_SPECS if args.smoke else (CHAIN, TREE):
+    for spec in SMOKE_SPECS if args.smoke else (CHAIN, *args.trees):
         oracle = OracleDrafter(reference, spec=spec, vocab_size=runner.vocab_size, max_len=max_len, device=args.device)
         engine = Engine(runner, drafter=oracle, spec=spec, compile=args.compile, compile_mode=args.compile_mode)
         settled, rounds = settle_oracle(engine, oracle, ids, plain["ids"], new)   # bf16: see settle_oracle
@@ -500,6 +509,9 @@ def main(argv=None) -> int:
                         "ATTENTION[+matvec][@ROWS[/ATTENTION_ROWS]] "
                         "(comma list; part c uses the fastest of part a, else the first)")
     p.add_argument("--oracle-only", action="store_true", help="part c: skip the random-draft runs")
+    p.add_argument("--trees", default="6/8/32",
+                   help="parts c and o: the tree shapes beside chain 5, DEPTH/TOP_K/TOTAL_TOKENS (comma list; "
+                        "6/8/32 is the goal's tree, 4/4/16 the recipe's bench shape)")
     p.add_argument("--kernels-8b", default="sdpa", help="part o: the 8B shape's kernel variant")
     p.add_argument("--coordinate-descent", action="store_true",
                    help="Inductor coordinate-descent tuning (gpt-fast's setting; longer compiles)")
@@ -513,6 +525,7 @@ def main(argv=None) -> int:
     args.device = "cpu" if args.smoke and not args.device else resolve_device(args.device or "auto")
     args.compile = None if args.compile_mode != "none" else False
     args.kernels = [kind.strip() for kind in args.kernels.split(",") if kind.strip()]
+    args.trees = [tree_shape(t) for t in args.trees.split(",") if t.strip()]
     for variant in args.kernels + [args.kernels_8b]:
         kernel_options(variant)                               # refuse a bad variant before any work
     args.best_kernels = args.kernels[0]                   # part a replaces it with the fastest

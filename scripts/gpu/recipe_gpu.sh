@@ -18,12 +18,15 @@
 #                (extra flags, ';' between variants), into $W/regen-N: the decoder lines side by side;
 #      profile   profile_batch.py (one decode step and one refill, top kernels) at each of PROFILE_ROWS rows;
 #      kernels   bench_engine.py part c (oracle chain 5 and tree 32) for each VARIANT[%COMPILE_MODE] in KERNELS
-#                (default "reduce+matvec reduce+matvec%max-autotune-no-cudagraphs": Inductor's own GEMMs).
+#                (default "reduce+matvec reduce+matvec%max-autotune-no-cudagraphs": Inductor's own GEMMs),
+#                with BE_ARGS (more bench_engine flags, e.g. "--trees 6/8/32,4/4/16");
+#      gputests  the gpu tier's batch-decoder tests (CUDA against the CPU, token for token), at most 300 s.
+#   PRE names benches to run before the recipe (e.g. PRE=kernels: timings on an idle GPU, first).
 # Env: W (work folder, /root/work), GPUS (1), TRAIN_S (train.time-budget-s; default the recipe's), LIMIT (MT-bench prompts),
 # REFILL (generate.refill: graphs, the recipe's, eager or compiled), PROFILE (train.profile-steps A:B: the
 # training loop's torch.profiler table, run/draft/profile.txt), EXTRA (more SECTION.KEY=VALUE overrides,
 # split at spaces, e.g. "generate.limit=null": answer every training prompt, not the recipe's 20,000),
-# BENCHES and KERNELS (step 2).
+# BENCHES, PRE and KERNELS (step 2).
 set -u
 VERB=${1:?start or wait}
 W=${W:-/root/work}
@@ -78,7 +81,7 @@ PY
         local k v mode
         for k in ${KERNELS:-reduce+matvec reduce+matvec%max-autotune-no-cudagraphs}; do
           v=${k%%%*}; mode=default; [[ $k == *%* ]] && mode=${k#*%}     # VARIANT[%COMPILE_MODE]
-          python3 scripts/gpu/bench_engine.py --parts c --oracle-only --kernels "$v" --compile-mode "$mode" --target "$t" \
+          python3 scripts/gpu/bench_engine.py --parts c --oracle-only --kernels "$v" --compile-mode "$mode" --target "$t" ${BE_ARGS:-} \
             --out "$W/be-${k//[^a-z0-9]/_}" 2>&1 | quiet | grep "^| c " >> "$LOG"
         done ;;
       regen)     # issue 12: the generate stage again on the run's prompts, once per REGEN variant (flags; ';' between)
@@ -99,8 +102,10 @@ PY
           python3 scripts/gpu/profile_batch.py --target "$t" --prompts "$prompts" --batch-size "$rows" --attention flex \
             --out "$W/profile-$rows" 2>&1 | quiet | tail -40 >> "$LOG"
         done ;;
+      gputests)  # the CUDA paths of the batch decoder against the CPU's, token for token
+        timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py -k batch_decoder 2>&1 | tail -5 >> "$LOG" ;;
       none) continue ;;   # BENCHES=none: the recipe's run alone
-      *) stamp "unknown bench $b (chain, sweep, heldout, generate, kernels, regen, profile, none)"; continue ;;
+      *) stamp "unknown bench $b (chain, sweep, heldout, generate, kernels, regen, profile, gputests, none)"; continue ;;
     esac
     stamp "bench $b done after $(( $(date +%s) - t0 )) s"
   done
@@ -123,6 +128,7 @@ session() {
       "bench.prompts=$eval/mt_bench.jsonl" "bench.limit=${LIMIT:-40}" "generate.refill=${REFILL:-graphs}" ${PROFILE:+"train.profile-steps=$PROFILE"} "$@" ${EXTRA:-} 2>&1 | quiet >> "$LOG"
     return "${PIPESTATUS[0]}"
   }
+  [[ -n ${PRE:-} ]] && BENCHES=$PRE benches "" "$eval" "$prompts"     # before the recipe: an idle GPU
   t0=$(date +%s); stamp "pipeline starts"
   recipe
   local code=$?
@@ -183,7 +189,7 @@ case $VERB in
   start)
     : "${EAGLEKIT_SMOLLM2_DIR:?run setup.sh first}"
     PROMPTS=${2:?prompts folder}; EVAL=${3:?eval folder}
-    export -f session benches bench_shape stamp quiet; export W RUN LOG PROFILE EXTRA BENCHES KERNELS REGEN REGEN_LIMIT PROFILE_ROWS
+    export -f session benches bench_shape stamp quiet; export W RUN LOG PROFILE EXTRA BENCHES PRE KERNELS BE_ARGS REGEN REGEN_LIMIT PROFILE_ROWS
     setsid nohup bash -c "session '$PROMPTS' '$EVAL'" > "$W/session.out" 2>&1 < /dev/null &
     stamp "session launched (pid $!)"; sleep 2; cat "$LOG" ;;
   bench)   # a draft trained in an earlier session: the three benches alone, in the background

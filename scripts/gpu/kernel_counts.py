@@ -1,0 +1,137 @@
+"""The kernels a GPU would launch for one decoder layer of the fast runner, counted without a GPU.
+
+Inductor's Triton code generation needs no GPU: with `cpu_backend="triton"` it lowers the graph
+with the same scheduler and fusion rules a CUDA build uses and writes the same kind of Triton
+kernels, which this script counts in the graph's `call` (launches of generated kernels, of extern
+kernels such as cuBLAS's mm, and of ATen ops such as SDPA) for each --kernels variant (bench_engine.py's syntax) and
+forward of --rows tokens. A layer's count is the 2-layer graph's minus the 1-layer graph's; the
+rest (embedding, final norm, LM head) is printed apart. Nothing runs: these are counts, not times.
+Block sizes and split reductions depend on the device and are not what a GPU would pick.
+
+Needs the triton wheel importable (the CPU torch does not ship it):
+
+    pip download triton --no-deps -d /tmp/tritonwhl
+    pip install --no-deps --target /tmp/tritonpkg /tmp/tritonwhl/*.whl
+    PYTHONPATH=/tmp/tritonpkg python scripts/gpu/kernel_counts.py --rows 1,6,16 \
+        --kernels reduce+matvec,reduce+matvec@6,reduce+matvec@16/16
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+
+from bench_engine import kernel_options, llama_8b  # noqa: E402
+from eaglekit.engine.target_fast import FastTarget  # noqa: E402
+from eaglekit.engine.tree import cache_mask, causal_block  # noqa: E402
+
+START = 100                                     # tokens already in the cache before the forward
+
+
+class CodegenDone(Exception):
+    pass
+
+
+def triton_codegen_on_cpu() -> list[str]:
+    """Make Inductor write Triton kernels for CPU tensors and stop once the code is written (the
+    compiled graph is never built or run); returns the list the generated modules' code goes to."""
+    import torch._inductor.config as inductor_config
+    import torch.utils._triton
+    from torch._inductor import graph
+
+    try:
+        import triton  # noqa: F401
+    except ImportError as err:
+        raise SystemExit("this script needs the triton wheel importable: see its docstring") from err
+    inductor_config.cpu_backend = "triton"
+    # The cache key asks the Triton backend for a GPU's hash; without a GPU any constant will do.
+    torch.utils._triton.triton_hash_with_backend = lambda: "0" * 64
+    written: list[str] = []
+    codegen = graph.GraphLowering.codegen
+
+    def grab(self):
+        code = codegen(self)[0]
+        written.append(getattr(code, "value", str(code)))
+        raise CodegenDone
+    graph.GraphLowering.codegen = grab
+    return written
+
+
+def launches(fn, args, written: list[str]) -> Counter:
+    """Kernel launches in fn's compiled graph: 'red'/'per'/'poi' Triton kernels, extern kernels by name."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    written.clear()
+    try:
+        torch.compile(fn, dynamic=False)(*args)
+    except Exception as err:                          # dynamo and Inductor wrap what the backend raised
+        if not any(isinstance(e, CodegenDone) for e in (err, err.__cause__, getattr(err, "inner_exception", None))):
+            raise
+    call = written[-1][written[-1].index("def call("):]
+    kinds = Counter(name.split("_")[1] for name in re.findall(r"\b(triton_\w+)\.run\(", call))
+    kinds.update(f"extern:{name}" for name in re.findall(r"extern_kernels\.(\w+)\(", call))
+    kinds.update(f"aten:{name}" for name in re.findall(r"torch\.ops\.aten\.(\w+)\.\w+\(", call))
+    return kinds
+
+
+def shaped(config, layers: int):
+    """A random model of `config`'s shapes with `layers` decoder layers (bf16)."""
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(config)
+    config.num_hidden_layers = layers
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval().requires_grad_(False)
+
+
+def forward_launches(config, layers: int, rows: int, variant: str, written) -> Counter:
+    runner = FastTarget(shaped(config, layers), max_len=512, check=False, **kernel_options(variant))
+    ids = torch.zeros(1, rows, dtype=torch.long)
+    positions = torch.arange(START, START + rows)
+    mask = cache_mask(causal_block(rows), START, START, runner.max_len)
+    return launches(lambda *a: runner(*a)[0], (ids, positions[None], positions, mask), written)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=("smollm2", "8b"), default="smollm2",
+                   help="smollm2: the default target's config; 8b: bench_engine's Llama-8B shape")
+    p.add_argument("--rows", default="1,6,16", help="tokens per forward (1 = a decode step, 6 = a chain-5 verify)")
+    p.add_argument("--kernels", default="reduce+matvec,reduce+matvec@6,reduce+matvec@16/16")
+    p.add_argument("--json", type=Path, help="also write the counts here")
+    args = p.parse_args()
+    if args.model == "8b":
+        config = llama_8b("meta").config
+    else:
+        from eaglekit.targets.load import load_target
+        from eaglekit.targets.source import DEFAULT_TARGET
+
+        config = load_target(DEFAULT_TARGET, device="cpu").model.config
+    written = triton_codegen_on_cpu()
+    results = []
+    for variant in [v.strip() for v in args.kernels.split(",") if v.strip()]:
+        for rows in [int(r) for r in args.rows.split(",")]:
+            one, two = (forward_launches(config, n, rows, variant, written) for n in (1, 2))
+            layer = two - one
+            rest = one - layer
+            results.append({"kernels": variant, "rows": rows, "per_layer": dict(layer), "rest": dict(rest),
+                            "per_layer_total": sum(layer.values())})
+            print(f"{variant:>24} {rows:>3} rows: {sum(layer.values()):>3} launches per layer "
+                  f"({', '.join(f'{k} {v}' for k, v in sorted(layer.items()))}); rest {sum(rest.values())}", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"model": args.model, "torch": torch.__version__, "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
