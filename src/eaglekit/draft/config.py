@@ -1,6 +1,6 @@
 """`DraftConfig`: the draft's shape, written as the flat Llama-style config.json engines read.
 
-The serialized field names are exactly those SGLang / vLLM / EAGLE read (serving-formats.md §7).
+The serialized field names are exactly those SGLang / vLLM / EAGLE read (docs/serving-formats.md §4).
 Aux layer ids are kept in eaglekit's convention (output of 0-based target layer i) under
 `eaglekit.aux_layer_ids`; the nested `eagle_config` carries them in SGLang's convention, which for
 this convention is the same numbers. Exports for other engines convert at the edge.

@@ -1,4 +1,4 @@
-"""config.json for each format, written from a `DraftConfig` (serving-formats.md §2-§5, §7).
+"""config.json for each format, written from a `DraftConfig` (docs/serving-formats.md §4).
 
 - sglang: the flat Llama-style config SGLang reads (`LlamaForCausalLMEagle3`, `draft_vocab_size`,
   nested `eagle_config` ids in SGLang's convention). It is the native config cast for serving.

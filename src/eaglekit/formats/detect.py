@@ -3,7 +3,7 @@
 Formats: `native` (eaglekit), `sglang` (flat config with `eagle_config`: SGLang, SpecForge, ModelOpt),
 `eagle` (EAGLE's traineagle3: flat `LlamaForCausalLM` config, no layer ids) and `vllm` (the
 `speculators` layout). Aux layer ids come back in eaglekit's convention, converted from the
-convention of the field they were found in (serving-formats.md §1):
+convention of the field they were found in (docs/serving-formats.md §1):
 
 - an `eaglekit` block: eaglekit's own convention, authoritative;
 - nested `eagle_config.eagle_aux_hidden_state_layer_ids`: SpecForge / ModelOpt / SGLang, output of layer k;

@@ -3,7 +3,7 @@
 Native names are SGLang's (docs/contracts.md): `fc.weight`, `midlayer.*`, `norm.weight`,
 `lm_head.weight`, `d2t`, `t2d`. The only rename any format needs is the decoder layer's prefix:
 SGLang, EAGLE and SpecForge write `midlayer.*`; vLLM's speculators format and ModelOpt (since
-2026-03) write `layers.0.*` (serving-formats.md §7).
+2026-03) write `layers.0.*` (docs/serving-formats.md §2).
 """
 
 from __future__ import annotations
