@@ -20,6 +20,8 @@
 #      kernels   bench_engine.py part c (oracle chain 5 and tree 32) for each VARIANT[%COMPILE_MODE] in KERNELS
 #                (default "reduce+matvec reduce+matvec%max-autotune-no-cudagraphs": Inductor's own GEMMs),
 #                with BE_ARGS (more bench_engine flags, e.g. "--trees 6/8/32,4/4/16");
+#      arms      issue 39's A/B: a draft per ARMS variant (train flags, ';' between, "-" the recipe's own) trained
+#                ARM_S seconds on the run's conversations, each benched on MT-bench and HumanEval + Alpaca;
 #      gputests  the gpu tier's batch-decoder tests (CUDA against the CPU, token for token), at most 300 s.
 #   PRE names benches to run before the recipe (e.g. PRE=kernels: timings on an idle GPU, first).
 # Env: W (work folder, /root/work), GPUS (1), TRAIN_S (train.time-budget-s; default the recipe's), LIMIT (MT-bench prompts),
@@ -102,10 +104,34 @@ PY
           python3 scripts/gpu/profile_batch.py --target "$t" --prompts "$prompts" --batch-size "$rows" --attention flex \
             --out "$W/profile-$rows" 2>&1 | quiet | tail -40 >> "$LOG"
         done ;;
+      arms)      # issue 39's A/B: one draft per ARMS variant (train flags; ';' between; "-" = the recipe's own),
+                 # each trained for ARM_S seconds on the run's conversations, then benched on MT-bench
+                 # (the recipe's tree, LIMIT questions) and on the held-out set (HumanEval + Alpaca, 10 each);
+                 # tau is what the arms compare, so the benches skip torch.compile (minutes of compiles)
+        local i=0 flags
+        python3 - "$eval" "$W/heldout10.jsonl" <<'PY'
+import itertools, sys
+from pathlib import Path
+ev, out = Path(sys.argv[1]), Path(sys.argv[2])
+out.write_text("".join(l for name in ("humaneval.jsonl", "alpaca.jsonl") for l in itertools.islice(open(ev / name), 10)))
+PY
+        IFS=';' read -ra variants <<< "${ARMS:--}"
+        for flags in "${variants[@]}"; do
+          i=$((i + 1)); [[ $flags == "-" ]] && flags=""
+          stamp "arm $i: train ${ARM_S:-240} s with [$flags]"
+          python3 -m eaglekit train --target "$t" --data "$RUN/conversations" --draft-vocab-size 16384 --allow-smaller-vocab \
+            --ttt-steps 7 --batch-tokens 16384 --epochs 6 --val-every 500 --val-max-samples 512 --device cuda --no-progress \
+            --time-budget-s "${ARM_S:-240}" $flags --out "$W/arm-$i/draft" 2>&1 | quiet | grep -v "^step" | tail -8 >> "$LOG"
+          python3 -m eaglekit bench --target "$t" --draft "$W/arm-$i/draft" --prompts "$eval/mt_bench.jsonl" --limit "${LIMIT:-20}" \
+            --max-new-tokens 256 --no-hf --no-compile $(bench_shape) --out "$W/arm-$i/bench" 2>&1 | quiet | tail -12 >> "$LOG"
+          python3 -m eaglekit bench --target "$t" --draft "$W/arm-$i/draft" --prompts "$W/heldout10.jsonl" \
+            --max-new-tokens 256 --no-hf --no-compile $(bench_shape) --out "$W/arm-$i/heldout" 2>&1 | quiet | tail -12 >> "$LOG"
+          stamp "arm $i [$flags] done"
+        done ;;
       gputests)  # the CUDA paths of the batch decoder against the CPU's, token for token
         timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py -k batch_decoder 2>&1 | tail -5 >> "$LOG" ;;
       none) continue ;;   # BENCHES=none: the recipe's run alone
-      *) stamp "unknown bench $b (chain, sweep, heldout, generate, kernels, regen, profile, gputests, none)"; continue ;;
+      *) stamp "unknown bench $b (chain, sweep, heldout, generate, kernels, regen, profile, arms, gputests, none)"; continue ;;
     esac
     stamp "bench $b done after $(( $(date +%s) - t0 )) s"
   done
@@ -189,7 +215,7 @@ case $VERB in
   start)
     : "${EAGLEKIT_SMOLLM2_DIR:?run setup.sh first}"
     PROMPTS=${2:?prompts folder}; EVAL=${3:?eval folder}
-    export -f session benches bench_shape stamp quiet; export W RUN LOG PROFILE EXTRA BENCHES PRE KERNELS BE_ARGS REGEN REGEN_LIMIT PROFILE_ROWS
+    export -f session benches bench_shape stamp quiet; export W RUN LOG PROFILE EXTRA BENCHES PRE KERNELS BE_ARGS ARMS ARM_S REGEN REGEN_LIMIT PROFILE_ROWS
     setsid nohup bash -c "session '$PROMPTS' '$EVAL'" > "$W/session.out" 2>&1 < /dev/null &
     stamp "session launched (pid $!)"; sleep 2; cat "$LOG" ;;
   bench)   # a draft trained in an earlier session: the three benches alone, in the background
