@@ -233,6 +233,27 @@ def test_split_is_stable_and_independent_of_the_mix(tmp_path):
         split_of(p, 1.0)
 
 
+def test_a_sources_own_validation_fraction_holds_out_that_source_alone(tmp_path):
+    """`--validation-fraction 0` with `chat.jsonl,validation-fraction=0.25`: validation is chat alone,
+    the rest of the mix trains; the manifest counts each source's held-out prompts."""
+    chat = many(tmp_path / "chat.jsonl", "chat", 200)
+    tasks = many(tmp_path / "tasks.jsonl", "task", 300)
+    out = tmp_path / "out"
+    manifest = build_prompts([SourceSpec.parse(f"{chat},validation-fraction=0.25"), SourceSpec.parse(str(tasks))],
+                             out, validation_fraction=0.0)
+    val = lines(out, "validation")
+    assert val and {r["source"] for r in val} == {"chat"} and 30 <= len(val) <= 70   # ~25 % of 200
+    assert sum(r["source"] == "tasks" for r in lines(out, "train")) == 300
+    assert [(s["name"], s["validation"]) for s in manifest["counts"]["sources"]] == [("chat", len(val)), ("tasks", 0)]
+    # The source's share is the same hash split the build's share would give: the same prompts held out.
+    build_prompts([SourceSpec.parse(str(chat))], tmp_path / "whole", validation_fraction=0.25)
+    assert {r["id"] for r in lines(tmp_path / "whole", "validation")} == {r["id"] for r in val}
+    assert SourceSpec.parse(f"{chat},validation-fraction=0.25").to_config()["validation_fraction"] == 0.25
+    for bad in ("1", "-0.1", "some"):
+        with pytest.raises(EaglekitError, match=r"share in \[0, 1\)"):
+            SourceSpec.parse(f"{chat},validation-fraction={bad}")
+
+
 def test_weighted_mixing(tmp_path):
     a = many(tmp_path / "a.jsonl", "alpha", 300)
     b = many(tmp_path / "b.jsonl", "beta", 50)

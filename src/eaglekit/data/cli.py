@@ -18,9 +18,11 @@ def register(sub) -> None:
 
     build = psub.add_parser("build", help="read, filter, deduplicate, mix and split prompt sources",
                             description="Sources: LOCATION[,weight=W][,format=F][,name=N][,column=C][,records=KEY][,min-chars=N][,max-chars=N]"
-                                        "[,split=S][,subset=S]; LOCATION is a .jsonl/.json/.parquet/.txt file, a "
-                                        "folder of them, or hf:<dataset>. Formats: auto (default), turns, sharegpt, "
-                                        "openai, alpaca, prompt, text.")
+                                        "[,split=S][,subset=S][,validation-fraction=F]; LOCATION is a .jsonl/.json/"
+                                        ".parquet/.txt file, a folder of them, or hf:<dataset>. Formats: auto "
+                                        "(default), turns, sharegpt, openai, alpaca, prompt, text. A source's own "
+                                        "validation-fraction replaces --validation-fraction for its prompts: hold "
+                                        "out the prompts like those served (chat), not a share of the whole mix.")
     add_options(build, PromptsBuildOptions, groups=GROUPS, only=("main",))
     build.set_defaults(func=run_build)
 

@@ -8,7 +8,11 @@ Mixing: each source gets a number of prompts, `round(weight * unique prompts it 
 than it holds repeats them (ids get `#r1`, `#r2` ...; useful when answers are sampled); one asked
 for fewer gives a hash-chosen subset. The split is decided by a hash of each prompt's content
 before repetition, so a prompt and its repeats always share a split and a rerun gives the same
-split whatever else is mixed in.
+split whatever else is mixed in. A source's own `validation-fraction=` replaces the build's share for
+its prompts: `--validation-fraction 0` with `validation-fraction=0.05` on the chat-like sources holds
+out chat alone, so training's validation predicts what a chat bench measures (a held-out share of a
+mix of FLAN, T0 and GSM8K predicted far more than MT-bench then accepted:
+docs/results/2026-12-06-cpu-walk-vs-engine). The manifest counts each source's held-out prompts.
 """
 
 from __future__ import annotations
@@ -56,7 +60,8 @@ def build_prompts(sources: list[SourceSpec], out: str | Path, *, filters: Filter
         sources: the sources with their weights.
         out: output folder (written atomically).
         filters: length limits.
-        validation_fraction: share of unique prompts held out for validation (hash-based).
+        validation_fraction: share of unique prompts held out for validation (hash-based), for every
+            source without its own `validation-fraction=`.
         num_prompts: total prompts in the mix (train + validation); None keeps `weight x size`.
         seed: changes the split and the subset chosen; the same seed gives the same output.
         tokenizer: the target's tokenizer, needed for `filters.max_tokens`.
@@ -84,17 +89,23 @@ def build_prompts(sources: list[SourceSpec], out: str | Path, *, filters: Filter
                            "records": report.records, "malformed": len(report.malformed), **stats})
     wanted = source_counts(sources, [len(p) for p in pools], num_prompts)
     chosen: list[Prompt] = []
-    for pool, count, stats in zip(pools, wanted, per_source):
+    split: dict[int, str] = {}   # id(prompt) -> its split, decided by its own source's held-out share
+    for spec, pool, count, stats in zip(sources, pools, wanted, per_source):
         if count > len(pool) and pool:
             log.warning("source %s holds %d unique prompts but its weight asks for %d: repeating prompts",
                         stats["name"], len(pool), count)
-        chosen += take(pool, count, seed)
+        share = validation_fraction if spec.validation_fraction is None else spec.validation_fraction
+        taken = take(pool, count, seed)
+        for prompt in taken:
+            split[id(prompt)] = split_of(prompt, share, seed)
+        chosen += taken
         stats["taken"] = count
+        stats["validation"] = sum(split[id(p)] == "validation" for p in taken)
     chosen = unique_ids(chosen)
     chosen.sort(key=lambda p: order_key(p, seed))
     by_split: dict[str, list[Prompt]] = {s: [] for s in SPLITS}
     for prompt in chosen:
-        by_split[split_of(prompt, validation_fraction, seed)].append(prompt)
+        by_split[split[id(prompt)]].append(prompt)
     if not chosen:
         raise EaglekitError("no prompt left after filtering", hint="check the sources and the length limits")
     config = {"sources": [s.to_config() for s in sources], "filters": filters.__dict__,

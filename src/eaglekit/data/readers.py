@@ -3,7 +3,9 @@ Face datasets. Every record keeps its location (file and line) so a malformed on
 
 A source is written `LOCATION[,key=value...]` on the command line, e.g.
 `sharegpt.json,weight=2`, `questions.txt,name=faq`, `hf:tatsu-lab/alpaca,split=train,weight=0.5`,
-`data.parquet,column=question`, `t0.jsonl,min-chars=2000,name=t0_long` (its long prompts alone).
+`data.parquet,column=question`, `t0.jsonl,min-chars=2000,name=t0_long` (its long prompts alone),
+`chat.jsonl,validation-fraction=0.05` (this source's own held-out share: validation drawn from the
+prompts like those served, not from the whole mix).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from eaglekit.errors import EaglekitError
 log = logging.getLogger(__name__)
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")
-OPTIONS = ("weight", "format", "name", "column", "records", "split", "subset", "min-chars", "max-chars")
+OPTIONS = ("weight", "format", "name", "column", "records", "split", "subset", "min-chars", "max-chars",
+           "validation-fraction")
 INT_OPTIONS = ("min-chars", "max-chars")
 
 
@@ -42,6 +45,9 @@ class SourceSpec:
         min_chars, max_chars: this source's own length limits, on top of the build's (`min-chars=2000`
             takes a source's long prompts alone: long-input work, e.g. summaries, as its own share; its
             `name` names the share in the manifest, while records that carry a source keep theirs).
+        validation_fraction: this source's own held-out share (None: the build's `--validation-fraction`).
+            With `--validation-fraction 0` and `validation-fraction=0.05` on the chat-like sources,
+            training validates (predicts, and picks its best draft) on chat, not on the whole mix.
     """
 
     location: str
@@ -54,6 +60,7 @@ class SourceSpec:
     subset: str | None = None
     min_chars: int | None = None
     max_chars: int | None = None
+    validation_fraction: float | None = None
 
     @classmethod
     def parse(cls, text: str) -> "SourceSpec":
@@ -83,15 +90,27 @@ class SourceSpec:
                                     hint="e.g. data.jsonl,weight=0.5") from None
             if not kwargs["weight"] > 0:
                 raise EaglekitError(f"weight must be > 0 in {text!r}", hint="drop the source instead of weight 0")
+        if "validation-fraction" in kwargs:
+            value = kwargs.pop("validation-fraction")
+            try:
+                share = float(value)
+            except ValueError:
+                share = -1.0
+            if not 0 <= share < 1:
+                raise EaglekitError(f"validation-fraction {value!r} in {text!r} is not a share in [0, 1)",
+                                    hint="e.g. chat.jsonl,validation-fraction=0.05")
+            kwargs["validation_fraction"] = share
         if kwargs.get("format", "auto") not in FORMATS:
             raise EaglekitError(f"unknown format {kwargs['format']!r} in {text!r}",
                                 hint=f"use one of {', '.join(FORMATS)}")
         return cls(location=location.strip(), **kwargs)
 
     def to_config(self) -> dict:
-        """The spec as the prompts manifest records it; the length limits only when set, so that a
-        folder built before they existed hashes the same (generate's resume check reads that hash)."""
-        return {k: v for k, v in self.__dict__.items() if not (k in ("min_chars", "max_chars") and v is None)}
+        """The spec as the prompts manifest records it; the length limits and the held-out share only
+        when set, so that a folder built before they existed hashes the same (generate's resume check
+        reads that hash)."""
+        return {k: v for k, v in self.__dict__.items()
+                if not (k in ("min_chars", "max_chars", "validation_fraction") and v is None)}
 
     def keeps(self, prompt) -> bool:
         """Within this source's own length limits."""
