@@ -20,6 +20,7 @@ from eaglekit.features.capture import capture_features
 from eaglekit.targets.load import load_target
 from eaglekit.train.config import TrainConfig
 from eaglekit.train.loop import train
+from eaglekit.train.manifest import predicted_accept_length, validation_label
 from test_features import text_rows
 from tiny_conversations import greedy_samples, write_generate_folder
 
@@ -114,16 +115,23 @@ def test_conversations_labelled_validation_are_never_trained_on(data, tmp_path):
     from eaglekit.train.setup import split_members
 
     target = load_target(data["target"])
-    rows = [{**r, "split": "validation" if i % 6 == 0 else "train"} for i, r in enumerate(text_rows(60))]
+    rows = [{**r, "split": "validation" if i % 6 == 0 else "train", "source": "chat" if i % 6 == 0 else "tasks"}
+            for i, r in enumerate(text_rows(60))]
     labelled = {r["id"] for r in rows if r["split"] == "validation"}
     conv = write_generate_folder(tmp_path / "conv", rows, target.fingerprint())
     manifest = train(config(data, tmp_path / "online", features=None, data=str(conv), max_steps=1, val_every=1,
                             val_fraction=0.0))
     assert manifest["counts"]["val_samples"] == len(labelled) == 10
     assert manifest["counts"]["train_samples"] == 50
+    # The manifest says what the prediction is for: the held-out conversations, by their prompts' source.
+    workload = manifest["counts"]["validation"]
+    assert (workload["origin"], workload["by_source"]) == ("held_out", {"chat": 10})
+    assert validation_label(manifest) == "held-out conversations: chat 10"
     other = train(config(data, tmp_path / "with-val", features=None, data=str(conv), val_data=data["conv"],
                          max_steps=1, val_every=1))                     # a validation set of its own
     assert other["counts"]["train_samples"] == 50 and other["counts"]["val_samples"] == 60
+    assert other["counts"]["validation"]["by_source"] == {"test": 60}
+    assert validation_label(other) == "--val-data conversations: test 60"
     samples, _ = tokenize_conversations(target.tokenizer, read_conversations(conv)[0], max_length=256)
     capture_features(target, samples, tmp_path / "feat", aux_layer_ids=[1, 3, 4], topk=16, shard_tokens=800,
                      batch_tokens=1024, progress=False)
@@ -323,6 +331,11 @@ def test_init_from_with_no_steps_validates_the_draft_as_trained(data, tmp_path):
     assert measured["step"] == 0 and measured["positions"] == best["positions"]
     assert measured["acc"] == pytest.approx(best["acc"], abs=1e-6)
     assert measured["sim_accept_length"] == pytest.approx(best["sim_accept_length"], abs=1e-6)
+    # A prediction for a served chain of k is the walk capped at k; none past the unrolled steps (3).
+    assert predicted_accept_length(again, 2) == measured["walk_accept_length_by_k"][1] <= predicted_accept_length(again)
+    assert predicted_accept_length(again, 3) == measured["walk_accept_length"] and predicted_accept_length(again, 5) is None
+    # Features captured without a conversations folder in their manifest: the sources are unknown, and said so.
+    assert again["counts"]["validation"]["by_source"] == {"unknown": again["counts"]["val_samples"]}
     with pytest.raises(EaglekitError, match="brings its own vocab"):
         config(data, tmp_path / "other", max_steps=0, init_from=str(tmp_path / "first"), vocab="v.safetensors")
 

@@ -21,3 +21,22 @@ def read_draft_manifest(folder: str | Path, what: str = "draft manifest") -> dic
 def steps_done(manifest: dict | None) -> int | None:
     """The optimizer steps the run had done when it wrote the manifest."""
     return ((manifest or {}).get("steps") or {}).get("done")
+
+
+def predicted_accept_length(manifest: dict | None, k: int | None = None) -> float | None:
+    """The accept length training predicts for a served chain of `k` drafts: the walk (greedy chain
+    decoding replayed over the validation answers) capped at k, `walk_accept_length_by_k[k-1]`; None
+    where the run did not unroll k steps (a walk of 7 is not a prediction for a chain of 5: it commits
+    more a cycle). k None: the walk at the run's own `ttt_steps`."""
+    best = (manifest or {}).get("best") or {}
+    if k is None:
+        return best.get("walk_accept_length")
+    by_k = best.get("walk_accept_length_by_k") or []
+    return by_k[k - 1] if 1 <= k <= len(by_k) else None
+
+
+def validation_label(manifest: dict | None) -> str:
+    """What training validated on, in a few words (the workload its prediction is for): its
+    `counts.validation` (train/sources.py `validation_workload`), else "held-out conversations"."""
+    workload = ((manifest or {}).get("counts") or {}).get("validation") or {}
+    return workload.get("label") or "held-out conversations"

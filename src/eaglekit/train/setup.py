@@ -18,7 +18,7 @@ from eaglekit.features.store import FeatureStore
 from eaglekit.targets.info import check_aux_layer_ids, default_aux_layer_ids
 from eaglekit.train.config import TrainConfig
 from eaglekit.train.distributed import Dist
-from eaglekit.train.sources import OfflineSource, OnlineSource
+from eaglekit.train.sources import OfflineSource, OnlineSource, validation_workload
 from eaglekit.train.target_parts import TargetParts, load_target_parts
 
 log = logging.getLogger(__name__)
@@ -221,6 +221,7 @@ def prepare(cfg: TrainConfig, dist: Dist) -> Run:
         else:
             run.val = OnlineSource(run.val.model, [run.val.samples[i] for i in keep], run.aux_layer_ids, run.vocab)
     run.counts["draft_vocab_coverage"] = run.vocab.coverage
+    run.counts["validation"] = validation_workload(cfg, run.val)   # the workload its prediction is for
     if run.val is not None:
         from eaglekit.train.baselines import baseline_accuracy
 

@@ -11,7 +11,7 @@ import torch
 
 from eaglekit.draft.vocab import DraftVocab
 from eaglekit.features.batch import Batch, pad_stack
-from eaglekit.features.conversations import Sample
+from eaglekit.features.conversations import Sample, conversation_files
 from eaglekit.features.store import FeatureStore
 from eaglekit.features.teacher import dense_teacher, sparse_teacher
 from eaglekit.targets.capture import capture_aux_states
@@ -110,3 +110,62 @@ class OnlineSource:
                      loss_mask=host["loss_mask"].to(device, non_blocking=True), aux=cap.aux_hidden.to(device),
                      teacher=teacher.to(device), lengths=host["lengths"].to(device, non_blocking=True),
                      host_loss_mask=host["loss_mask"])
+
+
+def validation_workload(cfg, val: OfflineSource | OnlineSource | None) -> dict | None:
+    """What the validation set is: where it comes from, its conversations by source (the prompts'
+    `source`), and a label for the accept length it predicts, which holds for that workload alone (a
+    held-out share of a FLAN/T0/GSM8K mix predicted far more than MT-bench then accepted). None
+    without a validation set.
+
+    Args:
+        cfg: the run's `TrainConfig` (which inputs it read).
+        val: the validation source as the run will use it (after `--val-max-samples`).
+    """
+    if val is None:
+        return None
+    if cfg.val_data:
+        origin, where = "val_data", cfg.val_data
+    else:
+        origin, where = "held_out", cfg.data if cfg.online else cfg.features
+    names = sources_by_id(where, online=cfg.online)
+    by_source: dict[str, int] = {}
+    for sid in val.ids:
+        name = names.get(sid, "unknown")
+        by_source[name] = by_source.get(name, 0) + 1
+    by_source = dict(sorted(by_source.items(), key=lambda kv: (-kv[1], kv[0])))
+    shown = ", ".join(f"{name} {n}" for name, n in list(by_source.items())[:4])
+    more = len(by_source) - 4
+    label = (f"{'--val-data' if origin == 'val_data' else 'held-out'} conversations: {shown}"
+             + (f" and {more} more sources" if more > 0 else ""))
+    return {"origin": origin, "path": str(where), "conversations": len(val.ids), "by_source": by_source,
+            "label": label}
+
+
+def sources_by_id(path, *, online: bool) -> dict[str, str]:
+    """Conversation id -> its prompt's `source`, read from the conversations folder (offline: the one
+    the features were captured from, named in their manifest); empty where that folder is gone."""
+    import json
+    from pathlib import Path
+
+    from eaglekit.artifacts import MANIFEST
+
+    folder = Path(path)
+    if not online:
+        manifest = folder / MANIFEST
+        data = (json.loads(manifest.read_text()).get("inputs") or {}).get("data") if manifest.is_file() else None
+        if not isinstance(data, dict) or not data.get("path"):
+            return {}
+        folder = Path(data["path"])
+    if not folder.exists():
+        return {}
+    files, _ = conversation_files(folder)
+    names: dict[str, str] = {}
+    for file in files:
+        with open(file, encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    row = json.loads(line)
+                    if isinstance(row, dict) and "id" in row:
+                        names[str(row["id"])] = str(row.get("source") or "unknown")
+    return names
