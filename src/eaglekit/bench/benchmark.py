@@ -17,7 +17,7 @@ import torch
 
 from eaglekit.artifacts import BENCH_RESULTS, atomic_dir, atomic_path, refuse_existing, refuse_other_stage, sha256_file, write_json, write_manifest
 from eaglekit.bench.options import BenchOptions
-from eaglekit.bench.prompts import load_bench_prompts
+from eaglekit.bench.prompts import load_bench_prompts, prompt_categories
 from eaglekit.bench.report import greedy_match_note, markdown, plot, summarize, turn_records, verdict
 from eaglekit.bench.run import Method, conversation_ids, run_turns
 from eaglekit.engine import DraftRunner, Engine, OracleDrafter, SpecConfig, make_target_runner
@@ -106,10 +106,11 @@ def benchmark(cfg: BenchOptions, command: str = "") -> dict:
     engines = [m.engine for m in methods]
     turns, timing = run_turns(engines[0], methods, target, prompts, max_new_tokens=cfg.max_new_tokens, hf=cfg.hf,
                               hf_prompts=cfg.hf_prompts, seed=cfg.seed, warmup=cfg.warmup)
-    sweep = [{**summarize(turns, spec.label(), spec.max_depth, sampling.greedy)["summary"], "config": spec.to_dict()}
-             for spec in specs]
+    categories = prompt_categories(cfg.prompts)[0]
+    sweep = [{**summarize(turns, spec.label(), spec.max_depth, sampling.greedy, categories)["summary"],
+              "config": spec.to_dict()} for spec in specs]
     best = max(range(len(specs)), key=lambda i: sweep[i]["spec_tok_s"])
-    result = summarize(turns, specs[best].label(), specs[best].max_depth, sampling.greedy)
+    result = summarize(turns, specs[best].label(), specs[best].max_depth, sampling.greedy, categories)
     profile = slow_cycle_profile(engines[best], result["summary"], turns[0].ids, cfg.max_new_tokens)
     result["summary"]["verdict"] = verdict(result["summary"], profile)
     result["cycle_profile"] = profile
@@ -163,10 +164,7 @@ def _write_outputs(result: dict, cfg: BenchOptions, out: Path) -> dict:
     result["plot"] = None if why_no_plot else "acceptance.png"
     result["plot_note"] = why_no_plot
     write_json(out / BENCH_RESULTS, result)
-    text = markdown(result)
-    timing = result["summary"].get("timing") or {}
-    if timing.get("warning"):
-        text = f"**Warning**: {timing['warning']}.\n\n" + text
+    text = markdown(result)   # the drift warning, if any, heads it
     unfinished = result["summary"].get("unfinished_draft")
     if unfinished:  # first of all: what was measured is not a finished draft
         text = f"**Unfinished draft** (benched with --allow-unfinished): {unfinished}\n\n" + text
@@ -181,6 +179,7 @@ def _write_outputs(result: dict, cfg: BenchOptions, out: Path) -> dict:
                            "sha256": {f.name: sha256_file(f) for f in sorted(Path(cfg.draft).glob("*.safetensors"))}}
     return write_manifest(out, stage="bench", config=s["config"], target=result["target_fingerprint"], inputs=inputs,
                           counts={"prompts": s["prompts"], "turns": s["turns"], "cycles": s["cycles"]},
-                          extra={"summary": {k: s[k] for k in ("tau", "speedup", "baseline_tok_s", "spec_tok_s",
-                                                               "hf_tok_s", "greedy_match", "device", "date", "timing")},
+                          extra={"summary": {k: s[k] for k in ("tau", "speedup", "per_prompt_speedup", "baseline_tok_s",
+                                                               "spec_tok_s", "hf_tok_s", "greedy_match", "device", "date",
+                                                               "timing")},
                                  "unfinished_draft": s.get("unfinished_draft")})

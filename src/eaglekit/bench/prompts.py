@@ -77,3 +77,32 @@ def read_records(path: Path) -> list[Prompt]:
             raise EaglekitError(f"{path}: record {i + 1}: {err}",
                                 hint='use {"id", "turns": [...]}, {"messages": [...]} or {"prompt": ...}') from err
     return prompts
+
+
+def prompt_categories(path: str | Path | None) -> tuple[dict[str, str], str]:
+    """id -> category of the bench's prompts: a record's `category` (MT-bench's writing, coding, ...),
+    else its `source`, else the file's name; the built-in set is one category. The bench reads them
+    for its figures per category, `eaglekit report` after the fact: a prompts file gone or edited
+    since gives no categories and a note saying so."""
+    if path is None:
+        return {}, ""
+    p = Path(path)
+    if p.is_dir():
+        return {pr.id: pr.source for pr in load_bench_prompts(p)}, ""
+    if not p.is_file():
+        return {}, f"the bench prompts {path} are gone: categories unknown"
+    records = []
+    try:
+        if p.suffix == ".json":
+            loaded = json.loads(p.read_text(encoding="utf-8"))
+            records = loaded if isinstance(loaded, list) else [loaded]
+        else:
+            records = [json.loads(line) for line in p.read_text(encoding="utf-8").split("\n") if line.strip()]
+    except (ValueError, OSError) as err:   # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return {}, f"the bench prompts {path} no longer read as JSON ({err}): categories unknown"
+    out = {}
+    for i, r in enumerate(records):
+        if isinstance(r, dict):
+            rid = str(r.get("id", r.get("question_id", f"{p.stem}-{i}")))
+            out[rid] = str(r.get("category") or r.get("source") or p.stem)
+    return out, ""

@@ -1,10 +1,10 @@
 """Benchmark figures: per prompt and overall, as JSON, a markdown table and a PNG plot.
 
-tok/s of a method = mean over prompts of (tokens / seconds of all the prompt's turns), and
-speedup = spec tok/s / plain tok/s: the ratio of means of the EAGLE / Spec-Bench protocol
-(docs/algorithms.md §6). tau = tokens committed per target forward in the speculation cycles, bonus
-included; per-position acceptance[i] = P(the first i+1 drafts of a cycle were all accepted)
-(chain: per draft position; tree: per depth of the accepted path).
+tok/s and speedup: each method's total tokens over its total time on the same prompts, with the
+per-prompt speedups' median and spread beside it, overall and per prompt category (`bench/stats.py`).
+tau = tokens committed per target forward in the speculation cycles, bonus included; per-position
+acceptance[i] = P(the first i+1 drafts of a cycle were all accepted) (chain: per draft position;
+tree: per depth of the accepted path).
 """
 
 from __future__ import annotations
@@ -15,14 +15,11 @@ from pathlib import Path
 
 from eaglekit.artifacts import atomic_path
 from eaglekit.bench.run import Turn
+from eaglekit.bench.stats import by_category, rate, spread, total_rate
 from eaglekit.engine.generate import accept_length, acceptance_by_position
 from eaglekit.errors import EaglekitError
 
 log = logging.getLogger(__name__)
-
-
-def rate(tokens: int, seconds: float) -> float:
-    return tokens / seconds if seconds > 0 else 0.0
 
 
 def method_stats(gens) -> dict:
@@ -31,8 +28,10 @@ def method_stats(gens) -> dict:
     return {"tokens": tokens, "seconds": round(seconds, 4), "tok_s": round(rate(tokens, seconds), 2)}
 
 
-def summarize(turns: list[Turn], label: str, max_depth: int, greedy: bool) -> dict:
-    """Per-prompt rows and the overall `summary` for one speculation setting."""
+def summarize(turns: list[Turn], label: str, max_depth: int, greedy: bool,
+              categories: dict[str, str] | None = None) -> dict:
+    """Per-prompt rows and the overall `summary` for one speculation setting; `categories`: prompt
+    id -> category, for the figures per category."""
     by_prompt: dict[str, list[Turn]] = {}
     for turn in turns:
         by_prompt.setdefault(turn.prompt_id, []).append(turn)
@@ -52,19 +51,21 @@ def summarize(turns: list[Turn], label: str, max_depth: int, greedy: bool) -> di
     if not accepts:   # tau and a cycle's cost would be invented (tau 1.00 of no cycle)
         raise EaglekitError(f"{label}: no speculative cycle ran in {len(turns)} turns (every answer ended at the "
                             "prefill's first token)", hint="ask for more tokens (--max-new-tokens 2 or more)")
-    mean = lambda key: sum(r[key]["tok_s"] for r in rows) / len(rows)  # noqa: E731 (ratio of means)
     summary = {
         "spec": label,
         "tau": round(accept_length(accepts), 3),
-        "baseline_tok_s": round(mean("plain"), 2),
-        "spec_tok_s": round(mean("spec"), 2),
+        "baseline_tok_s": round(total_rate(rows, "plain"), 2),
+        "spec_tok_s": round(total_rate(rows, "spec"), 2),
         "per_position_acceptance": [round(x, 4) for x in acceptance_by_position(accepts, max_depth)],
         "cycles": len(accepts),
         "turns": len(turns),
         "prompts": len(rows),
         "new_tokens": {"plain": sum(r["plain"]["tokens"] for r in rows), "spec": sum(r["spec"]["tokens"] for r in rows)},
     }
-    summary["speedup"] = round(rate(summary["spec_tok_s"], summary["baseline_tok_s"]), 3)
+    summary["speedup"] = round(rate(total_rate(rows, "spec"), total_rate(rows, "plain")), 3)
+    summary["speedup_basis"] = "total tokens / total seconds of each method on the same prompts"
+    summary["per_prompt_speedup"] = spread(rows)
+    summary["by_category"] = by_category(rows, categories)
     summary.update(hf_summary(rows))
     summary["efficiency"] = round(summary["speedup"] / summary["tau"], 3)   # 1.0 = speedup equals tau
     summary["cycle"] = cycle_cost(turns, label)
@@ -84,11 +85,10 @@ def hf_summary(rows: list[dict]) -> dict:
     rows = [r for r in rows if "hf" in r]
     if not rows:
         return {"hf_tok_s": None, "hf_prompts": 0, "speedup_vs_hf": None, "baseline_vs_hf": None}
-    mean = lambda key: sum(r[key]["tok_s"] for r in rows) / len(rows)  # noqa: E731 (ratio of means)
-    hf = mean("hf")
+    hf = total_rate(rows, "hf")
     return {"hf_tok_s": round(hf, 2), "hf_prompts": len(rows),
-            "speedup_vs_hf": round(rate(mean("spec"), hf), 3) if hf else None,
-            "baseline_vs_hf": round(rate(mean("plain"), hf), 3) if hf else None}
+            "speedup_vs_hf": round(rate(total_rate(rows, "spec"), hf), 3) if hf else None,
+            "baseline_vs_hf": round(rate(total_rate(rows, "plain"), hf), 3) if hf else None}
 
 
 def cycle_cost(turns: list[Turn], label: str) -> dict:
@@ -147,13 +147,30 @@ def turn_records(turns: list[Turn]) -> list[dict]:
     return out
 
 
+def speedup_line(summary: dict) -> str:
+    """The headline's basis and the per-prompt spread beside it, in one sentence."""
+    p = summary["per_prompt_speedup"]
+    return (f"Speedup {summary['speedup']:.2f}x: each method's total tokens over its total time on the same "
+            f"{summary['prompts']} prompts. Per prompt: median {p['median']:.2f}x, middle half "
+            f"{p['q1']:.2f}-{p['q3']:.2f}x, range {p['min']:.2f}x ({p['min_id']}) to {p['max']:.2f}x ({p['max_id']}).")
+
+
+def drift_warning(summary: dict) -> str | None:
+    """The bench's own warning that plain decoding's speed changed during the run, if it gave one."""
+    return (summary.get("timing") or {}).get("warning")
+
+
 def markdown(result: dict) -> str:
     s = result["summary"]
+    warning = drift_warning(s)
     lines = [f"# eaglekit bench: {result['config']['target']} + {result['config']['draft']}", "",
              f"{s['spec']}, {result['config']['sampling']}, max {result['config']['max_new_tokens']} new tokens, "
-             f"{s['device']}, {s['date']}", "", f"**{s['verdict']}**" if s.get("verdict") else "", "",
-             "| prompt | turns | tokens | HF tok/s | plain tok/s | spec tok/s | speedup | tau | greedy match |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: |"]
+             f"{s['device']}, {s['date']}", ""]
+    if warning:   # before the figures it puts in doubt
+        lines += [f"**Warning**: {warning}.", ""]
+    lines += [f"**{s['verdict']}**" if s.get("verdict") else "", "",
+              "| prompt | turns | tokens | HF tok/s | plain tok/s | spec tok/s | speedup | tau | greedy match |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: |"]
     fmt = lambda x: "–" if x is None else (f"{x:.2f}" if isinstance(x, float) else str(x))  # noqa: E731
     for r in result["prompts"]:
         hf = r.get("hf", {}).get("tok_s")
@@ -162,7 +179,19 @@ def markdown(result: dict) -> str:
     lines.append(f"| **all** | {s['turns']} | {s['new_tokens']['spec']} | {fmt(s['hf_tok_s'])} | "
                  f"{s['baseline_tok_s']:.1f} | {s['spec_tok_s']:.1f} | **{s['speedup']:.2f}x** | **{s['tau']:.2f}** | "
                  f"{fmt(s['greedy_match'])} |")
-    lines += ["", "Per-position acceptance P(first i+1 drafts accepted): " +
+    lines += [""]
+    if s.get("per_prompt_speedup"):
+        lines += [speedup_line(s), ""]
+    if s.get("by_category"):
+        lines += ["| category | prompts | tau | plain tok/s | spec tok/s | speedup | per-prompt median (range) |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for name, c in s["by_category"].items():
+            p = c["per_prompt_speedup"]
+            lines.append(f"| {name} | {c['prompts']} | {fmt(c['tau'])} | {c['plain_tok_s']:.1f} | "
+                         f"{c['spec_tok_s']:.1f} | {c['speedup']:.2f}x | {p['median']:.2f}x "
+                         f"({p['min']:.2f}-{p['max']:.2f}x) |")
+        lines += [""]
+    lines += ["Per-position acceptance P(first i+1 drafts accepted): " +
               ", ".join(f"{p:.3f}" for p in s["per_position_acceptance"]), ""]
     note = greedy_match_note(result)
     if note:

@@ -34,6 +34,8 @@ from eaglekit.artifacts import (
     made_before,
     read_json,
 )
+from eaglekit.bench.prompts import prompt_categories  # noqa: F401 (the report's own too)
+from eaglekit.bench.stats import group_stats
 from eaglekit.errors import EaglekitError
 
 STATUS = ("done", "unfinished", "failed", "not run", "unreadable", "missing", "stale")
@@ -177,37 +179,9 @@ def bench(run: Path, state: dict | None, folder: str = RUN_BENCH, stage: str = "
                        device=s.get("device"), date=s.get("date")))
 
 
-def prompt_categories(path: str | None) -> tuple[dict[str, str], str]:
-    """id -> category of the bench's prompts: a record's `category`, else its `source`, else the file's
-    name; the built-in set is one category. A prompts file that is gone is said so."""
-    if path is None:
-        return {}, ""
-    p = Path(path)
-    if p.is_dir():
-        from eaglekit.bench.prompts import load_bench_prompts
-
-        return {pr.id: pr.source for pr in load_bench_prompts(p)}, ""
-    if not p.is_file():
-        return {}, f"the bench prompts {path} are gone: categories unknown"
-    records = []
-    try:   # the file may have been edited since the bench ran: the page says so, the rest still renders
-        if p.suffix == ".json":
-            loaded = json.loads(p.read_text(encoding="utf-8"))
-            records = loaded if isinstance(loaded, list) else [loaded]
-        else:
-            records = [json.loads(line) for line in p.read_text(encoding="utf-8").split("\n") if line.strip()]
-    except (ValueError, OSError) as err:   # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        return {}, f"the bench prompts {path} no longer read as JSON ({err}): categories unknown"
-    out = {}
-    for i, r in enumerate(records):
-        if isinstance(r, dict):
-            rid = str(r.get("id", r.get("question_id", f"{p.stem}-{i}")))
-            out[rid] = str(r.get("category") or r.get("source") or p.stem)
-    return out, ""
-
-
 def categories(results: dict) -> tuple[list[dict], str]:
-    """tau per prompt category, weighted by speculation cycles (as the overall tau is)."""
+    """tau per prompt category, weighted by speculation cycles (as the overall tau is), and speedup as
+    the bench's headline is: total tokens over total time (`bench/stats.py`)."""
     prompts = results["summary"].get("config", {}).get("prompts")
     lookup, note = prompt_categories(prompts)
     if prompts is None:
@@ -215,14 +189,7 @@ def categories(results: dict) -> tuple[list[dict], str]:
     groups: dict[str, list[dict]] = {}
     for row in results["prompts"]:
         groups.setdefault(lookup.get(row["id"], "unknown"), []).append(row)
-    out = []
-    for name, rows in groups.items():
-        cycles = sum(r["cycles"] for r in rows)
-        accepted = sum((r["tau"] - 1) * r["cycles"] for r in rows)
-        out.append({"category": name, "prompts": len(rows), "cycles": cycles,
-                    "tau": round(1 + accepted / cycles, 3) if cycles else None,
-                    "speedup": round(sum(r["speedup"] for r in rows) / len(rows), 3)})
-    return out, note
+    return [{"category": name, **group_stats(rows)} for name, rows in groups.items()], note
 
 
 def scaling(run: Path, state: dict | None) -> Part:

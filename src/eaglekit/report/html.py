@@ -39,6 +39,7 @@ figure.missing .box { height: 120px; display: flex; align-items: center; justify
 svg.chart { display: block; max-width: 100%; height: auto; }
 .badge { display: inline-block; padding: 0 7px; border-radius: 9px; font-size: 12px; font-weight: 600; margin-left: 6px; }
 .s-done, .s-pass { background: #d9f2df; color: #1e6b33; } .s-unfinished, .s-stale, .s-warn { background: #fff0c2; color: #7a5b00; }
+p.warning { background: #fff8e0; border: 1px solid #e6c85c; padding: 6px 10px; }
 .s-failed, .s-fail, .s-unreadable, .s-missing { background: #fadbd8; color: #8e2a20; } .s-not-run, .s-skip { background: #e8eaed; color: #56606b; }
 """ + chart_css("svg ") + "\n"
 
@@ -256,6 +257,12 @@ def acceptance_section(data: RunData) -> str:
     out.append(figure("tau-by-category", data.bench, "tau by prompt category (bench)", svg,
                       data.bench.note or "no bench result"))
     out.append("</div>")
+    if len(cats) > 1:
+        out.append("<details><summary>tau and speed per prompt category</summary>" + table(
+            ["category", "prompts", "tau", "plain tok/s", "spec tok/s", "speedup", "per-prompt median", "range"],
+            [[c["category"], c["prompts"], c["tau"], c["plain_tok_s"], c["spec_tok_s"], c["speedup"],
+              c["per_prompt_speedup"]["median"], f"{c['per_prompt_speedup']['min']}-{c['per_prompt_speedup']['max']}"]
+             for c in cats], set(range(1, 7))) + "</details>")
     rows = data.bench.data.get("prompts") or []
     if rows:
         out.append("<details><summary>tau and speed per prompt</summary>" + table(
@@ -268,7 +275,11 @@ def acceptance_section(data: RunData) -> str:
 def speed_section(data: RunData) -> str:
     part = data.bench
     s = part.data.get("summary") or {}
-    out = [f"<h2>Speed{badge(part.status)}</h2>", '<div class="figures">']
+    out = [f"<h2>Speed{badge(part.status)}</h2>"]
+    warning = (s.get("timing") or {}).get("warning")
+    if warning:   # the bench's own doubt about its figures, above them
+        out.append(f'<p class="warning" data-warning="drift">{badge("warn")} {escape(warning)}</p>')
+    out.append('<div class="figures">')
     svg, notes = None, []
     if s:
         groups, values = [], []
@@ -289,7 +300,13 @@ def speed_section(data: RunData) -> str:
     out.append(figure("speed", part, "Speed against the baselines", svg, part.note or "no bench result", extra))
     out.append("</div>")
     if s:
-        out.append(table(["", ""], [["speedup over plain decoding", f"{fmt_num(s['speedup'])}x"],
+        spread = s.get("per_prompt_speedup")   # older results have none (their speedup was a ratio of means)
+        out.append(table(["", ""], [["speedup over plain decoding", f"{fmt_num(s['speedup'])}x"
+                                     + (" (total tokens over total time)" if spread else "")],
+                                    ["speedup per prompt", f"median {fmt_num(spread['median'])}x, middle half "
+                                     f"{fmt_num(spread['q1'])}-{fmt_num(spread['q3'])}x, range "
+                                     f"{fmt_num(spread['min'])}x ({spread['min_id']}) to {fmt_num(spread['max'])}x "
+                                     f"({spread['max_id']})" if spread else "not recorded"],
                                     ["speedup over HF generate", f"{fmt_num(s['speedup_vs_hf'])}x"
                                      if s.get("speedup_vs_hf") else "HF generate not run"],
                                     ["tau", s["tau"]], ["greedy output equal to plain decoding", s.get("greedy_match")],
