@@ -140,7 +140,8 @@ def test_a_folder_without_manifest_says_it_is_unfinished_and_what_to_run(tmp_pat
 
     out = tmp_path / "gen"
     out.mkdir()
-    (out / "conversations-00000.jsonl").write_text("")  # a generate that was killed
+    (out / "run.json").write_text("{}")                 # a generate that was killed: its run file first,
+    (out / "conversations-00000.jsonl").write_text("")  # then a shard
     with pytest.raises(EaglekitError, match="did not finish writing it") as err:
         read_conversations(out)
     assert "rerun `eaglekit generate` with the same --out" in str(err.value)

@@ -12,6 +12,13 @@ One rule keeps two runs from mixing and an unfinished folder from passing as fin
   `complete: false` (training that stopped early), is unfinished;
 - readers go through `read_manifest` / `require_finished`, which say what to run for an
   unfinished folder and refuse it unless the user asked for it (`--allow-unfinished`).
+
+And one rule keeps a user's files safe: a stage writes into a folder only if it is empty (or
+missing) or that same stage made it (`check_owner`), `--overwrite` included; what an
+`--overwrite` replaces is moved aside (`.NAME.old-PID` beside the folder) and deleted only once
+the new result is complete. A writer that fails puts it back; one that was killed leaves it for the
+next writer of the folder, which puts it back or, where the new result was complete, deletes it
+(`settle_replace`), as it deletes the temporary folders (`.NAME.PID-*.tmp`) a killed writer left.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -130,28 +138,174 @@ def writer_lock(folder: str | os.PathLike, *, stage: str | None = None) -> Itera
         if not _try_flock(fd, fcntl.LOCK_EX, LOCK_WAIT_S):
             raise EaglekitError(f"another {_writer_name(stage)} is writing to {folder}",
                                 hint="wait for it to finish, or use another --out")
+        settle_replace(folder)
         if stage is not None:
-            refuse_other_stage(folder, stage)
-        yield folder
+            check_owner(folder, stage)
+        _ASIDE.pop(folder.resolve(), None)
+        try:
+            yield folder
+        except BaseException:
+            _put_back(folder)   # a failed or interrupted writer changes nothing: the replaced result returns
+            raise
+        _finish_replace(folder)
     finally:
         os.close(fd)  # closing releases the lock
 
 
 # A writer's lock name where it differs from the stage its manifest records.
 _MANIFEST_STAGE = {"target prepare": "target"}
+# What an unfinished folder of a stage that writes in place holds before its manifest (a killed
+# generate's run file, a train killed before its first manifest, a run's state): that stage's own.
+_UNFINISHED_MARKS = {"generate": ("run.json",), "train": (TRAINER_STATE, TRAIN_LOG), "run": (PIPELINE_STATE,),
+                     "doctor": (DOCTOR_REPORT,)}
 
 
 def refuse_other_stage(folder: Path, stage: str) -> None:
     """Refuse to write (or --overwrite) a folder another stage made: `bench --out runs/draft` once
-    replaced the draft's manifest with bench's, exit 0, and the draft then read as unfinished."""
+    replaced the draft's manifest with bench's, exit 0, and the draft then read as unfinished; and
+    a folder no stage made (a user's own files: `target prepare --overwrite` once deleted them)."""
+    check_owner(folder, stage)
+
+
+def check_owner(folder: str | os.PathLike, stage: str) -> None:
+    """Refuse a folder that holds anything `stage` did not make, `--overwrite` or not: it writes only
+    into a missing or empty folder, or one whose manifest (or, unfinished, whose own state file)
+    says that stage made it. eaglekit never deletes or mixes into what it did not write."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise EaglekitError(f"{folder} is a file, not a folder", hint="pass another --out")
+    if not has_content(folder):
+        return
+    want = _MANIFEST_STAGE.get(stage, stage)
     try:
         found = json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get("stage")
+    except FileNotFoundError:
+        found = None
     except (OSError, ValueError, AttributeError):
-        return   # no manifest (or a torn one): the stage's own checks decide
-    want = _MANIFEST_STAGE.get(stage, stage)
-    if isinstance(found, str) and found != want:
+        found = "?"
+    if found == want or (found is None and any((folder / m).exists() for m in _UNFINISHED_MARKS.get(want, ()))):
+        return
+    if isinstance(found, str) and found != "?":
         raise EaglekitError(f"{folder} holds the output of `eaglekit {found}`, not of {_writer_name(stage)}",
                             hint="pass another --out; writing here would replace that stage's manifest")
+    names = sorted(p.name for p in folder.iterdir())
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    raise EaglekitError(f"{folder} holds files {_writer_name(stage)} did not write ({shown}); eaglekit never "
+                        "deletes or writes into a folder it did not make, --overwrite included",
+                        hint="move those files elsewhere, or pass another --out")
+
+
+# ---- replacing a folder: the old result goes only once the new one is complete -------------------
+
+# folder (resolved) -> the sibling holding what this process's `clear_folder` moved aside
+_ASIDE: dict[Path, Path] = {}
+
+
+def _aside_name(folder: Path, pid: int) -> Path:
+    return folder.with_name(f".{folder.name}.old-{pid}")
+
+
+def _leftovers(folder: Path) -> tuple[list[Path], list[Path]]:
+    """The moved-aside old results and the temporary folders of dead writers of `folder`: named
+    `.NAME.old-PID` and `.NAME.PID-XXXXXXXX.tmp` (`.NAME.XXXXXXXX.tmp` before the pid was in it)."""
+    parent = folder.parent
+    if not parent.is_dir():
+        return [], []
+    name = re.escape(folder.name)
+    old_name = re.compile(rf"\.{name}\.old-(\d+)")
+    tmp_name = re.compile(rf"\.{name}\.(?:(\d+)-)?[a-z0-9_]{{8}}\.tmp")
+    olds, tmps = [], []
+    for path in parent.iterdir():
+        for pattern, found in ((old_name, olds), (tmp_name, tmps)):
+            match = pattern.fullmatch(path.name)
+            if match and path.is_dir() and not _alive(int(match[1]) if match[1] else None):
+                found.append(path)
+    return sorted(olds, key=lambda p: p.stat().st_mtime), tmps
+
+
+def _alive(pid: int | None) -> bool:
+    """Whether process `pid` runs (this one included: its own writers clean up after themselves)."""
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def finished_here(folder: Path) -> bool:
+    """Whether `folder` holds a finished result: a manifest that does not say `complete: false`."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("complete") is not False
+
+
+def _empty(folder: Path) -> None:
+    for child in folder.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+
+def _move_children(src: Path, dst: Path) -> None:
+    """Every entry of `src` into `dst` (renames; the manifest last, so `dst` reads as finished only when whole)."""
+    children = sorted(src.iterdir(), key=lambda p: p.name == MANIFEST)
+    for child in children:
+        os.replace(child, dst / child.name)
+
+
+def settle_replace(folder: str | os.PathLike) -> None:
+    """Finish what a killed writer of `folder` left beside it (the caller holds the folder's lock):
+    the old result it moved aside comes back unless the new one in `folder` is complete (then it
+    is deleted), and its temporary folders go. Nothing hidden outlives the run that meets it."""
+    folder = Path(folder)
+    olds, tmps = _leftovers(folder)
+    for tmp in tmps:
+        log.warning("deleting %s, the unfinished output of a killed writer of %s", tmp, folder)
+        shutil.rmtree(tmp, ignore_errors=True)
+    if not olds:
+        return
+    keep = olds[-1]                                   # the newest replaced result
+    if folder.is_dir() and finished_here(folder):
+        log.warning("%s holds a complete new result: deleting the replaced one a killed writer left (%s)",
+                    folder, keep)
+    else:
+        log.warning("putting back %s: the writer that was replacing it was killed before its new result "
+                    "was complete", folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        _empty(folder)
+        _move_children(keep, folder)
+    for old in olds:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _put_back(folder: Path) -> None:
+    """A writer failed: what its `clear_folder` moved aside replaces whatever it wrote since."""
+    aside = _ASIDE.pop(folder.resolve(), None)
+    if aside is None or not aside.is_dir():
+        return
+    log.warning("%s: the run failed, so the result it was replacing is put back", folder)
+    _empty(folder)
+    _move_children(aside, folder)
+    aside.rmdir()
+
+
+def _finish_replace(folder: Path) -> None:
+    """A writer ended normally: the replaced result goes once the new one is complete, else it returns."""
+    aside = _ASIDE.get(folder.resolve())
+    if aside is None:
+        return
+    if finished_here(folder):
+        _ASIDE.pop(folder.resolve())
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        _put_back(folder)
 
 
 def made_before(result: str | os.PathLike, source: str | os.PathLike) -> bool:
@@ -174,15 +328,23 @@ def being_written(folder: str | os.PathLike) -> bool:
 
 
 def clear_folder(folder: str | os.PathLike) -> None:
-    """Empty a folder whose writer lock the caller holds; the manifest goes first, so no reader
-    trusts what is left while the rest is deleted. The folder itself stays (it carries the lock)."""
+    """Empty a folder whose writer lock (`writer_lock`) the caller holds, for `--overwrite`: its
+    contents move aside (`.NAME.old-PID` beside it) and are deleted only when the writer ends with
+    a complete result; a writer that fails puts them back. The manifest moves first, so no reader
+    trusts what is left meanwhile. The folder itself stays (it carries the lock)."""
     folder = Path(folder)
-    (folder / MANIFEST).unlink(missing_ok=True)
-    for child in folder.iterdir():
-        if child.is_dir() and not child.is_symlink():
-            shutil.rmtree(child)
-        else:
-            child.unlink()
+    if not has_content(folder):
+        return
+    key = folder.resolve()
+    if key in _ASIDE:              # cleared twice in one run: what the first kept aside stays the old result
+        _empty(folder)
+        return
+    aside = _aside_name(folder, os.getpid())
+    aside.mkdir()
+    _ASIDE[key] = aside
+    children = sorted(folder.iterdir(), key=lambda p: p.name != MANIFEST)
+    for child in children:
+        os.replace(child, aside / child.name)
 
 
 def has_content(folder: Path) -> bool:
@@ -207,6 +369,8 @@ def atomic_dir(out: str | os.PathLike, *, overwrite: bool = False, stage: str | 
     """
     out = Path(out)
     if not being_written(out):   # a writer at work there: writer_lock's refusal names it
+        if stage is not None:
+            check_owner(out, stage)
         refuse_existing(out, overwrite=overwrite)
     created = not out.exists()
     with writer_lock(out, stage=stage):
@@ -222,7 +386,8 @@ def atomic_dir(out: str | os.PathLike, *, overwrite: bool = False, stage: str | 
 
 @contextmanager
 def _temporary_dir_beside(out: Path) -> Iterator[Path]:
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    # The pid in the name tells the next writer whether the folder's maker is gone (`settle_replace`).
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}-", suffix=".tmp", dir=out.parent))
     try:
         yield tmp
     finally:
@@ -234,7 +399,7 @@ def _move_into_place(tmp: Path, out: Path) -> None:
     os.chmod(tmp, 0o755)
     if has_content(out):
         # Two renames: the old folder is never deleted before the new one is in place.
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        old = _aside_name(out, os.getpid())
         os.replace(out, old)
         os.replace(tmp, out)
         shutil.rmtree(old, ignore_errors=True)
@@ -298,8 +463,52 @@ def write_manifest(out_dir: str | os.PathLike, *, stage: str, config: dict, targ
     }
     if extra:
         manifest.update(extra)
+    manifest["files"] = folder_files(out_dir)
     write_json(Path(out_dir) / MANIFEST, manifest)
     return manifest
+
+
+# Files a folder's manifest does not vouch for: rewritten after it (the training log grows, the
+# trainer state is saved again) or hidden (a temporary file being written).
+_UNLISTED = (MANIFEST, TRAIN_LOG, TRAINER_STATE)
+
+
+def folder_files(folder: str | os.PathLike) -> dict[str, int]:
+    """The size of every file in `folder` (its relative path -> bytes), as a manifest records them:
+    what `missing_outputs` checks before a later run trusts the folder."""
+    folder = Path(folder)
+    files = {}
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder)
+        if path.is_file() and rel.parts[0] not in _UNLISTED and not any(p.startswith(".") for p in rel.parts):
+            files[rel.as_posix()] = path.stat().st_size
+    return files
+
+
+def missing_outputs(folder: str | os.PathLike) -> list[str]:
+    """What is gone from a finished folder since its manifest was written, in words (empty: intact):
+    the folder, its manifest, a file it lists, or a file of another size."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return [f"{folder} is missing"]
+    if not (folder / MANIFEST).is_file():
+        return [f"{folder / MANIFEST} is missing"]
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return [f"{folder / MANIFEST} is unreadable"]
+    if not isinstance(manifest, dict):
+        return [f"{folder / MANIFEST} is not an eaglekit manifest"]
+    if manifest.get("complete") is False:
+        return [f"{folder} is unfinished (manifest: complete false)"]
+    said = []
+    for rel, size in (manifest.get("files") or {}).items():
+        path = folder / rel
+        if not path.is_file():
+            said.append(f"{path} is missing")
+        elif path.stat().st_size != size:
+            said.append(f"{path} has {path.stat().st_size} bytes, its manifest says {size}")
+    return said
 
 
 def read_manifest(folder: str | os.PathLike, *, stage: str | None = None) -> dict:

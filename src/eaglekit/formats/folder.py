@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from eaglekit.artifacts import MANIFEST, TRAINER_STATE, read_json, unfinished_reason
+from eaglekit.artifacts import MANIFEST, TRAIN_LOG, TRAINER_STATE, read_json, unfinished_reason
 from eaglekit.errors import EaglekitError
 from eaglekit.targets.source import validate_safetensors
 
@@ -45,6 +45,19 @@ class DraftFolder:
         return (self.manifest or {}).get("target") or (self.eaglekit or {}).get("target")
 
 
+def unfinished_training(path: Path) -> str | None:
+    """Why a folder is an unfinished training run (its manifest says `complete: false`, or it holds
+    a trainer state or log and no manifest yet), else None."""
+    if (path / MANIFEST).is_file():
+        try:
+            return unfinished_reason(json.loads((path / MANIFEST).read_text()))
+        except (OSError, ValueError, AttributeError):
+            return None
+    if (path / TRAINER_STATE).is_dir() or (path / TRAIN_LOG).is_file():
+        return f"its `eaglekit train` run in {path} wrote no manifest yet (killed or still running)"
+    return None
+
+
 def weight_files(path: Path) -> list[Path]:
     """The safetensors files of a folder (following a shard index when there is one)."""
     if (path / INDEX).is_file():
@@ -72,6 +85,12 @@ def read_folder(path: str | Path) -> DraftFolder:
     path = Path(path)
     if not path.is_dir():
         raise EaglekitError(f"no such draft folder: {path}", hint="pass the folder holding config.json")
+    if not (path / "config.json").is_file():
+        unfinished = unfinished_training(path)
+        if unfinished:   # a killed `eaglekit train` before its first draft: "config not found" sent users to the path
+            raise EaglekitError(f"{path} is unfinished: {unfinished}, and has saved no draft yet",
+                                hint="continue it with the same `eaglekit train` command plus --resume (or let "
+                                     "it run to its first validation)")
     config = read_json(path / "config.json", what="draft config")
     if not isinstance(config, dict):
         raise EaglekitError(f"{path / 'config.json'} is not a JSON object", hint="the file is corrupt")

@@ -9,7 +9,7 @@ import logging
 import os
 from pathlib import Path
 
-from eaglekit.artifacts import atomic_dir, has_content, write_manifest
+from eaglekit.artifacts import atomic_dir, check_owner, has_content, write_manifest
 from eaglekit.errors import EaglekitError
 from eaglekit.targets.load import Target, load_target, text_config
 from eaglekit.targets.options import TargetPrepareOptions
@@ -35,6 +35,7 @@ def prepare_target(spec: str, out: str | Path, *, dtype: str = TargetPrepareOpti
         The manifest written to `out/manifest.json`.
     """
     out = Path(out)
+    check_owner(out, "target prepare")   # before the target loads: a folder of the user's is never replaced
     if has_content(out) and not overwrite:
         raise EaglekitError(f"{out} exists and is not empty", hint="pass --overwrite or another --out")
     target = load_target(spec, device="cpu", dtype=dtype)
