@@ -62,7 +62,7 @@ from eaglekit.pipeline.scaling import StepsNotKnownYet, run_scaling, scaling_pla
 from eaglekit.progress import StageTime, TimeLeft, duration, run_after, run_outlook, stage_and_after
 from eaglekit.report.html import write_report
 from eaglekit.targets.source import DEFAULT_TARGET
-from eaglekit.train.manifest import draft_manifest_path, read_draft_manifest, steps_done
+from eaglekit.train.manifest import draft_manifest_path, prediction_text, read_draft_manifest, steps_done
 
 log = logging.getLogger(__name__)
 STATE = PIPELINE_STATE
@@ -718,9 +718,10 @@ def summarize(out: Path) -> tuple[bool, str]:
     failed = [c["id"] for c in report["checks"] if c["status"] == "fail"]
     probe = report.get("probe") or {}
     acc0 = (best.get("acc") or [None])[0]
-    walk = best.get("walk_accept_length")
-    lines = [f"draft: {draft} (predicted accept length {walk if walk is None else round(walk, 3)} on held-out "
-             f"conversations, step-0 accuracy {acc0 if acc0 is None else round(acc0, 3)})",
+    # the prediction for the bench's chain where it ran one (a walk of 7 against a chain of 5 is not like with like)
+    spec = ((read_json(bench, "bench results").get("config") or {}).get("spec") or {}) if bench.is_file() else {}
+    lines = [f"draft: {draft} ({prediction_text(manifest, spec.get('k') if spec.get('mode') == 'chain' else None)}; "
+             f"step-0 accuracy {acc0 if acc0 is None else round(acc0, 3)})",
              f"doctor: {'ok' if report['ok'] else 'FAILED ' + ', '.join(failed)}; live probe tau {probe.get('tau')}"
              f" ({doctor})"]
     data = data_line(manifest, acc0)

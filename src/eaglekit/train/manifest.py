@@ -40,3 +40,15 @@ def validation_label(manifest: dict | None) -> str:
     `counts.validation` (train/sources.py `validation_workload`), else "held-out conversations"."""
     workload = ((manifest or {}).get("counts") or {}).get("validation") or {}
     return workload.get("label") or "held-out conversations"
+
+
+def prediction_text(manifest: dict | None, k: int | None = None) -> str:
+    """"predicted accept length X for a chain of k on <workload>": training's prediction, said with the
+    chain length and the workload it holds for. k: the served chain's (a bench or probe of k drafts);
+    where the run did not unroll k steps, or k is None, the walk at the run's own `ttt_steps`, named so."""
+    steps = ((manifest or {}).get("config") or {}).get("ttt_steps")
+    walk = predicted_accept_length(manifest, k)
+    if walk is None or k is None:
+        walk, k = predicted_accept_length(manifest), steps
+    value = "none" if walk is None else f"{walk:.3f}"
+    return f"predicted accept length {value} for a chain of {k} on {validation_label(manifest)}"
