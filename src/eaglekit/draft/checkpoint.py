@@ -37,6 +37,25 @@ def save_draft(draft: Eagle3Draft, out_dir: str | Path, *, dtype: torch.dtype = 
     return out
 
 
+def check_finite(tensors: dict[str, torch.Tensor], where: str | Path) -> None:
+    """Refuse weights holding NaN or Inf, naming the tensor: such a draft runs without an error and is
+    never accepted (a training run that diverged, a broken conversion, a float16 overflow).
+
+    Raises:
+        EaglekitError: the first float tensor (in name order) that is not finite everywhere.
+    """
+    for name in sorted(tensors):
+        t = tensors[name]
+        if not t.is_floating_point() or bool(torch.isfinite(t).all()):
+            continue
+        nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+        what = " and ".join(f"{n:,} {kind}" for n, kind in ((nan, "NaN"), (inf, "Inf")) if n)
+        raise EaglekitError(f"draft {where}: tensor {name} holds {what} of its {t.numel():,} values; a draft with "
+                            f"non-finite weights is never accepted",
+                            hint="train it again (eaglekit train stops at the first non-finite step and says why), "
+                                 "or use another checkpoint")
+
+
 def load_draft_config(folder: str | Path) -> DraftConfig:
     path = Path(folder) / CONFIG
     if not path.is_file():
@@ -52,7 +71,8 @@ def load_draft(folder: str | Path, *, device: str | torch.device = "cpu", dtype:
     """Load a native draft checkpoint. Pass the target's input embedding to make it runnable.
 
     Raises:
-        EaglekitError: missing/corrupt files, or tensor names/shapes that do not match the config.
+        EaglekitError: missing/corrupt files, tensor names/shapes that do not match the config, or
+            weights holding NaN/Inf.
     """
     folder = Path(folder)
     config = load_draft_config(folder)
@@ -61,6 +81,7 @@ def load_draft(folder: str | Path, *, device: str | torch.device = "cpu", dtype:
         raise EaglekitError(f"{folder} has no {WEIGHTS}", hint="pass a draft checkpoint folder")
     validate_safetensors(weights)
     state = load_file(str(weights))
+    check_finite(state, folder)
     draft = Eagle3Draft(config)
     expected = draft.draft_state_dict()
     missing = sorted(set(expected) - set(state))

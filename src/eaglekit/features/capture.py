@@ -15,11 +15,11 @@ import torch
 from safetensors.torch import save_file
 
 from eaglekit.artifacts import MANIFEST, atomic_path, read_manifest, write_json, write_manifest, writer_lock
-from eaglekit.errors import EaglekitError
+from eaglekit.errors import DiskFull, EaglekitError, from_os_error
 from eaglekit.features.batch import pack_by_tokens, pad_stack
 from eaglekit.features.conversations import Sample
 from eaglekit.features.options import FeaturesOptions
-from eaglekit.features.store import FORMAT, INDEX, TENSORS, read_index, shard_name
+from eaglekit.features.store import FORMAT, INDEX, TENSORS, describe_nonfinite, nonfinite_counts, read_index, shard_name
 from eaglekit.features.teacher import topk_from_logits
 from eaglekit.progress import Progress
 from eaglekit.targets.capture import capture_aux_states
@@ -66,6 +66,13 @@ def shard_tensors(samples: list[Sample], captured: list[tuple[torch.Tensor, torc
                   ) -> dict[str, torch.Tensor]:
     """One shard's tensors (`TENSORS`) from its samples and each sample's captured (aux [T, k*H] bf16,
     top-k ids [T, K], top-k log-probs [T, K]), whichever engine captured them."""
+    for sample, (aux, _, logp) in zip(samples, captured):
+        bad = nonfinite_counts({"aux": aux, "topk_logp": logp})
+        if bad:
+            raise EaglekitError(f"the target computed {describe_nonfinite(bad)} for conversation {sample.id!r}; "
+                                f"features holding them would train a NaN draft",
+                                hint="the target overflows in its dtype: capture with --dtype bfloat16 or float32 "
+                                     "(float16 overflows in many models), or check the target's weights")
     offsets = torch.zeros(len(samples) + 1, dtype=torch.long)
     offsets[1:] = torch.tensor([s.length for s in samples]).cumsum(0)
     return {
@@ -164,13 +171,21 @@ def capture_into(target, samples: list[Sample], out: str | Path, *, aux_layer_id
             continue
         shard_samples = [samples[i] for i in members]
         tensors = shard_capture(shard_samples)
-        with atomic_path(out / name) as tmp:
-            save_file({k: tensors[k].contiguous() for k in TENSORS}, str(tmp), metadata={"format": FORMAT})
-        entries[name] = {"file": name, "ids": [s.id for s in shard_samples],
-                         "lengths": [s.length for s in shard_samples], "bytes": (out / name).stat().st_size,
-                         "held_out": [s.id for s in shard_samples if s.held_out]}   # the prompts' validation split
-        # The index is what readers trust: replaced atomically, only after the shard is whole.
-        write_json(out / INDEX, {"format": FORMAT, "shards": [entries[k] for k in sorted(entries)]})
+        try:
+            with atomic_path(out / name) as tmp:
+                save_file({k: tensors[k].contiguous() for k in TENSORS}, str(tmp), metadata={"format": FORMAT})
+            entry = {"file": name, "ids": [s.id for s in shard_samples],
+                     "lengths": [s.length for s in shard_samples], "bytes": (out / name).stat().st_size,
+                     "held_out": [s.id for s in shard_samples if s.held_out]}   # the prompts' validation split
+            # The index is what readers trust: replaced atomically, only after the shard is whole.
+            listed = {**entries, name: entry}
+            write_json(out / INDEX, {"format": FORMAT, "shards": [listed[k] for k in sorted(listed)]})
+        except Exception as err:
+            failed = write_failed(err, out, n, len(plan), kept=len(entries))
+            if failed is None:
+                raise
+            raise failed from err
+        entries[name] = entry
         new_tokens += sum(s.length for s in shard_samples)
         bar.update(1, tok_s=f"{new_tokens / (time.perf_counter() - started):,.0f}")
     bar.close()
@@ -181,6 +196,18 @@ def capture_into(target, samples: list[Sample], out: str | Path, *, aux_layer_id
     counts["baseline_bytes_per_token"] = 8 * cfg.hidden_size  # 3 aux + final hidden state, bf16
     return write_manifest(out, stage="features", config=resolved, target=fingerprint, inputs=inputs,
                           counts=counts, extra={"complete": True})
+
+
+def write_failed(err: Exception, out: Path, shard: int, shards: int, *, kept: int) -> EaglekitError | None:
+    """A failed shard write as a sentence (None: not the operating system's refusal); disk full says
+    what is kept and that the rerun resumes."""
+    known = from_os_error(err)
+    if isinstance(known, DiskFull):
+        return DiskFull(f"the disk is full: shard {shard + 1} of {shards} could not be written to {out} "
+                         f"({kept} finished shards are kept)",
+                         hint="free space on that disk and run the same command again: it resumes at this shard "
+                              "(or pass an --out on another disk)")
+    return known
 
 
 def topk_mass(out: Path, files: list[str]) -> float:

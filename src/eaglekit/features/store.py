@@ -32,6 +32,23 @@ INDEX = "index.json"
 TENSORS = ("input_ids", "loss_mask", "offsets", "aux", "topk_ids", "topk_logp")
 
 
+def nonfinite_counts(tensors: dict[str, torch.Tensor]) -> dict[str, int]:
+    """Values no feature may hold, by tensor: NaN or Inf in `aux`, NaN or +Inf in `topk_logp` (-Inf is
+    a probability of 0, which a float16 log-probability rounds to)."""
+    counts = {}
+    if "aux" in tensors:
+        counts["aux"] = int((~torch.isfinite(tensors["aux"])).sum())
+    if "topk_logp" in tensors:
+        logp = tensors["topk_logp"]
+        counts["topk_logp"] = int((torch.isnan(logp) | (logp == float("inf"))).sum())
+    return {k: n for k, n in counts.items() if n}
+
+
+def describe_nonfinite(counts: dict[str, int]) -> str:
+    return " and ".join(f"{n:,} NaN/Inf {'aux values' if k == 'aux' else 'teacher log-probabilities'}"
+                        for k, n in counts.items())
+
+
 def shard_name(i: int) -> str:
     return f"shard-{i:05d}.safetensors"
 
@@ -66,7 +83,8 @@ class FeatureStore:
 
     Raises:
         EaglekitError: not a features folder, another target, a wrong width, an unfinished capture
-            (without allow_partial), no samples, or a truncated/corrupt shard.
+            (without allow_partial), no samples, or a truncated/corrupt shard; when a sample is read:
+            NaN/Inf in its aux states or teacher (`nonfinite_counts`).
     """
 
     def __init__(self, folder: str | Path, *, target_fingerprint: dict | None = None,
@@ -156,6 +174,12 @@ class FeatureStore:
         offsets = f.get_slice("offsets")[row:row + 2]
         a, b = int(offsets[0]), int(offsets[1])
         out = {name: f.get_slice(name)[a:b] for name in names}
+        bad = nonfinite_counts(out)   # checked as it is read: a NaN trains a NaN draft without a word
+        if bad:
+            raise EaglekitError(f"features in {self.folder}: sample {self.shards[shard].ids[row]!r} "
+                                f"({self.shards[shard].file.name}) holds {describe_nonfinite(bad)}",
+                                hint="the shard was changed after capture, or captured before eaglekit refused "
+                                     "non-finite states: recapture (`eaglekit features ... --overwrite`)")
         if "input_ids" in out:
             out["input_ids"] = out["input_ids"].long()
         if "loss_mask" in out:

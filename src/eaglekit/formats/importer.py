@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 
 from eaglekit.artifacts import atomic_dir, atomic_path, check_same_target, sha256_file, write_json, write_manifest
 from eaglekit.draft import Eagle3Draft
-from eaglekit.draft.checkpoint import CONFIG, WEIGHTS, load_draft
+from eaglekit.draft.checkpoint import CONFIG, WEIGHTS, check_finite, load_draft
 from eaglekit.draft.vocab import d2t_problems
 from eaglekit.errors import EaglekitError
 from eaglekit.formats.detect import Interpretation, interpret
@@ -42,6 +42,7 @@ def strict_reading(folder: DraftFolder, *, target_num_layers: int | None) -> Int
             each other (the doctor explains each of these in detail).
     """
     path = folder.path
+    check_finite(folder.tensors, path)   # NaN/Inf weights run without an error and are never accepted
     reading = interpret(folder, target_num_layers=target_num_layers)
     problems = list(reading.conflicts)
     if reading.unknown:

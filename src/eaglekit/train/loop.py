@@ -13,6 +13,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -23,7 +24,7 @@ from torch import nn
 from eaglekit.artifacts import AUX_CONVENTION, clear_folder, write_manifest, writer_lock
 from eaglekit.draft.checkpoint import save_draft
 from eaglekit.engine.graphs import check_inductor
-from eaglekit.errors import EaglekitError
+from eaglekit.errors import EaglekitError, RunFailed
 from eaglekit.features.batch import Batch
 from eaglekit.features.teacher import Teacher
 from eaglekit.targets.capture import decoder_layers
@@ -189,6 +190,7 @@ class Trainer:
         # Offline batches are CPU work (reading shards, mapping the teacher): overlap it with the GPU.
         self.prefetch = not cfg.online and self.device.type == "cuda"
         self.pending: dict = {}
+        self.unchecked: tuple[int, torch.Tensor] | None = None   # (step, its [loss, grad norm]) not yet read
         if self.prefetch:
             from concurrent.futures import ThreadPoolExecutor
 
@@ -316,8 +318,42 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return stats, grad_norm, tokens
 
+    def queue_finite_check(self, stats: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        """Check step `self.step`'s loss and grad norm for NaN/Inf without making the host wait: its
+        values are read once the next step is queued (the device still busy with that one), and
+        before anything validates, logs or saves, so no non-finite weight is ever written."""
+        values = torch.stack([stats[:, STATS.index("loss_sum")].sum(), grad_norm.detach().to(torch.float64)])
+        self.dist.all_reduce(values)   # a NaN on one rank stops every rank at the same step
+        self.check_finite()
+        self.unchecked = (self.step, values)
+
+    def check_finite(self) -> None:
+        """Stop the run at the first step whose loss or grad norm was not finite (`queue_finite_check`)."""
+        if self.unchecked is None:
+            return
+        step, values = self.unchecked
+        self.unchecked = None
+        loss, norm = values.tolist()
+        if math.isfinite(loss) and math.isfinite(norm):
+            return
+        if not math.isfinite(loss):
+            why = (f"the loss is {loss}: the training data or the target's states hold non-finite values "
+                   f"(or the draft overflowed)")
+            hint = ("recapture the features (`eaglekit features --overwrite`; it refuses NaN in what the target "
+                    "computes), or lower --lr")
+        else:
+            why = f"the gradient norm is {norm} (the loss was still finite): the update overflowed"
+            hint = "lower --lr, or train in --precision fp32"
+        saved = f" the draft saved at step {self.best['step']} is from before it" if self.best else " no draft was saved"
+        self.step = step   # the manifest's steps: where it stopped
+        if self.dist.main:
+            self.write_manifest(final=False, stopped=f"step {step}: {why}")
+        raise RunFailed(f"training stopped at step {step} of {self.total_steps}: {why}. Nothing is marked "
+                        f"complete (manifest `complete: false`);{saved}", hint=hint)
+
     @torch.no_grad()
     def validate(self) -> dict | None:
+        self.check_finite()
         if self.run.val is None:
             return None
         self.model.eval()
@@ -343,6 +379,7 @@ class Trainer:
         return {k: v.detach().float() if v.is_floating_point() else v for k, v in self.draft.draft_state_dict().items()}
 
     def save_trainer_state(self) -> None:
+        self.check_finite()
         if not self.dist.main:
             return
         tensors, meta = optimizer_tensors(self.optimizer, self.names)
@@ -352,8 +389,9 @@ class Trainer:
                    state=state)
         self.write_manifest(final=False)   # a killed run's manifest says where its trainer state stopped
 
-    def write_manifest(self, *, final: bool, train_metrics: dict | None = None) -> dict:
-        extra = {"complete": final, "aux_layer_ids": self.run.aux_layer_ids, "aux_layer_convention": AUX_CONVENTION,
+    def write_manifest(self, *, final: bool, train_metrics: dict | None = None, stopped: str | None = None) -> dict:
+        extra = {"complete": final, **({"stopped": stopped} if stopped else {}),
+                 "aux_layer_ids": self.run.aux_layer_ids, "aux_layer_convention": AUX_CONVENTION,
                  "draft_vocab": self.run.vocab.summary(), "best": self.best, "history": self.history,
                  "train_metrics": train_metrics, "steps": {"done": self.step, "total": self.total_steps,
                            "per_epoch": round(self.plan.steps_per_epoch(), 3)},
@@ -414,6 +452,7 @@ class Trainer:
             while self.step < self.total_steps:
                 stats, grad_norm, tokens = self.train_step()
                 self.step += 1
+                self.queue_finite_check(stats, grad_norm)
                 window += stats
                 window_tokens += tokens
                 if cfg.time_budget_s is not None and last_fit is None:
@@ -426,6 +465,7 @@ class Trainer:
                     self.fit_budget(started, last_fit, tracker)
                     last_fit = (self.step, time.perf_counter())
                 if self.step % cfg.log_every == 0 or self.step == self.total_steps:
+                    self.check_finite()
                     counts = torch.cat([window.flatten(), torch.tensor([float(window_tokens)], dtype=torch.float64,
                                                                         device=self.device)])
                     self.dist.all_reduce(counts)
@@ -457,6 +497,7 @@ class Trainer:
                         self.record_validation(metrics, tracker)
                     self.save_trainer_state()
                     break
+            self.check_finite()
             if self.run.val is None and main:
                 # No held-out data: the last weights are the output, judged by training metrics.
                 self.best = {"step": self.step, **(train_metrics or {}), "source": "train"}
