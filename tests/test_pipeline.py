@@ -492,3 +492,71 @@ def test_moved_here_rewrites_only_paths_inside_the_old_run_folder():
     assert state["run_dir"] == "/data/b"
     assert state["stages"]["export-vllm"]["argv"] == ["export", "/data/b/draft", "--out", "/data/b/export/vllm"]
     assert state["stages"]["target"]["argv"][-1] == "/data/b/target"
+
+
+def test_a_refused_command_changes_nothing_and_a_deleted_output_is_made_again(tiny_target_dir, tmp_path, capsys,
+                                                                             caplog):
+    """Issue 41: a stage that refused its input (exit 2) was recorded with the refused command, so the
+    next plain run said "settings changed" and its --overwrite emptied the finished draft; and a
+    draft/model.safetensors or export/vllm deleted by hand still read "done earlier, skipped"."""
+    caplog.set_level(logging.INFO)
+    recipe = yaml.safe_load(open(tiny_recipe(tmp_path, tiny_target_dir)))
+    recipe["export"] = {"formats": ["vllm"]}
+    path, out = tmp_path / "vllm-only.yaml", tmp_path / "run"
+    path.write_text(yaml.safe_dump(recipe))
+    args = ["run", "--recipe", str(path), "--out", str(out), "--stop-before", "doctor"]
+    assert main(args) == 0
+    state = json.loads((out / "pipeline.json").read_text())["stages"]
+    weights = (out / "draft" / "model.safetensors").read_bytes()
+    capsys.readouterr()
+    # A value only train itself can refuse (the file is read when it runs): it runs with --overwrite.
+    assert main([*args, f"train.init-from={tmp_path / 'no-such-draft'}"]) == 2
+    assert "its earlier output and record are kept as they were" in capsys.readouterr().err
+    assert json.loads((out / "pipeline.json").read_text())["stages"] == state
+    assert (out / "draft" / "model.safetensors").read_bytes() == weights
+    assert not [p.name for p in out.rglob(".*") if p.is_dir()]            # nothing hidden left behind
+    caplog.clear()
+    assert main(args) == 0
+    assert caplog.text.count("done earlier, skipped") == len(state) and "settings changed" not in caplog.text
+    # Outputs deleted by hand: the stages that made them run again, and what reads them.
+    (out / "draft" / "model.safetensors").unlink()
+    shutil.rmtree(out / "export" / "vllm")
+    caplog.clear()
+    assert main(args) == 0
+    assert f"[train] its output no longer matches its manifest ({out / 'draft' / 'model.safetensors'} is missing)" \
+        in caplog.text
+    assert "runs again (--overwrite)" in caplog.text
+    after = json.loads((out / "pipeline.json").read_text())["stages"]
+    assert after["train"]["ran"] > state["train"]["ran"] and after["export-vllm"]["ran"] > state["export-vllm"]["ran"]
+    assert after["features"]["ran"] == state["features"]["ran"]
+    assert (out / "draft" / "model.safetensors").is_file() and (out / "export" / "vllm" / "manifest.json").is_file()
+
+
+def test_a_recipe_with_a_duplicate_key_or_a_section_of_the_wrong_type_names_the_line(tmp_path):
+    """Issue 41: a second `train:` replaced the first without a word; `train: 5` was an AttributeError."""
+    cases = {"name: x\ntrain:\n  lr: 0.1\ngenerate: {max-new-tokens: 4}\ntrain:\n  epochs: 2\n":
+             "line 5: 'train' is given twice (first at line 2)",
+             "name: x\ntrain:\n  lr: 0.1\n  lr: 0.2\n": "line 4: 'lr' is given twice (first at line 3)",
+             "name: x\ntrain: 5\n": "line 2: section 'train' must be a mapping of its keys, got int 5",
+             "name: x\ntrain:\n  epochs: 1\n  lr: {a: 1}\n": "line 4: train.lr must be a value or a list of values"}
+    for text, said in cases.items():
+        path = tmp_path / "recipe.yaml"
+        path.write_text(text)
+        with pytest.raises(EaglekitError, match=re.escape(said)):
+            load_recipe(str(path))
+    with pytest.raises(EaglekitError, match="section 'generate' must be a mapping"):
+        load_recipe("quick", ["generate=5"])
+    assert load_recipe("quick", ["features=false"])["features"] is False     # online training stays a switch
+
+
+@pytest.mark.parametrize("override, said", [
+    ("train.batch-tokens=-5", "stage train would be refused: grad_accum, batch_tokens and max_length must be positive"),
+    ("generate.max-new-tokens=0", "stage generate would be refused: --max-new-tokens 0 must be 1 or more"),
+    ("generate.batch-size=0", "stage generate would be refused: --batch-size 0 must be 1 or more"),
+    ("doctor.limit=0", "stage doctor would be refused: --limit 0: the probe would measure nothing"),
+])
+def test_plan_checks_every_value_as_its_stage_would(override, said, tmp_path, capsys):
+    """Issue 41: `--plan` accepted values the stage refuses only when it runs (after the data stages)."""
+    assert main(["run", "--recipe", "quick", "--plan", "--out", str(tmp_path / "r"), override]) == 2
+    assert said in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from eaglekit.errors import EaglekitError
 from eaglekit.options import option
 from eaglekit.targets.options import target_option
 
@@ -84,6 +85,15 @@ class GenerateOptions:
     max_retries: int = option(5, "retries of a failed request", group="openai")
     check_template: bool = option(True, "do not compare the server's prompt token counts with the target's template",
                                   group="openai")
+
+    def __post_init__(self):
+        # What the backends refuse only once the model is loaded; `eaglekit run --plan` checks it here.
+        for name in ("max_new_tokens", "batch_size", "shard_size", "concurrency"):
+            if getattr(self, name) < 1:
+                raise EaglekitError(f"--{name.replace('_', '-')} {getattr(self, name)} must be 1 or more",
+                                    hint="e.g. --max-new-tokens 256 --batch-size 64")
+        if self.limit is not None and self.limit < 1:
+            raise EaglekitError(f"--limit {self.limit}: no prompt to answer", hint="pass 1 or more, or leave it out")
 
 
 @dataclass(frozen=True, kw_only=True)

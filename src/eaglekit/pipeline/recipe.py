@@ -45,6 +45,28 @@ class RecipeLoader(yaml.SafeLoader):
 for _tag in RecipeLoader.numbers:
     RecipeLoader.add_constructor(_tag, RecipeLoader.base60_as_text)
 
+
+class DuplicateKey(Exception):
+    def __init__(self, key, line: int, first: int):
+        super().__init__(key)
+        self.key, self.line, self.first = key, line, first
+
+
+def no_duplicate_keys(loader: RecipeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    """A mapping whose keys are each given once: YAML's loader let a second `train:` replace the
+    first without a word (its draft vocab, TTT steps and lr vanished from the command)."""
+    seen: dict = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise DuplicateKey(key, line, seen[key])
+        seen[key] = line
+    return loader.construct_mapping(node, deep=deep)
+
+
+RecipeLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, no_duplicate_keys)
+
 SECTIONS = ("prompts", "synthesize", "validation", "generate", "features", "train", "export", "doctor", "bench",
             "scaling")
 TOP_LEVEL = ("name", "target", "out", "device", "gpus", "prepare")
@@ -62,14 +84,20 @@ def load_recipe(name_or_path: str, overrides: list[str] = ()) -> dict:
     if not path.is_file():
         raise EaglekitError(f"no recipe {name_or_path!r}",
                             hint=f"pass a YAML file or one of the built-in recipes: {', '.join(builtin_recipes())}")
+    text = path.read_text()
     try:
-        recipe = yaml.load(path.read_text(), Loader=RecipeLoader) or {}
+        recipe = yaml.load(text, Loader=RecipeLoader) or {}
+    except DuplicateKey as dup:
+        raise EaglekitError(f"recipe {path} line {dup.line}: {dup.key!r} is given twice (first at line {dup.first}); "
+                            "the second would replace the first", hint="merge the two into one") from None
     except yaml.YAMLError as err:
         raise EaglekitError(f"recipe {path} is not valid YAML: {err}", hint="fix the file") from err
     if not isinstance(recipe, dict):
         raise EaglekitError(f"recipe {path} must be a mapping of sections", hint="see the built-in recipes")
+    check_types(recipe, f"recipe {path}", section_lines(text))
     for override in overrides:
         apply_override(recipe, override)
+    check_types(recipe, "the recipe with its overrides", {})
     unknown = set(recipe) - set(SECTIONS) - set(TOP_LEVEL)
     if unknown:
         raise EaglekitError(f"recipe has unknown sections {sorted(unknown)}",
@@ -79,6 +107,47 @@ def load_recipe(name_or_path: str, overrides: list[str] = ()) -> dict:
         raise EaglekitError(f"recipe gpus must be a whole number >= 1, got {gpus!r}", hint="e.g. gpus=2")
     recipe["_path"] = str(path)
     return recipe
+
+
+def section_lines(text: str) -> dict:
+    """The line of each top-level key of a recipe's text, and of each key of its sections."""
+    lines: dict = {}
+    root = yaml.compose(text, Loader=RecipeLoader)
+    if not isinstance(root, yaml.MappingNode):
+        return lines
+    for key, value in root.value:
+        lines[key.value] = key.start_mark.line + 1
+        if isinstance(value, yaml.MappingNode):
+            for sub, _ in value.value:
+                lines[f"{key.value}.{sub.value}"] = sub.start_mark.line + 1
+    return lines
+
+
+# Sections that are not a mapping of flags: `features: false` trains online.
+SWITCH_SECTIONS = ("features",)
+
+
+def check_types(recipe: dict, where, lines: dict) -> None:
+    """Refuse a section that is not a mapping (`train: 5`) and a value that is neither a scalar nor
+    a list of scalars (`train: {lr: {a: 1}}`), naming the line: they once ended in an AttributeError."""
+    def at(key: str) -> str:
+        return f"{where} line {lines[key]}" if key in lines else str(where)
+
+    for section, value in recipe.items():
+        if section not in SECTIONS or value is None or (section in SWITCH_SECTIONS and value is False):
+            continue
+        if not isinstance(value, dict):
+            raise EaglekitError(f"{at(section)}: section {section!r} must be a mapping of its keys, got "
+                                f"{type(value).__name__} {value!r}",
+                                hint=f"write e.g. `{section}: {{key: value}}`, one key a flag of its stage")
+        for key, given in value.items():
+            items = given if isinstance(given, list) else [given]
+            if any(isinstance(item, (dict, list)) for item in items):
+                raise EaglekitError(f"{at(f'{section}.{key}')}: {section}.{key} must be a value or a list of "
+                                    f"values, got {given!r}", hint="one flag's value, as on the command line")
+    for key in ("name", "target", "out", "device"):
+        if isinstance(recipe.get(key), (dict, list)):
+            raise EaglekitError(f"{at(key)}: {key} must be a single value, got {recipe[key]!r}", hint="fix the recipe")
 
 
 def apply_override(recipe: dict, override: str) -> None:

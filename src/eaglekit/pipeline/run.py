@@ -50,6 +50,7 @@ from eaglekit.artifacts import (
     RUN_EXPORT,
     TRAINER_STATE,
     made_before,
+    missing_outputs,
     read_json,
     write_json,
     writer_lock,
@@ -116,9 +117,22 @@ class Pipeline:
             return done["exit_code"]
         upstream = upstream_runs(self.state, name, argv)
         stale = stale_inputs(self.state, name, argv, self.out)
-        resumed = bool(not stale and done and done["argv"] == argv and resume_flag and resume_marker is not None
-                       and resume_marker.exists())
+        damaged = damaged_output(done, argv)
+        # An interrupted --overwrite left the old output in place (artifacts.settle_replace): replaced again, not resumed.
+        replacing = bool(done and done["argv"] == argv and done["status"] != "done"
+                         and "--overwrite" in done.get("extra", []) and overwrites(argv))
+        resumed = bool(not stale and not damaged and not replacing and done and done["argv"] == argv and resume_flag
+                       and resume_marker is not None and resume_marker.exists())
         extra = [resume_flag] if resumed else []
+        if replacing:
+            log.warning("[%s] an earlier run replacing its output stopped before the end (the output it was "
+                        "replacing was kept): it replaces it again (--overwrite)", name)
+            extra = ["--overwrite"]
+        if damaged:
+            # Skipped as "done earlier" while its files were gone (a deleted draft/model.safetensors).
+            log.warning("[%s] its output no longer matches its manifest (%s): it runs again%s", name,
+                        "; ".join(damaged[:3]), " (--overwrite)" if overwrites(argv) else "")
+            extra = ["--overwrite"] if overwrites(argv) and "--overwrite" not in argv else []
         if (not resumed and not stale and done and done["argv"] == argv and done["status"] != "done" and resume_flag
                 and overwrites(argv) and "--overwrite" not in argv):
             # Stopped before it saved anything to resume from (the quick recipe's 60 steps once ran
@@ -142,7 +156,7 @@ class Pipeline:
         self.look_ahead(name)
         log.info("[%s] %s", name, self.time_left(name, None).text())
         files = input_files(argv, self.out)
-        self.record(name, argv, "running", None, 0.0, upstream=upstream, files=files)
+        self.record(name, argv, "running", None, 0.0, upstream=upstream, files=files, extra=extra)
         start = time.time()
         # The stage's progress lines end with the run's time left: in this process through run_outlook,
         # in the processes it starts (torchrun's ranks, --devices workers) through the environment.
@@ -153,26 +167,36 @@ class Pipeline:
         release_device_memory()
         seconds = round(time.time() - start, 1)
         if code not in ok_codes:
-            self.record(name, argv, "failed", code, seconds, upstream=upstream, files=files)
             command = shlex.join(['eaglekit', *argv, *extra])
+            if code == 2 and done and done["status"] == "done":
+                # Refused (bad input): it changed nothing, so neither does the record. Recorded, the refused
+                # command read as "settings changed" on the next run, whose --overwrite emptied the output.
+                self.state["stages"][name] = done
+                write_json(self.state_path, self.state)
+                raise EaglekitError(f"stage {name} refused its input (exit 2): {command}; its earlier output and "
+                                    "record are kept as they were",
+                                    hint="fix the value it names above and rerun `eaglekit run`")
+            self.record(name, argv, "failed", code, seconds, upstream=upstream, files=files, extra=extra)
             if code == 130:
                 raise EaglekitError(f"interrupted in stage {name}: {command}",
                                     hint="rerun the same `eaglekit run` command: finished stages are skipped, and "
                                          "this one resumes from its last saved state where it has one")
             raise EaglekitError(f"stage {name} failed (exit {code}{': ' + crash if crash else ''}): {command}",
                                 hint="fix the cause and rerun `eaglekit run`; finished stages are skipped")
-        self.record(name, argv, "done", code, seconds, resumed=resumed, upstream=upstream, files=files)
+        self.record(name, argv, "done", code, seconds, resumed=resumed, upstream=upstream, files=files, extra=extra)
         return code
 
     def record(self, name: str, argv: list[str], status: str, code: int | None, seconds: float,
-               resumed: bool = False, upstream: dict | None = None, files: dict | None = None) -> None:
+               resumed: bool = False, upstream: dict | None = None, files: dict | None = None,
+               extra: list[str] | None = None) -> None:
         """`resumed`: the seconds cover only the part after the resume (no measure of the whole stage).
         `upstream`: when each stage whose output this one reads had finished (`upstream_runs`); `ran`:
         when this one finished, what a later stage reading its output records. `files`: the user's
-        input files it read, as `input_files` saw them."""
+        input files it read, as `input_files` saw them. `extra`: the flags the run added (--resume,
+        --overwrite)."""
         self.state["stages"][name] = {"argv": argv, "status": status, "exit_code": code, "seconds": seconds,
                                       "resumed": resumed, "upstream": upstream or {}, "files": files or {},
-                                      **({"ran": time.time()} if status == "done" else {})}
+                                      "extra": extra or [], **({"ran": time.time()} if status == "done" else {})}
         write_json(self.state_path, self.state)
 
     def look_ahead(self, name: str) -> None:
@@ -235,10 +259,20 @@ def recorded_run_dir(state: dict) -> str | None:
 
 
 def finished(state: dict, name: str, argv: list[str], run_dir: Path) -> bool:
-    """Recorded as done with this exact command, on the output its upstream stages hold now: skipped."""
+    """Recorded as done with this exact command, on the output its upstream stages hold now, and its
+    own output still as its manifest lists it: skipped."""
     done = state["stages"].get(name)
     return bool(done) and done["argv"] == argv and done["status"] == "done" \
-        and not stale_inputs(state, name, argv, run_dir)
+        and not stale_inputs(state, name, argv, run_dir) and not damaged_output(done, argv)
+
+
+def damaged_output(done: dict | None, argv: list[str]) -> list[str]:
+    """What is gone from a finished stage's output folder since it ran (`artifacts.missing_outputs`):
+    the folder, its manifest, a file the manifest lists or its size. Empty for a stage not done."""
+    out = stage_output(argv)
+    if not done or done["status"] != "done" or out is None:
+        return []
+    return missing_outputs(out)
 
 
 def changed_args(before: list[str], now: list[str]) -> list[str]:
@@ -319,15 +353,50 @@ def check_planned(stages: Sequence["PlannedStage"]) -> None:
         if any(arg.startswith("<") for arg in stage.argv):
             continue
         said = io.StringIO()
+        hint = f"fix the recipe key or override of that stage ({shlex.join(['eaglekit', *stage.argv])}); nothing has run"
         try:
             with contextlib.redirect_stderr(said):
-                parser.parse_args(stage.argv)
+                args = parser.parse_args(stage.argv)
         except SystemExit:
             lines = [line for line in said.getvalue().splitlines() if line.strip()]
             raise EaglekitError(f"the recipe's stage {stage.name} would be refused: "
-                                f"{lines[-1] if lines else 'its command does not parse'}",
-                                hint=f"fix the recipe key or override of that stage ({shlex.join(['eaglekit', *stage.argv])}); "
-                                     "nothing has run") from None
+                                f"{lines[-1] if lines else 'its command does not parse'}", hint=hint) from None
+        try:
+            check_stage_options(stage.argv, args)
+        except EaglekitError as err:   # a value out of range (`train.batch-tokens=-5`) once failed only when its stage ran
+            raise EaglekitError(f"the recipe's stage {stage.name} would be refused: {err.message}", hint=hint) from None
+
+
+# Each stage's options class (`eaglekit.options`): its checks are the ones the stage runs on its flags.
+STAGE_OPTIONS = {
+    ("train",): "eaglekit.train.config:TrainConfig",
+    ("generate",): "eaglekit.data.options:GenerateOptions",
+    ("bench",): "eaglekit.bench.options:BenchOptions",
+    ("doctor",): "eaglekit.doctor.options:DoctorOptions",
+    ("features",): "eaglekit.features.options:FeaturesOptions",
+    ("export",): "eaglekit.formats.options:ExportOptions",
+    ("prompts", "build"): "eaglekit.data.options:PromptsBuildOptions",
+    ("prompts", "synthesize"): "eaglekit.data.options:SynthesizeOptions",
+    ("target", "prepare"): "eaglekit.targets.options:TargetPrepareOptions",
+}
+
+
+def check_stage_options(argv: list[str], args) -> None:
+    """Build the stage's options from its parsed flags, running the checks the stage itself runs
+    (ranges included: `train.batch-tokens=-5`, `generate.max-new-tokens=0`)."""
+    import dataclasses
+    import importlib
+
+    path = STAGE_OPTIONS.get(tuple(argv[:2])) or STAGE_OPTIONS.get(tuple(argv[:1]))
+    if path is None:
+        return
+    module, name = path.split(":")
+    cls = getattr(importlib.import_module(module), name)
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.init and hasattr(args, f.name)}
+    try:
+        cls(**given)
+    except TypeError:   # a field only code sets (no flag): the stage builds it itself
+        return
 
 
 def overwrites(argv: list[str]) -> bool:
