@@ -13,6 +13,14 @@ The host replays `cycle_chunk` cycles back to back and then reads those buffers 
 device-to-host copy) to check stop tokens and length. Tokens past a stop token are dropped; the
 extra cycles only cost time.
 
+Plain fallback (`SpecConfig.plain_fallback`): a cycle costs c plain steps and commits tau tokens,
+so it pays only while tau > c. The host times its chunks (cycles and plain steps, medians of the
+latest chunks, kept by the engine across generations) and, when the last cycles' tau is below c,
+decodes plainly for a window of `fallback_window` tokens (the `decode` step, which then also keeps
+each position's aux row), catches the draft up over it (one `fallback_window`-row draft forward),
+and after 1, 2, 4 then 8 windows proposes again and probes. The graphs stay as they are: falling
+back replays the plain step the baseline replays (docs/notes/engine.md, "Drafting that stops").
+
 Plain decoding (the baseline) is the `decode` step: one token per target forward, run `chunk`
 times between host checks for a stop token. On CUDA every step is captured in a CUDA graph
 (graphs.py), and the decode step and the cycle are compiled first (the prefill pieces and the first
@@ -23,7 +31,9 @@ since an eager forward of a small model is tens of milliseconds of launches; els
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -36,6 +46,12 @@ from eaglekit.engine.tree import Tree, cache_mask, causal_block
 from eaglekit.errors import EaglekitError
 
 PREFILL_CHUNK = 128      # prompt tokens per captured prefill step (CUDA graphs)
+FALLBACK_WINDOW = 32     # plain tokens per fallback window (one draft catch-up each)
+FALLBACK_DOUBLINGS = 3   # a fallback lasts 1, 2, 4, then at most 8 windows while probes fail
+PROBE_CYCLES = 4         # cycles after a (re)start before the first decision
+TAU_WINDOW = 8           # a decision's tau: the mean over the last cycles, at most this many
+EXPLORE_COST = 2.0       # a cycle's cost in plain steps assumed before any plain step was timed
+TIMED_CHUNKS = 16        # chunks whose median time sets the cost
 
 
 @dataclass
@@ -46,12 +62,18 @@ class Generation:
     finish_reason: "stop" (a stop token) or "length" (max_new_tokens).
     accept_lengths: accepted drafts per cycle (tau = mean + 1); empty for plain decoding.
     seconds: wall time, prefill included.
+    plain_tokens: tokens of a speculative generation decoded by plain steps (plain fallback).
+    fallbacks: times a speculative generation fell back to plain steps.
+    cycle_cost: a cycle's cost in plain steps that the fallback decided with (None without it).
     """
 
     tokens: list[int]
     finish_reason: str
     seconds: float
     accept_lengths: list[int] = field(default_factory=list)
+    plain_tokens: int = 0
+    fallbacks: int = 0
+    cycle_cost: float | None = None
 
     @property
     def tau(self) -> float:
@@ -83,6 +105,24 @@ def extend(out: list[int], new: list[int], max_new_tokens: int, stop_ids: set[in
     return None
 
 
+class CostMeter:
+    """Host-timed seconds per plain step and per cycle: medians over the latest `TIMED_CHUNKS` chunks
+    (each timed from its first replay to the read of its tokens, so host work counts)."""
+
+    def __init__(self):
+        self.samples = {"step": deque(maxlen=TIMED_CHUNKS), "cycle": deque(maxlen=TIMED_CHUNKS)}
+
+    def add(self, kind: str, seconds: float, count: int) -> None:
+        self.samples[kind].append(seconds / count)
+
+    def cost(self) -> float | None:
+        """A cycle's time in plain steps; None until both were timed."""
+        step, cycle = self.samples["step"], self.samples["cycle"]
+        if not step or not cycle:
+            return None
+        return statistics.median(cycle) / statistics.median(step)
+
+
 class Engine:
     """Plain and speculative decoding at batch 1 on a target runner (runner.py).
 
@@ -98,12 +138,16 @@ class Engine:
         cycle_chunk: speculation cycles between host checks.
         prefill_chunk: prompt tokens per prefill step, 0 = the whole prompt in one eager forward
             (default: PREFILL_CHUNK with graphs, else 0).
+        cycle_cost: with `spec.plain_fallback`, a cycle's cost in plain steps (None: timed).
+        fallback_window: plain tokens per fallback window.
+        probe_cycles: cycles after a (re)start before the fallback's first decision.
     """
 
     def __init__(self, target, *, drafter=None, spec: SpecConfig | None = None, sampling: Sampling = Sampling(),
                  stop_token_ids=(), graphs: bool | None = None, compile: bool | None = None,
                  compile_mode: str = COMPILE_MODE, decode_chunk: int = 8, cycle_chunk: int = 4,
-                 prefill_chunk: int | None = None):
+                 prefill_chunk: int | None = None, cycle_cost: float | None = None,
+                 fallback_window: int = FALLBACK_WINDOW, probe_cycles: int = PROBE_CYCLES):
         self.target, self.drafter, self.spec, self.sampling = target, drafter, spec, sampling
         self.stop_ids = set(int(t) for t in stop_token_ids)
         self.device = next(target.parameters()).device
@@ -127,6 +171,18 @@ class Engine:
         depth = spec.max_depth if spec is not None else 0
         self.out = torch.zeros(self.L + depth + 2, **long)  # out[p] = the token chosen after position p
         self.one = torch.ones(1, 1, dtype=torch.bool, device=self.device)
+        if fallback_window < 1:
+            raise EaglekitError(f"fallback_window {fallback_window}: a window holds at least one token",
+                                hint="pass fallback_window >= 1")
+        self.fallback = spec is not None and drafter is not None and spec.plain_fallback
+        self.window, self.cycle_cost, self.meter = fallback_window, cycle_cost, CostMeter()
+        self.probe_cycles = max(probe_cycles, 1)
+        # The draft catches up over a fallback window from the aux rows the decode step keeps.
+        self.keep_aux = self.fallback and drafter.needs_aux
+        if self.keep_aux:
+            self.plain_aux = torch.zeros(self.window, target.aux_width, device=self.device,
+                                         dtype=next(target.parameters()).dtype)   # [W, A] ring, by position % W
+            self.window_last = torch.full((1,), self.window - 1, dtype=torch.long, device=self.device)
         self.decode = Step(compiled(self._decode_step, self.compile, compile_mode), use_graph=self.graphs,
                            name="decode")
         self.prefill_chunk = (PREFILL_CHUNK if self.graphs else 0) if prefill_chunk is None else prefill_chunk
@@ -172,10 +228,18 @@ class Engine:
         self.proposal = Step(self._propose_root_step, use_graph=self.graphs, name="proposal")
         self.cycle = Step(compiled(self._cycle_step, self.compile, compile_mode), use_graph=self.graphs,
                           name="cycle")
+        if self.keep_aux:   # uncompiled, as the proposal: it runs once a window
+            self.window_catch_up = Step(self._window_catch_up_step, use_graph=self.graphs, name="window catch-up")
 
     def speculation_steps(self) -> list[Step]:
-        """The captured steps speculation replays: the first proposal, then the cycle."""
-        return [self.proposal, self.cycle]
+        """The captured steps speculation replays: the first proposal, the cycle, and with the
+        plain fallback the decode step and the draft's catch-up over a window."""
+        steps = [self.proposal, self.cycle]
+        if self.fallback:
+            steps.append(self.decode)
+        if self.keep_aux:
+            steps.append(self.window_catch_up)
+        return steps
 
     def warmup(self, speculative: bool = True) -> None:
         """Compile and capture the steps a mode needs (once; `generate` calls it). No-op without graphs.
@@ -243,7 +307,9 @@ class Engine:
     def _decode_step(self) -> None:
         n = self.pos
         mask = cache_mask(self.one, n, n, self.L)                            # prefix + itself
-        logits, _ = self.target(self.tok, n.view(1, 1), n, mask)
+        logits, aux = self.target(self.tok, n.view(1, 1), n, mask)
+        if self.keep_aux:
+            self.plain_aux.index_copy_(0, torch.remainder(n, self.window), aux[0])
         chosen = next_token(logits[0, -1], self.sampling).view(1)
         self.out.index_copy_(0, n, chosen)
         self.tok.copy_(chosen.view(1, 1))
@@ -253,12 +319,18 @@ class Engine:
         out: list[int] = []
         reason = extend(out, [int(self._prefill_plain(ids))], max_new_tokens, self.stop_ids)
         while reason is None:
-            start = len(ids) + len(out) - 1
-            steps = min(self.chunk, max_new_tokens - len(out))
-            for _ in range(steps):
-                self.decode()
-            reason = extend(out, self.out[start:start + steps].tolist(), max_new_tokens, self.stop_ids)
+            reason = self._decode_chunk(out, len(ids) + len(out) - 1, self.chunk, max_new_tokens)
         return Generation(tokens=out, finish_reason=reason, seconds=0.0)
+
+    def _decode_chunk(self, out: list[int], start: int, steps: int, max_new_tokens: int) -> str | None:
+        """Up to `steps` decode steps from position `start` (the last token's), one read; timed."""
+        steps = min(steps, max_new_tokens - len(out))
+        began = time.perf_counter()
+        for _ in range(steps):
+            self.decode()
+        tokens = self.out[start:start + steps].tolist()
+        self.meter.add("step", time.perf_counter() - began, steps)
+        return extend(out, tokens, max_new_tokens, self.stop_ids)
 
     # ---- speculative decoding -------------------------------------------------------------
 
@@ -336,34 +408,90 @@ class Engine:
         self.cycle_index.add_(1)
         self._advance_step(emitted)
 
-    def _speculate(self, ids: list[int], max_new_tokens: int) -> Generation:
+    def _speculate(self, ids: list[int], max_new_tokens: int, fallback: bool) -> Generation:
         """Replay `cycle_chunk` cycles, then read their counts and tokens in one copy. A chunk never
-        runs past max_new_tokens by more than one cycle: it takes at most remaining // (D + 1) cycles."""
+        runs past max_new_tokens by more than one cycle: it takes at most remaining // (D + 1) cycles.
+        With `fallback`, after each chunk: plain steps for a while when the cycles do not pay."""
         D = self.spec.max_depth
         out: list[int] = []
         accepts: list[int] = []
+        gen = Generation(tokens=out, finish_reason="", seconds=0.0, accept_lengths=accepts)
         reason = extend(out, [int(self._prefill_speculation(ids))], max_new_tokens, self.stop_ids)
         n = len(ids)                                                           # the root's position
+        since, doublings = 0, 0                    # cycles since speculation (re)started; failed probes in a row
         while reason is None:
+            if fallback and since >= self.probe_cycles:
+                cost = self._cost()
+                if 1 + sum(accepts[-min(since, TAU_WINDOW):]) / min(since, TAU_WINDOW) >= cost:
+                    doublings = 0
+                else:
+                    before = len(out)
+                    reason, n = self._fall_back(out, n, self.window << doublings, max_new_tokens)
+                    gen.plain_tokens += len(out) - before
+                    gen.fallbacks += 1
+                    since, doublings = 0, min(doublings + 1, FALLBACK_DOUBLINGS)
+                    continue
             cycles = max(1, min(self.cycle_chunk, (max_new_tokens - len(out)) // (D + 1)))
+            began = time.perf_counter()
             for _ in range(cycles):
                 self.cycle()
             first = len(accepts)
             read = torch.cat([self.counts[first:first + cycles], self.out[n:n + cycles * (D + 1)]]).tolist()
+            self.meter.add("cycle", time.perf_counter() - began, cycles)
             counts, tokens = read[:cycles], read[cycles:]
+            since += cycles
             for count in counts:
                 accepts.append(count)
                 reason = extend(out, tokens[:count + 1], max_new_tokens, self.stop_ids)
                 tokens, n = tokens[count + 1:], n + count + 1
                 if reason is not None:
                     break
-        return Generation(tokens=out, finish_reason=reason, seconds=0.0, accept_lengths=accepts)
+        gen.finish_reason = reason
+        if fallback:
+            gen.cycle_cost = self._cost()
+        return gen
+
+    def _cost(self) -> float:
+        """A cycle's cost in plain steps: given, else timed (EXPLORE_COST until a plain step was timed)."""
+        if self.cycle_cost is not None:
+            return self.cycle_cost
+        cost = self.meter.cost()
+        return EXPLORE_COST if cost is None else cost
+
+    def _fall_back(self, out: list[int], n: int, tokens: int, max_new_tokens: int) -> tuple[str | None, int]:
+        """Decode `tokens` plainly from the root at position n (the draft's proposal from it is dropped),
+        catching the draft up after each window, then propose from the new root. Returns the finish
+        reason (None if the answer goes on) and the new root's position."""
+        W = self.window
+        self.pos.copy_(self.n)
+        self.tok.copy_(self.tree.tokens[:1].view(1, 1))                        # the root
+        done = 0
+        while done < tokens:
+            before = len(out)
+            reason = self._decode_chunk(out, n, min(self.chunk, W - done % W), max_new_tokens)
+            n, done = n + len(out) - before, done + len(out) - before
+            if reason is not None:
+                return reason, n
+            if done % W == 0:
+                if self.keep_aux:
+                    self.window_catch_up()
+                self.n.add_(W)
+        self.root.copy_(self.tok.view(1))
+        self.proposal()
+        return None, n
+
+    def _window_catch_up_step(self) -> None:
+        """Draft entries for the window's positions n .. n+W-1, decoded plainly: entry t reads
+        out[t] (the token after t) and the aux row the decode step kept for t."""
+        rows = self.n + torch.arange(self.window, device=self.device)         # [W]
+        self.drafter.catch_up(self.out[rows], self.plain_aux[torch.remainder(rows, self.window)], self.n,
+                              self.window_last)
 
     # ---- entry point ----------------------------------------------------------------------
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[int], max_new_tokens: int, *, speculative: bool = True,
-                 seed: int | None = None) -> Generation:
+                 seed: int | None = None, plain_fallback: bool | None = None) -> Generation:
         """Generate up to `max_new_tokens` after `prompt_ids`.
 
         Args:
@@ -371,6 +499,7 @@ class Engine:
             max_new_tokens: length limit.
             speculative: draft and verify (needs a drafter); False decodes plainly.
             seed: seeds the device's sampling and acceptance draws (sampling only).
+            plain_fallback: False speculates throughout (a cycle's profile); None follows the spec.
         """
         speculative = speculative and self.drafter is not None
         headroom = self.spec.headroom if speculative else 0
@@ -384,7 +513,7 @@ class Engine:
         self._sync()
         start = time.perf_counter()
         if speculative:
-            gen = self._speculate(prompt_ids, max_new_tokens)
+            gen = self._speculate(prompt_ids, max_new_tokens, self.fallback and plain_fallback is not False)
         else:
             gen = self._plain(prompt_ids, max_new_tokens)
         self._sync()

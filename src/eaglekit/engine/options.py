@@ -33,6 +33,8 @@ class EngineOptions:
                              group="speculation")
     total_tokens: int = option(SpecConfig.total_tokens, "tree: nodes verified per cycle, root included",
                                group="speculation")
+    plain_fallback: bool = option(True, "speculate throughout: no plain decoding steps when the recent cycles commit "
+                                        "fewer tokens than a cycle costs in plain steps", group="speculation")
     max_new_tokens: int = option(256, "answer length limit per turn", group="generation")
     temperature: float = option(0.0, "0 = greedy", group="generation")
     top_p: float = option(1.0, "sampling: nucleus", group="generation")
@@ -77,7 +79,8 @@ class EngineOptions:
         # From the device's name only: the device itself is checked where the target loads.
         cuda = torch.cuda.is_available() if self.device == "auto" else self.device.startswith("cuda")
         return SpecConfig(mode=self.mode or ("tree" if cuda else "chain"), k=self.k if self.k is not None else (SpecConfig.k if cuda else CPU_CHAIN_K),
-                          depth=self.depth, top_k=self.tree_top_k, total_tokens=self.total_tokens)
+                          depth=self.depth, top_k=self.tree_top_k, total_tokens=self.total_tokens,
+                          plain_fallback=self.plain_fallback)
 
     def sampling(self):
         from eaglekit.engine.sampling import Sampling
@@ -91,7 +94,7 @@ class EngineOptions:
 def shape_options(spec: SpecConfig) -> dict:
     """The options that give this speculation shape (a script's `SpecConfig` as bench options)."""
     return {"mode": spec.mode, "k": spec.k, "depth": spec.depth, "tree_top_k": spec.top_k,
-            "total_tokens": spec.total_tokens}
+            "total_tokens": spec.total_tokens, "plain_fallback": spec.plain_fallback}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -86,9 +86,9 @@ def cycle_profile(engine: Engine, prompt_ids: list[int], max_new_tokens: int) ->
     if engine.drafter is None or not engine.sampling.greedy:
         raise ValueError("cycle_profile needs a greedy speculative engine")
     D = engine.spec.max_depth
-    gen = engine.generate(prompt_ids, max_new_tokens)                      # compiled, captured
+    gen = engine.generate(prompt_ids, max_new_tokens, plain_fallback=False)  # compiled, captured; cycles only
     with_host_ms = 1000 * gen.seconds / max(len(gen.accept_lengths), 1)
-    engine.generate(prompt_ids, 2 * (D + 1))                               # a state with the cache in use
+    engine.generate(prompt_ids, 2 * (D + 1), plain_fallback=False)         # a state with the cache in use
     engine.root.copy_(engine.acc[1:2])                                     # the proposal drafts from the bonus
     rows = torch.arange(D + 1, device=engine.device)
     count, path = engine.acc[0:1], engine.acc[2:]

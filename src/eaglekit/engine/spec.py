@@ -17,6 +17,10 @@ class SpecConfig:
     tree:  EAGLE-2 dynamic tree with `depth` levels (the most drafts one cycle can accept; EAGLE's
            code calls depth - 1 its `depth`), `top_k` children per expanded node and frontier
            width, and `total_tokens` nodes verified per cycle, root included (EAGLE's total_token).
+    plain_fallback: when the recent cycles commit fewer tokens than a cycle costs in plain steps,
+           decode plainly for a while, then probe again (generate.py, "Plain fallback"). Off here,
+           so a script's fixed shape measures the cycle alone; `eaglekit speculate` / `bench` turn
+           it on (engine/options.py).
     """
 
     # The defaults of `speculate` / `bench` on CUDA (their flags read them here): EAGLE's papers use
@@ -26,6 +30,7 @@ class SpecConfig:
     depth: int = 6
     top_k: int = 8
     total_tokens: int = 32
+    plain_fallback: bool = False
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -62,9 +67,10 @@ class SpecConfig:
         return max(self.num_nodes, self.draft_region) + self.max_depth + 2
 
     def to_dict(self) -> dict:
+        """The shape (the fallback is an engine option, recorded with the options)."""
         if self.mode == "chain":
             return {"mode": "chain", "k": self.k}
-        return {k: v for k, v in asdict(self).items() if k != "k"}
+        return {k: v for k, v in asdict(self).items() if k not in ("k", "plain_fallback")}
 
     def label(self) -> str:
         if self.mode == "chain":
