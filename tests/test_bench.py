@@ -222,3 +222,57 @@ def test_a_bench_of_a_few_tokens_a_turn_says_it_is_too_short_to_time():
              "new_tokens": {"spec": 8}, "turns": 2}
     assert "The answers average 4 tokens: too short to time speculation" in verdict(short)
     assert "too short" not in verdict({**short, "new_tokens": {"spec": 512}})
+
+
+@pytest.mark.slow   # a second process that loads torch
+def test_a_second_bench_into_the_same_out_is_refused_before_it_benches(tmp_path, tiny_target_dir, prompts_file,
+                                                                       capsys):
+    """Found 2026-12-06 (issue 41): of two `bench --out X` at once, the second was refused only after
+    its whole run, its results thrown away. The lock is taken first now: two processes, the second
+    refused while the first still benches, which then finishes and writes its results."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from eaglekit.artifacts import being_written
+
+    out = tmp_path / "b"
+    argv = ["bench", "--target", str(tiny_target_dir), "--draft", "oracle", "--prompts", str(prompts_file),
+            "--max-new-tokens", "8", "--mode", "chain", "--k", "2", "--no-hf", "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    first = subprocess.Popen([sys.executable, "-m", "eaglekit", *argv], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not being_written(out) and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert being_written(out), first.communicate()[1][-2000:]
+        start = time.monotonic()
+        assert main(argv) == 2
+        assert "another `eaglekit bench` is writing to" in capsys.readouterr().err
+        assert time.monotonic() - start < 10 and first.poll() is None        # refused while the first still ran
+    finally:
+        _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err[-2000:]
+    assert json.loads((out / "manifest.json").read_text())["stage"] == "bench"
+
+
+def test_a_held_bench_out_is_refused_first_and_a_failed_bench_changes_nothing(tmp_path, tiny_target_dir,
+                                                                             prompts_file, capsys):
+    from eaglekit.artifacts import writer_lock
+
+    missing = str(tmp_path / "no-such-target")   # a bench that started would fail on it: the lock answers first
+    out = tmp_path / "held"
+    with writer_lock(out, stage="bench"):
+        assert main(["bench", "--target", missing, "--draft", "oracle", "--out", str(out)]) == 2
+    assert "another `eaglekit bench` is writing to" in capsys.readouterr().err
+    fresh = tmp_path / "fresh"                  # a failed bench leaves no empty folder of its own behind
+    assert main(["bench", "--target", missing, "--draft", "oracle", "--out", str(fresh)]) == 2
+    assert "target not found" in capsys.readouterr().err and not fresh.exists()
+    shape = ("--mode", "chain", "--k", "2", "--no-hf", "--limit", "1")
+    done, _ = run_bench(tmp_path, tiny_target_dir, prompts_file, "oracle", *shape)
+    before = {f.name: f.read_bytes() for f in done.iterdir()}
+    assert main(["bench", "--target", missing, "--draft", "oracle", "--overwrite", "--out", str(done)]) == 2
+    assert {f.name: f.read_bytes() for f in done.iterdir()} == before       # --overwrite that failed: all kept
+    assert not list(tmp_path.glob(f".{done.name}.*"))

@@ -11,11 +11,13 @@ from __future__ import annotations
 import logging
 import platform
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-from eaglekit.artifacts import BENCH_RESULTS, atomic_dir, atomic_path, refuse_existing, refuse_other_stage, sha256_file, write_json, write_manifest
+from eaglekit.artifacts import BENCH_RESULTS, atomic_path, clear_folder, has_content, refuse_existing, sha256_file, write_json, write_manifest, writer_lock
 from eaglekit.bench.options import BenchOptions
 from eaglekit.bench.prompts import load_bench_prompts, prompt_categories
 from eaglekit.bench.report import greedy_match_note, markdown, plot, summarize, turn_records, verdict
@@ -58,13 +60,21 @@ def cache_slots(cfg: BenchOptions, tokenizer, prompts, specs) -> int:
     return -(-(longest + headroom) // 128) * 128
 
 
-def check_out(cfg: BenchOptions) -> None:
-    """Refuse --out before minutes of benching: another stage's folder (--overwrite included), and a
-    finished bench's unless --overwrite (`write_outputs` checks again under the folder's lock)."""
+@contextmanager
+def bench_out(cfg: BenchOptions) -> Iterator[Path]:
+    """Hold --out as its only writer from before the bench to its last file: a second `bench --out X`
+    is refused at once, not after minutes of benching whose results it then threw away; so are
+    another stage's folder and a finished bench's without --overwrite. A bench that fails leaves no
+    empty folder it made."""
     out = Path(cfg.out)
-    if out.is_dir():
-        refuse_other_stage(out, "bench")
-    refuse_existing(out, overwrite=cfg.overwrite)
+    created = not out.exists()
+    with writer_lock(out, stage="bench"):
+        try:
+            refuse_existing(out, overwrite=cfg.overwrite)
+            yield out
+        finally:
+            if created and out.is_dir() and not has_content(out):
+                out.rmdir()
 
 
 def benchmark(cfg: BenchOptions, command: str = "") -> dict:
@@ -151,13 +161,11 @@ def runner_dtype(runner) -> torch.dtype:
 
 
 def write_outputs(result: dict, cfg: BenchOptions, out: str | Path) -> dict:
-    """Write results.json, report.md, acceptance.png and manifest.json (last) into a fresh folder that
-    replaces `out` (a finished one only with --overwrite), holding its writer lock."""
-    with atomic_dir(out, overwrite=cfg.overwrite, stage="bench") as tmp:
-        return _write_outputs(result, cfg, tmp)
-
-
-def _write_outputs(result: dict, cfg: BenchOptions, out: Path) -> dict:
+    """Write results.json, report.md, acceptance.png and manifest.json (last) into `out`, whose
+    writer lock the caller holds (`bench_out`). An earlier result (--overwrite) is moved aside and
+    deleted only once the new manifest is in place; a write that fails puts it back (`writer_lock`)."""
+    out = Path(out)
+    clear_folder(out)
     why_no_plot = plot(result, out / "acceptance.png")
     if why_no_plot:
         log.warning(why_no_plot)

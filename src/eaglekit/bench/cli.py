@@ -27,13 +27,13 @@ def command_line(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from eaglekit.artifacts import emit_json
-    from eaglekit.bench.benchmark import benchmark, check_out, write_outputs
+    from eaglekit.bench.benchmark import bench_out, benchmark, write_outputs
     from eaglekit.bench.report import markdown
 
     cfg = options_from_args(BenchOptions, args)
-    check_out(cfg)
-    result = benchmark(cfg, command=command_line(args))
-    write_outputs(result, cfg, cfg.out)
+    with bench_out(cfg) as out:   # --out is this bench's alone from here to its last file
+        result = benchmark(cfg, command=command_line(args))
+        write_outputs(result, cfg, out)
     if emit_json(result, cfg.json):
         return 0
     print(markdown(result))
