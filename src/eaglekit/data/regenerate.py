@@ -38,7 +38,7 @@ from eaglekit.data.options import GenerateOptions
 from eaglekit.data.readers import SourceSpec, read_source
 from eaglekit.data.records import SPLITS, Conversation, Prompt
 from eaglekit.engine.sampling import Sampling
-from eaglekit.errors import EaglekitError
+from eaglekit.errors import DiskFull, EaglekitError, from_os_error
 
 log = logging.getLogger(__name__)
 RUN_FILE = "run.json"
@@ -232,6 +232,13 @@ def _run(out: Path, by_split: dict[str, list[Prompt]], backend, identity: dict, 
             skipped.append([{"id": c.prompt.id, "source": c.prompt.source, "split": c.split, "reason": c.skipped}
                             for c in finished if not c.answers])
             progress.update(len(finished), sum(a.num_tokens for c in finished for a in c.answers))
+    except OSError as err:
+        if not isinstance(from_os_error(err), DiskFull):
+            raise
+        raise DiskFull(f"the disk is full: {out} could not take more answers (the answers written before, about "
+                       f"{len(shards.ids | skipped.ids)} of {len(split_of)} prompts, are kept)",
+                       hint="free space on that disk and run the same command again: it resumes with the prompts "
+                            "not answered yet (a line cut off by the full disk is dropped)") from err
     finally:
         shards.close()
         skipped.close()
