@@ -183,6 +183,19 @@ def test_a_train_run_killed_before_its_first_manifest_is_unfinished(targets, tmp
     assert "is an `eaglekit train` run that has saved no draft yet" in capsys.readouterr().err
 
 
+def test_export_of_a_train_killed_before_its_first_draft_says_unfinished(targets, tmp_path, capsys):
+    """Issue 41: a killed train (manifest `complete: false`, no config.json yet) exported with
+    "draft config not found ... check the path", which sent the user to a path that was right."""
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "trainer_state").mkdir()
+    write_manifest(draft, stage="train", config={}, target=None, extra=KILLED)
+    assert main(["export", str(draft), "--format", "vllm", "--out", str(tmp_path / "e")]) == 2
+    err = capsys.readouterr().err
+    assert "is unfinished: its `eaglekit train` run stopped at step 40 of 300" in err and "--resume" in err
+    assert "config not found" not in err and not (tmp_path / "e").exists()
+
+
 def test_train_refuses_to_init_from_an_unfinished_draft(targets, tmp_path):
     from eaglekit.train.config import TrainConfig
     from eaglekit.train.setup import initial_draft
