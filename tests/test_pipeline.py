@@ -530,6 +530,21 @@ def test_a_refused_command_changes_nothing_and_a_deleted_output_is_made_again(ti
     assert after["train"]["ran"] > state["train"]["ran"] and after["export-vllm"]["ran"] > state["export-vllm"]["ran"]
     assert after["features"]["ran"] == state["features"]["ran"]
     assert (out / "draft" / "model.safetensors").is_file() and (out / "export" / "vllm" / "manifest.json").is_file()
+    # An edited recipe's `train --overwrite` SIGKILLed mid-run: the old draft waits beside the folder.
+    from eaglekit.pipeline.run import planned
+    from test_folders import dead_pid
+
+    argv = next(s.argv for s in planned(load_recipe(str(path), ["train.lr=0.002"]), out) if s.name == "train")
+    state = json.loads((out / "pipeline.json").read_text())
+    state["stages"]["train"].update(argv=argv, status="running", extra=["--overwrite"])
+    (out / "pipeline.json").write_text(json.dumps(state))
+    (out / "draft").rename(out / f".draft.old-{dead_pid()}")
+    (out / "draft" / "trainer_state").mkdir(parents=True)          # the killed run's own state
+    caplog.clear()
+    assert main([*args, "train.lr=0.002"]) == 0
+    assert "[train] an earlier run replacing its output stopped before the end" in caplog.text
+    assert json.loads((out / "draft" / "manifest.json").read_text())["config"]["lr"] == 0.002
+    assert not [p.name for p in out.rglob(".*") if p.is_dir()]
 
 
 def test_a_recipe_with_a_duplicate_key_or_a_section_of_the_wrong_type_names_the_line(tmp_path):
