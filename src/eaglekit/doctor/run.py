@@ -11,7 +11,6 @@ from eaglekit.artifacts import refuse_unfinished
 from eaglekit.doctor.checks import FAIL, PASS, WARN, Check, Context, run_checks
 from eaglekit.doctor.engines import ENGINES, read_as
 from eaglekit.doctor.options import DoctorOptions
-from eaglekit.draft.checkpoint import check_finite
 from eaglekit.errors import EaglekitError
 from eaglekit.formats.detect import interpret
 from eaglekit.formats.facts import target_facts
@@ -154,7 +153,6 @@ def run_doctor(draft: str | Path, target: str = DoctorOptions.target, *, engine:
     folder = read_folder(draft)
     k = k or speculative_tokens(folder)
     unfinished = refuse_unfinished(folder.unfinished, draft, allow_unfinished=allow_unfinished)
-    check_finite(folder.tensors, draft)
     facts = target_facts(target)
     interp = interpret(folder, target_num_layers=facts.num_layers)
     engine = engine or NATURAL_ENGINE.get(interp.format, "sglang")
