@@ -103,9 +103,14 @@ def test_eagle_export_refuses_ids_eagle_cannot_capture(tiny_target_dir, tmp_path
 
 def test_export_refuses_existing_output_and_unknown_format(native_ckpt, tmp_path):
     (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "config.json").write_text("{}")  # an empty folder holds nothing to lose: it is reused
-    with pytest.raises(EaglekitError, match="already exists"):
-        export_draft(native_ckpt, "sglang", tmp_path / "out")
+    (tmp_path / "out" / "config.json").write_text("{}")  # a file no export wrote: refused, --overwrite or not
+    for overwrite in (False, True):
+        with pytest.raises(EaglekitError, match="did not write"):
+            export_draft(native_ckpt, "sglang", tmp_path / "out", overwrite=overwrite)
+    assert (tmp_path / "out" / "config.json").read_text() == "{}"
+    export_draft(native_ckpt, "sglang", tmp_path / "own")
+    with pytest.raises(EaglekitError, match="already exists"):   # its own finished export: --overwrite replaces it
+        export_draft(native_ckpt, "sglang", tmp_path / "own")
     with pytest.raises(EaglekitError, match="unknown format"):
         export_draft(native_ckpt, "trtllm", tmp_path / "x")
 

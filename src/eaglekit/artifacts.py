@@ -157,7 +157,7 @@ _MANIFEST_STAGE = {"target prepare": "target"}
 # What an unfinished folder of a stage that writes in place holds before its manifest (a killed
 # generate's run file, a train killed before its first manifest, a run's state): that stage's own.
 _UNFINISHED_MARKS = {"generate": ("run.json",), "train": (TRAINER_STATE, TRAIN_LOG), "run": (PIPELINE_STATE,),
-                     "doctor": (DOCTOR_REPORT,)}
+                     "doctor": (DOCTOR_REPORT,), "vocab": ("vocab.safetensors",)}
 
 
 def refuse_other_stage(folder: Path, stage: str) -> None:
