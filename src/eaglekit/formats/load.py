@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from eaglekit.artifacts import check_same_target, refuse_unfinished
+from eaglekit.draft.checkpoint import check_finite
 from eaglekit.errors import EaglekitError
 from eaglekit.formats.folder import DraftFolder, read_folder
 
@@ -19,7 +20,7 @@ log = logging.getLogger(__name__)
 def read_draft_folder(folder: str | Path, *, allow_unfinished: bool = False,
                       stand_ins: tuple[str, ...] = ("oracle", "random")) -> DraftFolder:
     """A draft folder of any format the doctor reads (eaglekit, SGLang / SpecForge, speculators, EAGLE),
-    read before any model loads, so a wrong path or an unfinished draft fails in a second.
+    read before any model loads, so a wrong path, an unfinished draft or NaN/Inf weights fail in a second.
     `stand_ins`: the names the calling command takes in place of a folder (for the hint)."""
     folder = Path(folder)
     if not folder.is_dir():
@@ -27,6 +28,7 @@ def read_draft_folder(folder: str | Path, *, allow_unfinished: bool = False,
         raise EaglekitError(f"no draft folder {folder}", hint="pass a draft folder" + (f", or {names}" if names else ""))
     draft = read_folder(folder)
     refuse_unfinished(draft.unfinished, folder, allow_unfinished=allow_unfinished)
+    check_finite(draft.tensors, folder)   # NaN/Inf weights too, before any model loads
     return draft
 
 
