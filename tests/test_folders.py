@@ -193,3 +193,19 @@ def test_missing_outputs_names_a_deleted_or_resized_file(tmp_path):
     (draft / "model.safetensors").unlink()
     assert missing_outputs(draft) == [f"{draft / 'model.safetensors'} is missing"]
     assert missing_outputs(tmp_path / "export") == [f"{tmp_path / 'export'} is missing"]
+
+
+def test_eaglekit_run_settles_and_checks_every_stage_folder_before_the_first_stage(tmp_path, capsys):
+    """A run refuses a stage folder of the user's before its first stage (not when the bench comes,
+    after the data and training), and a killed export's leftovers are settled even where the export
+    stage would be skipped."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "pipeline.json").write_text(json.dumps({"stages": {}}))
+    old = finished(proj / "export" / f".vllm.old-{dead_pid()}", "export", "old")
+    users_folder(proj / "bench")
+    assert main(["run", "--recipe", "quick", "--out", str(proj)]) == 2
+    assert "holds files `eaglekit bench` did not write (important.txt, src)" in capsys.readouterr().err
+    assert (proj / "export" / "vllm" / "model.safetensors").read_text() == "old" and not old.exists()
+    assert sorted(p.name for p in proj.iterdir()) == ["bench", "export", "pipeline.json"]   # no stage ran
+    assert (proj / "bench" / "important.txt").read_text() == "mine"

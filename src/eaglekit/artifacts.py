@@ -285,6 +285,20 @@ def settle_replace(folder: str | os.PathLike) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def settle_folder(folder: str | os.PathLike, stage: str) -> None:
+    """Before a run reaches the stage that writes `folder`: refuse it now if `stage` may not write
+    there (`check_owner`), and finish what a killed writer left beside it (`settle_replace`), so no
+    hidden folder outlives the run even where the stage is skipped. Makes no folder."""
+    folder = Path(folder)
+    olds, tmps = _leftovers(folder)
+    if not folder.exists() and not olds and not tmps:
+        return
+    created = not folder.exists()
+    with writer_lock(folder, stage=stage):
+        if created and not has_content(folder):
+            folder.rmdir()
+
+
 def _put_back(folder: Path) -> None:
     """A writer failed: what its `clear_folder` moved aside replaces whatever it wrote since."""
     aside = _ASIDE.pop(folder.resolve(), None)

@@ -52,6 +52,7 @@ from eaglekit.artifacts import (
     made_before,
     missing_outputs,
     read_json,
+    settle_folder,
     write_json,
     writer_lock,
 )
@@ -683,6 +684,9 @@ def run_locked(recipe: dict, out: Path, stop_before: str | None) -> dict:
     check_doctor_export(recipe)
     pipe.whole_plan, pipe.plan_is_whole = plan_so_far(recipe, out)
     check_planned(pipe.whole_plan)
+    for stage in until_stop(pipe.whole_plan, stop_before):   # a stage folder of the user's is refused now, not hours in
+        if (folder := stage_output(stage.argv)) is not None:
+            settle_folder(folder, "target prepare" if stage.argv[:2] == ["target", "prepare"] else stage.argv[0])
     try:
         run_stages(pipe, recipe, out)
     except StopBefore as stop:
@@ -808,6 +812,9 @@ def summarize(out: Path) -> tuple[bool, str]:
         summary = read_json(bench, "bench results")["summary"]
         lines.append(f"bench: tau {summary['tau']}, speedup {summary['speedup']}x over plain decoding "
                      f"({summary['spec']}, {bench.with_name('report.md')})")
+        warning = (summary.get("timing") or {}).get("warning")
+        if warning:   # the bench's own doubt about the figures above
+            lines.append(f"bench warning: {warning}")
         if summary.get("verdict") and summary["speedup"] < 1:
             lines.append(summary["verdict"])
             if str(summary.get("device", "")).startswith("cpu"):
