@@ -53,8 +53,8 @@ def from_os_error(err: BaseException) -> EaglekitError | None:
     reason = os.strerror(code) if code else str(err)
     if code in (errno.ENOSPC, errno.EDQUOT):
         return DiskFull(f"the disk is full: writing{where or ' the output'} failed ({reason})",
-                         hint="free space on that disk, or pass an --out on another one, and run the same command "
-                              "again")
+                         hint="free space on that disk, or pass an --out on another one, then run the command again "
+                              "(generate and features resume where they stopped; train with --resume)")
     if code in (errno.EACCES, errno.EPERM):
         return EaglekitError(f"permission denied:{where or ' a file or folder this command uses'}",
                              hint="make it readable (and an output folder writable) for this user, or pass another path")
@@ -65,6 +65,8 @@ def from_os_error(err: BaseException) -> EaglekitError | None:
         return EaglekitError(f"{file or 'a path'} is a symlink loop (a link that leads back to itself)",
                              hint="fix or remove the link, or pass another path")
     if code == errno.EEXIST:
+        if err.filename and os.path.isdir(err.filename):
+            return EaglekitError(f"{file} already exists", hint="pass another path, or move that folder away")
         return EaglekitError(f"{file or 'a path'} exists and is not a folder",
                              hint="pass a folder path (a new one is created), or move that file away")
     if code == errno.ENOTDIR:
