@@ -34,7 +34,7 @@ def wrong_middle(prompt: list[int], ref: list[int], start: int, stop: int, vocab
 
 @SPECS
 def test_weak_draft_falls_back_to_plain_steps_and_keeps_the_tokens(spec):
-    """A random draft (tau about 1) against a cycle that costs 1.5 plain steps: after the first
+    """A random draft (tau about 1) against a cycle that costs 2 plain steps: after the first
     probe the answer is decoded plainly, with probes between growing windows, token for token plain
     greedy's; a cost below 1 never falls back, and neither does `plain_fallback=False`."""
     model = peaked_model("llama")
@@ -42,17 +42,17 @@ def test_weak_draft_falls_back_to_plain_steps_and_keeps_the_tokens(spec):
     draft = DraftRunner(random_draft(model), spec=spec, sampling=Sampling(), max_len=L)
     for prompt in PROMPTS[:2]:
         ref = plain_reference(target, prompt)
-        gen = Engine(target, drafter=draft, spec=spec, cycle_cost=1.5, fallback_window=4).generate(prompt, NEW)
+        gen = Engine(target, drafter=draft, spec=spec, cycle_cost=2.0, fallback_window=4).generate(prompt, NEW)
         assert gen.tokens == ref
-        assert gen.fallbacks >= 2 and gen.plain_tokens >= NEW // 2 and gen.cycle_cost == 1.5
+        assert gen.fallbacks >= 2 and gen.plain_tokens >= NEW // 2 and gen.cycle_cost == 2.0
         # every cycle is a probe's: PROBE_CYCLES after each (re)start, the last one maybe cut short
         assert len(gen.accept_lengths) <= PROBE_CYCLES * (gen.fallbacks + 1)
-        never = Engine(target, drafter=draft, spec=spec, cycle_cost=0.5, fallback_window=4).generate(prompt, NEW)
-        off = Engine(target, drafter=draft, spec=replace(spec, plain_fallback=False)).generate(prompt, NEW)
-        asked = Engine(target, drafter=draft, spec=spec, cycle_cost=1.5).generate(prompt, NEW, plain_fallback=False)
-        for g in (never, off, asked):
-            assert g.tokens == ref and g.plain_tokens == 0 and g.fallbacks == 0
-        assert never.accept_lengths == off.accept_lengths == asked.accept_lengths
+    never = Engine(target, drafter=draft, spec=spec, cycle_cost=0.5, fallback_window=4).generate(prompt, NEW)
+    off = Engine(target, drafter=draft, spec=replace(spec, plain_fallback=False)).generate(prompt, NEW)
+    asked = Engine(target, drafter=draft, spec=spec, cycle_cost=2.0).generate(prompt, NEW, plain_fallback=False)
+    for g in (never, off, asked):
+        assert g.tokens == ref and g.plain_tokens == 0 and g.fallbacks == 0
+    assert never.accept_lengths == off.accept_lengths == asked.accept_lengths
 
 
 @SPECS
@@ -65,7 +65,7 @@ def test_a_draft_that_recovers_is_probed_back_into_speculation(spec):
     ref = plain_reference(target, prompt, 64)
     oracle = OracleDrafter(wrong_middle(prompt, ref, 8, 24, target.vocab_size), spec=spec,
                            vocab_size=target.vocab_size, max_len=L, device="cpu")
-    gen = Engine(target, drafter=oracle, spec=spec, cycle_cost=1.5, fallback_window=4).generate(prompt, 64)
+    gen = Engine(target, drafter=oracle, spec=spec, cycle_cost=2.0, fallback_window=4).generate(prompt, 64)
     assert gen.tokens == ref and gen.fallbacks >= 1 and 0 < gen.plain_tokens < 32
     # after the last fallback the probe passed: the answer ends speculating, whole paths accepted
     assert gen.accept_lengths[-3:-1] == [spec.max_depth] * 2
@@ -79,7 +79,7 @@ def test_draft_cache_after_fallback_windows_equals_a_whole_catch_up(spec):
     target = make_target_runner(model, max_len=L, aux_layer_ids=AUX)
     prompt = PROMPTS[0]
     draft = DraftRunner(random_draft(model), spec=spec, sampling=Sampling(), max_len=L)
-    engine = Engine(target, drafter=draft, spec=spec, cycle_cost=1.5, fallback_window=4)
+    engine = Engine(target, drafter=draft, spec=spec, cycle_cost=2.0, fallback_window=4)
     gen = engine.generate(prompt, NEW)
     assert gen.plain_tokens >= 16
     n = int(engine.n)                                          # the draft holds entries for positions < n
@@ -105,7 +105,7 @@ def test_timed_cost_and_stop_token_with_fallback(spec):
     assert gen.tokens == ref and gen.cycle_cost > 0
     stop = ref[30]
     cut = ref[:ref.index(stop) + 1]
-    engine = Engine(target, drafter=draft, spec=spec, cycle_cost=1.5, fallback_window=4, stop_token_ids=[stop])
+    engine = Engine(target, drafter=draft, spec=spec, cycle_cost=2.0, fallback_window=4, stop_token_ids=[stop])
     gen = engine.generate(PROMPTS[0], NEW)
     assert gen.tokens == cut and gen.finish_reason == "stop" and gen.plain_tokens > 0
 
@@ -118,7 +118,7 @@ def test_fallback_through_the_graph_paths(monkeypatch):
     target = make_target_runner(model, max_len=L, aux_layer_ids=AUX)
     ref = plain_reference(target)
     draft = DraftRunner(random_draft(model), spec=TREE, sampling=Sampling(), max_len=L)
-    engine = Engine(target, drafter=draft, spec=TREE, prefill_chunk=5, cycle_cost=1.5, fallback_window=4)
+    engine = Engine(target, drafter=draft, spec=TREE, prefill_chunk=5, cycle_cost=2.0, fallback_window=4)
     engine.graphs = True
     steps = [engine.prefill, *engine.speculation_steps()]
     assert engine.decode in steps and engine.window_catch_up in steps
@@ -172,5 +172,5 @@ def test_compiled_fallback_equals_plain_decoding(spec):
     target = make_target_runner(model, max_len=L, aux_layer_ids=AUX)
     ref = plain_reference(target)
     draft = DraftRunner(random_draft(model), spec=spec, sampling=Sampling(), max_len=L)
-    gen = Engine(target, drafter=draft, spec=spec, compile=True, cycle_cost=1.5, fallback_window=4).generate(PROMPTS[0], NEW)
+    gen = Engine(target, drafter=draft, spec=spec, compile=True, cycle_cost=2.0, fallback_window=4).generate(PROMPTS[0], NEW)
     assert gen.tokens == ref and gen.fallbacks >= 2

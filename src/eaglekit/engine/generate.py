@@ -15,11 +15,12 @@ extra cycles only cost time.
 
 Plain fallback (`SpecConfig.plain_fallback`): a cycle costs c plain steps and commits tau tokens,
 so it pays only while tau > c. The host times its chunks (cycles and plain steps, medians of the
-latest chunks, kept by the engine across generations) and, when the last cycles' tau is below c,
-decodes plainly for a window of `fallback_window` tokens (the `decode` step, which then also keeps
-each position's aux row), catches the draft up over it (one `fallback_window`-row draft forward),
-and after 1, 2, 4 then 8 windows proposes again and probes. The graphs stay as they are: falling
-back replays the plain step the baseline replays (docs/notes/engine.md, "Drafting that stops").
+latest chunks, kept by the engine across generations) and, when the recent cycles' tau is surely
+below c, decodes plainly in windows of `fallback_window` tokens (the `decode` step, which then also
+keeps each position's aux row), catching the draft up after each (one `fallback_window`-row draft
+forward); after 1, 2, 4 .. 16 windows it proposes again and probes with one cycle. The graphs stay
+as they are: falling back replays the plain step the baseline replays (docs/notes/engine.md,
+"Drafting that stops").
 
 Plain decoding (the baseline) is the `decode` step: one token per target forward, run `chunk`
 times between host checks for a stop token. On CUDA every step is captured in a CUDA graph
@@ -46,10 +47,14 @@ from eaglekit.engine.tree import Tree, cache_mask, causal_block
 from eaglekit.errors import EaglekitError
 
 PREFILL_CHUNK = 128      # prompt tokens per captured prefill step (CUDA graphs)
-FALLBACK_WINDOW = 32     # plain tokens per fallback window (one draft catch-up each)
-FALLBACK_DOUBLINGS = 3   # a fallback lasts 1, 2, 4, then at most 8 windows while probes fail
-PROBE_CYCLES = 4         # cycles after a (re)start before the first decision
-TAU_WINDOW = 8           # a decision's tau: the mean over the last cycles, at most this many
+# The fallback's policy, tuned on a simulation (docs/notes/engine.md, "Drafting that stops").
+FALLBACK_WINDOW = 64     # plain tokens per fallback window (one draft catch-up each)
+FALLBACK_DOUBLINGS = 4   # a fallback lasts 1, 2, 4, 8, then at most 16 windows while probes fail
+PROBE_CYCLES = 4         # cycles of a generation before the first decision
+REPROBE_CYCLES = 1       # cycles after a fallback before the next decision
+TAU_WINDOW = 32          # a decision reads the cycles since the last (re)start, at most this many
+TAU_SLACK = 1.0          # fall back when tau + TAU_SLACK * sd / sqrt(cycles) is below the cost
+ACCEPT_SD_FLOOR = 0.5    # the sd of a cycle's accepted count, at least (a few cycles say little)
 EXPLORE_COST = 2.0       # a cycle's cost in plain steps assumed before any plain step was timed
 TIMED_CHUNKS = 16        # chunks whose median time sets the cost
 
@@ -140,7 +145,7 @@ class Engine:
             (default: PREFILL_CHUNK with graphs, else 0).
         cycle_cost: with `spec.plain_fallback`, a cycle's cost in plain steps (None: timed).
         fallback_window: plain tokens per fallback window.
-        probe_cycles: cycles after a (re)start before the fallback's first decision.
+        probe_cycles: cycles of a generation before the fallback's first decision.
     """
 
     def __init__(self, target, *, drafter=None, spec: SpecConfig | None = None, sampling: Sampling = Sampling(),
@@ -329,7 +334,8 @@ class Engine:
         for _ in range(steps):
             self.decode()
         tokens = self.out[start:start + steps].tolist()
-        self.meter.add("step", time.perf_counter() - began, steps)
+        if steps == self.chunk:                                                # as a cycle chunk: whole chunks only
+            self.meter.add("step", time.perf_counter() - began, steps)
         return extend(out, tokens, max_new_tokens, self.stop_ids)
 
     # ---- speculative decoding -------------------------------------------------------------
@@ -419,25 +425,27 @@ class Engine:
         reason = extend(out, [int(self._prefill_speculation(ids))], max_new_tokens, self.stop_ids)
         n = len(ids)                                                           # the root's position
         since, doublings = 0, 0                    # cycles since speculation (re)started; failed probes in a row
+        probe = self.probe_cycles                  # cycles before the next decision
         while reason is None:
-            if fallback and since >= self.probe_cycles:
-                cost = self._cost()
-                if 1 + sum(accepts[-min(since, TAU_WINDOW):]) / min(since, TAU_WINDOW) >= cost:
-                    doublings = 0
-                else:
+            if fallback and since >= probe:
+                if not self._pays(accepts[-min(since, TAU_WINDOW):]):
                     before = len(out)
                     reason, n = self._fall_back(out, n, self.window << doublings, max_new_tokens)
                     gen.plain_tokens += len(out) - before
                     gen.fallbacks += 1
-                    since, doublings = 0, min(doublings + 1, FALLBACK_DOUBLINGS)
+                    since, doublings, probe = 0, min(doublings + 1, FALLBACK_DOUBLINGS), REPROBE_CYCLES
                     continue
+                doublings = 0
             cycles = max(1, min(self.cycle_chunk, (max_new_tokens - len(out)) // (D + 1)))
+            if fallback and since < probe:
+                cycles = min(cycles, probe - since)                            # a probe decides early
             began = time.perf_counter()
             for _ in range(cycles):
                 self.cycle()
             first = len(accepts)
             read = torch.cat([self.counts[first:first + cycles], self.out[n:n + cycles * (D + 1)]]).tolist()
-            self.meter.add("cycle", time.perf_counter() - began, cycles)
+            if cycles == self.cycle_chunk:                                     # a probe's short chunk pays one sync for fewer cycles
+                self.meter.add("cycle", time.perf_counter() - began, cycles)
             counts, tokens = read[:cycles], read[cycles:]
             since += cycles
             for count in counts:
@@ -450,6 +458,14 @@ class Engine:
         if fallback:
             gen.cycle_cost = self._cost()
         return gen
+
+    def _pays(self, accepts: list[int]) -> bool:
+        """Whether these cycles commit at least what they cost, or might: tau's upper bound
+        (one standard error above the mean) against a cycle's cost in plain steps."""
+        k = len(accepts)
+        mean = sum(accepts) / k
+        sd = max((sum((a - mean) ** 2 for a in accepts) / k) ** 0.5, ACCEPT_SD_FLOOR)
+        return 1 + mean + TAU_SLACK * sd / k ** 0.5 >= self._cost()
 
     def _cost(self) -> float:
         """A cycle's cost in plain steps: given, else timed (EXPLORE_COST until a plain step was timed)."""
