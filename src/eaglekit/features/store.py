@@ -35,6 +35,8 @@ TENSORS = ("input_ids", "loss_mask", "offsets", "aux", "topk_ids", "topk_logp")
 def nonfinite_counts(tensors: dict[str, torch.Tensor]) -> dict[str, int]:
     """Values no feature may hold, by tensor: NaN or Inf in `aux`, NaN or +Inf in `topk_logp` (-Inf is
     a probability of 0, which a float16 log-probability rounds to)."""
+    if not maybe_nonfinite(tensors):
+        return {}
     counts = {}
     if "aux" in tensors:
         counts["aux"] = int((~torch.isfinite(tensors["aux"])).sum())
@@ -42,6 +44,18 @@ def nonfinite_counts(tensors: dict[str, torch.Tensor]) -> dict[str, int]:
         logp = tensors["topk_logp"]
         counts["topk_logp"] = int((torch.isnan(logp) | (logp == float("inf"))).sum())
     return {k: n for k, n in counts.items() if n}
+
+
+def maybe_nonfinite(tensors: dict[str, torch.Tensor]) -> bool:
+    """The quick test behind `nonfinite_counts`: max and min propagate NaN and hold any Inf, and on CPU
+    bf16 they cost a few times less than `isfinite` (which counts only once this says yes)."""
+    aux, logp = tensors.get("aux"), tensors.get("topk_logp")
+    if aux is not None and aux.numel() and not (torch.isfinite(aux.amax()) and torch.isfinite(aux.amin())):
+        return True
+    if logp is not None and logp.numel():
+        top = logp.amax()
+        return bool(torch.isnan(top) or top == float("inf"))
+    return False
 
 
 def describe_nonfinite(counts: dict[str, int]) -> str:
