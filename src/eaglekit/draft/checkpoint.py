@@ -46,7 +46,8 @@ def check_finite(tensors: dict[str, torch.Tensor], where: str | Path) -> None:
     """
     for name in sorted(tensors):
         t = tensors[name]
-        if not t.is_floating_point() or bool(torch.isfinite(t).all()):
+        # max and min propagate NaN and hold any Inf: on CPU bf16 a few times cheaper than isfinite
+        if not t.is_floating_point() or not t.numel() or (torch.isfinite(t.amax()) and torch.isfinite(t.amin())):
             continue
         nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
         what = " and ".join(f"{n:,} {kind}" for n, kind in ((nan, "NaN"), (inf, "Inf")) if n)
