@@ -242,3 +242,34 @@ def test_a_bench_or_doctor_result_without_its_manifest_is_unfinished(run, tmp_pa
     assert data.bench.status == "unfinished" and "did not finish writing" in data.bench.note
     assert data.doctor.status == "unfinished" and "did not finish writing" in data.doctor.note
 
+
+
+def test_the_benchs_drift_warning_reaches_the_run_summary_and_the_report(run, tmp_path):
+    """Found 2026-12-06 (issue 42): the bench's "plain runs differ by N %" warning was only in its log;
+    `eaglekit run`'s summary and report.html showed the speedup without it. The real run's bench,
+    with a warning written into its results as the bench writes one."""
+    from eaglekit.artifacts import BENCH_RESULTS, RUN_BENCH
+    from eaglekit.pipeline.run import summarize
+    from eaglekit.report.collect import collect
+    from eaglekit.report.html import render
+
+    copy = tmp_path / "run"
+    shutil.copytree(run["out"], copy)
+    path = copy / RUN_BENCH / BENCH_RESULTS
+    results, stamp = json.loads(path.read_text()), path.stat().st_mtime
+    assert results["summary"]["per_prompt_speedup"]["median"] > 0       # the spread beside the headline
+
+    def with_warning(warning):
+        if warning is None:     # this busy machine may have given the real bench a warning of its own
+            results["summary"]["timing"].pop("warning", None)
+        else:
+            results["summary"]["timing"]["warning"] = warning
+        path.write_text(json.dumps(results))
+        os.utime(path, (stamp, stamp))                                  # not newer than it was: not stale
+        return summarize(copy)[1], render(collect(copy))
+
+    text, html = with_warning(None)
+    assert "bench warning:" not in text and "data-warning" not in html
+    text, html = with_warning("a turn's two plain runs differ by 42% (median)")
+    assert "bench warning: a turn's two plain runs differ by 42% (median)" in text
+    assert 'data-warning="drift"' in html and "differ by 42% (median)" in html
