@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from eaglekit.features.conversations import read_conversations, tokenize_conversations
 from eaglekit.targets.capture import capture_aux_states
 from eaglekit.targets.load import load_target
-from tiny import TRAIN_TEXT
+from tiny import TRAIN_TEXT, VOCAB
 from tiny_conversations import write_jsonl
 
 torch.set_num_threads(1)
@@ -78,3 +78,23 @@ def test_hidden_states_hold_aux_layers_then_the_prenorm_last_layer(tiny_target_d
         normed = target.model.model.norm(hs[:, -1].float())
         torch.testing.assert_close(normed, ref.last_hidden[0], atol=5e-2, rtol=5e-2)
         assert not torch.allclose(hs[:, -1].float(), ref.last_hidden[0], atol=5e-2, rtol=5e-2)
+
+
+def test_a_speculators_config_with_null_target_hidden_size_imports(tiny_target_dir, tmp_path):
+    """speculators' trainer writes `target_hidden_size: null` (vLLM then reads the draft's hidden size)."""
+    from transformers import AutoConfig
+
+    from eaglekit.draft import DraftConfig, Eagle3Draft
+    from eaglekit.draft.checkpoint import load_draft, save_draft
+    from eaglekit.formats import export_draft, import_draft
+
+    cfg = DraftConfig.for_target(AutoConfig.from_pretrained(tiny_target_dir), aux_layer_ids=[1, 3, 4],
+                                 draft_vocab_size=VOCAB)
+    torch.manual_seed(0)
+    native = save_draft(Eagle3Draft(cfg), tmp_path / "native")
+    export_draft(native, "vllm", tmp_path / "peer", target=str(tiny_target_dir))
+    config = json.loads((tmp_path / "peer" / "config.json").read_text())
+    config["target_hidden_size"] = None
+    (tmp_path / "peer" / "config.json").write_text(json.dumps(config))
+    import_draft(tmp_path / "peer", tmp_path / "back", target=str(tiny_target_dir))
+    assert load_draft(tmp_path / "back").config.target_hidden_size == cfg.target_hidden_size

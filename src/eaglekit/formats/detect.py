@@ -115,7 +115,9 @@ class Interpretation:
 
 
 def _int(flat: dict, key: str, fallback=None) -> int:
-    value = flat.get(key, fallback)
+    value = flat.get(key)
+    if value is None:   # null means the default (speculators writes target_hidden_size: null, vLLM reads hidden_size)
+        value = fallback
     if value is None:
         raise EaglekitError(f"draft config lacks {key}", hint="the config is incomplete")
     return int(value)
