@@ -55,3 +55,21 @@ def test_speculate_says_so_when_the_recorded_target_is_gone(run_folder, capsys):
     assert main(["speculate", "hi", "--draft", "run/draft", *SHORT]) == 2
     err = capsys.readouterr().err
     assert "was made for target run/target, which is not there" in err and "--target" in err
+
+
+def test_the_recorded_target_of_each_kind_of_draft_folder(tmp_path):
+    """A training run records its --target; an export or import carries its source's manifest; a
+    fingerprint alone names a path only for the default target; a foreign folder records none."""
+    from eaglekit.engine.cli import recorded_target_spec
+    from eaglekit.formats.folder import DraftFolder
+
+    def folder(manifest, config=None):
+        return DraftFolder(path=tmp_path, config=config or {}, tensors={}, manifest=manifest)
+
+    assert recorded_target_spec(folder({"stage": "train", "config": {"target": "runs/q/target"}})) == "runs/q/target"
+    export = {"stage": "export", "config": {"source": "runs/q/draft"}, "target": {"name": "target"},
+              "source_manifest": {"stage": "train", "config": {"target": "/abs/target"}}}
+    assert recorded_target_spec(folder(export)) == "/abs/target"
+    assert recorded_target_spec(folder(None, {"eaglekit": {"target": {"name": "smollm2"}}})) == "smollm2"
+    assert recorded_target_spec(folder(None, {"eaglekit": {"target": {"name": "my-model"}}})) is None
+    assert recorded_target_spec(folder(None)) is None
