@@ -232,6 +232,23 @@ def test_compiled_draft_runner_cycle_equals_plain_decoding():
     assert gen.tokens == ref and len(gen.accept_lengths) >= NEW // (CHAIN.k + 1)
 
 
+@pytest.mark.slow
+def test_compiled_cycle_with_unrolled_matvec_for_every_row_equals_plain_decoding():
+    """`small_rows` covering the verify and the catch-up: every few-row linear runs as unrolled
+    matvec reductions inside torch.compile, and the tokens stay plain greedy's (a chain: the tree's
+    levels take the same forms, and a second compile costs CI a minute)."""
+    spec = CHAIN
+    model = peaked_model("llama")
+    rows = spec.k + 1 if spec.mode == "chain" else spec.total_tokens
+    target = make_target_runner(model, max_len=L, aux_layer_ids=AUX, small_rows=rows)
+    ref = Engine(make_target_runner(model, max_len=L, aux_layer_ids=AUX)).generate(PROMPTS[0], NEW,
+                                                                                    speculative=False).tokens
+    draft = DraftRunner(random_draft(model), spec=spec, sampling=Sampling(), max_len=L, small_rows=rows)
+    assert target.small_rows == rows and draft.linear.keywords["max_rows"] == rows
+    gen = Engine(target, drafter=draft, spec=spec, compile=True).generate(PROMPTS[0], NEW)
+    assert gen.tokens == ref
+
+
 @pytest.mark.parametrize("chunk", [4, 7, 64])
 def test_chunked_prefill_gives_the_same_answers(chunk):
     """The prompt prefilled in pieces (as the captured prefill step does on GPU; 64 > the prompt, so

@@ -142,7 +142,7 @@ def test_kernel_forms_compute_the_same_math():
     """The forms `attend` and `linear` pick inside torch.compile (reduce attention, matvec linears)
     equal the eager ones, with a ragged mask (rows that see different slots)."""
     from eaglekit.engine.kv import attend_matmul, attend_reduce, attend_sdpa
-    from eaglekit.engine.target_fast import matvec_linear
+    from eaglekit.engine.target_fast import matvec_linear, matvec_swiglu
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(shape, generator=g) for shape in ((1, 2, 6, 8), (1, 2, 10, 8), (1, 2, 10, 8)))
@@ -151,9 +151,29 @@ def test_kernel_forms_compute_the_same_math():
     ref = attend_sdpa(q, k, v, mask)
     torch.testing.assert_close(attend_matmul(q, k, v, mask), ref)
     torch.testing.assert_close(attend_reduce(q, k, v, mask), ref)
-    x, w, b = torch.randn(1, 1, 16, generator=g), torch.randn(24, 16, generator=g), torch.randn(24, generator=g)
-    torch.testing.assert_close(matvec_linear(x, w, b), torch.nn.functional.linear(x, w, b))
-    torch.testing.assert_close(matvec_linear(x, w, None), torch.nn.functional.linear(x, w))
+    w, b = torch.randn(24, 16, generator=g), torch.randn(24, generator=g)
+    for shape in ((1, 1, 16), (1, 6, 16), (2, 3, 16), (5, 16)):            # one row, and rows unrolled
+        x = torch.randn(shape, generator=g)
+        torch.testing.assert_close(matvec_linear(x, w, b), torch.nn.functional.linear(x, w, b))
+        torch.testing.assert_close(matvec_linear(x, w, None), torch.nn.functional.linear(x, w))
+        gate, up = torch.nn.functional.linear(x, w, b).chunk(2, dim=-1)
+        torch.testing.assert_close(matvec_swiglu(x, w, b), torch.nn.functional.silu(gate) * up)
+
+
+def test_matvec_forms_fuse_at_most_sixteen_rows():
+    """Above MATVEC_MAX_ROWS Inductor splits the unrolled rows into many kernels: refused, not slow."""
+    from eaglekit.engine import DraftRunner, Sampling, SpecConfig
+    from eaglekit.engine.target_fast import MATVEC_MAX_ROWS
+    from engine_tiny import random_draft
+
+    model = peaked_model("llama")
+    assert make_target_runner(model, max_len=L, small_rows=MATVEC_MAX_ROWS).small_rows == MATVEC_MAX_ROWS
+    for bad in (0, MATVEC_MAX_ROWS + 1):
+        with pytest.raises(EaglekitError, match="small_rows"):
+            make_target_runner(model, max_len=L, small_rows=bad)
+        with pytest.raises(EaglekitError, match="small_rows"):
+            DraftRunner(random_draft(model), spec=SpecConfig(mode="chain", k=3), sampling=Sampling(), max_len=L,
+                        small_rows=bad)
 
 
 def test_few_rows_linear_is_f_linear():

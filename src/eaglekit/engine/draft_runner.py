@@ -25,7 +25,7 @@ from eaglekit.draft.model import Eagle3Draft
 from eaglekit.engine.kv import KVCache, attend, group_mask
 from eaglekit.engine.sampling import Sampling, sample
 from eaglekit.engine.spec import SpecConfig
-from eaglekit.engine.target_fast import SMALL_ROWS, default_kernels, kernel_for_rows, linear
+from eaglekit.engine.target_fast import SMALL_ROWS, check_small_rows, default_kernels, kernel_for_rows, linear
 from eaglekit.engine.tree import Tree, cache_mask, causal_block, chain_tree, select_tree, top_k, tree_from_parents
 
 
@@ -59,7 +59,7 @@ class DraftRunner(nn.Module):
         default_attention, default_matvec = default_kernels(1, weight_bytes)
         self.attention = attention or default_attention
         self.attention_rows = small_rows if attention_rows is None else attention_rows
-        self.matvec_rows = small_rows if (default_matvec if matvec is None else matvec) else 0
+        self.matvec_rows = check_small_rows(small_rows) if (default_matvec if matvec is None else matvec) else 0
         self.linear = partial(linear, max_rows=self.matvec_rows)
         wqkv, w13 = draft.fused_weights()
         self.register_buffer("wqkv", wqkv, persistent=False)                # [nh*hd + 2*nkv*hd, 2H]

@@ -74,6 +74,9 @@ LAUNCH_BOUND_BYTES = 2 * 2**30   # below this many weight bytes a batch-1 step i
 # 6-row verify with them took 1.77 ms against 0.87 for the 1-row step, while a 32-row verify with
 # matmul attention and cuBLAS took 1.41 ms (each row re-reads W; the draft's 32k-row head the most).
 SMALL_ROWS = 1
+# The most rows `matvec` unrolls: Inductor fuses a node group of at most 64 (max_fusion_size), and a
+# 16-row SwiGLU is 32 reductions; at 32 rows a SmolLM2 layer fell apart into 47 kernels against 15.
+MATVEC_MAX_ROWS = 16
 
 
 def default_kernels(batch_size: int, weight_bytes: int) -> tuple[str, bool]:
@@ -89,6 +92,14 @@ def default_kernels(batch_size: int, weight_bytes: int) -> tuple[str, bool]:
     if batch_size == 1 and weight_bytes < LAUNCH_BOUND_BYTES:
         return "reduce", True
     return "sdpa", False
+
+
+def check_small_rows(small_rows: int) -> int:
+    if not 1 <= small_rows <= MATVEC_MAX_ROWS:
+        raise EaglekitError(f"small_rows={small_rows}: the matvec forms take 1 to {MATVEC_MAX_ROWS} rows",
+                            hint=f"keep small_rows <= {MATVEC_MAX_ROWS}; larger forwards use cuBLAS, and "
+                                 "attention_rows raises the reduce attention's limit alone")
+    return small_rows
 
 
 def kernel_for_rows(attention: str, rows: int, attention_rows: int) -> str:
@@ -184,12 +195,39 @@ def describe(few: bool, few_ms: float, linear_ms: float) -> tuple[str, float, fl
 
 
 def matvec_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear as a broadcast product and a sum (float32): Inductor generates the reduction kernel
-    itself and fuses the neighbouring pointwise work into it (bias, residual add, SwiGLU), where
-    cuBLAS would be one more launch of a latency-bound GEMV. Unfused it would materialize [R, N, K];
-    fused, each of the R rows re-reads W (from L2 for a few rows)."""
-    y = (x.unsqueeze(-2).float() * weight.float()).sum(-1)                 # [B, T, N]
-    return (y if bias is None else y + bias.float()).to(x.dtype)
+    """F.linear as products and sums (float32), for `linear` inside torch.compile: Inductor generates
+    the reduction kernel itself and fuses the neighbouring pointwise work into it (bias, residual
+    add, the next RMSNorm), where cuBLAS would be one more launch of a latency-bound GEMV."""
+    return matvec(x, [weight], [bias], lambda y: y.to(x.dtype))
+
+
+def matvec_swiglu(x: torch.Tensor, w13: torch.Tensor, b13: torch.Tensor | None) -> torch.Tensor:
+    """silu(gate) * up with gate and up ([I, K] each, concatenated in w13 [2I, K]) as two reductions
+    of one shape, which Inductor fuses with the SwiGLU into one kernel."""
+    inter = w13.shape[0] // 2
+    return matvec(x, w13.split(inter), (None, None) if b13 is None else b13.split(inter),
+                  lambda gate, up: F.silu(gate.to(x.dtype)) * up.to(x.dtype))
+
+
+def matvec(x: torch.Tensor, weights, biases, epilogue) -> torch.Tensor:
+    """epilogue(*[x @ w.T + b in float32]) as broadcast products and sums: x [..., K], each w [N, K].
+
+    One row: one reduction per weight. A few rows (a chain's verify, a tree level, a catch-up): the
+    same per row, the epilogue applied to each row, then the rows stacked, so Inductor fuses the R
+    reductions into one kernel that reads W once for all of them. One broadcast over [R, N, K] (the
+    form before 2026-12-05) made every row re-read W: a 6-row SmolLM2 verify took 1.77 ms with it
+    against 1.16 through cuBLAS (H200, 2026-12-03). Under dynamic shapes the row count is symbolic
+    and the broadcast form stays."""
+    def reduced(v):                                                         # [..., K] -> epilogue(*[..., N])
+        ys = [(v.unsqueeze(-2).float() * w.float()).sum(-1) for w in weights]
+        return epilogue(*[y if b is None else y + b.float() for y, b in zip(ys, biases)])
+
+    rows = x.numel() // x.shape[-1]
+    if not (isinstance(rows, int) and rows > 1):
+        return reduced(x)
+    flat = x.reshape(rows, x.shape[-1])                                     # [R, K]
+    out = torch.stack([reduced(flat[r]) for r in range(rows)])              # [R, N]
+    return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
 def frozen(t: torch.Tensor) -> nn.Parameter:
@@ -234,13 +272,12 @@ class FastLayer(nn.Module):
         out = attend(q, k_all, v_all, mask, kind).transpose(1, 2).reshape(B, T, self.nh * self.d)
         x = x + linear(out, self.wo, self.bo, rows)
         h = rms_norm(x, self.ln2, self.eps)
-        if rows:                         # two reductions of one shape: Inductor fuses them with the SwiGLU
-            inter = self.w13.shape[0] // 2
-            b13 = (None, None) if self.b13 is None else self.b13.split(inter)
-            gate, up = (linear(h, w, b, rows) for w, b in zip(self.w13.split(inter), b13))
+        if rows and torch.compiler.is_compiling():
+            act = matvec_swiglu(h, self.w13, self.b13)
         else:
             gate, up = linear(h, self.w13, self.b13).chunk(2, dim=-1)
-        return x + linear(F.silu(gate) * up, self.w2, self.b2, rows)
+            act = F.silu(gate) * up
+        return x + linear(act, self.w2, self.b2, rows)
 
 
 class FastTarget(nn.Module):
@@ -282,7 +319,7 @@ class FastTarget(nn.Module):
         store, caches = stacked_caches(len(layers), batch_size, cfg.num_key_value_heads, max_len, head_dim,
                                        dtype=p.dtype, device=p.device)
         self.register_buffer("kv_store", store, persistent=False)            # [2, layers, B, h, L, d]
-        self.attention, self.matvec, self.small_rows = attention, matvec, small_rows
+        self.attention, self.matvec, self.small_rows = attention, matvec, check_small_rows(small_rows)
         self.attention_rows = small_rows if attention_rows is None else attention_rows
         self.layers = nn.ModuleList(FastLayer(layer, cfg, cache, attention, matvec, small_rows, self.attention_rows)
                                     for layer, cache in zip(layers, caches))
