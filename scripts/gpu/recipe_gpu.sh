@@ -44,6 +44,12 @@ b = load_recipe('smollm2-h200')['bench']
 print(' '.join(to_flags({k: b[k] for k in ('mode', 'depth', 'tree-top-k', 'total-tokens') if k in b})))"
 }
 
+train_flags() {  # the recipe's train section as flags (one source: the recipe file), less its time budget, for the arms
+  python3 -c "from eaglekit.pipeline.recipe import load_recipe, to_flags
+t = load_recipe('smollm2-h200')['train']
+print(' '.join(to_flags({k: v for k, v in t.items() if k != 'time-budget-s'})))"
+}
+
 bench_tree() {  # what the recipe's bench stage measures, for a draft trained earlier (HF generate on 8 prompts)
   local draft=$1 eval=$2 t0
   t0=$(date +%s)
@@ -107,7 +113,7 @@ PY
       arms)      # issue 39's A/B: one draft per ARMS variant (train flags; ';' between; "-" = the recipe's own),
                  # each trained for ARM_S seconds on the run's conversations, then benched on MT-bench
                  # (the recipe's tree, LIMIT questions) and on the held-out set (HumanEval + Alpaca, 10 each);
-                 # tau is what the arms compare, so the benches skip torch.compile (minutes of compiles)
+                 # compiled, as `--no-compile` with graphs failed to capture the cycle on CUDA (2026-12-06)
         local i=0 flags
         python3 - "$eval" "$W/heldout10.jsonl" <<'PY'
 import itertools, sys
@@ -119,13 +125,12 @@ PY
         for flags in "${variants[@]}"; do
           i=$((i + 1)); [[ $flags == "-" ]] && flags=""
           stamp "arm $i: train ${ARM_S:-240} s with [$flags]"
-          python3 -m eaglekit train --target "$t" --data "$RUN/conversations" --draft-vocab-size 16384 --allow-smaller-vocab \
-            --ttt-steps 7 --batch-tokens 16384 --epochs 6 --val-every 500 --val-max-samples 512 --device cuda --no-progress \
+          python3 -m eaglekit train --target "$t" --data "$RUN/conversations" $(train_flags) --device cuda --no-progress \
             --time-budget-s "${ARM_S:-240}" $flags --out "$W/arm-$i/draft" 2>&1 | quiet | grep -v "^step" | tail -8 >> "$LOG"
           python3 -m eaglekit bench --target "$t" --draft "$W/arm-$i/draft" --prompts "$eval/mt_bench.jsonl" --limit "${LIMIT:-20}" \
-            --max-new-tokens 256 --no-hf --no-compile $(bench_shape) --out "$W/arm-$i/bench" 2>&1 | quiet | tail -12 >> "$LOG"
+            --max-new-tokens 256 --no-hf $(bench_shape) --out "$W/arm-$i/bench" 2>&1 | quiet | tail -12 >> "$LOG"
           python3 -m eaglekit bench --target "$t" --draft "$W/arm-$i/draft" --prompts "$W/heldout10.jsonl" \
-            --max-new-tokens 256 --no-hf --no-compile $(bench_shape) --out "$W/arm-$i/heldout" 2>&1 | quiet | tail -12 >> "$LOG"
+            --max-new-tokens 256 --no-hf $(bench_shape) --out "$W/arm-$i/heldout" 2>&1 | quiet | tail -12 >> "$LOG"
           stamp "arm $i [$flags] done"
         done ;;
       gputests)  # the CUDA paths of the batch decoder against the CPU's, token for token
@@ -215,7 +220,7 @@ case $VERB in
   start)
     : "${EAGLEKIT_SMOLLM2_DIR:?run setup.sh first}"
     PROMPTS=${2:?prompts folder}; EVAL=${3:?eval folder}
-    export -f session benches bench_shape stamp quiet; export W RUN LOG PROFILE EXTRA BENCHES PRE KERNELS BE_ARGS ARMS ARM_S REGEN REGEN_LIMIT PROFILE_ROWS
+    export -f session benches bench_shape train_flags stamp quiet; export W RUN LOG PROFILE EXTRA BENCHES PRE KERNELS BE_ARGS ARMS ARM_S REGEN REGEN_LIMIT PROFILE_ROWS
     setsid nohup bash -c "session '$PROMPTS' '$EVAL'" > "$W/session.out" 2>&1 < /dev/null &
     stamp "session launched (pid $!)"; sleep 2; cat "$LOG" ;;
   bench)   # a draft trained in an earlier session: the three benches alone, in the background
