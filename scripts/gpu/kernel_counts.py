@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from bench_engine import kernel_options, llama_8b  # noqa: E402
+
 from eaglekit.engine.target_fast import FastTarget  # noqa: E402
 from eaglekit.engine.tree import cache_mask, causal_block  # noqa: E402
 
