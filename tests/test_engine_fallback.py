@@ -174,3 +174,17 @@ def test_compiled_fallback_equals_plain_decoding(spec):
     draft = DraftRunner(random_draft(model), spec=spec, sampling=Sampling(), max_len=L)
     gen = Engine(target, drafter=draft, spec=spec, compile=True, cycle_cost=2.0, fallback_window=4).generate(PROMPTS[0], NEW)
     assert gen.tokens == ref and gen.fallbacks >= 2
+
+
+@SPECS
+def test_sampled_fallback_is_reproducible(spec):
+    """Sampling through fallback windows and probes (a sampled chain carries its q across them): a
+    seed gives the same answer, and it is not the greedy one."""
+    model = peaked_model("llama")
+    target = make_target_runner(model, max_len=L, aux_layer_ids=AUX)
+    sampling = Sampling(temperature=1.0)
+    draft = DraftRunner(random_draft(model), spec=spec, sampling=sampling, max_len=L)
+    engine = Engine(target, drafter=draft, spec=spec, sampling=sampling, cycle_cost=2.0, fallback_window=4)
+    a, b = engine.generate(PROMPTS[0], NEW, seed=7), engine.generate(PROMPTS[0], NEW, seed=7)
+    assert a.tokens == b.tokens and a.accept_lengths == b.accept_lengths and a.fallbacks >= 2
+    assert len(a.tokens) == NEW and a.tokens != plain_reference(target)
