@@ -209,3 +209,19 @@ def test_eaglekit_run_settles_and_checks_every_stage_folder_before_the_first_sta
     assert (proj / "export" / "vllm" / "model.safetensors").read_text() == "old" and not old.exists()
     assert sorted(p.name for p in proj.iterdir()) == ["bench", "export", "pipeline.json"]   # no stage ran
     assert (proj / "bench" / "important.txt").read_text() == "mine"
+
+
+def test_an_out_that_is_a_file_a_link_loop_or_read_only_is_one_sentence(tmp_path):
+    """Issue 41: `--out` a regular file or a symlink loop ended in a FileExistsError traceback."""
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    for out in (tmp_path / "file", tmp_path / "loop"):
+        with pytest.raises(EaglekitError, match="is a file .*not a folder"):
+            with writer_lock(out, stage="generate"):
+                pass
+    assert (tmp_path / "file").read_text() == "x"
+    if os.geteuid() != 0:                                  # root writes anywhere
+        (tmp_path / "ro").mkdir(mode=0o555)
+        with pytest.raises(EaglekitError, match="cannot make or open the folder"):
+            with writer_lock(tmp_path / "ro" / "out", stage="generate"):
+                pass

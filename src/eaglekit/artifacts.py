@@ -132,8 +132,14 @@ def writer_lock(folder: str | os.PathLike, *, stage: str | None = None) -> Itera
     deleting first would pull the folder from under a run still writing there.
     """
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder, os.O_RDONLY)
+    if folder.is_symlink() and not folder.is_dir() or folder.exists() and not folder.is_dir():
+        raise EaglekitError(f"{folder} is a file (or a broken link), not a folder", hint="pass another --out")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError as err:   # a read-only mount, no permission, a link loop
+        raise EaglekitError(f"cannot make or open the folder {folder}: {err.strerror or err}",
+                            hint="pass an --out in a folder you can write to") from None
     try:
         if not _try_flock(fd, fcntl.LOCK_EX, LOCK_WAIT_S):
             raise EaglekitError(f"another {_writer_name(stage)} is writing to {folder}",
