@@ -34,7 +34,9 @@ def greedy_accept(tree: Tree, target_argmax: torch.Tensor, max_depth: int):
     """
     N = tree.size
     match = tree.tokens == target_argmax[tree.parents.clamp(min=0)]       # [N]
-    match[0] = True                                                        # the root is committed
+    # The root is committed. fill_ on a 1-element slice, not `match[0] = True`: that copies a CPU
+    # scalar tensor into the device tensor, which a CUDA graph capture refuses (uncompiled cycle).
+    match[:1].fill_(True)
     ok = ~(tree.anc & ~match.unsqueeze(0)).any(1)                          # [N] whole path matches
     # 1-element index tensors, never 0-d ones: those index like Python ints (a host sync).
     best = torch.argmax(torch.where(ok, tree.depth, -1)).view(1)           # first of the deepest
