@@ -113,7 +113,8 @@ PY
       arms)      # issue 39's A/B: one draft per ARMS variant (train flags; ';' between; "-" = the recipe's own),
                  # each trained for ARM_S seconds on the run's conversations, then benched on MT-bench
                  # (the recipe's tree, LIMIT questions) and on the held-out set (HumanEval + Alpaca, 10 each);
-                 # compiled, as `--no-compile` with graphs failed to capture the cycle on CUDA (2026-12-06)
+                 # compiled, as the recipe benches (`--no-compile` with graphs failed to capture the cycle on CUDA
+                 # until its fix in accept.py, not yet rerun on a GPU)
         local i=0 flags
         python3 - "$eval" "$W/heldout10.jsonl" <<'PY'
 import itertools, sys
