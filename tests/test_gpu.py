@@ -91,7 +91,8 @@ def test_compiled_training_step_on_cuda_equals_the_eager_one():
     that share the four graphs; the target's compiled layers capture the eager aux states."""
     from eaglekit.targets.capture import capture_aux_states
     from eaglekit.train.loop import TTTModel, compile_target_layers, compiled_unrolled_loss, unrolled_loss
-    from eaglekit.train.ttt import compile_guards, step_counts
+    from eaglekit.train.loss import step_counts
+    from eaglekit.train.ttt import compile_guards
     from test_train_ttt import batch_for, make_draft
 
     torch.manual_seed(0)

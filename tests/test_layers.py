@@ -15,6 +15,7 @@ PACKAGE = Path(eaglekit.__file__).parent
 # Lower numbers are lower layers. Same-layer imports are not allowed either (no sideways coupling).
 LAYERS = {
     "errors": 0, "progress": 0, "lazy": 0,         # lazy: names a package loads on first use
+    "metrics": 0,                                  # tau, acceptance, the serving walk: no imports
     "artifacts": 1, "options": 1, "cli": 1,      # cli: the dispatcher imports stage CLIs by name only
     "targets": 2,
     "draft": 3,

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from eaglekit.features.teacher import Teacher
-from eaglekit.train.attention import check_merged_attention, merged_ttt_attention
-from eaglekit.train.soft_ce import soft_cross_entropy
-from eaglekit.train.ttt import dense_ttt_attention, step_counts, ttt_loss, ttt_unroll
+from eaglekit.train.attention import check_merged_attention, dense_ttt_attention, merged_ttt_attention
+from eaglekit.train.loss import soft_cross_entropy, step_counts, ttt_loss
+from eaglekit.train.ttt import ttt_unroll
 from test_train_ttt import batch_for, make_draft
 
 torch.set_num_threads(1)

@@ -1,17 +1,22 @@
-"""The TTT unroll against a naive serving-style rerun per position, and the loss/metric arithmetic."""
+"""The TTT unroll against a naive serving-style rerun per position and against the whole-grid
+reference unroll, and the loss/metric arithmetic."""
 
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from eaglekit.draft.config import DraftConfig
 from eaglekit.draft.model import Eagle3Draft
 from eaglekit.draft.vocab import DraftVocab
-from eaglekit.features.batch import Batch
+from eaglekit.features.batch import Batch, counted_positions
 from eaglekit.features.teacher import dense_teacher, sparse_teacher, topk_from_logits
+from eaglekit.metrics import STATS, metrics_from_stats, serving_walk
+from eaglekit.train.attention import ttt_attention
+from eaglekit.train.loss import every_position, step_counts, step_masks, ttt_loss
 from eaglekit.train.optim import load_optimizer_tensors, lr_at, make_optimizer, optimizer_tensors
-from eaglekit.train.ttt import STATS, counted_positions, metrics_from_stats, step_counts, ttt_attention, ttt_loss, ttt_unroll
+from eaglekit.train.ttt import ttt_positions, ttt_unroll
 from tiny import tiny_config
 
 torch.set_num_threads(1)
@@ -47,6 +52,26 @@ def naive_chains(draft, aux, input_ids, steps):
             logits, h, kv = draft(tokens[:, t + j:t + j + 1], h, position_ids=torch.full((B, 1), t + j), past_kv=kv)
             out[(j, t)] = logits[:, 0]
     return out
+
+
+def grid_unroll(draft, aux, input_ids, ttt_steps, attention="dense"):
+    """The reference unroll: every step on the whole [B, L] grid, the next step's tokens shifted in by
+    padding (`ttt_unroll` runs steps 1.. at gathered positions instead). [B, L, Vd] a step."""
+    hidden = draft.fuse(aux[:, :-1])                                          # [B, L, H]: g_t
+    tokens = input_ids[:, 1:]                                                 # [B, L]: x_{t+1}
+    B, L = tokens.shape
+    grid = torch.arange(L).expand(B, L)
+    q, k0, v0, residual = draft.attention_pieces(tokens, hidden, grid)       # step 0: the true prefix
+    hidden = draft.finish(ttt_attention(q, k0, v0, [], [], attention), residual)
+    logits = [draft.logits(hidden)]
+    diag_k, diag_v = [], []
+    for j in range(1, ttt_steps):
+        q, k, v, residual = draft.attention_pieces(F.pad(tokens[:, j:], (0, j)), hidden, grid + j)
+        diag_k.append(k)
+        diag_v.append(v)
+        hidden = draft.finish(ttt_attention(q, k0, v0, diag_k, diag_v, attention), residual)
+        logits.append(draft.logits(hidden))
+    return logits
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma", "deepseek_v3"])
@@ -226,8 +251,6 @@ def test_optimizer_state_round_trips_exactly_without_pickle():
 
 
 def test_serving_walk_replays_greedy_chains():
-    from eaglekit.train.ttt import serving_walk
-
     mask = torch.tensor([[1, 1, 1, 1, 1, 1, 0, 0, 1, 1]], dtype=torch.bool)
     run = torch.tensor([[2, 0, 0, 1, 0, 0, 3, 3, 0, 1]])
     # span 0..5: cycles at t=0 (3 tokens), t=3 (2), t=5 (1); span 8..9: t=8 (1), t=9 (2)
@@ -239,8 +262,6 @@ def test_serving_walk_replays_greedy_chains():
 def spans_batch(draft, seed=3):
     """Rows of different lengths (right padding), two answer spans in a row, a user turn between, and a
     teacher that agrees with the draft often enough for chains of several steps."""
-    from eaglekit.train.ttt import every_position
-
     g = torch.Generator().manual_seed(seed)
     B, T, V = 3, 16, draft.config.vocab_size
     lengths = torch.tensor([16, 11, 7])
@@ -286,8 +307,6 @@ def naive_step_stats(logits, batch, d2t, steps):
 @pytest.mark.parametrize("teacher_kind", ["dense", "sparse"])
 def test_the_head_at_counted_positions_gives_the_whole_grids_loss_metrics_and_gradients(teacher_kind):
     from eaglekit.train.loop import TTTModel, unrolled_loss
-    from eaglekit.train.ttt import step_masks, ttt_positions
-
     draft = make_draft()
     steps = 3
     batch = spans_batch(draft)
@@ -328,18 +347,20 @@ def test_the_head_at_counted_positions_gives_the_whole_grids_loss_metrics_and_gr
 @pytest.mark.parametrize("attention", ["dense", "merged"])
 def test_steps_after_the_first_at_the_positions_equal_the_grids(attention):
     """Steps 1.. run on the gathered positions (step 0 on the grid, whose keys are the prefix): their
-    logits and the gradients through them are the whole grid's at those positions."""
-    from eaglekit.train.ttt import ttt_positions
-
+    logits and the gradients through them are the reference whole-grid unroll's at those positions."""
     draft = make_draft().train()
     batch = spans_batch(draft)
     steps = 4
     rows, pos = ttt_positions(batch.loss_mask, steps)
     params = [p for p in draft.parameters() if p.requires_grad]
     gathered = ttt_unroll(draft, batch.aux, batch.input_ids, steps, attention, (rows, pos))
-    grid = [x[rows, pos] for x in ttt_unroll(draft, batch.aux, batch.input_ids, steps, attention)]
+    grid = [x[rows, pos] for x in grid_unroll(draft, batch.aux, batch.input_ids, steps, attention)]
     weight = torch.randn(len(rows), gathered[0].shape[-1], generator=torch.Generator().manual_seed(5))
     for a, b in zip(gathered, grid):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():                                                    # positions None: every position
+        whole, reference = (f(draft, batch.aux, batch.input_ids, steps, attention) for f in (ttt_unroll, grid_unroll))
+    for a, b in zip(whole, reference):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     total = lambda xs: sum(((x * weight).sum() * (j + 1)) for j, x in enumerate(xs))   # noqa: E731
     for a, b in zip(torch.autograd.grad(total(gathered), params), torch.autograd.grad(total(grid), params)):

@@ -60,8 +60,8 @@ from eaglekit.targets.load import resolve_device  # noqa: E402
 from eaglekit.train.attention import plan_free_attention  # noqa: E402
 from eaglekit.train.config import TrainConfig  # noqa: E402
 from eaglekit.train.loop import TTTModel, compile_target_layers, compiled_unrolled_loss, unrolled_loss  # noqa: E402
+from eaglekit.train.loss import step_counts  # noqa: E402
 from eaglekit.train.optim import make_optimizer  # noqa: E402
-from eaglekit.train.ttt import step_counts  # noqa: E402
 
 VARIANTS = {  # name: (attention, compiled, soft CE, head on every position, the target's layers compiled)
     "old": ("dense", False, "plain", True, False),

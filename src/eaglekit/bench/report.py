@@ -16,8 +16,8 @@ from pathlib import Path
 from eaglekit.artifacts import atomic_path
 from eaglekit.bench.run import Turn
 from eaglekit.bench.stats import by_category, rate, spread, total_rate
-from eaglekit.engine.generate import accept_length, acceptance_by_position
 from eaglekit.errors import EaglekitError
+from eaglekit.metrics import accept_length, acceptance_by_position
 
 log = logging.getLogger(__name__)
 

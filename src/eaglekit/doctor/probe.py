@@ -20,8 +20,8 @@ import torch
 
 from eaglekit.draft.config import DraftConfig
 from eaglekit.draft.model import Eagle3Draft
-from eaglekit.engine.generate import accept_length, acceptance_by_position
 from eaglekit.errors import EaglekitError
+from eaglekit.metrics import accept_length, acceptance_by_position
 from eaglekit.targets.capture import capture_aux_states
 from eaglekit.targets.chat import prompt_ids
 from eaglekit.targets.load import text_config

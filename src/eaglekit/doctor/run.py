@@ -15,6 +15,7 @@ from eaglekit.errors import EaglekitError
 from eaglekit.formats.detect import interpret
 from eaglekit.formats.facts import target_facts
 from eaglekit.formats.folder import read_folder
+from eaglekit.metrics import cumulative_acceptance
 
 log = logging.getLogger(__name__)
 
@@ -88,10 +89,8 @@ def training_tau(manifest: dict | None, k: int) -> tuple[float | None, str]:
 
     Uses the walk accept length training measures (greedy chain decoding replayed over held-out
     answers) for a chain of k drafts, else the per-step conditional acceptance over the first k
-    steps (`ttt.cumulative_acceptance`), else the simulated accept length.
+    steps (`metrics.cumulative_acceptance`), else the simulated accept length.
     """
-    from eaglekit.train.ttt import cumulative_acceptance
-
     for block in (manifest or {}, (manifest or {}).get("source_manifest") or {}):
         best = block.get("best") or {}
         by_k = best.get("walk_accept_length_by_k") or []

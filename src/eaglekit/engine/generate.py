@@ -45,6 +45,7 @@ from eaglekit.engine.sampling import Sampling, next_token, target_probs
 from eaglekit.engine.spec import SpecConfig
 from eaglekit.engine.tree import Tree, cache_mask, causal_block
 from eaglekit.errors import EaglekitError
+from eaglekit.metrics import accept_length
 
 PREFILL_CHUNK = 128      # prompt tokens per captured prefill step (CUDA graphs)
 # The fallback's policy, tuned on a simulation (docs/notes/engine.md, "Drafting that stops").
@@ -84,19 +85,6 @@ class Generation:
     def tau(self) -> float:
         """Tokens committed per target forward in the cycles (bonus included); 1.0 when plain."""
         return accept_length(self.accept_lengths)
-
-
-def accept_length(accepts: list[int]) -> float:
-    """tau: tokens committed per verify, the bonus token included (1 + mean accepted drafts); 1.0
-    when there was no cycle. The one definition the engine, the bench and the doctor's probe share."""
-    return 1 + sum(accepts) / len(accepts) if accepts else 1.0
-
-
-def acceptance_by_position(accepts: list[int], positions: int) -> list[float]:
-    """Per draft position i (0-based), the share of cycles that accepted at least i + 1 drafts."""
-    if not accepts:
-        return [0.0] * positions
-    return [sum(a > i for a in accepts) / len(accepts) for i in range(positions)]
 
 
 def extend(out: list[int], new: list[int], max_new_tokens: int, stop_ids: set[int]) -> str | None:

@@ -1,11 +1,12 @@
-"""TTT attention without the [L, L] score matrix: a causal flash kernel over the true prefix, merged
-exactly with each position's own draft chain through the log-sum-exp.
+"""TTT attention: step j, position t attends to the step-0 keys 0..t (the true prefix, causal) and to
+its own chain keys (steps 1..j at position t), never another position's chain. Two forms compute it:
 
-Step j, position t attends to the step-0 keys 0..t (causal) and to its own chain keys (steps 1..j at
-position t). The dense form (`dense_ttt_attention`) builds [B, nkv, g, L, L+j] scores and an fp32
-softmax per step, and autograd keeps them for the backward: ~1.8 GB a step at B*L=16384, L=2048,
-9 heads. Here the prefix goes through the fused causal kernel (flash on GPU, the CPU flash kernel
-on CPU), which returns its log-sum-exp lse_p; the j chain scores [B, nh, L, j] are tiny, so
+- dense (`dense_ttt_attention`, `--ttt-attention dense`): the reference formula. It builds
+  [B, nkv, g, L, L+j] scores and an fp32 softmax per step, and autograd keeps them for the backward:
+  ~1.8 GB a step at B*L=16384, L=2048, 9 heads.
+- merged (`merged_ttt_attention`, the default): the same without the [L, L] score matrix. The prefix
+  goes through the fused causal kernel (flash on GPU, the CPU flash kernel on CPU), which returns its
+  log-sum-exp lse_p; the j chain scores [B, nh, L, j] are tiny, so
 
     lse = logaddexp(lse_p, logsumexp(s_chain))
     out = exp(lse_p - lse) * out_prefix + sum_i exp(s_i - lse) * v_i
@@ -17,7 +18,7 @@ is a few [B, nh, L, j] einsums. Memory kept per step: q/k/v, out and lse, O(L * 
 
 The kernels are PyTorch's private SDPA ops (there is no public SDPA that returns a differentiable
 lse); `check_merged_attention` compares them with the dense form once, so a PyTorch whose ops
-changed meaning is refused rather than trained on.
+changed meaning is refused rather than trained on (and `--ttt-attention dense` still trains there).
 """
 
 from __future__ import annotations
@@ -27,8 +28,55 @@ import contextlib
 import torch
 
 from eaglekit.errors import EaglekitError
+from eaglekit.train.config import ATTENTIONS
 
 aten = torch.ops.aten
+
+
+# ---- the two forms, and the choice between them (`--ttt-attention`) -------------------------------
+
+def dense_ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor,
+                  diag_k: list[torch.Tensor], diag_v: list[torch.Tensor]) -> torch.Tensor:
+    """Attention of TTT step j = len(diag_k), the reference formula: causal over the step-0 keys plus
+    each position's own chain, from the step-0 scores with a causal mask plus j diagonal terms.
+
+    Args:
+        q: [B, nh, L, hd] queries of step j (rope applied at positions t+j).
+        k0, v0: [B, nkv, L, hd] step-0 keys/values (the true prefix).
+        diag_k, diag_v: j tensors [B, nkv, L, hd]: keys/values of steps 1..j at the same position.
+
+    Returns:
+        [B, nh, L, hd]; position t mixes v0[:t+1] and diag_v[i][t] only.
+    """
+    B, nh, L, hd = q.shape
+    nkv = k0.shape[1]
+    qg = q.view(B, nkv, nh // nkv, L, hd)                                     # GQA: query groups per kv head
+    scale = hd ** -0.5
+    prefix = torch.matmul(qg, k0.unsqueeze(2).transpose(-1, -2)) * scale     # [B, nkv, g, L, L]
+    causal = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
+    prefix = prefix.masked_fill(~causal, float("-inf"))
+    if diag_k:
+        kd = torch.stack(diag_k, dim=-2)                                       # [B, nkv, L, j, hd]
+        vd = torch.stack(diag_v, dim=-2)
+        own = torch.einsum("bkgld,bkljd->bkglj", qg, kd) * scale               # [B, nkv, g, L, j]
+        scores = torch.cat([prefix, own], dim=-1)                              # [B, nkv, g, L, L+j]
+    else:
+        scores = prefix
+    weights = scores.float().softmax(-1).to(v0.dtype)
+    out = torch.matmul(weights[..., :L], v0.unsqueeze(2))                     # [B, nkv, g, L, hd]
+    if diag_k:
+        out = out + torch.einsum("bkglj,bkljd->bkgld", weights[..., L:], vd)
+    return out.reshape(B, nh, L, hd)
+
+
+def ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, diag_k: list[torch.Tensor],
+                  diag_v: list[torch.Tensor], attention: str = "dense") -> torch.Tensor:
+    """TTT attention of step j = len(diag_k) (see `dense_ttt_attention`); `attention` picks the implementation."""
+    if attention == "merged":
+        return merged_ttt_attention(q, k0, v0, diag_k, diag_v)
+    if attention == "dense":
+        return dense_ttt_attention(q, k0, v0, diag_k, diag_v)
+    raise EaglekitError(f"unknown TTT attention {attention!r}", hint=f"use one of {ATTENTIONS}")
 
 
 # ---- the causal prefix kernel, per device ---------------------------------------------------------
@@ -167,8 +215,6 @@ def check_merged_attention(device: torch.device, dtype: torch.dtype) -> None:
     Raises:
         EaglekitError: the private SDPA ops are missing or compute something else in this PyTorch.
     """
-    from eaglekit.train.ttt import dense_ttt_attention
-
     g = torch.Generator(device="cpu").manual_seed(0)
     B, nh, nkv, L, hd, j = 2, 4, 2, 37, 64, 2
 

@@ -14,8 +14,8 @@ from eaglekit.targets.options import DEFAULT_TARGET, TARGET_HELP
 # (the kernel choices: ttt_attention, soft_ce, compile) only by float rounding; a state written before they
 # existed still resumes.
 RESUME_FREE = ("resume", "overwrite", "progress", "out", "ttt_attention", "soft_ce", "compile", "profile_steps")
-ATTENTIONS = ("merged", "dense")   # train/ttt.py implements them
-SOFT_CES = ("plain", "fused", "compiled")      # train/soft_ce.py
+ATTENTIONS = ("merged", "dense")   # train/attention.py implements them
+SOFT_CES = ("plain", "fused", "compiled")      # train/loss.py
 SCHEDULES = ("cosine", "linear", "constant")   # train/optim.py
 
 

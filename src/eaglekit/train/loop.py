@@ -27,29 +27,19 @@ from eaglekit.engine.graphs import check_inductor
 from eaglekit.errors import EaglekitError, RunFailed
 from eaglekit.features.batch import Batch
 from eaglekit.features.teacher import Teacher
+from eaglekit.metrics import STATS, metrics_from_stats
 from eaglekit.targets.capture import decoder_layers
 from eaglekit.train import distributed
 from eaglekit.train.attention import check_merged_attention, plan_free_attention
 from eaglekit.train.config import TrainConfig
 from eaglekit.train.data import BatchPlan, eval_batches
+from eaglekit.train.loss import StepOutput, step_counts, ttt_loss
 from eaglekit.train.optim import load_optimizer_tensors, lr_at, make_optimizer, optimizer_tensors
 from eaglekit.train.profiling import StepProfiler
 from eaglekit.train.setup import Run, prepare
 from eaglekit.train.state import latest_state, load_state, restore_rng, save_state
 from eaglekit.train.tracker import Tracker
-from eaglekit.train.ttt import (
-    COMPILE_OPTIONS,
-    STATS,
-    StepFunctions,
-    StepOutput,
-    compile_guards,
-    compiled_steps,
-    metrics_from_stats,
-    step_counts,
-    ttt_loss,
-    ttt_positions,
-    ttt_unroll,
-)
+from eaglekit.train.ttt import COMPILE_OPTIONS, StepFunctions, compile_guards, compiled_steps, ttt_positions, ttt_unroll
 
 log = logging.getLogger(__name__)
 
