@@ -222,8 +222,8 @@ def test_bench_train_step_smoke_runs_every_eager_variant(tmp_path):
     spec = importlib.util.spec_from_file_location("bench_train_step", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    results = module.main(["--smoke", "--variants", "old,merged-all,merged,new", "--out", str(tmp_path)])
-    assert [r["variant"] for r in results] == ["old", "merged-all", "merged", "new"]
+    results = module.main(["--smoke", "--variants", "merged,new", "--out", str(tmp_path)])
+    assert [r["variant"] for r in results] == ["merged", "new"]
     assert all(r["ms_per_step"] > 0 and r["loss_matches_first"] for r in results)
     assert (tmp_path / "bench_train_step.json").is_file()
 
@@ -239,10 +239,10 @@ def test_bench_train_step_smoke_mixed_shapes_and_online_target(tmp_path):
     spec = importlib.util.spec_from_file_location("bench_train_step", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    results = module.main(["--smoke", "--mix", "3", "--variants", "old,merged"])
+    results = module.main(["--smoke", "--mix", "3", "--variants", "merged,new"])
     assert [r["shapes"] for r in results] == [3, 3] and all(r["loss_matches_first"] for r in results)
     target = save_tiny_target(tmp_path / "target")
-    results = module.main(["--smoke", "--mix", "3", "--variants", "old,merged", "--target", str(target)])
+    results = module.main(["--smoke", "--mix", "3", "--variants", "merged,new", "--target", str(target)])
     assert all(r["target_ms"] > 0 and r["draft_ms"] > 0 and r["loss_matches_first"] for r in results)
 
 

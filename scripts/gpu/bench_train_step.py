@@ -5,10 +5,9 @@ download) on synthetic batches of the online recipe's shape: `--batch-tokens` / 
 `--length` tokens, a dense teacher over `--draft-vocab-size` ids, bf16 autocast on GPU. The target
 forward of online training is not part of it (it is the same in every variant).
 
-Variants (comma-separated `--variants`); all but `old` and `merged-all` run TTT steps 1.., the head
-and the loss at the positions some TTT step counts only (`ttt_positions`):
-  old            dense [L, L] TTT attention + the plain log-softmax soft CE, on every position, eager
-  merged-all     merged attention + plain CE, on every position (as before 2026-12-03, with today's kernels)
+Variants (comma-separated `--variants`); each runs TTT steps 1.., the head and the loss at the
+positions some TTT step counts only (`ttt_positions`). Those that lost their A/B are gone (the dense
+attention eager, the head on every position: docs/notes/training.md, "What was tried"):
   merged         merged attention (causal flash kernel + own chain by log-sum-exp) + plain CE, eager
                  (the default of `eaglekit train`)
   new            merged attention + the fused soft CE, eager (`train --soft-ce fused`)
@@ -63,15 +62,13 @@ from eaglekit.train.loop import TTTModel, compile_target_layers, compiled_unroll
 from eaglekit.train.loss import step_counts  # noqa: E402
 from eaglekit.train.optim import make_optimizer  # noqa: E402
 
-VARIANTS = {  # name: (attention, compiled, soft CE, head on every position, the target's layers compiled)
-    "old": ("dense", False, "plain", True, False),
-    "merged-all": ("merged", False, "plain", True, False),
-    "merged": ("merged", False, "plain", False, False),
-    "new": ("merged", False, "fused", False, False),
-    "cce": ("merged", False, "compiled", False, False),
-    "merged-target": ("merged", False, "plain", False, True),
-    "new-compile": ("merged", True, None, False, True),
-    "dense-compile": ("dense", True, None, False, True),
+VARIANTS = {  # name: (attention, compiled, soft CE, the target's layers compiled)
+    "merged": ("merged", False, "plain", False),
+    "new": ("merged", False, "fused", False),
+    "cce": ("merged", False, "compiled", False),
+    "merged-target": ("merged", False, "plain", True),
+    "new-compile": ("merged", True, None, True),
+    "dense-compile": ("dense", True, None, True),
 }
 SMOLLM2 = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rope_theta=100000.0,
@@ -175,7 +172,7 @@ def step_batches(args, draft: Eagle3Draft, target, device: torch.device):
 
 
 def bench_variant(name: str, args, shape, device: torch.device, autocast: bool, target=None) -> dict:
-    attention, compiled, soft_ce, every_position, target_compiled = VARIANTS[name]
+    attention, compiled, soft_ce, target_compiled = VARIANTS[name]
     draft = make_draft(shape, args.draft_vocab_size, device)
     model = TTTModel(draft, args.ttt_steps, attention)
     params = [(n, p) for n, p in draft.named_parameters() if p.requires_grad]
@@ -186,9 +183,7 @@ def bench_variant(name: str, args, shape, device: torch.device, autocast: bool, 
         compile_target_layers(target.model)       # as `train --compile` online; it stays so: list compiled variants last
         target.layers_compiled = True
     kw = dict(d2t=draft.d2t, t2d=draft.t2d, weights=[TrainConfig.step_decay ** j for j in range(args.ttt_steps)])
-    if every_position:       # passed only when set: this script also times an older src tree, which lacks it
-        kw["every_position"] = True
-    if not compiled and soft_ce != "plain":   # passed only when set, as every_position
+    if not compiled and soft_ce != "plain":   # passed only when set: this script also times older src trees
         kw["soft_ce"] = soft_ce
     target_ms, tokens = [], []
 
@@ -228,7 +223,7 @@ def bench_variant(name: str, args, shape, device: torch.device, autocast: bool, 
         sync(device)
         times.append((time.perf_counter() - t0) * 1000)
     step_ms = [t - o for t, o in zip(times, target_ms)] if target_ms else times
-    result = {"variant": name, "attention": attention, "compile": compiled, "every_position": every_position,
+    result = {"variant": name, "attention": attention, "compile": compiled,
               "first_loss": round(first_loss, 6),
               "ms_per_step": round(statistics.median(times), 2), "ms_min": round(min(times), 2),
               "first_step_s": round(warmup_s, 2), "shapes": len(batches),
@@ -252,7 +247,7 @@ def free_variant(device: torch.device) -> None:
 
 def main(argv=None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--variants", default="old,merged,new,new-compile")
+    p.add_argument("--variants", default="merged,new,cce,new-compile")
     p.add_argument("--batch-tokens", type=int, default=16384)
     p.add_argument("--length", type=int, default=2048, help="tokens per row (rows = batch-tokens / length)")
     p.add_argument("--draft-vocab-size", type=int, default=16384)
