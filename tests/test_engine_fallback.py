@@ -110,6 +110,38 @@ def test_timed_cost_and_stop_token_with_fallback(spec):
     assert gen.tokens == cut and gen.finish_reason == "stop" and gen.plain_tokens > 0
 
 
+def test_fallback_steps_build_no_tensor_from_host_data():
+    """The decode step (which keeps aux rows here) and the window catch-up are captured too, the
+    catch-up uncompiled: neither may copy host data into a tensor, which CUDA graph capture refuses
+    (`aten.lift_fresh`, see tests/test_engine_capture_safe.py)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class HostTensors(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.lift_fresh.default:
+                self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    model = peaked_model("llama")
+    target = make_target_runner(model, max_len=L, aux_layer_ids=AUX)
+    draft = DraftRunner(random_draft(model), spec=TREE, sampling=Sampling(), max_len=L)
+    engine = Engine(target, drafter=draft, spec=TREE, compile=False, cycle_cost=2.0, fallback_window=4)
+    spy, calls = HostTensors(), {}
+    for step in (engine.decode, engine.window_catch_up):
+        def spied(fn=step.fn, name=step.name):
+            calls[name] = calls.get(name, 0) + 1
+            with spy:
+                fn()
+        step.fn = spied
+    engine.generate(PROMPTS[0], 24)
+    assert calls.get("decode", 0) >= 8 and calls.get("window catch-up", 0) >= 2
+    assert spy.seen == []
+
+
 def test_fallback_through_the_graph_paths(monkeypatch):
     """The decode and window catch-up steps are captured with the speculation steps (lazy capture,
     state reset first) and replayed in a fallback, on CPU with a fake CUDA graph."""
