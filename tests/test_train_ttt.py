@@ -137,6 +137,18 @@ def test_metrics_simulated_accept_length():
     assert math.isclose(m["sim_accept_length"], 1 + 0.8 + 0.4 + 0.2)
 
 
+def test_metrics_module_needs_no_torch_and_reads_lists_as_tensors():
+    """eaglekit.metrics is the low floor train, engine, doctor and bench share: importing it loads no
+    torch, and the host lists of a stats tensor give the tensor's metrics."""
+    import subprocess
+    import sys
+
+    code = "import sys, eaglekit.metrics; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+    stats = torch.rand(3, len(STATS), dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 9 + 1
+    assert metrics_from_stats(stats.tolist()) == metrics_from_stats(stats)
+
+
 def batch_for(draft, T=9, B=2, seed=0, teacher_kind="dense", k=None):
     g = torch.Generator().manual_seed(seed)
     V = draft.config.vocab_size
