@@ -552,14 +552,14 @@ def test_a_recipe_with_a_duplicate_key_or_a_section_of_the_wrong_type_names_the_
     cases = {"name: x\ntrain:\n  lr: 0.1\ngenerate: {max-new-tokens: 4}\ntrain:\n  epochs: 2\n":
              "line 5: 'train' is given twice (first at line 2)",
              "name: x\ntrain:\n  lr: 0.1\n  lr: 0.2\n": "line 4: 'lr' is given twice (first at line 3)",
-             "name: x\ntrain: 5\n": "line 2: section 'train' must be a mapping of its keys, got int 5",
+             "name: x\ntrain: 5\n": "line 2: train must be a section, a mapping of its keys; got int 5",
              "name: x\ntrain:\n  epochs: 1\n  lr: {a: 1}\n": "line 4: train.lr must be a value or a list of values"}
     for text, said in cases.items():
         path = tmp_path / "recipe.yaml"
         path.write_text(text)
         with pytest.raises(EaglekitError, match=re.escape(said)):
             load_recipe(str(path))
-    with pytest.raises(EaglekitError, match="section 'generate' must be a mapping"):
+    with pytest.raises(EaglekitError, match="generate must be a section"):
         load_recipe("quick", ["generate=5"])
     assert load_recipe("quick", ["features=false"])["features"] is False     # online training stays a switch
 

@@ -137,7 +137,7 @@ def check_types(recipe: dict, where, lines: dict) -> None:
         if section not in SECTIONS or value is None or (section in SWITCH_SECTIONS and value is False):
             continue
         if not isinstance(value, dict):
-            raise EaglekitError(f"{at(section)}: section {section!r} must be a mapping of its keys, got "
+            raise EaglekitError(f"{at(section)}: {section} must be a section, a mapping of its keys; got "
                                 f"{type(value).__name__} {value!r}",
                                 hint=f"write e.g. `{section}: {{key: value}}`, one key a flag of its stage")
         for key, given in value.items():
