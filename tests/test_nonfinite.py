@@ -169,3 +169,18 @@ def test_every_command_refuses_a_draft_with_non_finite_weights(drafts, tiny_targ
     assert code == 2
     assert f"tensor midlayer.mlp.down_proj.weight holds 5 {SHOWN[kind]} of" in err and "please report" not in err
     assert not (tmp_path / "e").exists()
+
+
+def test_an_export_whose_dtype_overflows_a_weight_is_refused(target, tmp_path, capsys):
+    """A finite float32 weight past float16's range (65,504) becomes Inf in a float16 export: refused,
+    no folder written (the reload check compared the Inf copy with itself and passed)."""
+    draft = random_draft(target.model, aux=AUX)
+    with torch.no_grad():
+        draft.midlayer.mlp.down_proj.weight[0, :2] = 1e6
+    folder = save_draft(draft, tmp_path / "big")
+    write_manifest(folder, stage="train", config={}, target=target.fingerprint(), extra={"complete": True})
+    code = main(["export", str(folder), "--format", "vllm", "--dtype", "float16", "--out", str(tmp_path / "e")])
+    err = capsys.readouterr().err
+    assert code == 2 and "midlayer.mlp.down_proj.weight holds 2 Inf" in err and "overflow float16" in err
+    assert not (tmp_path / "e").exists()
+    assert main(["export", str(folder), "--format", "vllm", "--dtype", "float32", "--out", str(tmp_path / "f")]) == 0

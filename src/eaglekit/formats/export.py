@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from eaglekit.artifacts import atomic_dir, atomic_path, refuse_unfinished, sha256_file, write_json, write_manifest
-from eaglekit.draft.checkpoint import CONFIG, WEIGHTS
+from eaglekit.draft.checkpoint import CONFIG, WEIGHTS, check_finite
 from eaglekit.draft.config import DraftConfig
 from eaglekit.errors import EaglekitError
 from eaglekit.formats.configs import eagle_config, sglang_config, vllm_config
@@ -105,7 +105,13 @@ def export_draft(ckpt: str | Path, fmt: str, out: str | Path, *, target: str | N
         cfg = replace(cfg, target_num_layers=facts.num_layers)
 
     native = native_tensors(reading)
-    tensors = to_format(cast(native, DTYPES[dtype]), fmt, same_vocab=cfg.draft_vocab_size == cfg.vocab_size)
+    casted = cast(native, DTYPES[dtype])
+    try:   # the draft was read finite: what is not finite now overflowed the export's dtype (float16's 65,504)
+        check_finite(casted, ckpt)
+    except EaglekitError as err:
+        raise EaglekitError(f"{err.message} once cast to {dtype}: its values overflow {dtype}",
+                            hint="export in bfloat16 or float32 (--dtype bfloat16)") from None
+    tensors = to_format(casted, fmt, same_vocab=cfg.draft_vocab_size == cfg.vocab_size)
     marks = {"unfinished": unfinished} if unfinished else {}  # travels with the config to any engine's folder
     config = format_config(cfg, fmt, facts, speculative_tokens, extra={"target": fingerprint, **marks})
 
