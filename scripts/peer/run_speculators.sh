@@ -12,6 +12,7 @@
 #   BUDGET_S   the peer's wall-clock budget (default: RUN's train stage seconds from pipeline.json)
 #   PEER_ARGS  extra `speculators train` arguments (e.g. "--epochs 12")
 #   BENCH_ARGS `eaglekit bench` arguments for both drafts (default: a CPU-sized chain)
+#   REUSE_CKPT set: keep WORK/ckpt from an earlier peer run (e.g. one run beside eaglekit's, at once)
 #   DEVICE     cpu or cuda for the hidden-state capture (default: cuda when torch sees one)
 set -euo pipefail
 RUN=${1:?usage: run_speculators.sh RUN [WORK]}
@@ -57,11 +58,13 @@ ARGS=(train --verifier-name-or-path "$TARGET" --data-path "$WORK/data" --save-pa
 [[ $DEVICE == cpu ]] && ARGS+=(--draft-attn-impl sdpa --loss-implementation eager)
 # shellcheck disable=SC2206
 ARGS+=(${PEER_ARGS:-})
+if [[ -z ${REUSE_CKPT:-} ]]; then
 rm -rf "$WORK/ckpt"
 say timeout -s TERM -k 300 "$BUDGET_S" "$PEER_PY" scripts/peer/cpu_shim.py "${ARGS[@]}"
 start=$(date +%s)
 timeout -s TERM -k 300 "$BUDGET_S" "$PEER_PY" "$HERE/cpu_shim.py" "${ARGS[@]}" > "$WORK/train.log" 2>&1 || echo "peer train exit $? (124: stopped at the budget)" | tee -a "$WORK/peer.txt"
 echo "peer train wall: $(( $(date +%s) - start ))s" | tee -a "$WORK/peer.txt"
+fi
 CKPT=$WORK/ckpt/interrupted
 [[ -f $CKPT/model.safetensors ]] || CKPT=$(ls -d "$WORK"/ckpt/[0-9]* | sort -V | tail -1)
 [[ -f $CKPT/model.safetensors ]] || { echo "the peer saved no checkpoint: see $WORK/train.log" >&2; exit 1; }
