@@ -97,8 +97,11 @@ def run(args: argparse.Namespace) -> int:
     engine.warmup(speculative=False)
     gen = engine.generate(ids, opts.max_new_tokens, seed=opts.seed)
     print(target.tokenizer.decode(gen.tokens, skip_special_tokens=True))
+    # tok/s counts the plain fallback's tokens too, so the line says how many there were
+    fallback = (f", plain_tokens {gen.plain_tokens}, fallbacks {gen.fallbacks} (plain steps where the cycles did not "
+                "pay; --no-plain-fallback speculates throughout)" if gen.fallbacks or gen.plain_tokens else "")
     print(f"\n[{len(gen.tokens)} tokens, {len(gen.tokens) / gen.seconds:.1f} tok/s, tau {gen.tau:.2f}, "
-          f"{spec.label()}, {runner.kind} runner, {gen.finish_reason}]")
+          f"{spec.label()}, {runner.kind} runner, {gen.finish_reason}{fallback}]")
     if not opts.no_plain:   # the same prompt decoded plainly, so the gain (or loss) is in plain sight
         plain = engine.generate(ids, opts.max_new_tokens, speculative=False, seed=opts.seed)
         plain_tok_s, spec_tok_s = len(plain.tokens) / plain.seconds, len(gen.tokens) / gen.seconds
