@@ -13,6 +13,7 @@ import platform
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -28,6 +29,8 @@ from eaglekit.formats.detect import FORMAT_LABELS, detect_format
 from eaglekit.formats.load import load_draft_for, random_draft_for, read_draft_folder
 
 log = logging.getLogger(__name__)
+
+STAND_INS = ("oracle", "random")   # --draft values that are not a folder
 
 # Shapes tried by --sweep (EAGLE-2/3 use trees of depth 6-8, top-k 10, 60 tokens on 7-8B targets). Four:
 # on a GPU each costs one compile of its cycle (~40-60 s for SmolLM2), so a sweep of 8 prompts stays
@@ -82,16 +85,24 @@ def benchmark(cfg: BenchOptions, command: str = "") -> dict:
     from eaglekit.targets.load import load_target, resolve_device
 
     spec, sampling = cfg.spec_config(), cfg.sampling()    # bad options fail first
+    if cfg.draft in STAND_INS and spec.plain_fallback:
+        # `random` measures the draft's cost with no acceptance and `oracle` the engine at full
+        # acceptance: both are about the cycle, and with the fallback a random draft's run would be
+        # mostly plain steps (and measure those). Off, and recorded so in the results' config.
+        log.info("bench: --draft %s speculates throughout (no plain fallback): it measures the cycle", cfg.draft)
+        spec = replace(spec, plain_fallback=False)
     if cfg.hf_prompts < 0:
         raise EaglekitError(f"--hf-prompts {cfg.hf_prompts}: a number of prompts is >= 0",
                             hint="0 runs HF generate on every prompt, --no-hf on none")
     folder = None
-    if cfg.draft not in ("oracle", "random"):  # a wrong path or an unfinished draft fails before the target loads
+    if cfg.draft not in STAND_INS:  # a wrong path or an unfinished draft fails before the target loads
         folder = read_draft_folder(cfg.draft, allow_unfinished=cfg.allow_unfinished)
     prompts = load_bench_prompts(cfg.prompts, cfg.limit)
     device = resolve_device(cfg.device)
     target = load_target(cfg.target, device=device, dtype=cfg.dtype)
-    specs = list(SWEEP if device.startswith("cuda") else CPU_SWEEP) if cfg.sweep else [spec]
+    shapes = (SWEEP if device.startswith("cuda") else CPU_SWEEP) if cfg.sweep else (spec,)
+    # The sweep's shapes take the run's fallback setting (a SpecConfig built in code has it off).
+    specs = [replace(shape, plain_fallback=spec.plain_fallback) for shape in shapes]
     draft = None
     if cfg.draft == "random":
         draft = random_draft_for(target.model, device)
@@ -127,7 +138,8 @@ def benchmark(cfg: BenchOptions, command: str = "") -> dict:
     log.info(result["summary"]["verdict"])
     result["summary"].update(
         device=device_name(device), date=time.strftime("%Y-%m-%d %H:%M:%S"), command=command,
-        config={**cfg.to_dict(), "spec": specs[best].to_dict(), "runner": runner.kind, "cache_slots": max_len,
+        config={**cfg.to_dict(), "plain_fallback": spec.plain_fallback, "spec": specs[best].to_dict(),
+                "runner": runner.kind, "cache_slots": max_len,
                 "graphs": engines[best].graphs, "compile": engines[best].compile, "dtype": str(runner_dtype(runner))},
         torch=torch.__version__, seconds=round(time.time() - start, 1))
     result["summary"]["timing"] = timing
@@ -182,7 +194,7 @@ def write_outputs(result: dict, cfg: BenchOptions, out: str | Path) -> dict:
     inputs = {}
     if cfg.prompts and Path(cfg.prompts).is_file():
         inputs["prompts"] = {"path": str(cfg.prompts), "sha256": sha256_file(cfg.prompts)}
-    if cfg.draft not in ("oracle", "random"):
+    if cfg.draft not in STAND_INS:
         inputs["draft"] = {"path": str(cfg.draft), "format": s["draft_format"],
                            "sha256": {f.name: sha256_file(f) for f in sorted(Path(cfg.draft).glob("*.safetensors"))}}
     return write_manifest(out, stage="bench", config=s["config"], target=result["target_fingerprint"], inputs=inputs,

@@ -16,7 +16,8 @@ __all__ = ["GROUPS", "BenchOptions"]
 @dataclass(frozen=True, kw_only=True)
 class BenchOptions(EngineOptions):
     draft: str = option(help="a draft folder (eaglekit, SGLang, speculators or EAGLE), `oracle` (replays the target's "
-                             "greedy answer: engine overhead) or `random` (random weights: draft cost, no acceptance)",
+                             "greedy answer: engine overhead) or `random` (random weights: draft cost, no acceptance); "
+                             "these two speculate throughout, without the plain fallback",
                         group="main", required=True)
     prompts: str | None = option(None, "JSONL ({id, turns} / {messages} / {prompt}) or an `eaglekit prompts` folder "
                                        "(default: a small built-in set)", group="main")

@@ -5,11 +5,15 @@ per-prompt speedups' median and spread beside it, overall and per prompt categor
 tau = tokens committed per target forward in the speculation cycles, bonus included; per-position
 acceptance[i] = P(the first i+1 drafts of a cycle were all accepted) (chain: per draft position;
 tree: per depth of the accepted path).
+Plain fallback (`SpecConfig.plain_fallback`): a speculative run may decode some tokens by plain steps
+(where its cycles did not pay); tok/s and the speedup include them, tau and a cycle's cost count the
+cycles only, and the summary says how many tokens were plain (`plain_tokens`, `plain_share`).
 """
 
 from __future__ import annotations
 
 import logging
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +45,7 @@ def summarize(turns: list[Turn], label: str, max_depth: int, greedy: bool,
         accepts = [a for g in specs for a in g.accept_lengths]
         row = {"id": pid, "turns": len(group), "plain": method_stats([t.plain for t in group]),
                "spec": method_stats(specs), "tau": round(accept_length(accepts), 3),
-               "cycles": len(accepts)}
+               "cycles": len(accepts), "plain_tokens": sum(g.plain_tokens for g in specs)}
         if group[0].hf is not None:
             row["hf"] = method_stats([t.hf for t in group])
         row["speedup"] = round(rate(row["spec"]["tok_s"], row["plain"]["tok_s"]), 3)
@@ -69,6 +73,7 @@ def summarize(turns: list[Turn], label: str, max_depth: int, greedy: bool,
     summary.update(hf_summary(rows))
     summary["efficiency"] = round(summary["speedup"] / summary["tau"], 3)   # 1.0 = speedup equals tau
     summary["cycle"] = cycle_cost(turns, label)
+    summary.update(fallback_summary([t.spec[label] for t in turns]))
     if greedy:
         summary["greedy_match"] = round(sum(t.spec[label].tokens == t.plain.tokens for t in turns) / len(turns), 4)
         with_hf = [t for t in turns if t.hf is not None]
@@ -93,13 +98,52 @@ def hf_summary(rows: list[dict]) -> dict:
 
 def cycle_cost(turns: list[Turn], label: str) -> dict:
     """What one speculative cycle costs in plain decoding steps: wall ms per cycle over wall ms per
-    plain token (prefill included in both, as a user sees it). speedup = tau / plain_steps."""
+    plain token (prefill included in both, as a user sees it). Without plain fallback tokens,
+    speedup = tau / plain_steps.
+
+    Tokens the plain fallback decoded are plain steps, not cycles: each is charged what its turn's
+    plain run paid a token (prefill share included) and taken out of the speculative seconds before
+    they are divided by the cycles (`fallback_ms`: what was taken out). Not the generations' own
+    `cycle_cost`: that is None without the fallback, a running median of the engine's latest whole
+    chunks (warm-up and earlier turns included; 2.0 assumed before any plain chunk was timed), and
+    leaves the prefill out, so it would not mean what this figure means with the fallback off. It
+    is kept beside it (`engine_plain_steps`, the median over turns). A fallback's draft catch-ups
+    and the proposal it resumes with stay in the cycles' time: they are what speculating costs."""
     spec_s = sum(t.spec[label].seconds for t in turns)
+    fallback_s = sum(t.spec[label].plain_tokens * t.plain.seconds / max(len(t.plain.tokens), 1) for t in turns)
     cycles = sum(len(t.spec[label].accept_lengths) for t in turns)
     plain_s, plain_tokens = sum(t.plain.seconds for t in turns), sum(len(t.plain.tokens) for t in turns)
-    cycle_ms, step_ms = 1000 * spec_s / max(cycles, 1), 1000 * plain_s / max(plain_tokens, 1)
-    return {"cycle_ms": round(cycle_ms, 4), "plain_step_ms": round(step_ms, 4),
-            "plain_steps": round(cycle_ms / step_ms, 3) if step_ms else None}
+    step_ms = 1000 * plain_s / max(plain_tokens, 1)
+    cycle_s = spec_s - fallback_s
+    # <= 0: the fallback's tokens ran faster than the plain run's (noise); the cycles' time is unknown
+    cycle_ms = 1000 * cycle_s / max(cycles, 1) if cycle_s > 0 else None
+    engine = [g.cycle_cost for g in (t.spec[label] for t in turns) if g.cycle_cost is not None]
+    return {"cycle_ms": None if cycle_ms is None else round(cycle_ms, 4), "plain_step_ms": round(step_ms, 4),
+            "plain_steps": round(cycle_ms / step_ms, 3) if step_ms and cycle_ms is not None else None,
+            "fallback_ms": round(1000 * fallback_s, 4),
+            "engine_plain_steps": round(statistics.median(engine), 3) if engine else None}
+
+
+def fallback_summary(gens) -> dict:
+    """How much of the speculative runs the plain fallback decoded: its tokens, their share of all the
+    speculative runs' tokens and the fallbacks; `plain_fallback`: whether it was on (the engine
+    reports a cost it decided with only then)."""
+    tokens = sum(len(g.tokens) for g in gens)
+    plain = sum(g.plain_tokens for g in gens)
+    return {"plain_fallback": any(g.cycle_cost is not None for g in gens), "plain_tokens": plain,
+            "plain_share": round(plain / tokens, 4) if tokens else 0.0, "fallbacks": sum(g.fallbacks for g in gens)}
+
+
+def fallback_line(summary: dict) -> str | None:
+    """One sentence on the plain fallback, so the speedup is read for what it is (None: not recorded)."""
+    if "plain_tokens" not in summary:
+        return None
+    if not summary.get("plain_fallback") and not summary["plain_tokens"]:
+        return "Plain fallback off: every token of the speculative runs came from speculation cycles."
+    return (f"Plain fallback: {summary['plain_tokens']} of {summary['new_tokens']['spec']} tokens of the speculative "
+            f"runs ({summary['plain_share']:.0%}) were decoded by plain steps, in {summary['fallbacks']} fallbacks "
+            "(where the recent cycles committed fewer tokens than a cycle costs); spec tok/s and the speedup include "
+            "them, tau and a cycle's cost count the cycles only (`--no-plain-fallback` speculates throughout).")
 
 
 SHORT_TURN = 32   # new tokens a turn below which tok/s and speedups measure the prefill more than the cycle
@@ -113,8 +157,11 @@ def verdict(summary: dict, profile: dict | None = None) -> str:
     head = (f"Speculation is SLOWER than plain decoding: {speed:.2f}x" if speed < 1
             else f"Speculation is {speed:.2f}x faster than plain decoding")
     steps = cycle.get("plain_steps") or 0
-    text = (f"{head} ({summary['spec']}): a cycle costs {steps:.2f} plain steps "
-            f"and commits tau {summary['tau']:.2f} tokens.")
+    cost = f"a cycle costs {steps:.2f} plain steps" if steps else "a cycle's cost could not be timed"
+    text = f"{head} ({summary['spec']}): {cost} and commits tau {summary['tau']:.2f} tokens."
+    if summary.get("plain_tokens"):   # the speedup is partly plain decoding's, which a reader must know
+        text += (f" {summary['plain_share']:.0%} of the speculative runs' tokens were decoded by plain steps "
+                 "(plain fallback), and the speedup includes them.")
     if speed < 1 and steps:   # tau tokens a cycle for `steps` steps' time: it pays above tau = steps
         text += f" A draft pays here only above tau {steps:.2f}."
     if profile:
@@ -141,7 +188,9 @@ def turn_records(turns: list[Turn]) -> list[dict]:
         if t.hf is not None:
             rec["hf"] = {"tokens": len(t.hf.tokens), "seconds": round(t.hf.seconds, 4), "match": t.hf.tokens == t.plain.tokens}
         rec["spec"] = {label: {"tokens": len(g.tokens), "seconds": round(g.seconds, 4), "tau": round(g.tau, 3),
-                               "accept_lengths": g.accept_lengths, "match": g.tokens == t.plain.tokens}
+                               "accept_lengths": g.accept_lengths, "match": g.tokens == t.plain.tokens,
+                               "plain_tokens": g.plain_tokens, "fallbacks": g.fallbacks,
+                               "cycle_cost": None if g.cycle_cost is None else round(g.cycle_cost, 3)}
                        for label, g in t.spec.items()}
         out.append(rec)
     return out
@@ -180,6 +229,9 @@ def markdown(result: dict) -> str:
                  f"{s['baseline_tok_s']:.1f} | {s['spec_tok_s']:.1f} | **{s['speedup']:.2f}x** | **{s['tau']:.2f}** | "
                  f"{fmt(s['greedy_match'])} |")
     lines += [""]
+    fallback = fallback_line(s)
+    if fallback:   # right below the headline it qualifies
+        lines += [fallback, ""]
     if s.get("per_prompt_speedup"):
         lines += [speedup_line(s), ""]
     if s.get("by_category"):
@@ -201,9 +253,11 @@ def markdown(result: dict) -> str:
                   f"on those prompts plain decoding runs at {s['baseline_vs_hf']:.2f}x and speculation at "
                   f"{s['speedup_vs_hf']:.2f}x HF's speed.", ""]
     if result.get("sweep"):
-        lines += ["## Sweep", "", "| setting | tau | spec tok/s | speedup |", "| --- | ---: | ---: | ---: |"]
+        lines += ["## Sweep", "", "| setting | tau | spec tok/s | speedup | plain tokens |",
+                  "| --- | ---: | ---: | ---: | ---: |"]
         for row in result["sweep"]:
-            lines.append(f"| {row['spec']} | {row['tau']:.2f} | {row['spec_tok_s']:.1f} | {row['speedup']:.2f}x |")
+            lines.append(f"| {row['spec']} | {row['tau']:.2f} | {row['spec_tok_s']:.1f} | {row['speedup']:.2f}x | "
+                         f"{row.get('plain_share', 0):.0%} |")
         lines += ["", f"Fastest: **{s['spec']}**", ""]
     return "\n".join(lines)
 
