@@ -90,7 +90,7 @@ def test_the_sweep_takes_the_runs_plain_fallback(tmp_path, tiny_target_dir, prom
     assert all(r["plain_tokens"] > 0 and r["plain_fallback"] for r in result["sweep"])
     s = result["summary"]
     assert s["plain_tokens"] == spec[s["spec"]]["plain_tokens"] > 0 and s["config"]["plain_fallback"] is True
-    assert "Plain fallback: " in text and "| plain tokens |" in text
+    assert "Plain fallback: " in text and "| plain-step tokens |" in text
 
 
 def test_speculate_prints_the_fallbacks_counts(tmp_path, tiny_target_dir, capsys):
@@ -102,3 +102,18 @@ def test_speculate_prints_the_fallbacks_counts(tmp_path, tiny_target_dir, capsys
     assert "plain_tokens " in last and "fallbacks " in last
     assert main([*args, "--no-plain-fallback"]) == 0
     assert "plain_tokens" not in capsys.readouterr().out
+
+
+def test_each_prompt_and_category_says_how_much_was_decoded_plainly():
+    b = Turn(prompt_id="b", turn=0, ids=[1], plain=Generation(list(range(20)), "length", 4.0),
+             spec={LABEL: Generation(list(range(20)), "length", 5.0, accept_lengths=[1] * 10)})
+    result = summarize([fallback_turn(), b], LABEL, 1, greedy=True, categories={"a": "weak", "b": "strong"})
+    s = result["summary"]
+    assert [r["plain_share"] for r in result["prompts"]] == [0.8, 0.0] and s["plain_share"] == pytest.approx(80 / 120,
+                                                                                                            abs=1e-4)
+    assert (s["by_category"]["weak"]["plain_share"], s["by_category"]["strong"]["plain_share"]) == (0.8, 0.0)
+    s.update(device="cpu", date="d", verdict="v", timing={}, config={})
+    result["config"] = {"target": "t", "draft": "d", "sampling": "greedy", "max_new_tokens": 100}
+    rows = [line for line in markdown(result).splitlines() if line.startswith(("| a |", "| b |", "| **all** |",
+                                                                               "| weak |", "| strong |"))]
+    assert [row.rsplit("|", 2)[1].strip() for row in rows] == ["80%", "0%", "67%", "80%", "0%"]

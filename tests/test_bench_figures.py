@@ -68,7 +68,7 @@ def test_multi_turn_prompts_add_their_turns_and_categories_get_their_own_figures
     assert w["per_prompt_speedup"]["median"] == pytest.approx((1.334 + 0.5) / 2, abs=1e-3)
     assert cats["math"]["speedup"] == 1.0 and cats["math"]["per_prompt_speedup"]["min_id"] == "c"
     text = markdown(with_header(result))
-    assert "| writing | 2 | 1.40 | 6.4 | 5.8 | 0.92x | 0.92x (0.50-1.33x) |" in text
+    assert "| writing | 2 | 1.40 | 6.4 | 5.8 | 0.92x | 0.92x (0.50-1.33x) | 0% |" in text
     assert "Per prompt: median 1.00x, middle half 0.75-1.17x, range 0.50x (b) to 1.33x (a)." in text
     # one category only (a file without categories, or all one kind): no table of one row
     assert summarize(turns, LABEL, 1, greedy=True, categories={"a": "x", "b": "x", "c": "x"})["summary"]["by_category"] is None

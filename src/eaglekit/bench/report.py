@@ -19,7 +19,7 @@ from pathlib import Path
 
 from eaglekit.artifacts import atomic_path
 from eaglekit.bench.run import Turn
-from eaglekit.bench.stats import by_category, rate, spread, total_rate
+from eaglekit.bench.stats import by_category, plain_share, rate, spread, total_rate
 from eaglekit.errors import EaglekitError
 from eaglekit.metrics import accept_length, acceptance_by_position
 
@@ -46,6 +46,7 @@ def summarize(turns: list[Turn], label: str, max_depth: int, greedy: bool,
         row = {"id": pid, "turns": len(group), "plain": method_stats([t.plain for t in group]),
                "spec": method_stats(specs), "tau": round(accept_length(accepts), 3),
                "cycles": len(accepts), "plain_tokens": sum(g.plain_tokens for g in specs)}
+        row["plain_share"] = plain_share([row])
         if group[0].hf is not None:
             row["hf"] = method_stats([t.hf for t in group])
         row["speedup"] = round(rate(row["spec"]["tok_s"], row["plain"]["tok_s"]), 3)
@@ -218,16 +219,19 @@ def markdown(result: dict) -> str:
     if warning:   # before the figures it puts in doubt
         lines += [f"**Warning**: {warning}.", ""]
     lines += [f"**{s['verdict']}**" if s.get("verdict") else "", "",
-              "| prompt | turns | tokens | HF tok/s | plain tok/s | spec tok/s | speedup | tau | greedy match |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: |"]
+              "| prompt | turns | tokens | HF tok/s | plain tok/s | spec tok/s | speedup | tau | greedy match | "
+              "plain-step tokens |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: | ---: |"]
     fmt = lambda x: "–" if x is None else (f"{x:.2f}" if isinstance(x, float) else str(x))  # noqa: E731
+    share = lambda r: "–" if r.get("plain_share") is None else f"{r['plain_share']:.0%}"  # noqa: E731
     for r in result["prompts"]:
         hf = r.get("hf", {}).get("tok_s")
         lines.append(f"| {r['id']} | {r['turns']} | {r['spec']['tokens']} | {fmt(hf)} | {r['plain']['tok_s']:.1f} | "
-                     f"{r['spec']['tok_s']:.1f} | {r['speedup']:.2f}x | {r['tau']:.2f} | {fmt(r['greedy_match'])} |")
+                     f"{r['spec']['tok_s']:.1f} | {r['speedup']:.2f}x | {r['tau']:.2f} | {fmt(r['greedy_match'])} | "
+                     f"{share(r)} |")
     lines.append(f"| **all** | {s['turns']} | {s['new_tokens']['spec']} | {fmt(s['hf_tok_s'])} | "
                  f"{s['baseline_tok_s']:.1f} | {s['spec_tok_s']:.1f} | **{s['speedup']:.2f}x** | **{s['tau']:.2f}** | "
-                 f"{fmt(s['greedy_match'])} |")
+                 f"{fmt(s['greedy_match'])} | {share(s)} |")
     lines += [""]
     fallback = fallback_line(s)
     if fallback:   # right below the headline it qualifies
@@ -235,13 +239,14 @@ def markdown(result: dict) -> str:
     if s.get("per_prompt_speedup"):
         lines += [speedup_line(s), ""]
     if s.get("by_category"):
-        lines += ["| category | prompts | tau | plain tok/s | spec tok/s | speedup | per-prompt median (range) |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines += ["| category | prompts | tau | plain tok/s | spec tok/s | speedup | per-prompt median (range) | "
+                  "plain-step tokens |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for name, c in s["by_category"].items():
             p = c["per_prompt_speedup"]
             lines.append(f"| {name} | {c['prompts']} | {fmt(c['tau'])} | {c['plain_tok_s']:.1f} | "
                          f"{c['spec_tok_s']:.1f} | {c['speedup']:.2f}x | {p['median']:.2f}x "
-                         f"({p['min']:.2f}-{p['max']:.2f}x) |")
+                         f"({p['min']:.2f}-{p['max']:.2f}x) | {share(c)} |")
         lines += [""]
     lines += ["Per-position acceptance P(first i+1 drafts accepted): " +
               ", ".join(f"{p:.3f}" for p in s["per_position_acceptance"]), ""]
@@ -253,7 +258,7 @@ def markdown(result: dict) -> str:
                   f"on those prompts plain decoding runs at {s['baseline_vs_hf']:.2f}x and speculation at "
                   f"{s['speedup_vs_hf']:.2f}x HF's speed.", ""]
     if result.get("sweep"):
-        lines += ["## Sweep", "", "| setting | tau | spec tok/s | speedup | plain tokens |",
+        lines += ["## Sweep", "", "| setting | tau | spec tok/s | speedup | plain-step tokens |",
                   "| --- | ---: | ---: | ---: | ---: |"]
         for row in result["sweep"]:
             lines.append(f"| {row['spec']} | {row['tau']:.2f} | {row['spec_tok_s']:.1f} | {row['speedup']:.2f}x | "

@@ -39,7 +39,14 @@ def group_stats(rows: list[dict]) -> dict:
     plain, spec = total_rate(rows, "plain"), total_rate(rows, "spec")
     return {"prompts": len(rows), "cycles": cycles, "tau": round(1 + accepted / cycles, 3) if cycles else None,
             "plain_tok_s": round(plain, 2), "spec_tok_s": round(spec, 2), "speedup": round(rate(spec, plain), 3),
-            "per_prompt_speedup": spread(rows)}
+            "per_prompt_speedup": spread(rows), "plain_share": plain_share(rows)}
+
+
+def plain_share(rows: list[dict]) -> float:
+    """The share of the speculative runs' tokens that the plain fallback decoded (rows of results
+    written before the fallback have no `plain_tokens`: none)."""
+    tokens = sum(r["spec"]["tokens"] for r in rows)
+    return round(sum(r.get("plain_tokens", 0) for r in rows) / tokens, 4) if tokens else 0.0
 
 
 def by_category(rows: list[dict], categories: dict[str, str] | None) -> dict[str, dict] | None:
