@@ -65,13 +65,16 @@ def prompts_file(tmp_path):
     return path
 
 
-def test_a_random_draft_speculates_throughout(tmp_path, tiny_target_dir, prompts_file):
-    """A random draft measures the draft's cost: with the fallback most of its tokens would be plain steps."""
-    result, text = bench(tmp_path, tiny_target_dir, prompts_file, "random", "--mode", "chain", "--k", "2")
+@pytest.mark.parametrize("draft", ["random", "oracle"])
+def test_a_random_or_oracle_draft_speculates_throughout(tmp_path, tiny_target_dir, prompts_file, draft):
+    """A random draft measures the draft's cost, the oracle the engine at full acceptance: with the
+    fallback most of a random draft's tokens would be plain steps."""
+    result, text = bench(tmp_path, tiny_target_dir, prompts_file, draft, "--mode", "chain", "--k", "2")
     assert result["summary"]["config"]["plain_fallback"] is False
     spec = result["turns"][0]["spec"]["chain k=2"]
     assert (spec["plain_tokens"], spec["fallbacks"], spec["cycle_cost"]) == (0, 0, None)
-    assert len(spec["accept_lengths"]) >= 8                            # every token from a cycle
+    if draft == "random":
+        assert len(spec["accept_lengths"]) >= 8                        # every token from a cycle
     assert "Plain fallback off" in text
 
 
