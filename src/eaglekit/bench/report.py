@@ -142,7 +142,8 @@ def fallback_line(summary: dict) -> str | None:
     if not summary.get("plain_fallback") and not summary["plain_tokens"]:
         return "Plain fallback off: every token of the speculative runs came from speculation cycles."
     return (f"Plain fallback: {summary['plain_tokens']} of {summary['new_tokens']['spec']} tokens of the speculative "
-            f"runs ({summary['plain_share']:.0%}) were decoded by plain steps, in {summary['fallbacks']} fallbacks "
+            f"runs ({summary['plain_share']:.0%}) were decoded by plain steps, in {summary['fallbacks']} "
+            f"fallback{'' if summary['fallbacks'] == 1 else 's'} "
             "(where the recent cycles committed fewer tokens than a cycle costs); spec tok/s and the speedup include "
             "them, tau and a cycle's cost count the cycles only (`--no-plain-fallback` speculates throughout).")
 
