@@ -46,7 +46,7 @@ def test_scaling_section_is_checked(tmp_path):
     bad = [({"fractions": [0.5]}, "at least two"), ({"fractions": [0.5, 0.25]}, "increase"),
            ({"fractions": [0.5, 1.5]}, "increase within"), ({"fractions": [0, 1]}, "increase within"),
            ({"fractions": [0.5, 1], "steps": 0}, "steps"), ({"fractions": [0.5, 1], "every": 2}, "unknown keys"),
-           ({"fractions": [0.5, 1], "bench": "yes"}, "bench"), ([0.5, 1], "must be a mapping")]
+           ({"fractions": [0.5, 1], "bench": "yes"}, "bench"), ([0.5, 1], "must be a section")]
     for section, message in bad:
         with pytest.raises(EaglekitError, match=message):
             scaling_plan(recipe_with(tmp_path, scaling=section))
