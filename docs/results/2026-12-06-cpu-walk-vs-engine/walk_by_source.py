@@ -22,7 +22,9 @@ from eaglekit.targets.load import load_target
 from eaglekit.train.data import eval_batches
 from eaglekit.train.loop import device_positions
 from eaglekit.train.sources import OnlineSource
-from eaglekit.train.ttt import STATS, metrics_from_stats, ttt_loss, ttt_unroll
+from eaglekit.metrics import STATS, metrics_from_stats
+from eaglekit.train.loss import ttt_loss
+from eaglekit.train.ttt import ttt_unroll
 
 torch.set_num_threads(1)   # a shared CPU: one thread each (spinning OpenMP threads of several processes starve each other)
 target_path, draft_path, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
