@@ -66,3 +66,27 @@ def test_imports_run_one_way():
                 back.append(f"{path.relative_to(PACKAGE)} ({pkg}, layer {LAYERS[pkg]}) imports {other} "
                             f"(layer {LAYERS.get(other)})")
     assert not back, "imports that run back up or sideways:\n" + "\n".join(back)
+
+
+def imported_modules(path: Path, modules: set[str]) -> set[str]:
+    """The eaglekit modules a module imports (`from eaglekit.x import y` counts x.y where that is a module)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found |= {n for n in [node.module, *(f"{node.module}.{a.name}" for a in node.names)] if n in modules}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name in modules}
+    return found
+
+
+def test_no_two_modules_import_each_other():
+    """Inside a package too: a module pair that imports each other (even inside a function) is one
+    module in two files, and the lower one's reader needs the upper one."""
+    def name(path: Path) -> str:
+        parts = ("eaglekit", *path.relative_to(PACKAGE).with_suffix("").parts)
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    paths = {name(p): p for p in PACKAGE.rglob("*.py")}
+    imports = {m: imported_modules(p, set(paths)) - {m} for m, p in paths.items()}
+    circles = sorted(f"{a} <-> {b}" for a in imports for b in imports[a] if a < b and a in imports[b])
+    assert not circles, "modules that import each other:\n" + "\n".join(circles)

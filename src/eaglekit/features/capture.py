@@ -227,3 +227,26 @@ def topk_mass(out: Path, files: list[str]) -> float:
 def clear_store(out: Path) -> None:
     for path in [out / MANIFEST, out / INDEX] + list(out.glob("shard-*.safetensors")):  # the manifest first
         path.unlink(missing_ok=True)
+
+
+def capture_conversations(args, target, *, config: dict | None = None,
+                          shard_capture_for=None) -> dict:
+    """The stage's flow for either backend: the aux layers, the conversations tokenized as training
+    reads them, the capture into `args.out`; returns the store's manifest.
+    `shard_capture_for(aux_layer_ids, samples)` gives the backend's shard function (None: the HF
+    target in this process); `config`: the backend's own settings for the manifest."""
+    from eaglekit.features.conversations import read_conversations, tokenize_conversations
+    from eaglekit.targets.info import check_aux_layer_ids, default_aux_layer_ids
+
+    layers = target.config.num_hidden_layers
+    aux = check_aux_layer_ids(args.aux_layer_ids or default_aux_layer_ids(layers), layers)
+    rows, data_fp = read_conversations(args.data, target_fingerprint=target.fingerprint())
+    samples, _ = tokenize_conversations(target.tokenizer, rows, max_length=args.max_length)
+    if not samples:
+        raise EaglekitError(f"{args.data} holds no conversations with an answer to learn from",
+                            hint="run eaglekit generate first")
+    shard_capture = shard_capture_for(aux, samples) if shard_capture_for else None
+    return capture_features(target, samples, args.out, aux_layer_ids=aux, topk=args.teacher_topk,
+                            shard_tokens=args.shard_tokens, batch_tokens=args.batch_tokens,
+                            config={"max_length": args.max_length, **(config or {})}, inputs={"data": data_fp},
+                            overwrite=args.overwrite, progress=args.progress, shard_capture=shard_capture)

@@ -229,9 +229,9 @@ class TargetFiles:
 
 
 def run_features_vllm(args) -> int:
-    """`eaglekit features --backend vllm`: the HF path's flow (`features.cli.run_features`) with vLLM
+    """`eaglekit features --backend vllm`: the HF path's flow (`features.capture.capture_conversations`) with vLLM
     computing each shard."""
-    from eaglekit.features.cli import capture_conversations
+    from eaglekit.features.capture import capture_conversations
     from eaglekit.targets.load import engine_dtype_name
 
     if args.device_map:

@@ -22,7 +22,6 @@ from eaglekit.errors import EaglekitError
 from eaglekit.formats.detect import Interpretation, interpret
 from eaglekit.formats.facts import TargetFacts, target_facts
 from eaglekit.formats.folder import DraftFolder, read_folder
-from eaglekit.formats.load import check_fits_target
 from eaglekit.formats.names import NATIVE_TENSORS, VOCAB_MAPS
 from eaglekit.targets.info import check_aux_layer_ids
 
@@ -154,3 +153,12 @@ def check_native(folder: Path, tensors: dict[str, torch.Tensor]) -> None:
         if not torch.equal(state[name].to(tensor.dtype), tensor):
             raise EaglekitError(f"{name} does not read back bit-identical from {folder}",
                                 hint="this is a bug in eaglekit; please report it")
+
+
+def check_fits_target(cfg, target_cfg, path: Path) -> None:
+    """A draft without a recorded target must at least have the target's vocab and hidden width."""
+    for name, mine, theirs in (("vocab_size", cfg.vocab_size, target_cfg.vocab_size),
+                               ("target_hidden_size", cfg.target_hidden_size, target_cfg.hidden_size)):
+        if mine != theirs:
+            raise EaglekitError(f"draft {path} has {name} {mine}, the target {theirs}: it was made for another target",
+                                hint=f"run `eaglekit doctor {path} --target T` to see what it was made for")

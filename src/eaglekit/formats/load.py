@@ -13,6 +13,7 @@ from eaglekit.artifacts import check_same_target, refuse_unfinished
 from eaglekit.draft.checkpoint import check_finite
 from eaglekit.errors import EaglekitError
 from eaglekit.formats.folder import DraftFolder, read_folder
+from eaglekit.formats.importer import check_fits_target, native_tensors, strict_reading
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,6 @@ def load_draft_for(folder: str | Path | DraftFolder, target, device: str, *, all
     """A draft of any format, converted in memory as `eaglekit import` converts it, refused if it was
     made for another target; in the target's dtype, with the target's embedding."""
     from eaglekit.draft import Eagle3Draft
-    from eaglekit.formats.importer import native_tensors, strict_reading
 
     if not isinstance(folder, DraftFolder):
         folder = read_draft_folder(folder, allow_unfinished=allow_unfinished, stand_ins=())
@@ -51,15 +51,6 @@ def load_draft_for(folder: str | Path | DraftFolder, target, device: str, *, all
     dtype = next(target.model.parameters()).dtype
     draft.set_target_embedding(target.model.get_input_embeddings().weight)
     return draft.to(device=device, dtype=dtype).eval()
-
-
-def check_fits_target(cfg, target_cfg, path: Path) -> None:
-    """A draft without a recorded target must at least have the target's vocab and hidden width."""
-    for name, mine, theirs in (("vocab_size", cfg.vocab_size, target_cfg.vocab_size),
-                               ("target_hidden_size", cfg.target_hidden_size, target_cfg.hidden_size)):
-        if mine != theirs:
-            raise EaglekitError(f"draft {path} has {name} {mine}, the target {theirs}: it was made for another target",
-                                hint=f"run `eaglekit doctor {path} --target T` to see what it was made for")
 
 
 def random_draft_for(model, device: str):

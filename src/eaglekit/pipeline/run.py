@@ -764,6 +764,8 @@ def run_stages(pipe: Pipeline, recipe: dict, out: Path) -> None:
                              "--out", str(out / RUN_BENCH), "--overwrite"])
 
     if scaling is not None:
+        if pipe.stop_before == "scaling":
+            raise StopBefore("scaling")
         run_scaling(pipe, scaling, recipe, out, t, dev, train_input)
 
 

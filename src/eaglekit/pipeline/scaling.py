@@ -121,10 +121,6 @@ def step_budget(plan: ScalingPlan, out: Path) -> int:
 def run_scaling(pipe, plan: ScalingPlan, recipe: dict, out: Path, t: list[str], dev: list[str],
                 train_input: list[str]) -> None:
     """Train (and bench) every slice as its own stage, then write the summary files."""
-    from eaglekit.pipeline.run import StopBefore
-
-    if pipe.stop_before == "scaling":
-        raise StopBefore("scaling")
     steps = step_budget(plan, out)
     train = {k: v for k, v in (recipe.get("train") or {}).items() if k not in LENGTH_FLAGS}
     bench = recipe.get("bench") if plan.bench else None
