@@ -19,7 +19,7 @@ from pathlib import Path
 
 from eaglekit.artifacts import atomic_path
 from eaglekit.bench.run import Turn
-from eaglekit.bench.stats import by_category, plain_share, rate, spread, total_rate
+from eaglekit.bench.stats import by_category, group_stats, plain_share, rate, total_rate
 from eaglekit.errors import EaglekitError
 from eaglekit.metrics import accept_length, acceptance_by_position
 
@@ -56,25 +56,26 @@ def summarize(turns: list[Turn], label: str, max_depth: int, greedy: bool,
     if not accepts:   # tau and a cycle's cost would be invented (tau 1.00 of no cycle)
         raise EaglekitError(f"{label}: no speculative cycle ran in {len(turns)} turns (every answer ended at the "
                             "prefill's first token)", hint="ask for more tokens (--max-new-tokens 2 or more)")
+    overall = group_stats(rows)   # the total-time rates and speedup, as every category's
     summary = {
         "spec": label,
         "tau": round(accept_length(accepts), 3),
-        "baseline_tok_s": round(total_rate(rows, "plain"), 2),
-        "spec_tok_s": round(total_rate(rows, "spec"), 2),
+        "baseline_tok_s": overall["plain_tok_s"],
+        "spec_tok_s": overall["spec_tok_s"],
         "per_position_acceptance": [round(x, 4) for x in acceptance_by_position(accepts, max_depth)],
         "cycles": len(accepts),
         "turns": len(turns),
         "prompts": len(rows),
         "new_tokens": {"plain": sum(r["plain"]["tokens"] for r in rows), "spec": sum(r["spec"]["tokens"] for r in rows)},
     }
-    summary["speedup"] = round(rate(total_rate(rows, "spec"), total_rate(rows, "plain")), 3)
+    summary["speedup"] = overall["speedup"]
     summary["speedup_basis"] = "total tokens / total seconds of each method on the same prompts"
-    summary["per_prompt_speedup"] = spread(rows)
+    summary["per_prompt_speedup"] = overall["per_prompt_speedup"]
     summary["by_category"] = by_category(rows, categories)
     summary.update(hf_summary(rows))
     summary["efficiency"] = round(summary["speedup"] / summary["tau"], 3)   # 1.0 = speedup equals tau
     summary["cycle"] = cycle_cost(turns, label)
-    summary.update(fallback_summary([t.spec[label] for t in turns]))
+    summary.update(fallback_summary([t.spec[label] for t in turns]), plain_share=overall["plain_share"])
     if greedy:
         summary["greedy_match"] = round(sum(t.spec[label].tokens == t.plain.tokens for t in turns) / len(turns), 4)
         with_hf = [t for t in turns if t.hf is not None]
@@ -126,13 +127,11 @@ def cycle_cost(turns: list[Turn], label: str) -> dict:
 
 
 def fallback_summary(gens) -> dict:
-    """How much of the speculative runs the plain fallback decoded: its tokens, their share of all the
-    speculative runs' tokens and the fallbacks; `plain_fallback`: whether it was on (the engine
+    """How much of the speculative runs the plain fallback decoded: its tokens and the fallbacks (their
+    share of the tokens: `stats.plain_share`); `plain_fallback`: whether it was on (the engine
     reports a cost it decided with only then)."""
-    tokens = sum(len(g.tokens) for g in gens)
-    plain = sum(g.plain_tokens for g in gens)
-    return {"plain_fallback": any(g.cycle_cost is not None for g in gens), "plain_tokens": plain,
-            "plain_share": round(plain / tokens, 4) if tokens else 0.0, "fallbacks": sum(g.fallbacks for g in gens)}
+    return {"plain_fallback": any(g.cycle_cost is not None for g in gens),
+            "plain_tokens": sum(g.plain_tokens for g in gens), "fallbacks": sum(g.fallbacks for g in gens)}
 
 
 def fallback_line(summary: dict) -> str | None:
