@@ -182,3 +182,15 @@ def test_generate_on_a_full_disk_says_so_and_resumes_once_space_is_freed(tiny_ta
     assert (tmp_path / "rc2").read_text().strip() == "0", (tmp_path / "err2").read_text()
     manifest = json.loads((tmp_path / "m.json").read_text())
     assert manifest["counts"]["conversations"] + manifest["counts"]["skipped"] == 40
+
+
+@pytest.mark.parametrize("code, words", [(17, "exists and is not a folder"), (28, "the disk is full"),
+                                         (13, "permission denied")])
+def test_safetensors_wrapped_os_errors_are_sentences(code, words):
+    """safetensors' own error carries no path (it once raised AttributeError for os error 17)."""
+    from safetensors import SafetensorError
+
+    from eaglekit.errors import from_os_error
+
+    err = from_os_error(SafetensorError(f"Error while serializing: I/O error (os error {code})"))
+    assert err is not None and words in err.message

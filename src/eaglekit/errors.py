@@ -40,6 +40,7 @@ def from_os_error(err: BaseException) -> EaglekitError | None:
     import os
     import re
 
+    path = err.filename if isinstance(err, OSError) else None   # safetensors' error names no path
     if isinstance(err, OSError):
         code, file = err.errno, err.filename
         if err.filename2:
@@ -65,7 +66,7 @@ def from_os_error(err: BaseException) -> EaglekitError | None:
         return EaglekitError(f"{file or 'a path'} is a symlink loop (a link that leads back to itself)",
                              hint="fix or remove the link, or pass another path")
     if code == errno.EEXIST:
-        if err.filename and os.path.isdir(err.filename):
+        if path and os.path.isdir(path):
             return EaglekitError(f"{file} already exists", hint="pass another path, or move that folder away")
         return EaglekitError(f"{file or 'a path'} exists and is not a folder",
                              hint="pass a folder path (a new one is created), or move that file away")
