@@ -166,13 +166,6 @@ _UNFINISHED_MARKS = {"generate": ("run.json",), "train": (TRAINER_STATE, TRAIN_L
                      "doctor": (DOCTOR_REPORT,), "vocab": ("vocab.safetensors",)}
 
 
-def refuse_other_stage(folder: Path, stage: str) -> None:
-    """Refuse to write (or --overwrite) a folder another stage made: `bench --out runs/draft` once
-    replaced the draft's manifest with bench's, exit 0, and the draft then read as unfinished; and
-    a folder no stage made (a user's own files: `target prepare --overwrite` once deleted them)."""
-    check_owner(folder, stage)
-
-
 def check_owner(folder: str | os.PathLike, stage: str) -> None:
     """Refuse a folder that holds anything `stage` did not make, `--overwrite` or not: it writes only
     into a missing or empty folder, or one whose manifest (or, unfinished, whose own state file)
