@@ -603,3 +603,14 @@ def test_the_reliability_table_counts_its_rows_and_names_tests_that_exist():
     missing = [f"{file}::{name}" for row in rows for file, name in re.findall(r"(test_\w+\.py)::(\w+)", row)
                if f"def {name}(" not in (root / file).read_text()]
     assert not missing
+
+
+def test_generate_checks_its_counts_before_anything_loads(tmp_path, capsys):
+    """`eaglekit generate --max-new-tokens 0` runs its options' checks itself, as `eaglekit run --plan`
+    does for it (the target named here does not exist: the check comes first)."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "turns": ["hi"]}) + "\n")
+    code = main(["generate", "--prompts", str(prompts), "--target", str(tmp_path / "no-target"),
+                 "--max-new-tokens", "0", "--out", str(tmp_path / "g")])
+    assert code == 2 and "--max-new-tokens 0 must be 1 or more" in capsys.readouterr().err
+    assert not (tmp_path / "g").exists()

@@ -121,11 +121,14 @@ def run_synthesize(args: argparse.Namespace) -> int:
 def run_generate(args: argparse.Namespace) -> int:
     from eaglekit.data.generators import EngineSettings, make_generator
     from eaglekit.data.local_backend import LocalBackend, context_length
+    from eaglekit.data.options import GenerateOptions
     from eaglekit.data.regenerate import GenerateConfig, generate_conversations, load_prompts
     from eaglekit.engine.sampling import Sampling
     from eaglekit.errors import EaglekitError
+    from eaglekit.options import options_from_args
     from eaglekit.targets.chat import check_template_masks
 
+    options_from_args(GenerateOptions, args)   # its checks (counts of 1 or more) before anything loads
     sampling = Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     config = GenerateConfig(max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed, stop_loops=args.stop_loops,
                             splits=tuple(s for s in args.splits.split(",") if s), limit=args.limit)
