@@ -49,11 +49,17 @@ def plain_share(rows: list[dict]) -> float:
     return round(sum(r.get("plain_tokens", 0) for r in rows) / tokens, 4) if tokens else 0.0
 
 
+def grouped(rows: list[dict], categories: dict[str, str]) -> dict[str, list[dict]]:
+    """The rows by prompt category (`categories`: prompt id -> category; "unknown" where it has none)."""
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(categories.get(row["id"], "unknown"), []).append(row)
+    return groups
+
+
 def by_category(rows: list[dict], categories: dict[str, str] | None) -> dict[str, dict] | None:
     """Per prompt category (MT-bench's writing, coding, ...), when the prompts fall in two or more."""
     if not categories:
         return None
-    groups: dict[str, list[dict]] = {}
-    for row in rows:
-        groups.setdefault(categories.get(row["id"], "unknown"), []).append(row)
+    groups = grouped(rows, categories)
     return {name: group_stats(group) for name, group in groups.items()} if len(groups) > 1 else None

@@ -34,8 +34,8 @@ from eaglekit.artifacts import (
     made_before,
     read_json,
 )
-from eaglekit.bench.prompts import prompt_categories  # noqa: F401 (the report's own too)
-from eaglekit.bench.stats import group_stats
+from eaglekit.bench.prompts import prompt_categories
+from eaglekit.bench.stats import group_stats, grouped
 from eaglekit.errors import EaglekitError
 
 STATUS = ("done", "unfinished", "failed", "not run", "unreadable", "missing", "stale")
@@ -186,10 +186,7 @@ def categories(results: dict) -> tuple[list[dict], str]:
     lookup, note = prompt_categories(prompts)
     if prompts is None:
         lookup = {r["id"]: "built-in set" for r in results["prompts"]}
-    groups: dict[str, list[dict]] = {}
-    for row in results["prompts"]:
-        groups.setdefault(lookup.get(row["id"], "unknown"), []).append(row)
-    return [{"category": name, **group_stats(rows)} for name, rows in groups.items()], note
+    return [{"category": name, **group_stats(rows)} for name, rows in grouped(results["prompts"], lookup).items()], note
 
 
 def scaling(run: Path, state: dict | None) -> Part:
