@@ -22,6 +22,7 @@
 #                with BE_ARGS (more bench_engine flags, e.g. "--trees 6/8/32,4/4/16");
 #      arms      issue 39's A/B: a draft per ARMS variant (train flags, ';' between, "-" the recipe's own) trained
 #                ARM_S seconds on the run's conversations, each benched on MT-bench and HumanEval + Alpaca;
+#      peer      issue 39's peer: speculators trained beside the run's draft for its train seconds, both benched;
 #      gputests  the gpu tier's batch-decoder tests (CUDA against the CPU, token for token), at most 300 s.
 #   PRE names benches to run before the recipe (e.g. PRE=kernels: timings on an idle GPU, first).
 # Env: W (work folder, /root/work), GPUS (1), TRAIN_S (train.time-budget-s; default the recipe's), LIMIT (MT-bench prompts),
@@ -134,10 +135,21 @@ PY
             --max-new-tokens 256 --no-hf $(bench_shape) --out "$W/arm-$i/heldout" 2>&1 | quiet | tail -12 >> "$LOG"
           stamp "arm $i [$flags] done"
         done ;;
+      peer)      # issue 39: vLLM's speculators beside eaglekit (scripts/peer/run_speculators.sh): the run's
+                 # conversations and target, the train stage's seconds (calibrated to its step time), its draft
+                 # imported, both benched on MT-bench in the recipe's shape and probed by the doctor
+        [[ -f $RUN/draft/config.json ]] || { stamp "peer skipped: no draft in $RUN (the recipe's train stage makes it)"; continue; }
+        if [[ ! -d /tmp/peer-site ]]; then     # the peer's wheels (docs/peers.md), in a folder of their own
+          python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/peer-site .device/peerwhl/*.whl 2>&1 | tail -2 >> "$LOG"
+        fi
+        printf '#!/usr/bin/env bash\nPYTHONPATH=/tmp/peer-site:${PYTHONPATH:-} exec python3 "$@"\n' > "$W/peer-py"; chmod +x "$W/peer-py"
+        PEER_PY=$W/peer-py PREP_WORKERS=8 PROBE_ARGS="--engine vllm --device cuda" \
+          BENCH_ARGS="--prompts $eval/mt_bench.jsonl --limit ${LIMIT:-20} --max-new-tokens 256 --no-hf $(bench_shape) --device cuda" \
+          bash scripts/peer/run_speculators.sh "$RUN" "$W/peer" 2>&1 | quiet | grep -v "^+ " | tail -30 >> "$LOG" ;;
       gputests)  # the CUDA paths of the batch decoder against the CPU's, token for token
         timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py -k batch_decoder 2>&1 | tail -5 >> "$LOG" ;;
       none) continue ;;   # BENCHES=none: the recipe's run alone
-      *) stamp "unknown bench $b (chain, sweep, heldout, generate, kernels, regen, profile, arms, gputests, none)"; continue ;;
+      *) stamp "unknown bench $b (chain, sweep, heldout, generate, kernels, regen, profile, arms, peer, gputests, none)"; continue ;;
     esac
     stamp "bench $b done after $(( $(date +%s) - t0 )) s"
   done
@@ -201,6 +213,9 @@ pack() {  # what exists so far, in one archive (files back from $OUT: at most 8)
     [[ -e $f ]] && files+=("${f#"$W"/}")
   done
   for f in "$W"/be-*/bench_engine.json "$W"/be-*/bench_engine.md "$W"/regen-*/manifest.json "$W"/profile-*/profile_batch.json; do
+    [[ -e $f ]] && files+=("${f#"$W"/}")
+  done
+  for f in "$W"/peer/{peer.txt,calibrate.log,train.log,prepare.log,compare/table.md} "$W"/peer/compare/*/{doctor.json,bench/results.json}; do
     [[ -e $f ]] && files+=("${f#"$W"/}")
   done
   tar -czf "$OUT/results.tar.gz" -C "$W" "${files[@]}" 2>/dev/null

@@ -56,10 +56,10 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"{item!r} is not LABEL=DRAFT")
         out = args.out / label
         out.mkdir(parents=True, exist_ok=True)
-        run(["eaglekit", "bench", "--target", args.target, "--draft", draft, *shlex.split(args.bench_args),
+        run([sys.executable, "-m", "eaglekit", "bench", "--target", args.target, "--draft", draft, *shlex.split(args.bench_args),
              "--out", str(out / "bench"), "--overwrite", "--allow-unfinished"])
         bench = json.loads((out / "bench" / "results.json").read_text())["summary"]
-        run(["eaglekit", "doctor", draft, "--target", args.target, "--probe", *shlex.split(args.probe_args),
+        run([sys.executable, "-m", "eaglekit", "doctor", draft, "--target", args.target, "--probe", *shlex.split(args.probe_args),
              "--allow-unfinished", "--json", str(out / "doctor.json")], check=False)   # 1: a check failed
         doctor = json.loads((out / "doctor.json").read_text())
         probe = dict(doctor.get("probe") or {}, ok=doctor.get("ok"))

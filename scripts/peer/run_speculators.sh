@@ -9,24 +9,35 @@
 # RUN holds target/, conversations/, draft/ and pipeline.json (`eaglekit run ... --stop-before
 # export-sglang` is enough). WORK defaults to RUN/peer-speculators. Settings (environment):
 #   PEER_PY    the peer venv's python (default /tmp/peer-venv/bin/python; docs/peers.md installs it)
-#   BUDGET_S   the peer's wall-clock budget (default: RUN's train stage seconds from pipeline.json)
+#   PY         eaglekit's python (default python3)
+#   OURS       eaglekit's draft to compare with (default RUN/draft)
+#   BUDGET_S   the peer's wall-clock training budget (default: RUN's train stage seconds from pipeline.json)
+#   CALIBRATE  steps of a first, short peer run that measures its step time (default 60; 0: none). The
+#              peer's schedule decays over its steps (`--max-steps`), not over wall-clock time, so
+#              without this a budget cuts it mid-schedule. The real run then gets
+#              max-steps = (BUDGET_S - its start-up) / step time. The calibration run's minutes are
+#              not counted in the budget (said in peer.txt): the peer is given the benefit.
 #   PEER_ARGS  extra `speculators train` arguments (e.g. "--epochs 12")
 #   BENCH_ARGS `eaglekit bench` arguments for both drafts (default: a CPU-sized chain)
+#   PROBE_ARGS `eaglekit doctor --probe` arguments for both drafts (default: compare.py's, CPU-sized)
 #   REUSE_CKPT set: keep WORK/ckpt from an earlier peer run (e.g. one run beside eaglekit's, at once)
 #   DEVICE     cpu or cuda for the hidden-state capture (default: cuda when torch sees one)
+#   PREP_WORKERS  the peer's prepare-data processes (default 1)
 set -euo pipefail
 RUN=${1:?usage: run_speculators.sh RUN [WORK]}
 WORK=${2:-$RUN/peer-speculators}
 PEER_PY=${PEER_PY:-/tmp/peer-venv/bin/python}
 HERE=$(cd "$(dirname "$0")" && pwd)
-TARGET=$RUN/target CONV=$RUN/conversations OURS=$RUN/draft
-DEVICE=${DEVICE:-$(python -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')}
+PY=${PY:-python3}
+TARGET=$RUN/target CONV=$RUN/conversations OURS=${OURS:-$RUN/draft}
+DEVICE=${DEVICE:-$($PY -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')}
 say() { echo "+ $*" >&2; }
+secs() { echo $(( $(date +%s) - $1 )); }
 
 [[ -x $PEER_PY ]] || { echo "no peer python at $PEER_PY (see docs/peers.md)" >&2; exit 2; }
 for d in "$TARGET" "$CONV" "$OURS"; do [[ -d $d ]] || { echo "missing $d" >&2; exit 2; }; done
-BUDGET_S=${BUDGET_S:-$(python -c "import json,sys; print(round(json.load(open(sys.argv[1]))['stages']['train']['seconds']))" "$RUN/pipeline.json")}
-read -r VOCAB AUX < <(python - "$OURS/config.json" <<'PY'
+BUDGET_S=${BUDGET_S:-$($PY -c "import json,sys; print(round(json.load(open(sys.argv[1]))['stages']['train']['seconds']))" "$RUN/pipeline.json")}
+read -r VOCAB AUX < <($PY - "$OURS/config.json" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1]))
 # speculators takes vLLM's convention (input of layer k = output of layer k-1), eaglekit stores outputs
@@ -37,33 +48,58 @@ mkdir -p "$WORK"
 echo "peer: speculators $($PEER_PY -c 'import importlib.metadata as m; print(m.version("speculators"))'), budget ${BUDGET_S}s, draft vocab $VOCAB, target layers (vLLM convention) $AUX, device $DEVICE" | tee "$WORK/peer.txt"
 
 # 1. the same tokens and loss masks eaglekit trained on, through the peer's own preparation
-say python "$HERE/speculators_data.py" tokens "$CONV" --target "$TARGET" --out "$WORK/tokens.jsonl"
-python "$HERE/speculators_data.py" tokens "$CONV" --target "$TARGET" --out "$WORK/tokens.jsonl"
+t0=$(date +%s)
+say $PY "$HERE/speculators_data.py" tokens "$CONV" --target "$TARGET" --out "$WORK/tokens.jsonl"
+$PY "$HERE/speculators_data.py" tokens "$CONV" --target "$TARGET" --out "$WORK/tokens.jsonl" | tee -a "$WORK/peer.txt"
 if [[ ! -f $WORK/data/token_freq.pt ]]; then
   say "$PEER_PY" -m speculators prepare-data --model "$TARGET" --data "$WORK/tokens.jsonl" --output "$WORK/data" ...
   "$PEER_PY" -m speculators prepare-data --model "$TARGET" --data "$WORK/tokens.jsonl" --output "$WORK/data" \
-    --seq-length 8192 --num-preprocessing-workers 1 --no-skip-token-freq --overwrite > "$WORK/prepare.log" 2>&1
+    --seq-length 8192 --num-preprocessing-workers "${PREP_WORKERS:-1}" --no-skip-token-freq --overwrite > "$WORK/prepare.log" 2>&1
 fi
 # 2. the target's hidden states in the peer's offline format (what vLLM's extraction would write)
-say python "$HERE/speculators_data.py" hidden "$WORK/data" --target "$TARGET" --device "$DEVICE"
-python "$HERE/speculators_data.py" hidden "$WORK/data" --target "$TARGET" --device "$DEVICE"
+say $PY "$HERE/speculators_data.py" hidden "$WORK/data" --target "$TARGET" --device "$DEVICE"
+$PY "$HERE/speculators_data.py" hidden "$WORK/data" --target "$TARGET" --device "$DEVICE" | tee -a "$WORK/peer.txt"
+echo "peer data (tokens, prepare-data, hidden states): $(secs "$t0")s, $(du -sh "$WORK/data" | cut -f1) on disk" | tee -a "$WORK/peer.txt"
 
 # 3. the peer trains with its own defaults for the budget (SIGTERM: it saves ckpt/interrupted itself).
 # Kept off its defaults, and why: norm_before_fc / norm_output (EAGLE 3.1 layout that eaglekit's
 # draft and SGLang cannot load: docs/peers.md); on a CPU, sdpa and the eager loss (flex attention and
 # the fused loss want a GPU); num-workers 0 (2 shared cores).
-ARGS=(train --verifier-name-or-path "$TARGET" --data-path "$WORK/data" --save-path "$WORK/ckpt"
-      --log-dir "$WORK/logs" --on-missing raise --draft-vocab-size "$VOCAB" --target-layer-ids $AUX
-      --no-norm-before-fc --no-norm-output --num-workers 0)
-[[ $DEVICE == cpu ]] && ARGS+=(--draft-attn-impl sdpa --loss-implementation eager)
+ARGS=(train --verifier-name-or-path "$TARGET" --data-path "$WORK/data"
+      --on-missing raise --draft-vocab-size "$VOCAB" --target-layer-ids $AUX
+      --no-norm-before-fc --no-norm-output)
+[[ $DEVICE == cpu ]] && ARGS+=(--draft-attn-impl sdpa --loss-implementation eager --num-workers 0)
 # shellcheck disable=SC2206
 ARGS+=(${PEER_ARGS:-})
 if [[ -z ${REUSE_CKPT:-} ]]; then
-rm -rf "$WORK/ckpt"
-say timeout -s TERM -k 300 "$BUDGET_S" "$PEER_PY" scripts/peer/cpu_shim.py "${ARGS[@]}"
+rm -rf "$WORK/ckpt" "$WORK/calibrate"
+STEPS=()
+if (( ${CALIBRATE:-60} > 0 )); then   # the peer's step time, from its own per-step log (profile/step_ms)
+  start=$(date +%s)
+  say "$PEER_PY" "$HERE/cpu_shim.py" "${ARGS[@]}" --max-steps "${CALIBRATE:-60}" ...
+  "$PEER_PY" "$HERE/cpu_shim.py" "${ARGS[@]}" --save-path "$WORK/calibrate/ckpt" --log-dir "$WORK/calibrate/logs" \
+    --max-steps "${CALIBRATE:-60}" > "$WORK/calibrate.log" 2>&1 || { echo "the peer's calibration run failed: see $WORK/calibrate.log" >&2; exit 1; }
+  wall=$(secs "$start")
+  read -r STEP_MS MAX_STEPS < <($PY - "$WORK/calibrate.log" "$wall" "$BUDGET_S" <<'PY'
+import re, statistics, sys
+text, wall, budget = open(sys.argv[1]).read(), float(sys.argv[2]), float(sys.argv[3])
+ms = [float(x) for x in re.findall(r"step_ms=([0-9.e+-]+)", text)]
+if len(ms) < 4:
+    sys.exit(f"the calibration log holds {len(ms)} step times (profile/step_ms): see {sys.argv[1]}")
+steady = statistics.median(ms[len(ms) // 2:])            # the second half: past warm-up and compiles
+startup = max(0.0, wall - sum(ms) / 1000)                 # loading, compiling, saving: paid again
+print(f"{steady:.1f} {max(1, int((budget - startup) * 1000 / steady))}")
+PY
+)
+  STEPS=(--max-steps "$MAX_STEPS")
+  echo "peer calibration: ${CALIBRATE:-60} steps in ${wall}s (not counted), steady ${STEP_MS} ms a step -> --max-steps $MAX_STEPS for ${BUDGET_S}s" | tee -a "$WORK/peer.txt"
+fi
+say timeout -s TERM -k 300 "$BUDGET_S" "$PEER_PY" scripts/peer/cpu_shim.py "${ARGS[@]}" "${STEPS[@]}"
 start=$(date +%s)
-timeout -s TERM -k 300 "$BUDGET_S" "$PEER_PY" "$HERE/cpu_shim.py" "${ARGS[@]}" > "$WORK/train.log" 2>&1 || echo "peer train exit $? (124: stopped at the budget)" | tee -a "$WORK/peer.txt"
-echo "peer train wall: $(( $(date +%s) - start ))s" | tee -a "$WORK/peer.txt"
+# the budget is a cap: a calibrated run ends at its steps; a run left over is stopped (SIGTERM: it saves)
+timeout -s TERM -k 300 "$(( BUDGET_S + ${BUDGET_SLACK_S:-30} ))" "$PEER_PY" "$HERE/cpu_shim.py" "${ARGS[@]}" "${STEPS[@]}" \
+  --save-path "$WORK/ckpt" --log-dir "$WORK/logs" > "$WORK/train.log" 2>&1 || echo "peer train exit $? (124: stopped at the budget)" | tee -a "$WORK/peer.txt"
+echo "peer train wall: $(secs "$start")s" | tee -a "$WORK/peer.txt"
 fi
 CKPT=$WORK/ckpt/interrupted
 [[ -f $CKPT/model.safetensors ]] || CKPT=$(ls -d "$WORK"/ckpt/[0-9]* | sort -V | tail -1)
@@ -71,9 +107,8 @@ CKPT=$WORK/ckpt/interrupted
 echo "peer checkpoint: $CKPT ($(cat "$CKPT/training_state.json" 2>/dev/null))" | tee -a "$WORK/peer.txt"
 
 # 4. import, then bench and probe both drafts the same way
-say eaglekit import "$CKPT" --target "$TARGET" --out "$WORK/imported" --overwrite
-eaglekit import "$CKPT" --target "$TARGET" --out "$WORK/imported" --overwrite
-say python "$HERE/compare.py" --target "$TARGET" --out "$WORK/compare" eaglekit="$OURS" speculators="$WORK/imported"
-# shellcheck disable=SC2086
-python "$HERE/compare.py" --target "$TARGET" --out "$WORK/compare" ${BENCH_ARGS:+--bench-args "$BENCH_ARGS"} \
-  eaglekit="$OURS" speculators="$WORK/imported"
+say $PY -m eaglekit import "$CKPT" --target "$TARGET" --out "$WORK/imported" --overwrite
+$PY -m eaglekit import "$CKPT" --target "$TARGET" --out "$WORK/imported" --overwrite
+say $PY "$HERE/compare.py" --target "$TARGET" --out "$WORK/compare" eaglekit="$OURS" speculators="$WORK/imported"
+$PY "$HERE/compare.py" --target "$TARGET" --out "$WORK/compare" ${BENCH_ARGS:+--bench-args "$BENCH_ARGS"} \
+  ${PROBE_ARGS:+--probe-args "$PROBE_ARGS"} eaglekit="$OURS" speculators="$WORK/imported"

@@ -74,8 +74,13 @@ def parse_ids(text: str) -> list[int]:
 
 
 @torch.no_grad()
-def write_hidden(data: Path, target_spec: str, *, aux_layer_ids: list[int] | None, device: str, dtype: str) -> int:
-    """Capture aux + last-layer states for every prepared row; return the number written."""
+def write_hidden(data: Path, target_spec: str, *, aux_layer_ids: list[int] | None, device: str, dtype: str,
+                 batch_tokens: int) -> int:
+    """Capture aux + last-layer states for every prepared row; return the number written.
+
+    Rows of similar length go through the target together (sorted by length, right-padded: causal
+    attention keeps the padding from every real token), at most `batch_tokens` padded tokens a batch:
+    one row at a time, a small target's forward is all launch overhead."""
     from eaglekit.targets.capture import capture_aux_states
     from eaglekit.targets.info import check_aux_layer_ids, default_aux_layer_ids
     from eaglekit.targets.load import load_target
@@ -88,19 +93,28 @@ def write_hidden(data: Path, target_spec: str, *, aux_layer_ids: list[int] | Non
     out = data / "hidden_states"
     out.mkdir(parents=True, exist_ok=True)
     rows = read_prepared(data)
+    todo = sorted((i for i in range(len(rows)) if not (out / f"hs_{i}.safetensors").is_file()),   # resumable
+                  key=lambda i: len(rows[i]))
     start = time.perf_counter()
-    for i, ids in enumerate(rows):
-        path = out / f"hs_{i}.safetensors"
-        if path.is_file():   # resumable, like the peer's own generator
-            continue
-        input_ids = torch.tensor([ids], dtype=torch.long, device=target.device)       # [1, T]
-        states = capture_aux_states(target.model, input_ids, captured, return_logits=False)
-        stacked = states.aux_hidden[0].view(len(ids), len(captured), hidden)        # [T, 4, H]
-        save_file({"hidden_states": stacked.to(torch.bfloat16).cpu().contiguous(),
-                   "token_ids": input_ids[0].cpu()}, str(path))
+    while todo:
+        longest = len(rows[todo[-1]])
+        batch = todo[-max(1, batch_tokens // longest):]      # the longest rows left, padded to the longest
+        todo = todo[:-len(batch)]
+        input_ids = torch.zeros(len(batch), longest, dtype=torch.long)                # [B, T], right-padded
+        mask = torch.zeros(len(batch), longest, dtype=torch.long)
+        for r, i in enumerate(batch):
+            input_ids[r, :len(rows[i])] = torch.tensor(rows[i])
+            mask[r, :len(rows[i])] = 1
+        states = capture_aux_states(target.model, input_ids.to(target.device), captured,
+                                    attention_mask=mask.to(target.device), return_logits=False)
+        stacked = states.aux_hidden.view(len(batch), longest, len(captured), hidden).to(torch.bfloat16).cpu()
+        for r, i in enumerate(batch):                                                 # [T_i, 4, H] each
+            n = len(rows[i])
+            save_file({"hidden_states": stacked[r, :n].contiguous(), "token_ids": input_ids[r, :n].clone()},
+                      str(out / f"hs_{i}.safetensors"))
     took = time.perf_counter() - start
-    print(f"hidden: {len(rows)} rows, layers {captured} (eaglekit convention: output of layer i) "
-          f"-> {out} in {took:.1f}s")
+    print(f"hidden: {len(rows)} rows, {sum(map(len, rows))} tokens, layers {captured} (eaglekit convention: "
+          f"output of layer i) -> {out} in {took:.1f}s")
     return len(rows)
 
 
@@ -119,13 +133,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="eaglekit convention (output of layer i); default the target's EAGLE-3 layers")
     h.add_argument("--device", default="cpu")
     h.add_argument("--dtype", default="auto")
+    h.add_argument("--batch-tokens", type=int, default=32768, help="padded tokens per target forward")
     args = p.parse_args(argv)
     try:
         if args.cmd == "tokens":
             write_tokens(args.conversations, args.target, args.out, args.max_length)
         else:
             write_hidden(args.data, args.target, aux_layer_ids=args.aux_layer_ids, device=args.device,
-                         dtype=args.dtype)
+                         dtype=args.dtype, batch_tokens=args.batch_tokens)
     except EaglekitError as err:
         print(f"error: {err.message}\n  hint: {err.hint}", file=sys.stderr)
         return 2
