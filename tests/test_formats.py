@@ -15,7 +15,8 @@ from eaglekit.draft.checkpoint import load_draft, save_draft
 from eaglekit.errors import EaglekitError
 from eaglekit.formats import export_draft, import_draft, interpret, read_folder
 from eaglekit.formats.export import verify_export
-from eaglekit.formats.names import NATIVE_TENSORS, to_format
+from eaglekit.formats.names import NATIVE_TENSORS
+from eaglekit.formats.registry import FORMATS
 
 N = 8  # tiny target layers
 
@@ -41,6 +42,14 @@ def test_native_names_table_matches_the_model(native_ckpt):
     assert set(NATIVE_TENSORS) == set(draft.draft_state_dict())
 
 
+def test_each_format_converts_aux_ids_at_its_edge():
+    ids = [1, 14, 26]
+    assert FORMATS["sglang"].engine_ids(ids) == [1, 14, 26]    # nested ids: output of layer k
+    assert FORMATS["vllm"].engine_ids(ids) == [2, 15, 27]      # top-level ids: input of layer k
+    for fmt in FORMATS.values():
+        assert fmt.eaglekit_ids(fmt.engine_ids(ids)) == ids
+
+
 @pytest.mark.parametrize("fmt", ["sglang", "vllm", "eagle"])
 def test_export_import_round_trip_is_bit_identical(fmt, native_ckpt, tiny_target_dir, tmp_path):
     manifest = export_draft(native_ckpt, fmt, tmp_path / "exp", target=str(tiny_target_dir))
@@ -53,7 +62,7 @@ def test_export_import_round_trip_is_bit_identical(fmt, native_ckpt, tiny_target
 
     import_draft(tmp_path / "exp", tmp_path / "back")
     back = load_file(str(tmp_path / "back" / "model.safetensors"))
-    renamed = to_format(back, fmt, same_vocab=False)
+    renamed = FORMATS[fmt].to_format(back, same_vocab=False)
     assert set(renamed) == set(exported)
     for name, tensor in exported.items():
         assert renamed[name].dtype == tensor.dtype and torch.equal(renamed[name], tensor), name

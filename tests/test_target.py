@@ -9,7 +9,6 @@ import torch
 from eaglekit.cli import main
 from eaglekit.errors import EaglekitError
 from eaglekit.targets import default_aux_layer_ids, load_target, target_info
-from eaglekit.targets.info import from_engine_convention, to_engine_convention
 from eaglekit.targets.prepare import prepare_target
 
 
@@ -18,14 +17,6 @@ def test_default_aux_ids_follow_eagle3():
     assert default_aux_layer_ids(32) == [1, 15, 28]
     with pytest.raises(EaglekitError, match="no distinct default"):
         default_aux_layer_ids(4)
-
-
-def test_engine_conventions_round_trip():
-    ids = [1, 14, 26]
-    assert to_engine_convention(ids, "sglang") == [1, 14, 26]
-    assert to_engine_convention(ids, "vllm") == [2, 15, 27]
-    for engine in ("sglang", "vllm", "eagle", "trtllm"):
-        assert from_engine_convention(to_engine_convention(ids, engine), engine) == ids
 
 
 def test_info_of_tiny_target(tiny_target_dir):

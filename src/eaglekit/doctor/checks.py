@@ -12,11 +12,12 @@ from typing import Callable
 
 import torch
 
-from eaglekit.doctor.engines import EngineReading
 from eaglekit.draft.vocab import d2t_problems
+from eaglekit.formats.base import EngineReading
 from eaglekit.formats.detect import Interpretation, rope_parameters
 from eaglekit.formats.facts import TargetFacts
 from eaglekit.formats.names import NATIVE_LAYER, NATIVE_TENSORS, native_name
+from eaglekit.formats.registry import FORMATS, aux_configurable
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 
@@ -235,8 +236,6 @@ def check_rope(ctx: Context) -> Check:
 
 
 def check_aux_layer_ids(ctx: Context) -> Check:
-    from eaglekit.targets.info import to_engine_convention
-
     r, meant = ctx.reading, list(ctx.interp.config.aux_layer_ids)
     N = ctx.facts.num_layers
     if r.aux_layer_ids is None:
@@ -253,9 +252,9 @@ def check_aux_layer_ids(ctx: Context) -> Check:
     if out_of_range:
         return Check("aux_layer_ids", FAIL, f"aux layers {out_of_range} do not exist in a {N}-layer target",
                      "the draft was made for another target")
-    write = {"vllm": f"top-level eagle_aux_hidden_state_layer_ids = {to_engine_convention(meant, 'vllm')}",
-             "sglang": f"eagle_config.eagle_aux_hidden_state_layer_ids = {to_engine_convention(meant, 'sglang')}",
-             "eagle": "nothing: EAGLE's layers are hard-coded; retrain on them or serve in SGLang/vLLM"}[ctx.engine]
+    fmt = FORMATS[ctx.engine]
+    write = (f"{fmt.aux_field} = {fmt.engine_ids(meant)}" if fmt.aux_field else
+             f"nothing: {fmt.title}'s layers are hard-coded; retrain on them or serve in {aux_configurable()}")
     if sorted(meant) == list(r.aux_layer_ids) and meant != list(r.aux_layer_ids):
         return Check("aux_layer_ids", FAIL, f"the draft was trained on aux layers in the order {meant}, but "
                      f"{ctx.engine} concatenates them in layer order {r.aux_layer_ids}: fc reads them permuted",

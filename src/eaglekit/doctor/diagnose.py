@@ -18,7 +18,7 @@ from eaglekit.doctor.checks import Context
 from eaglekit.doctor.probe import ProbeResult, ProbeSetup, TargetRun, probe, with_aux
 from eaglekit.draft.vocab import d2t_problems
 from eaglekit.formats.names import EMBED
-from eaglekit.targets.info import to_engine_convention
+from eaglekit.formats.registry import FORMATS, aux_configurable
 
 # A corrected setup must reach this tau and gain this much over the engine's reading to count.
 MIN_TAU = 1.10
@@ -59,12 +59,10 @@ def _shift(delta: int):
 
 
 def _aux_fix(setup: ProbeSetup, ctx: Context) -> str:
-    ids = list(setup.config.aux_layer_ids)
-    if ctx.engine == "vllm":
-        return f"write top-level eagle_aux_hidden_state_layer_ids = {to_engine_convention(ids, 'vllm')}"
-    if ctx.engine == "sglang":
-        return f"write eagle_config.eagle_aux_hidden_state_layer_ids = {to_engine_convention(ids, 'sglang')}"
-    return f"EAGLE cannot capture layers {ids}: serve in SGLang/vLLM with those ids"
+    ids, fmt = list(setup.config.aux_layer_ids), FORMATS[ctx.engine]
+    if fmt.aux_field:
+        return f"write {fmt.aux_field} = {fmt.engine_ids(ids)}"
+    return f"{fmt.title} cannot capture layers {ids}: serve in {aux_configurable()} with those ids"
 
 
 def _trained_ids(setup: ProbeSetup, ctx: Context):

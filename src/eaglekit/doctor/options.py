@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eaglekit.errors import EaglekitError
-from eaglekit.formats.names import FORMATS
+from eaglekit.formats.registry import FORMATS
 from eaglekit.options import json_option, option
 from eaglekit.targets.options import target_option
 
-ENGINES = tuple(FORMATS)   # an engine per export format
+ENGINES = tuple(FORMATS)   # an engine per format (formats/registry.py)
 DTYPES = ("bfloat16", "float32", "float16", "bf16", "fp32", "fp16")
 GROUPS = {"main": None}
 

@@ -9,17 +9,17 @@ from pathlib import Path
 
 from eaglekit.artifacts import refuse_unfinished
 from eaglekit.doctor.checks import FAIL, PASS, WARN, Check, Context, run_checks
-from eaglekit.doctor.engines import ENGINES, read_as
 from eaglekit.doctor.options import DoctorOptions
 from eaglekit.errors import EaglekitError
 from eaglekit.formats.detect import interpret
 from eaglekit.formats.facts import target_facts
 from eaglekit.formats.folder import read_folder
+from eaglekit.formats.registry import FORMATS
 from eaglekit.metrics import cumulative_acceptance
 
 log = logging.getLogger(__name__)
 
-NATURAL_ENGINE = {"vllm": "vllm", "eagle": "eagle", "sglang": "sglang", "native": "sglang"}
+NATIVE_ENGINE = "sglang"   # the native checkpoint has SGLang's names and config
 BUILTIN_PROMPTS = (
     "What is the capital of France? Answer in one sentence.",
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -154,10 +154,10 @@ def run_doctor(draft: str | Path, target: str = DoctorOptions.target, *, engine:
     unfinished = refuse_unfinished(folder.unfinished, draft, allow_unfinished=allow_unfinished)
     facts = target_facts(target)
     interp = interpret(folder, target_num_layers=facts.num_layers)
-    engine = engine or NATURAL_ENGINE.get(interp.format, "sglang")
-    if engine not in ENGINES:
-        raise EaglekitError(f"unknown engine {engine!r}", hint=f"use one of {', '.join(ENGINES)}")
-    reading = read_as(engine, interp, target_vocab=facts.vocab_size, target_layers=facts.num_layers)
+    engine = engine or (interp.format if interp.format in FORMATS else NATIVE_ENGINE)
+    if engine not in FORMATS:
+        raise EaglekitError(f"unknown engine {engine!r}", hint=f"use one of {', '.join(FORMATS)}")
+    reading = FORMATS[engine].read(interp, target_vocab=facts.vocab_size, target_layers=facts.num_layers)
 
     @lru_cache(maxsize=1)
     def loaded():

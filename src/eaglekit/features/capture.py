@@ -236,7 +236,7 @@ def capture_conversations(args, target, *, config: dict | None = None,
     `shard_capture_for(aux_layer_ids, samples)` gives the backend's shard function (None: the HF
     target in this process); `config`: the backend's own settings for the manifest."""
     from eaglekit.features.conversations import read_conversations, tokenize_conversations
-    from eaglekit.targets.info import check_aux_layer_ids, default_aux_layer_ids
+    from eaglekit.targets.aux import check_aux_layer_ids, default_aux_layer_ids
 
     layers = target.config.num_hidden_layers
     aux = check_aux_layer_ids(args.aux_layer_ids or default_aux_layer_ids(layers), layers)

@@ -31,7 +31,7 @@ from eaglekit.errors import EaglekitError
 from eaglekit.features.conversations import Sample
 from eaglekit.features.options import FeaturesOptions
 from eaglekit.features.teacher import topk_from_logits
-from eaglekit.targets.info import to_engine_convention
+from eaglekit.formats.vllm import VLLM
 
 log = logging.getLogger(__name__)
 WORKER_EXTENSION = "eaglekit.features.vllm_capture.AuxStateWorker"
@@ -168,7 +168,7 @@ class VllmCapture:
         log.info("starting vLLM for capture: %s", args)
         self.llm = vllm.LLM(**args)
         errors = [e for e in self.llm.collective_rpc("eaglekit_start", args=(
-            to_engine_convention(aux_layer_ids, "vllm"), topk)) if e]
+            VLLM.engine_ids(aux_layer_ids), topk)) if e]
         if errors:
             raise EaglekitError(errors[0], hint="capture this target with --backend hf (transformers hooks)")
         self._tmp = tempfile.mkdtemp(prefix="eaglekit-vllm-capture-")

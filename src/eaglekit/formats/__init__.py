@@ -1,6 +1,6 @@
-"""Draft formats: SGLang, vLLM (speculators) and EAGLE. One rename table, export and import.
+"""Draft formats: SGLang, vLLM (speculators) and EAGLE, one module each in one registry; export and import.
 
-The names load on first use (`eaglekit.lazy`): the export options read `formats.names` alone.
+The names load on first use (`eaglekit.lazy`): the options read `formats.registry` alone, without torch.
 """
 
 from eaglekit.lazy import lazy_exports
@@ -10,7 +10,7 @@ _HOMES = {
     "export_draft": "export",
     "DraftFolder": "folder", "read_folder": "folder",
     "import_draft": "importer",
-    "FORMATS": "names",
+    "FORMATS": "registry",
 }
 __all__ = sorted(_HOMES)
 __getattr__ = lazy_exports(__name__, _HOMES)

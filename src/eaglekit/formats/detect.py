@@ -1,19 +1,21 @@
 """Recognise a draft folder's format and read it as its producer meant it.
 
-Formats: `native` (eaglekit), `sglang` (flat config with `eagle_config`: SGLang, SpecForge, ModelOpt),
-`eagle` (EAGLE's traineagle3: flat `LlamaForCausalLM` config, no layer ids) and `vllm` (the
-`speculators` layout). Aux layer ids come back in eaglekit's convention, converted from the
-convention of the field they were found in (docs/serving-formats.md §1):
+Formats: `native` (eaglekit's checkpoint) and every format of the registry (`registry.py`: SGLang's,
+also SpecForge's and ModelOpt's; vLLM's speculators layout; EAGLE's traineagle3). Aux layer ids come
+back in eaglekit's convention, converted from the convention of the field they were found in
+(docs/serving-formats.md §1):
 
 - an `eaglekit` block: eaglekit's own convention, authoritative;
-- nested `eagle_config.eagle_aux_hidden_state_layer_ids`: SpecForge / ModelOpt / SGLang, output of layer k;
-- top-level `eagle_aux_hidden_state_layer_ids`: vLLM / speculators, input of layer k (= output of k-1);
+- a format's aux id field, read in that format's convention: the folder's own format's field
+  first, else the first in registry order (SGLang's nested `eagle_config` ids: output of layer k;
+  vLLM's top-level ids: input of layer k = output of k-1);
 - none: the engines' common default, outputs of layers 1, N//2-1, N-4.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import combinations
 
 import torch
 
@@ -21,45 +23,29 @@ from eaglekit.draft.config import DraftConfig
 from eaglekit.errors import EaglekitError
 from eaglekit.formats.folder import DraftFolder
 from eaglekit.formats.names import EMBED, NATIVE_TENSORS, layer_style, native_name
-from eaglekit.targets.info import default_aux_layer_ids, from_engine_convention
+from eaglekit.formats.registry import FORMATS
+from eaglekit.targets.aux import default_aux_layer_ids
 
-FORMAT_LABELS = {
-    "native": "eaglekit native checkpoint",
-    "sglang": "SGLang / SpecForge / ModelOpt (flat config, nested eagle_config)",
-    "eagle": "EAGLE traineagle3 (flat LlamaForCausalLM config, no layer ids)",
-    "vllm": "speculators (vLLM's native format)",
-}
-SPECULATORS_FIELDS = ("draft_vocab_size", "target_hidden_size", "norm_before_residual", "norm_before_fc",
-                      "fc_norm", "norm_output", "eagle_aux_hidden_state_layer_ids")
+NATIVE_LABEL = "eaglekit native checkpoint"
+FORMAT_LABELS = {"native": NATIVE_LABEL, **{f.name: f.label for f in FORMATS.values()}}
+DEFAULT_IDS = "engine defaults (no ids in the config)"
 
 
 def detect_format(config: dict) -> str:
-    """Which format a config.json is written in."""
-    if "speculators_model_type" in config or "speculators_config" in config:  # vLLM keys on the latter
-        if config.get("speculators_model_type", "eagle3") != "eagle3":
-            raise EaglekitError(f"speculators model type {config['speculators_model_type']!r} is not EAGLE-3",
-                                hint="eaglekit reads eagle3 speculators only")
-        return "vllm"
+    """Which format a config.json is written in: a layout that names its format, then the eaglekit
+    block eaglekit writes into every config, then each format's own marks in registry order."""
+    for fmt in FORMATS.values():
+        if fmt.by_layout and fmt.recognises(config):
+            return fmt.name
     block = config.get("eaglekit")
     if isinstance(block, dict):
         return block.get("format", "native")
-    archs = config.get("architectures") or []
-    if "eagle_config" in config or any("Eagle3" in a for a in archs):
-        return "sglang"
-    return "eagle"
+    return next(fmt.name for fmt in FORMATS.values() if fmt.recognises(config))
 
 
 def flat_config(config: dict, fmt: str) -> dict:
     """The flat Llama-style config of the draft (for speculators: its layer config + EAGLE-3 fields)."""
-    if fmt != "vllm":
-        return dict(config)
-    layer = config.get("transformer_layer_config")
-    if not isinstance(layer, dict):
-        raise EaglekitError("speculators config has no transformer_layer_config object",
-                            hint="the config is incomplete; vLLM refuses it too")
-    flat = dict(layer)
-    flat.update({k: config[k] for k in SPECULATORS_FIELDS if k in config})
-    return flat
+    return FORMATS[fmt].flat_config(config) if fmt in FORMATS else dict(config)
 
 
 def rope_parameters(flat: dict) -> dict:
@@ -77,20 +63,17 @@ def rope_parameters(flat: dict) -> dict:
 
 def declared_aux_ids(flat: dict, fmt: str, num_layers: int | None) -> tuple[list[int], str, list[str]]:
     """Aux ids (eaglekit convention) the config's own fields declare, where from, and conflicts."""
-    top = flat.get("eagle_aux_hidden_state_layer_ids")
-    nested = (flat.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    conflicts = []
-    if top and nested and list(top) != [i + 1 for i in nested]:
-        conflicts.append(f"top-level ids {list(top)} (vLLM convention) and nested ids {list(nested)} "
-                         "(SGLang convention) name different layers")
-    if nested and (fmt != "vllm" or not top):
-        return from_engine_convention(list(nested), "sglang"), "nested eagle_config ids (output of layer k)", conflicts
-    if top:
-        return from_engine_convention(list(top), "vllm"), "top-level ids (vLLM convention: input of layer k)", conflicts
+    found = [(f, list(ids)) for f in FORMATS.values() if (ids := f.aux_field_ids(flat))]
+    conflicts = [f"{b.aux_ids_name} {b_ids} ({b.title} convention) and {a.aux_ids_name} {a_ids} "
+                 f"({a.title} convention) name different layers"
+                 for (a, a_ids), (b, b_ids) in combinations(found, 2) if a.eaglekit_ids(a_ids) != b.eaglekit_ids(b_ids)]
+    if found:
+        own, ids = next(((f, ids) for f, ids in found if f.name == fmt), found[0])
+        return own.eaglekit_ids(ids), own.aux_source, conflicts
     if num_layers is None:
         raise EaglekitError("the draft's config names no aux layers and the target's layer count is unknown",
                             hint="pass --target so the engines' default layers can be worked out")
-    return default_aux_layer_ids(num_layers), "engine defaults (no ids in the config)", conflicts
+    return default_aux_layer_ids(num_layers), DEFAULT_IDS, conflicts
 
 
 @dataclass
@@ -149,7 +132,7 @@ def interpret(folder: DraftFolder, *, target_num_layers: int | None = None) -> I
 
     ids, source, conflicts = declared_aux_ids(flat, fmt, num_layers)
     if "aux_layer_ids" in block:
-        if list(block["aux_layer_ids"]) != ids and source != "engine defaults (no ids in the config)":
+        if list(block["aux_layer_ids"]) != ids and source != DEFAULT_IDS:
             conflicts.append(f"the eaglekit block says aux layers {block['aux_layer_ids']}, the {source} say {ids}")
         ids, source = list(block["aux_layer_ids"]), "eaglekit block (output of layer k)"
 

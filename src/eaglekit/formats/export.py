@@ -18,14 +18,12 @@ from eaglekit.artifacts import atomic_dir, atomic_path, refuse_unfinished, sha25
 from eaglekit.draft.checkpoint import CONFIG, WEIGHTS, check_finite
 from eaglekit.draft.config import DraftConfig
 from eaglekit.errors import EaglekitError
-from eaglekit.formats.configs import eagle_config, sglang_config, vllm_config
 from eaglekit.formats.detect import interpret
-from eaglekit.formats.facts import TargetFacts, target_facts
+from eaglekit.formats.facts import target_facts
 from eaglekit.formats.folder import read_folder
 from eaglekit.formats.importer import native_tensors, read_strict, stamp_target
-from eaglekit.formats.names import check_format, to_format
 from eaglekit.formats.options import ExportOptions
-from eaglekit.targets.info import to_engine_convention
+from eaglekit.formats.registry import check_format
 from eaglekit.targets.load import DTYPES
 
 log = logging.getLogger(__name__)
@@ -34,17 +32,6 @@ log = logging.getLogger(__name__)
 def cast(tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Floats to `dtype`; d2t stays int64 offsets and t2d stays bool."""
     return {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in tensors.items()}
-
-
-def format_config(cfg: DraftConfig, fmt: str, facts: TargetFacts | None, speculative_tokens: int,
-                  extra: dict) -> dict:
-    if fmt == "sglang":
-        return sglang_config(cfg, extra)
-    if fmt == "eagle":
-        return eagle_config(cfg, extra)
-    return vllm_config(cfg, verifier=facts.path if facts else None,
-                       verifier_architectures=[facts.architecture] if facts else [],
-                       speculative_tokens=speculative_tokens, extra=extra)
 
 
 def verify_export(folder: Path, fmt: str, expected: dict[str, torch.Tensor], cfg: DraftConfig) -> None:
@@ -92,7 +79,7 @@ def export_draft(ckpt: str | Path, fmt: str, out: str | Path, *, target: str | N
     Returns:
         The manifest written to `out/manifest.json`.
     """
-    check_format(fmt)
+    form = check_format(fmt)
     if dtype not in DTYPES:
         raise EaglekitError(f"unknown dtype {dtype!r}", hint=f"use one of {sorted(DTYPES)}")
     facts = target_facts(target) if target else None
@@ -111,9 +98,10 @@ def export_draft(ckpt: str | Path, fmt: str, out: str | Path, *, target: str | N
     except EaglekitError as err:
         raise EaglekitError(f"{err.message} once cast to {dtype}: its values overflow {dtype}",
                             hint="export in bfloat16 or float32 (--dtype bfloat16)") from None
-    tensors = to_format(casted, fmt, same_vocab=cfg.draft_vocab_size == cfg.vocab_size)
+    tensors = form.to_format(casted, same_vocab=cfg.draft_vocab_size == cfg.vocab_size)
     marks = {"unfinished": unfinished} if unfinished else {}  # travels with the config to any engine's folder
-    config = format_config(cfg, fmt, facts, speculative_tokens, extra={"target": fingerprint, **marks})
+    config = form.write_config(cfg, facts=facts, speculative_tokens=speculative_tokens,
+                               extra={"target": fingerprint, **marks})
 
     with atomic_dir(out, overwrite=overwrite, stage="export") as tmp:
         with atomic_path(tmp / WEIGHTS) as path:
@@ -129,7 +117,7 @@ def export_draft(ckpt: str | Path, fmt: str, out: str | Path, *, target: str | N
             counts={"tensors": len(tensors), "parameters": sum(t.numel() for t in tensors.values()
                                                                 if t.is_floating_point())},
             extra={"aux_layer_ids": {"eaglekit": list(cfg.aux_layer_ids),
-                                     "written": to_engine_convention(cfg.aux_layer_ids, fmt)},
+                                     "written": form.engine_ids(cfg.aux_layer_ids)},
                    "source_manifest": source_manifest or None, "unfinished_draft": unfinished},
         )
     log.info("exported %s -> %s (%s, %s)", ckpt, out, fmt, dtype)

@@ -23,7 +23,7 @@ from eaglekit.formats.detect import Interpretation, interpret
 from eaglekit.formats.facts import TargetFacts, target_facts
 from eaglekit.formats.folder import DraftFolder, read_folder
 from eaglekit.formats.names import NATIVE_TENSORS, VOCAB_MAPS
-from eaglekit.targets.info import check_aux_layer_ids
+from eaglekit.targets.aux import check_aux_layer_ids
 
 log = logging.getLogger(__name__)
 

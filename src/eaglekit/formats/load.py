@@ -57,7 +57,7 @@ def random_draft_for(model, device: str):
     """A randomly initialized draft for an HF target model: real draft cost, no acceptance."""
     from eaglekit.draft import DraftConfig, Eagle3Draft
     from eaglekit.draft.config import DRAFT_VOCAB_SIZE
-    from eaglekit.targets.info import default_aux_layer_ids
+    from eaglekit.targets.aux import default_aux_layer_ids
     from eaglekit.targets.load import text_config
 
     cfg = text_config(model.config)

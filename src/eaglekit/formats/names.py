@@ -1,28 +1,14 @@
-"""The one rename table between eaglekit's native tensor names and every format's names.
+"""eaglekit's native tensor names, and every name a draft checkpoint writes them under.
 
 Native names are SGLang's (docs/contracts.md): `fc.weight`, `midlayer.*`, `norm.weight`,
-`lm_head.weight`, `d2t`, `t2d`. The only rename any format needs is the decoder layer's prefix:
-SGLang, EAGLE and SpecForge write `midlayer.*`; vLLM's speculators format and ModelOpt (since
-2026-03) write `layers.0.*` (docs/serving-formats.md §2).
+`lm_head.weight`, `d2t`, `t2d`. The only rename any format needs is the decoder layer's prefix
+(each format's `layer_prefix`): SGLang, EAGLE and SpecForge write `midlayer.*`; vLLM's speculators
+format and ModelOpt (since 2026-03) write `layers.0.*` (docs/serving-formats.md §2). No torch here.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:   # annotations only: the export options read this module, and --help stays without torch
-    import torch
-
 NATIVE_LAYER = "midlayer."
-
-# format -> (the layer prefix it writes, whether d2t/t2d are written when draft vocab == target vocab)
-# EAGLE deletes its d2t/t2d buffers and vLLM has no draft_id_to_target_id parameter when the
-# vocabularies are equal (vLLM then refuses a `d2t` tensor), so those formats leave them out.
-FORMATS: dict[str, tuple[str, bool]] = {
-    "sglang": ("midlayer.", True),
-    "vllm": ("layers.0.", False),
-    "eagle": ("midlayer.", True),
-}
 # Names third-party checkpoints use for the decoder layer, tried in this order when importing.
 LAYER_ALIASES = ("midlayer.", "layers.0.")
 # A `model.` prefix: SGLang tolerates it, vLLM and TRT-LLM prepend their own and break.
@@ -39,25 +25,6 @@ NATIVE_TENSORS = (
     "norm.weight", "lm_head.weight", "d2t", "t2d",
 )
 EMBED = "embed_tokens.weight"  # the target's; some formats ship a copy
-
-
-def check_format(fmt: str) -> str:
-    from eaglekit.errors import EaglekitError
-
-    if fmt not in FORMATS:
-        raise EaglekitError(f"unknown format {fmt!r}", hint=f"use one of {', '.join(FORMATS)}")
-    return fmt
-
-
-def to_format(native: dict[str, torch.Tensor], fmt: str, *, same_vocab: bool) -> dict[str, torch.Tensor]:
-    """Rename native tensors to a format's names (and drop the vocab maps where the format has none)."""
-    layer, keep_maps = FORMATS[check_format(fmt)]
-    out = {}
-    for name, tensor in native.items():
-        if name in VOCAB_MAPS and same_vocab and not keep_maps:
-            continue
-        out[layer + name[len(NATIVE_LAYER):] if name.startswith(NATIVE_LAYER) else name] = tensor
-    return out
 
 
 def native_name(name: str) -> tuple[str, str | None]:

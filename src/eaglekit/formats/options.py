@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eaglekit.formats.names import FORMATS
+from eaglekit.formats.registry import FORMATS
 from eaglekit.options import int_tuple, option
 
 GROUPS = {"main": None}

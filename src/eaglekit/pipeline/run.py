@@ -59,7 +59,7 @@ from eaglekit.artifacts import (
 from eaglekit.data.options import LOCAL_BACKENDS, GenerateOptions
 from eaglekit.engine.spec import SpecConfig
 from eaglekit.errors import EaglekitError
-from eaglekit.formats.names import FORMATS
+from eaglekit.formats.registry import FORMATS
 from eaglekit.pipeline.recipe import to_flags
 from eaglekit.pipeline.scaling import StepsNotKnownYet, run_scaling, scaling_plan, scaling_summary
 from eaglekit.progress import StageTime, TimeLeft, duration, run_after, run_outlook, stage_and_after

@@ -8,7 +8,7 @@ from eaglekit.lazy import lazy_exports
 
 _HOMES = {
     "capture_aux_states": "capture", "decoder_layers": "capture",
-    "TargetInfo": "info", "default_aux_layer_ids": "info", "target_info": "info",
+    "TargetInfo": "info", "target_info": "info", "default_aux_layer_ids": "aux",
     "Target": "load", "load_target": "load",
     "TargetSource": "source", "resolve_target": "source",
 }

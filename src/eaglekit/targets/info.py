@@ -1,7 +1,8 @@
 """What a user needs to know about a target before training a draft for it.
 
 `target_info` reads only the config and tokenizer (no weights), so it is fast even for large
-targets. Aux layer ids are reported in every convention the engines use (docs/contracts.md).
+targets. Aux layer ids are reported in eaglekit's convention (`targets/aux.py`) and as SGLang's and
+vLLM's configs write them (docs/contracts.md).
 """
 
 from __future__ import annotations
@@ -9,54 +10,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from eaglekit.errors import EaglekitError
+from eaglekit.targets.aux import check_aux_layer_ids, default_aux_layer_ids  # noqa: F401 (check_...: scripts import it here)
 from eaglekit.targets.load import generation_eos_ids, load_tokenizer, target_fingerprint, text_config
 from eaglekit.targets.source import TargetSource, resolve_target
-
-
-def default_aux_layer_ids(num_layers: int) -> list[int]:
-    """EAGLE-3's low/mid/high layers as outputs of 0-based layers: [1, N//2-1, N-4]."""
-    ids = [1, num_layers // 2 - 1, num_layers - 4]
-    if len(set(ids)) != 3 or min(ids) < 0:
-        raise EaglekitError(
-            f"a target with {num_layers} layers has no distinct default aux layers ({ids})",
-            hint="pass aux_layer_ids explicitly, e.g. --aux-layer-ids 0,1,2",
-        )
-    return ids
-
-
-def check_aux_layer_ids(aux_layer_ids: list[int], num_layers: int) -> list[int]:
-    """Validate ids in eaglekit's convention (output of 0-based layer i)."""
-    ids = [int(i) for i in aux_layer_ids]
-    bad = [i for i in ids if not 0 <= i < num_layers]
-    if bad:
-        raise EaglekitError(
-            f"aux layer ids {bad} are outside the target's layers (expected 0..{num_layers - 1}, "
-            f"the output of 0-based decoder layer i)", hint=f"the default is {default_aux_layer_ids(num_layers)}")
-    if len(set(ids)) != len(ids):
-        raise EaglekitError(f"aux layer ids {ids} repeat a layer", hint="give distinct layers")
-    return ids
-
-
-def to_engine_convention(aux_layer_ids: list[int], engine: str) -> list[int]:
-    """Convert internal ids (output of layer i) to the ids an engine's config expects.
-
-    sglang: nested `eagle_config.eagle_aux_hidden_state_layer_ids`, SGLang adds +1 itself.
-    vllm / eagle / speculators: id k means "input of layer k" = output of layer k-1, so +1.
-    trtllm: `eagle3_layers_to_capture`, output of layer k, unchanged.
-    """
-    if engine in ("sglang", "trtllm"):
-        return list(aux_layer_ids)
-    if engine in ("vllm", "eagle", "speculators"):
-        return [i + 1 for i in aux_layer_ids]
-    raise EaglekitError(f"unknown engine {engine!r}", hint="use sglang, vllm, eagle or trtllm")
-
-
-def from_engine_convention(ids: list[int], engine: str) -> list[int]:
-    if engine in ("sglang", "trtllm"):
-        return list(ids)
-    if engine in ("vllm", "eagle", "speculators"):
-        return [i - 1 for i in ids]
-    raise EaglekitError(f"unknown engine {engine!r}", hint="use sglang, vllm, eagle or trtllm")
 
 
 @dataclass
@@ -127,8 +83,8 @@ def target_info(spec: str | TargetSource, *, tokenizer=None, config=None) -> Tar
         has_chat_template=bool(getattr(tokenizer, "chat_template", None)),
         eos_token=tokenizer.eos_token,
         aux_layer_ids=ids,
-        aux_layer_ids_sglang=to_engine_convention(ids, "sglang"),
-        aux_layer_ids_vllm=to_engine_convention(ids, "vllm"),
+        aux_layer_ids_sglang=list(ids),                # formats/sglang.py: the same numbers
+        aux_layer_ids_vllm=[i + 1 for i in ids],       # formats/vllm.py: input of layer k = output of k-1
         aux_layer_convention="output of 0-based decoder layer i (pre final norm)",
         config_hash=fp["config_hash"],
         tokenizer_hash=fp["tokenizer_hash"],

@@ -15,7 +15,7 @@ from eaglekit.draft.vocab import DraftVocab, build_draft_vocab, count_assistant_
 from eaglekit.errors import EaglekitError
 from eaglekit.features.conversations import is_validation, read_conversations, tokenize_conversations
 from eaglekit.features.store import FeatureStore
-from eaglekit.targets.info import check_aux_layer_ids, default_aux_layer_ids
+from eaglekit.targets.aux import check_aux_layer_ids, default_aux_layer_ids
 from eaglekit.train.config import TrainConfig
 from eaglekit.train.distributed import Dist
 from eaglekit.train.sources import OfflineSource, OnlineSource, validation_workload
