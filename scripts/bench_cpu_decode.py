@@ -24,10 +24,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from eaglekit.engine import DraftRunner, Engine, Sampling, SpecConfig, make_target_runner  # noqa: E402
-from eaglekit.engine.batch import BatchDecoder, Request, batch_runner  # noqa: E402
+from eaglekit.data.batch_decoder import BatchDecoder, Request, batch_runner  # noqa: E402
+from eaglekit.engine import DraftRunner, Engine, SpecConfig  # noqa: E402
 from eaglekit.engine.profile import replay_ms  # noqa: E402
 from eaglekit.formats.load import load_draft_for  # noqa: E402
+from eaglekit.runtime import Sampling, make_target_runner  # noqa: E402
 from eaglekit.targets.chat import prompt_ids  # noqa: E402
 from eaglekit.targets.load import load_target  # noqa: E402
 from eaglekit.targets.source import DEFAULT_TARGET  # noqa: E402

@@ -98,11 +98,11 @@ class FakeGraph:
 
 
 def fake_cuda_graphs(monkeypatch) -> None:
-    """`engine.graphs.Step` captures and replays FakeGraphs on CPU (the graph code paths without CUDA)."""
+    """`runtime.graphs.Step` captures and replays FakeGraphs on CPU (the graph code paths without CUDA)."""
     import contextlib
     import types
 
-    from eaglekit.engine import graphs
+    from eaglekit.runtime import graphs
 
     class FakeCuda:
         CUDAGraph = FakeGraph

@@ -148,8 +148,9 @@ def test_bench_says_plainly_what_a_cycle_costs(tmp_path, tiny_target_dir, prompt
 
 def test_cycle_profile_splits_a_real_cycle():
     """The profile's pieces (eager on CPU) add up with the derived verify to the cycle's time."""
-    from eaglekit.engine import DraftRunner, Engine, Sampling, SpecConfig, make_target_runner
+    from eaglekit.engine import DraftRunner, Engine, SpecConfig
     from eaglekit.engine.profile import cycle_profile
+    from eaglekit.runtime import Sampling, make_target_runner
     from engine_tiny import AUX, PROMPTS, peaked_model, random_draft
 
     model = peaked_model("llama")

@@ -98,7 +98,8 @@ def test_a_machine_that_changes_speed_mid_bench_is_said(tiny_target_dir):
     from dataclasses import replace
 
     from eaglekit.bench.run import Turn, bracket
-    from eaglekit.engine import Engine, Sampling, make_target_runner
+    from eaglekit.engine import Engine
+    from eaglekit.runtime import Sampling, make_target_runner
     from eaglekit.targets.chat import prompt_ids
 
     target = load_target(tiny_target_dir)

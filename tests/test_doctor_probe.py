@@ -134,7 +134,8 @@ def test_replay_matches_eaglekit_engine(exports, target_dir):
     from eaglekit.doctor.probe import run_target
     from eaglekit.doctor.run import load_prompts
     from eaglekit.draft.checkpoint import load_draft
-    from eaglekit.engine import DraftRunner, Engine, Sampling, SpecConfig, make_target_runner
+    from eaglekit.engine import DraftRunner, Engine, SpecConfig
+    from eaglekit.runtime import Sampling, make_target_runner
     from eaglekit.targets.chat import prompt_ids
     from eaglekit.targets.load import load_target
 

@@ -4,10 +4,11 @@ are refilled as answers end (continuous batching); the KV cache's three write fo
 import pytest
 import torch
 
-from eaglekit.engine import Engine, Sampling, generate_batch, make_target_runner
-from eaglekit.engine.batch import BatchDecoder, Request, bucket
-from eaglekit.engine.kv import Refill, write_slots
+from eaglekit.data.batch_decoder import BatchDecoder, Request, bucket, generate_batch
+from eaglekit.engine import Engine
 from eaglekit.errors import EaglekitError
+from eaglekit.runtime import Sampling, make_target_runner
+from eaglekit.runtime.kv import Refill, write_slots
 from eaglekit.targets.chat import common_prefix
 from engine_tiny import cycling_model, fake_cuda_graphs, one_thread, peaked_model  # noqa: F401 (fixture)
 
@@ -318,20 +319,12 @@ def test_eager_cpu_steps_attend_to_the_used_slots_only():
     assert decoder._span() % 64 == 0 and decoder._span() < decoder.L
 
 
-def test_the_engines_loop_check_looks_for_the_blocks_the_data_check_does():
-    """The engine may not import the data package (a layer above it), so the constant lives twice."""
-    from eaglekit.data.quality import MAX_PERIOD
-    from eaglekit.engine.batch import LOOP_PERIOD
-
-    assert LOOP_PERIOD == MAX_PERIOD
-
-
 def test_answers_are_the_same_whatever_steps_are_queued_ahead_of_the_host(monkeypatch):
     """The ended rows' tokens are copied before a round's first steps are queued and read after them:
     with sessions resuming their rows and any number of steps ahead (on CUDA `next_cover` picks it
     from the device's idle time), every answer equals plain batch-1 decoding, and the stats split
     the host's time."""
-    from eaglekit.engine import batch
+    from eaglekit.data import batch_decoder as batch
 
     class Mark:                                            # a CUDA event's part the loop uses
         def elapsed_time(self, other):
@@ -370,7 +363,7 @@ def test_answers_are_the_same_whatever_steps_are_queued_ahead_of_the_host(monkey
 def test_the_steps_ahead_of_the_host_fill_the_devices_wait():
     """Idle before the host's work: add the steps that would have filled it; not idle: one fewer, down
     to a quarter of the round; never the whole round."""
-    from eaglekit.engine.batch import next_cover
+    from eaglekit.data.batch_decoder import next_cover
 
     assert next_cover(4, idle_ms=30.0, step_ms=4.0, base=4, chunk=16) == 12     # 7.5 steps of wait: 8 more
     assert next_cover(12, idle_ms=0.5, step_ms=4.0, base=4, chunk=16) == 11     # hidden: probe one lower

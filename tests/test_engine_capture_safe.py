@@ -11,7 +11,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from eaglekit.engine import DraftRunner, Engine, Sampling, SpecConfig, make_target_runner
+from eaglekit.engine import DraftRunner, Engine, SpecConfig
+from eaglekit.runtime import Sampling, make_target_runner
 from engine_tiny import AUX, PROMPTS, peaked_model, random_draft
 
 L = 96

@@ -8,9 +8,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from eaglekit.engine import DraftRunner, Engine, OracleDrafter, Sampling, SpecConfig, make_target_runner
+from eaglekit.engine import DraftRunner, Engine, OracleDrafter, SpecConfig
 from eaglekit.engine.generate import PROBE_CYCLES
-from eaglekit.engine.tree import cache_mask, causal_block
+from eaglekit.runtime import Sampling, make_target_runner
+from eaglekit.runtime.kv import cache_mask, causal_block
 from engine_tiny import AUX, PROMPTS, fake_cuda_graphs, one_thread, peaked_model, random_draft  # noqa: F401 (fixture)
 
 CHAIN = SpecConfig(mode="chain", k=3, plain_fallback=True)

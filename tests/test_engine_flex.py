@@ -1,4 +1,4 @@
-"""FlexAttention over the boolean mask's own blocks (engine.flex) computes the dense attention:
+"""FlexAttention over the boolean mask's own blocks (runtime.flex) computes the dense attention:
 compiled on CPU here (the block lists, the whole blocks read without the mask, the skipped ones);
 eagerly it is SDPA, so a runner built with it decodes as the default one does."""
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eaglekit.engine import Sampling, make_target_runner
-from eaglekit.engine.batch import BatchDecoder, batch_runner
-from eaglekit.engine.flex import BLOCK, attend_flex, block_mask_of
+from eaglekit.data.batch_decoder import BatchDecoder, batch_runner
+from eaglekit.runtime import Sampling, make_target_runner
+from eaglekit.runtime.flex import BLOCK, attend_flex, block_mask_of
 from engine_tiny import PROMPTS, one_thread, peaked_model  # noqa: F401 (fixture)
 
 
@@ -58,8 +58,8 @@ def test_decode_step_traces_whole_with_flex(monkeypatch):
     """Dynamo and AOT autograd trace the batch decode step in one graph with flex attention (the block
     mask built from the in-graph mask), and it decodes as eager does; only Inductor's CUDA kernels are
     left to the GPU (its CPU template takes no in-graph buffers in a mask)."""
-    from eaglekit.engine.batch import Request
-    from eaglekit.engine.graphs import Step
+    from eaglekit.data.batch_decoder import Request
+    from eaglekit.runtime.graphs import Step
 
     model = peaked_model("llama")
     limits = [20, 6, 12]
@@ -69,7 +69,7 @@ def test_decode_step_traces_whole_with_flex(monkeypatch):
     ref = {r.key: c.tokens for r, c in eager.serve(lambda: next(queue, None), [])}
     traced = BatchDecoder(batch_runner(model, max_len=BLOCK, batch_size=2, attention="flex"), sampling=Sampling(),
                           graphs=False, compile=False, chunk=4)
-    import eaglekit.engine.flex as flex
+    import eaglekit.runtime.flex as flex
 
     built = {}                                             # one value set again and again: no recompiles
 
@@ -91,8 +91,8 @@ def test_compiled_batch_decoder_with_flex_builds_the_block_mask_once_a_step(monk
     a step, outside the layers, and passed to each; the tokens are eager's, from one graph."""
     from torch._dynamo.utils import counters
 
-    import eaglekit.engine.flex as flex
-    from eaglekit.engine.batch import Request
+    import eaglekit.runtime.flex as flex
+    from eaglekit.data.batch_decoder import Request
 
     model = peaked_model("llama")
     limits = [20, 6, 12]

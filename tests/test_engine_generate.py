@@ -6,8 +6,9 @@ KV compaction, and sampling (reproducible, and the target's distribution on a ti
 import pytest
 import torch
 
-from eaglekit.engine import DraftRunner, Engine, OracleDrafter, Sampling, SpecConfig, make_target_runner
-from eaglekit.engine.tree import cache_mask, causal_block
+from eaglekit.engine import DraftRunner, Engine, OracleDrafter, SpecConfig
+from eaglekit.runtime import Sampling, make_target_runner
+from eaglekit.runtime.kv import cache_mask, causal_block
 from engine_tiny import AUX, PROMPTS, fake_cuda_graphs, noisy, one_thread, peaked_model, random_draft  # noqa: F401 (fixture)
 
 CHAIN = SpecConfig(mode="chain", k=3)
@@ -225,7 +226,7 @@ def test_compiled_draft_runner_cycle_equals_plain_decoding():
     target = make_target_runner(model, max_len=L, aux_layer_ids=AUX)
     ref = Engine(target).generate(PROMPTS[0], NEW, speculative=False).tokens
     draft = DraftRunner(random_draft(model), spec=CHAIN, sampling=Sampling(), max_len=L)
-    from eaglekit.engine.target_fast import SMALL_ROWS
+    from eaglekit.runtime.target_fast import SMALL_ROWS
 
     assert (draft.attention, draft.linear.keywords["max_rows"]) == ("reduce", SMALL_ROWS)
     gen = Engine(target, drafter=draft, spec=CHAIN, compile=True, cycle_chunk=3).generate(PROMPTS[0], NEW)

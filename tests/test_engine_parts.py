@@ -5,10 +5,11 @@ import pytest
 import torch
 
 from eaglekit.engine.accept import chain_sampling_accept, chain_sampling_tables, greedy_accept, tree_sampling_accept, tree_sampling_tables
-from eaglekit.engine.sampling import Sampling, target_probs
 from eaglekit.engine.spec import SpecConfig
-from eaglekit.engine.tree import cache_mask, chain_tree, select_tree, top_k, tree_from_parents
+from eaglekit.engine.tree import chain_tree, select_tree, tree_from_parents
 from eaglekit.errors import EaglekitError
+from eaglekit.runtime.kv import cache_mask
+from eaglekit.runtime.sampling import Sampling, target_probs, top_k
 from engine_tiny import one_thread  # noqa: F401 (fixture)
 
 #        0 (root)

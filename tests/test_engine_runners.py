@@ -4,10 +4,11 @@ prefill, decode one token at a time, a tree forward with a custom mask, and comp
 import pytest
 import torch
 
-from eaglekit.engine.runner import make_target_runner
-from eaglekit.engine.target_fast import FastTarget, fast_unsupported_reason
-from eaglekit.engine.tree import cache_mask, causal_block, tree_from_parents
+from eaglekit.engine.tree import tree_from_parents
 from eaglekit.errors import EaglekitError
+from eaglekit.runtime.kv import cache_mask, causal_block
+from eaglekit.runtime.runner import make_target_runner
+from eaglekit.runtime.target_fast import FastTarget, fast_unsupported_reason
 from engine_tiny import AUX, one_thread, peaked_model  # noqa: F401 (fixture)
 from tiny import ARCHITECTURES
 
@@ -90,7 +91,7 @@ def test_tree_forward_and_compaction_match_a_fresh_forward(arch, attention):
 
 @pytest.mark.parametrize("attention", ["sdpa", "matmul", "reduce"])
 def test_batch_rows_with_left_padding_match_single_rows(attention):
-    from eaglekit.engine.batch import padded_mask
+    from eaglekit.data.batch_decoder import padded_mask
 
     model = peaked_model("qwen2")
     runner = make_target_runner(model, max_len=L, batch_size=2, attention=attention)
@@ -114,7 +115,7 @@ def test_fast_refuses_unsupported_config_and_a_logit_mismatch(monkeypatch):
         make_target_runner(peaked_model("mixtral"), max_len=L, runner="fast")
     # Gemma's names look like Llama's but its math differs (norm 1 + w, scaled embeddings, gelu):
     # force past the up-front decision and the check at load must refuse it.
-    import eaglekit.engine.target_fast as fast
+    import eaglekit.runtime.target_fast as fast
 
     monkeypatch.setattr(fast, "fast_unsupported_reason", lambda model, max_len: None)
     with pytest.raises(EaglekitError, match="differ from the HF model"):
@@ -141,8 +142,8 @@ def test_sliding_window_shorter_than_the_cache_is_refused():
 def test_kernel_forms_compute_the_same_math():
     """The forms `attend` and `linear` pick inside torch.compile (reduce attention, matvec linears)
     equal the eager ones, with a ragged mask (rows that see different slots)."""
-    from eaglekit.engine.kv import attend_matmul, attend_reduce, attend_sdpa
-    from eaglekit.engine.target_fast import matvec_linear, matvec_swiglu
+    from eaglekit.runtime.kv import attend_matmul, attend_reduce, attend_sdpa
+    from eaglekit.runtime.target_fast import matvec_linear, matvec_swiglu
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(shape, generator=g) for shape in ((1, 2, 6, 8), (1, 2, 10, 8), (1, 2, 10, 8)))
@@ -162,8 +163,9 @@ def test_kernel_forms_compute_the_same_math():
 
 def test_matvec_forms_fuse_at_most_sixteen_rows():
     """Above MATVEC_MAX_ROWS Inductor splits the unrolled rows into many kernels: refused, not slow."""
-    from eaglekit.engine import DraftRunner, Sampling, SpecConfig
-    from eaglekit.engine.target_fast import MATVEC_MAX_ROWS
+    from eaglekit.engine import DraftRunner, SpecConfig
+    from eaglekit.runtime import Sampling
+    from eaglekit.runtime.target_fast import MATVEC_MAX_ROWS
     from engine_tiny import random_draft
 
     model = peaked_model("llama")
@@ -179,7 +181,7 @@ def test_matvec_forms_fuse_at_most_sixteen_rows():
 def test_few_rows_linear_is_f_linear():
     """The eager CPU form for a few rows (`weight @ x.T`, one row padded to two) is F.linear's math,
     and `linear` is F.linear's math whichever form this CPU timed faster."""
-    from eaglekit.engine.target_fast import CPU_FEW_ROWS, few_rows_linear, linear
+    from eaglekit.runtime.target_fast import CPU_FEW_ROWS, few_rows_linear, linear
 
     g = torch.Generator().manual_seed(1)
     w, b = torch.randn(40, 16, generator=g), torch.randn(40, generator=g)
@@ -196,7 +198,7 @@ def test_few_rows_linear_is_f_linear():
 def test_the_cpu_few_rows_form_is_measured_once_and_followed(monkeypatch):
     """`linear` takes `few_rows_linear` for one row / a few rows exactly where the process's timing
     said it is faster (it is machine-dependent: 2x faster on one host, 2.5x slower on another)."""
-    from eaglekit.engine import target_fast
+    from eaglekit.runtime import target_fast
 
     choice = target_fast.cpu_few_rows_faster()
     assert choice == target_fast.cpu_few_rows_faster() and all(isinstance(c, bool) for c in choice)
@@ -226,7 +228,7 @@ def test_compiled_default_kernels_decode_like_eager():
 
 
 def test_default_kernels_follow_what_was_measured():
-    from eaglekit.engine.target_fast import default_kernels
+    from eaglekit.runtime.target_fast import default_kernels
 
     assert default_kernels(1, 270 * 2**20) == ("reduce", True)            # SmolLM2: launch-bound
     assert default_kernels(1, 16 * 2**30) == ("sdpa", False)              # 8B: bandwidth-bound

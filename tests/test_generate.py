@@ -22,8 +22,8 @@ from eaglekit.data.local_backend import LocalBackend
 from eaglekit.data.prompts import build_prompts
 from eaglekit.data.readers import SourceSpec
 from eaglekit.data.records import Conversation, Prompt
-from eaglekit.engine.sampling import Sampling
 from eaglekit.errors import EaglekitError
+from eaglekit.runtime.sampling import Sampling
 from eaglekit.targets import load_target
 from eaglekit.targets.chat import prompt_ids
 from engine_tiny import one_thread  # noqa: F401 (fixture)
@@ -274,7 +274,7 @@ def read_lines(folder: Path) -> list[bytes]:
 
 def test_attention_is_a_setting_of_the_engine_backend_only():
     from eaglekit.data.generators import EngineSettings, make_generator
-    from eaglekit.engine.sampling import Sampling
+    from eaglekit.runtime.sampling import Sampling
 
     with pytest.raises(EaglekitError, match="--attention sdpa is a setting of eaglekit's engine"):
         make_generator("hf", None, [1], Sampling(), engine=EngineSettings(attention="sdpa"))

@@ -8,7 +8,7 @@ import pytest
 from eaglekit.data.generators import EngineGenerator, EngineSettings, make_generator
 from eaglekit.data.local_backend import LocalBackend
 from eaglekit.data.records import Conversation, Prompt
-from eaglekit.engine.sampling import Sampling
+from eaglekit.runtime.sampling import Sampling
 from eaglekit.targets import load_target
 from engine_tiny import one_thread  # noqa: F401 (fixture)
 

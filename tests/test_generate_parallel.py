@@ -217,8 +217,8 @@ def test_resume_after_sigkill_loses_nothing_and_repeats_nothing(tmp_path, tiny_t
 
 def test_generate_options_name_the_engine_kinds():
     """data/options.py names the engine's kinds without importing torch: they must be the engine's."""
+    from eaglekit.data.batch_decoder import REFILL_KINDS
     from eaglekit.data.options import ATTENTIONS, REFILLS
-    from eaglekit.engine.batch import REFILL_KINDS
-    from eaglekit.engine.kv import ATTENTION_KINDS
+    from eaglekit.runtime.kv import ATTENTION_KINDS
 
     assert REFILLS == REFILL_KINDS and set(ATTENTIONS) - {"auto"} <= set(ATTENTION_KINDS)   # reduce: 1-row steps only

@@ -16,8 +16,8 @@ import torch
 from eaglekit.cli import main
 from eaglekit.data.openai_backend import OpenAIBackend, OpenAIClient
 from eaglekit.data.regenerate import GenerateConfig, generate_conversations
-from eaglekit.engine.sampling import Sampling
 from eaglekit.errors import EaglekitError
+from eaglekit.runtime.sampling import Sampling
 from eaglekit.targets import load_target
 from engine_tiny import one_thread  # noqa: F401 (fixture)
 

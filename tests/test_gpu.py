@@ -9,10 +9,11 @@ fp32 everywhere, so outputs must be token-identical; tiny peaked targets keep co
 import pytest
 import torch
 
-from eaglekit.engine import Engine, Sampling, make_target_runner
-from eaglekit.engine.batch import BatchDecoder, Request, batch_runner
+from eaglekit.data.batch_decoder import BatchDecoder, Request, batch_runner
+from eaglekit.engine import Engine
 from eaglekit.engine.draft_runner import DraftRunner
 from eaglekit.engine.spec import SpecConfig
+from eaglekit.runtime import Sampling, make_target_runner
 from engine_tiny import AUX, PROMPTS, cycling_model, peaked_model, random_draft
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

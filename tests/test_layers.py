@@ -20,8 +20,8 @@ LAYERS = {
     "targets": 2,
     "draft": 3,
     "formats": 4,                                  # the draft's on-disk formats
-    "features": 5, "engine": 5,
-    "data": 6, "train": 6,
+    "features": 5, "runtime": 5,                   # runtime: KV caches, CUDA graphs, sampling, target runners
+    "data": 6, "train": 6, "engine": 6,            # engine: speculative decoding on the runtime
     "doctor": 7, "bench": 7,
     "report": 8,
     "pipeline": 9,

@@ -289,8 +289,9 @@ def test_a_slow_first_step_does_not_cut_the_time_budget_short(data, tmp_path, mo
 @pytest.mark.slow
 def test_walk_accept_length_predicts_the_engine(data, tmp_path):
     """The held-out accept length training reports is what eaglekit's engine then measures."""
-    from eaglekit.engine import DraftRunner, Engine, Sampling, SpecConfig, make_target_runner
+    from eaglekit.engine import DraftRunner, Engine, SpecConfig
     from eaglekit.formats.load import load_draft_for
+    from eaglekit.runtime import Sampling, make_target_runner
     from eaglekit.targets.chat import prompt_ids
     from tiny_conversations import prompts
 

@@ -38,8 +38,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from eaglekit.engine import DraftRunner, Engine, OracleDrafter, Sampling, SpecConfig, generate_batch, make_target_runner  # noqa: E402
-from eaglekit.engine.kv import ATTENTION_KINDS  # noqa: E402
+from eaglekit.data.batch_decoder import generate_batch  # noqa: E402
+from eaglekit.engine import DraftRunner, Engine, OracleDrafter, SpecConfig  # noqa: E402
+from eaglekit.runtime import Sampling, make_target_runner  # noqa: E402
+from eaglekit.runtime.kv import ATTENTION_KINDS  # noqa: E402
 from eaglekit.targets.load import resolve_device  # noqa: E402
 from eaglekit.targets.source import DEFAULT_TARGET  # noqa: E402
 
@@ -383,7 +385,7 @@ def part_d(args) -> dict:
 def part_e(args, smol, ids) -> dict:
     """Batched plain generation: the decoder `generate_batch` uses (built once: compile + capture
     are not timed), against HF generate at the same batch size."""
-    from eaglekit.engine.batch import BatchDecoder
+    from eaglekit.data.batch_decoder import BatchDecoder
 
     batch, new = args.batch, args.new_tokens
     vocab = smol.get_input_embeddings().weight.shape[0]

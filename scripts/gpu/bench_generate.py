@@ -208,7 +208,7 @@ def run_engine(variant: str, target, files: dict[str, Path], out: Path, args, le
 def same_as_eager(generator: EngineGenerator, target, prompts_file: Path, args, n: int = 16) -> dict:
     """Share of n greedy answers (new tokens each) the built decoder gives exactly as an eager,
     uncompiled batch decoder with SDPA does: a check of the compiled kernels, apart from HF's numerics."""
-    from eaglekit.engine.batch import BatchDecoder, batch_runner
+    from eaglekit.data.batch_decoder import BatchDecoder, batch_runner
 
     new = min(64, args.max_new_tokens)
     rows = [json.loads(line) for line in jsonl_lines(prompts_file)[:n]]

@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from bench_engine import kernel_options, llama_8b  # noqa: E402
 
-from eaglekit.engine.target_fast import FastTarget  # noqa: E402
-from eaglekit.engine.tree import cache_mask, causal_block  # noqa: E402
+from eaglekit.runtime.kv import cache_mask, causal_block  # noqa: E402
+from eaglekit.runtime.target_fast import FastTarget  # noqa: E402
 
 START = 100                                     # tokens already in the cache before the forward
 

@@ -1,6 +1,6 @@
 """Where the batch decoder's time goes (the generate stage's engine): one decode step, one refill, one round.
 
-For each attention variant, builds the stage's decoder (`engine.batch.batch_runner` + `BatchDecoder`,
+For each attention variant, builds the stage's decoder (`data.batch_decoder.batch_runner` + `BatchDecoder`,
 as `EngineGenerator` does), fills every row with a real prompt, then times with CUDA events:
     step     one replay of the captured decode step, all rows live (ms)
     refill   the eager prefill of `--refill` prompts into free rows (ms), and its kernel count
@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
+from eaglekit.data.batch_decoder import BatchDecoder, Request, batch_runner
 from eaglekit.data.readers import SourceSpec, read_source
 from eaglekit.data.records import order_key
-from eaglekit.engine.batch import BatchDecoder, Request, batch_runner
-from eaglekit.engine.sampling import Sampling
+from eaglekit.runtime.sampling import Sampling
 from eaglekit.targets import load_target
 from eaglekit.targets.chat import prompt_ids
 from eaglekit.targets.source import DEFAULT_TARGET

@@ -23,10 +23,11 @@ from eaglekit.bench.options import BenchOptions
 from eaglekit.bench.prompts import load_bench_prompts, prompt_categories
 from eaglekit.bench.report import greedy_match_note, markdown, plot, summarize, turn_records, verdict
 from eaglekit.bench.run import Method, conversation_ids, run_turns
-from eaglekit.engine import DraftRunner, Engine, OracleDrafter, SpecConfig, make_target_runner
+from eaglekit.engine import DraftRunner, Engine, OracleDrafter, SpecConfig
 from eaglekit.errors import EaglekitError
 from eaglekit.formats.detect import FORMAT_LABELS, detect_format
 from eaglekit.formats.load import load_draft_for, random_draft_for, read_draft_folder
+from eaglekit.runtime import make_target_runner
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,8 @@
 - `prompts`: the prompts stage (filter, deduplicate, mix, split; atomic output folder).
 - `magpie`: prompts synthesized by the target from its own pre-query template.
 - `regenerate`: the generate stage (resumable shards of conversations) over a backend:
-  `local_backend` (batched, on this machine, via `generators`) or `openai_backend` (a server).
+  `local_backend` (batched, on this machine, via `generators` and `batch_decoder`, eaglekit's
+  continuous-batching decoder) or `openai_backend` (a server).
 - `parallel`: the generate stage on several devices of one host (a worker process per device, merged).
 """
 

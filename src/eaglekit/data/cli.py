@@ -81,8 +81,8 @@ def run_synthesize(args: argparse.Namespace) -> int:
     from eaglekit.data.folder import read_prompt_folder
     from eaglekit.data.generators import EngineSettings, make_generator
     from eaglekit.data.magpie import pre_query_template, synthesize, write_synthesized
-    from eaglekit.engine.sampling import Sampling
     from eaglekit.errors import EaglekitError
+    from eaglekit.runtime.sampling import Sampling
     from eaglekit.targets import load_target
     from eaglekit.targets.load import resolve_device
 
@@ -123,9 +123,9 @@ def run_generate(args: argparse.Namespace) -> int:
     from eaglekit.data.local_backend import LocalBackend, context_length
     from eaglekit.data.options import GenerateOptions
     from eaglekit.data.regenerate import GenerateConfig, generate_conversations, load_prompts
-    from eaglekit.engine.sampling import Sampling
     from eaglekit.errors import EaglekitError
     from eaglekit.options import options_from_args
+    from eaglekit.runtime.sampling import Sampling
     from eaglekit.targets.chat import check_template_masks
 
     options_from_args(GenerateOptions, args)   # its checks (counts of 1 or more) before anything loads

@@ -6,7 +6,7 @@ ended. Two implementations:
 
 - `HFGenerator`: Hugging Face `generate`, batched with left padding: what a user would otherwise
   run, kept as `--backend hf` so the benchmark can compare against it.
-- `EngineGenerator`: eaglekit's own continuous-batching decoder (`eaglekit.engine.batch`), CUDA
+- `EngineGenerator`: eaglekit's own continuous-batching decoder (`eaglekit.data.batch_decoder`), CUDA
   graphs and torch.compile on GPU: the fast path, and the default (`--backend local`). It also
   streams (`serve`): rows are refilled as answers end, and a conversation's next turn can be queued
   as soon as its answer is back.
@@ -26,10 +26,10 @@ from typing import Iterator
 
 import torch
 
+from eaglekit.data.batch_decoder import Request, check_refill_padding, check_stop_loops
 from eaglekit.data.options import GenerateOptions
-from eaglekit.engine.batch import Request, check_refill_padding, check_stop_loops
-from eaglekit.engine.sampling import Sampling
 from eaglekit.errors import EaglekitError
+from eaglekit.runtime.sampling import Sampling
 from eaglekit.targets.load import text_config
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ class Streaming:
 
 
 class EngineGenerator(Streaming):
-    """eaglekit's continuous-batching decoder (`eaglekit.engine.batch.BatchDecoder`).
+    """eaglekit's continuous-batching decoder (`eaglekit.data.batch_decoder.BatchDecoder`).
 
     `serve(take)` keeps `batch_size` rows busy: a row whose answer ended is refilled at once with the
     next request, and a caller may queue a conversation's next turn as soon as its answer comes
@@ -120,15 +120,15 @@ class EngineGenerator(Streaming):
         sampling: sampling settings (temperature 0: greedy).
         seed: seeds torch's generator once, so a run's samples repeat.
         batch_size: rows decoded together.
-        runner: "auto", "fast" or "generic" (see `eaglekit.engine.runner`).
+        runner: "auto", "fast" or "generic" (see `eaglekit.runtime.runner`).
         graphs, compile: CUDA graphs / torch.compile (default: on when the model is on CUDA).
-        attention: the FAST runner's attention kind (`engine.kv.ATTENTION_KINDS`); None: "flex" on
-            CUDA, else the runner's default (`engine.batch.batch_runner`).
+        attention: the FAST runner's attention kind (`runtime.kv.ATTENTION_KINDS`); None: "flex" on
+            CUDA, else the runner's default (`data.batch_decoder.batch_runner`).
         chunk: decode steps between host checks.
         max_len: cache slots per row of the first decoder (default: what the first request needs,
             rounded up to `SLOTS`, at least `MIN_SLOTS` with flex attention, at most the target's context).
-        refill: "eager", "graphs" or "compiled" prefills of the rows that free up (`engine.batch.BatchDecoder`).
-        stop_loops: end an answer once its last N tokens repeat a block (`engine.batch.BatchDecoder`); 0: off.
+        refill: "eager", "graphs" or "compiled" prefills of the rows that free up (`data.batch_decoder.BatchDecoder`).
+        stop_loops: end an answer once its last N tokens repeat a block (`data.batch_decoder.BatchDecoder`); 0: off.
     """
 
     name = "engine"
@@ -164,7 +164,7 @@ class EngineGenerator(Streaming):
         step's time where it reads them all: then there are none beyond the rounding."""
         if self._decoder is None and self.first_max_len:
             return max(needed, self.first_max_len)
-        from eaglekit.engine.batch import batch_attention
+        from eaglekit.data.batch_decoder import batch_attention
 
         floor = self.MIN_SLOTS if batch_attention(self.model, needed, self.runner, self.attention) == "flex" else 0
         rounded = -(-max(needed, floor) // self.SLOTS) * self.SLOTS
@@ -173,7 +173,7 @@ class EngineGenerator(Streaming):
 
     def _decoder_for(self, needed: int):
         if self._decoder is None or needed > self.max_len:
-            from eaglekit.engine.batch import BatchDecoder, batch_runner
+            from eaglekit.data.batch_decoder import BatchDecoder, batch_runner
 
             max_len = self._slots_for(needed)
             self._decoder = None  # free the old cache before the new one is allocated: its steps (bound
@@ -228,7 +228,7 @@ class EngineGenerator(Streaming):
 
     def run_stats(self) -> dict:
         """Where the decoder's time went, per serve loop (a rebuild starts a new one): steps, refills,
-        occupancy and device seconds in decode steps / refills (`engine.batch.BatchDecoder.stats`)."""
+        occupancy and device seconds in decode steps / refills (`data.batch_decoder.BatchDecoder.stats`)."""
         return {"builds": self.builds, "serve_loops": self.decoder_runs}
 
 
@@ -241,9 +241,9 @@ class EngineSettings:
     """The settings of eaglekit's engine among `generate`'s (and `prompts synthesize`'s) options, in
     one value: declared once in `data.options.GenerateOptions` (the defaults come from there), read
     from the parsed flags at once, checked before any model loads, handed whole to `make_generator`.
-    attention: the engine's kernel ("auto": `engine.batch.batch_attention`); cache_slots: the slots
+    attention: the engine's kernel ("auto": `data.batch_decoder.batch_attention`); cache_slots: the slots
     per row of its first cache (None: grown as prompts need); refill: how it prefills new rows
-    (`engine.batch.REFILL_KINDS`); refill_padding: the cap on a refill forward's padded tokens per
+    (`data.batch_decoder.REFILL_KINDS`); refill_padding: the cap on a refill forward's padded tokens per
     prompt token (0: the default); stop_loops: the window of the engine's loop check (0: off)."""
 
     attention: str = _default("attention")

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterable, Iterator
 
+from eaglekit.data.batch_decoder import Request
 from eaglekit.data.quality import loop_tail
 from eaglekit.data.records import Answer, Conversation
-from eaglekit.engine.batch import Request
 from eaglekit.errors import EaglekitError
 from eaglekit.targets.chat import prompt_ids
 

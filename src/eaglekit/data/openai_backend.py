@@ -26,8 +26,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Iterable, Iterator
 
 from eaglekit.data.records import Answer, Conversation
-from eaglekit.engine.sampling import Sampling
 from eaglekit.errors import EaglekitError
+from eaglekit.runtime.sampling import Sampling
 from eaglekit.targets.chat import prompt_ids
 
 log = logging.getLogger(__name__)

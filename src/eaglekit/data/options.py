@@ -2,8 +2,8 @@
 recipe keys of its stage, the local-generation flags `prompts synthesize` shares, and the command
 line of a `--devices` worker. No torch here: `--help` stays fast.
 
-The backends' own kinds are named here as literals: `engine.batch.REFILL_KINDS` and
-`engine.kv.ATTENTION_KINDS` import torch (a test checks that these are among them).
+The backends' own kinds are named here as literals: `data.batch_decoder.REFILL_KINDS` and
+`runtime.kv.ATTENTION_KINDS` import torch (a test checks that these are among them).
 """
 
 from __future__ import annotations

@@ -37,8 +37,8 @@ from eaglekit.data.folder import JsonlShards, read_prompt_folder
 from eaglekit.data.options import GenerateOptions
 from eaglekit.data.readers import SourceSpec, read_source
 from eaglekit.data.records import SPLITS, Conversation, Prompt
-from eaglekit.engine.sampling import Sampling
 from eaglekit.errors import DiskFull, EaglekitError, from_os_error
+from eaglekit.runtime.sampling import Sampling
 
 log = logging.getLogger(__name__)
 RUN_FILE = "run.json"
@@ -55,7 +55,7 @@ class GenerateConfig:
     seed: int = GenerateOptions.seed  # the backend's seed (a generator's torch seed, or the base of per-request seeds)
     splits: tuple[str, ...] = tuple(GenerateOptions.splits.split(","))
     limit: int | None = GenerateOptions.limit  # first N prompts of each split (smoke runs, benchmarks)
-    stop_loops: int = GenerateOptions.stop_loops  # the engine's loop check (`engine.batch.BatchDecoder`): it cuts answers
+    stop_loops: int = GenerateOptions.stop_loops  # the engine's loop check (`data.batch_decoder.BatchDecoder`): it cuts answers
 
     def to_json(self) -> dict:
         # The seed stays inside "sampling", where folders written before it moved out of Sampling have

@@ -15,11 +15,11 @@ import logging
 from itertools import count
 from typing import Iterator
 
+from eaglekit.data.batch_decoder import Request
 from eaglekit.data.generators import Completion, Streaming, cut_at_stop
-from eaglekit.engine.batch import Request
-from eaglekit.engine.sampling import Sampling
 from eaglekit.errors import EaglekitError
 from eaglekit.features.vllm_capture import import_vllm
+from eaglekit.runtime.sampling import Sampling
 
 log = logging.getLogger(__name__)
 

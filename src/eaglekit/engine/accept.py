@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from eaglekit.engine.sampling import sample
 from eaglekit.engine.tree import Tree
+from eaglekit.runtime.sampling import sample
 
 # ---- greedy (T = 0) ---------------------------------------------------------------------------
 

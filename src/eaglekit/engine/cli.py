@@ -67,8 +67,9 @@ def draft_target(folder) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from eaglekit.engine import DraftRunner, Engine, make_target_runner
+    from eaglekit.engine import DraftRunner, Engine
     from eaglekit.formats.load import load_draft_for, random_draft_for, read_draft_folder
+    from eaglekit.runtime import make_target_runner
     from eaglekit.targets.chat import prompt_ids
     from eaglekit.targets.load import load_target, resolve_device
 

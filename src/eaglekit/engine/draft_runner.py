@@ -22,11 +22,11 @@ import torch
 from torch import nn
 
 from eaglekit.draft.model import Eagle3Draft
-from eaglekit.engine.kv import KVCache, attend, group_mask
-from eaglekit.engine.sampling import Sampling, sample
 from eaglekit.engine.spec import SpecConfig
-from eaglekit.engine.target_fast import SMALL_ROWS, check_small_rows, default_kernels, kernel_for_rows, linear
-from eaglekit.engine.tree import Tree, cache_mask, causal_block, chain_tree, select_tree, top_k, tree_from_parents
+from eaglekit.engine.tree import Tree, chain_tree, select_tree, tree_from_parents
+from eaglekit.runtime.kv import KVCache, attend, cache_mask, causal_block, group_mask
+from eaglekit.runtime.sampling import Sampling, sample, top_k
+from eaglekit.runtime.target_fast import SMALL_ROWS, check_small_rows, default_kernels, kernel_for_rows, linear
 
 
 @dataclass

@@ -40,12 +40,13 @@ from dataclasses import dataclass, field
 import torch
 
 from eaglekit.engine.accept import chain_sampling_accept, chain_sampling_tables, greedy_accept, tree_sampling_accept, tree_sampling_tables
-from eaglekit.engine.graphs import COMPILE_MODE, Step, compiled
-from eaglekit.engine.sampling import Sampling, next_token, target_probs
 from eaglekit.engine.spec import SpecConfig
-from eaglekit.engine.tree import Tree, cache_mask, causal_block
+from eaglekit.engine.tree import Tree
 from eaglekit.errors import EaglekitError
 from eaglekit.metrics import accept_length
+from eaglekit.runtime.graphs import COMPILE_MODE, Step, compiled
+from eaglekit.runtime.kv import cache_mask, causal_block
+from eaglekit.runtime.sampling import Sampling, next_token, target_probs
 
 PREFILL_CHUNK = 128      # prompt tokens per captured prefill step (CUDA graphs)
 # The fallback's policy, tuned on a simulation (docs/notes/engine.md, "Drafting that stops").

@@ -83,7 +83,7 @@ class EngineOptions:
                           plain_fallback=self.plain_fallback)
 
     def sampling(self):
-        from eaglekit.engine.sampling import Sampling
+        from eaglekit.runtime.sampling import Sampling
 
         if self.top_k and self.temperature == 0:   # --top-k was the tree's width here before 2026-12-01
             raise EaglekitError(f"--top-k {self.top_k} is a sampling setting, and decoding is greedy (--temperature 0)",

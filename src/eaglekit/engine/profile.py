@@ -20,7 +20,7 @@ import time
 import torch
 
 from eaglekit.engine.generate import Engine
-from eaglekit.engine.graphs import Step, compiled
+from eaglekit.runtime.graphs import Step, compiled
 
 
 def replay_ms(fn, device: torch.device, repeats: int = 50) -> float:

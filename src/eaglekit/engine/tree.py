@@ -4,7 +4,7 @@ A chain of k drafts is the tree whose node i has parent i-1, so one set of funct
 All functions are pure tensor code with fixed shapes (no host sync), so they run inside CUDA
 graphs, and on CPU in tests. docs/algorithms.md §3 (EAGLE-2 dynamic tree) gives the algorithm.
 
-Shapes: N tree nodes, C recorded draft candidates, L cache slots, T query tokens, R block width.
+Shapes: N tree nodes, C recorded draft candidates.
 """
 
 from __future__ import annotations
@@ -62,60 +62,6 @@ def chain_tree(tokens: torch.Tensor) -> Tree:
     idx = torch.arange(N, device=tokens.device)
     return Tree(tokens=tokens, parents=idx - 1, depth=idx,
                 anc=torch.ones(N, N, dtype=torch.bool, device=tokens.device).tril())
-
-
-def cache_mask(block: torch.Tensor, prefix_len: torch.Tensor | int, start: torch.Tensor | int,
-               max_len: int) -> torch.Tensor:
-    """The attention mask of T queries over a cache of `max_len` slots.
-
-    Every query sees the committed prefix [0, prefix_len); beyond it, query t sees slot start + r
-    iff block[t, r].
-
-    Args:
-        block: [T, R] bool, visibility inside the block of slots [start, start + R).
-        prefix_len: committed length (int, or a [1] device tensor inside graphs).
-        start: first slot of the block.
-        max_len: cache slots L.
-
-    Returns:
-        [1, 1, T, L] bool, True = attend.
-    """
-    T, R = block.shape
-    cols = torch.arange(max_len, device=block.device)
-    rel = cols - start                                  # [L] slot offset inside the block
-    in_block = (rel >= 0) & (rel < R)
-    seen = block[:, rel.clamp(0, R - 1)] & in_block     # [T, L]
-    return ((cols < prefix_len) | seen).view(1, 1, T, max_len)
-
-
-def causal_block(T: int, device=None) -> torch.Tensor:
-    return torch.ones(T, T, dtype=torch.bool, device=device).tril()
-
-
-TOPK_CHUNK = 128   # top_k's first pass: the largest of every 128 values
-
-
-def top_k(x: torch.Tensor, k: int, chunk: int = TOPK_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
-    """torch.topk(x, k) over the last dim (values largest first, their indices), in two passes.
-
-    Why: CUDA's topk runs one block per slice, so the tree's [K, Vd] draft log-probs (8 slices of
-    16k) took 73 us a call on an H200, 15 % of a tree cycle (2026-12-02). The first pass takes the k
-    best of every `chunk` values ([..., V // chunk, chunk]: many small slices), the second the k best
-    of those and of the tail (the last V % chunk values). Same values as torch.topk; among equal
-    values either index may come first.
-    x: [..., V] -> values [..., k], indices [..., k] (int64, into V).
-    """
-    V = x.shape[-1]
-    if k > chunk or V < 2 * chunk:
-        return torch.topk(x, k)
-    whole = V - V % chunk
-    best, local = x[..., :whole].unflatten(-1, (-1, chunk)).topk(k)        # [..., V // chunk, k]
-    offsets = torch.arange(0, whole, chunk, device=x.device).unsqueeze(-1)  # [V // chunk, 1]
-    tail = torch.arange(whole, V, device=x.device).expand(*x.shape[:-1], V - whole)
-    values = torch.cat([best.flatten(-2), x[..., whole:]], -1)             # [..., C]
-    indices = torch.cat([(local + offsets).flatten(-2), tail], -1)         # [..., C]
-    values, pick = values.topk(k)                                          # [..., k]
-    return values, indices.gather(-1, pick)
 
 
 def select_tree(root: torch.Tensor, cand_tokens: torch.Tensor, cand_parents: torch.Tensor,

@@ -23,11 +23,11 @@ from torch import nn
 
 from eaglekit.artifacts import AUX_CONVENTION, clear_folder, write_manifest, writer_lock
 from eaglekit.draft.checkpoint import save_draft
-from eaglekit.engine.graphs import check_inductor
 from eaglekit.errors import EaglekitError, RunFailed
 from eaglekit.features.batch import Batch
 from eaglekit.features.teacher import Teacher
 from eaglekit.metrics import STATS, metrics_from_stats
+from eaglekit.runtime.graphs import check_inductor
 from eaglekit.targets.capture import decoder_layers
 from eaglekit.train import distributed
 from eaglekit.train.attention import check_merged_attention, plan_free_attention

@@ -1,6 +1,6 @@
 """Continuous batching: B rows decode together, and a row whose answer ended takes the next prompt.
 
-    from eaglekit.engine.batch import generate_batch
+    from eaglekit.data.batch_decoder import generate_batch
     completions = generate_batch(target, prompts, max_new_tokens=2048, batch_size=256)
     completions[i].tokens, completions[i].finish_reason
 
@@ -40,13 +40,14 @@ from typing import Callable, Hashable, Iterator
 
 import torch
 
-from eaglekit.engine.flex import BLOCK
-from eaglekit.engine.graphs import COMPILE_MODE, Step, check_inductor, compiled
-from eaglekit.engine.kv import Refill
-from eaglekit.engine.runner import make_target_runner
-from eaglekit.engine.sampling import Sampling, next_token
-from eaglekit.engine.target_fast import fast_unsupported_reason
+from eaglekit.data.quality import MAX_PERIOD
 from eaglekit.errors import EaglekitError
+from eaglekit.runtime.flex import BLOCK
+from eaglekit.runtime.graphs import COMPILE_MODE, Step, check_inductor, compiled
+from eaglekit.runtime.kv import Refill
+from eaglekit.runtime.runner import make_target_runner
+from eaglekit.runtime.sampling import Sampling, next_token
+from eaglekit.runtime.target_fast import fast_unsupported_reason
 from eaglekit.targets.chat import common_prefix
 from eaglekit.targets.load import Target
 
@@ -55,8 +56,6 @@ MAX_STOP_IDS = 8          # stop ids the device compares against (padded with -1
 PREFILL_TOKENS = 16384    # prompt tokens (padding included) per refill forward
 REFILL_KINDS = ("eager", "graphs", "compiled")
 REFILL_MIN = 64           # graphed refills pad prompts to a `bucket` at least this long
-LOOP_PERIOD = 64          # --stop-loops: the longest repeated block looked for (= data.quality.MAX_PERIOD; the
-                          # engine is a layer below data and may not import it)
 SPAN_ALIGN = 64           # eager CPU steps attend to the used slots, rounded up to this
 RESUME_SLOTS = 1 << 18    # rows x cached slots one resuming refill reads (64 rows of 4096 slots)
 RESUME_MIN = 16           # cached tokens worth resuming (fewer: a shared header, not the session's history)
@@ -99,7 +98,7 @@ class Request:
 def batch_attention(model, max_len: int, runner: str = "auto", attention: str | None = None) -> str | None:
     """The attention kind a BatchDecoder's runner gets: "flex" for the FAST runner on CUDA unless told
     otherwise (rows at different lengths then read only their own cache blocks, where a dense kernel
-    reads all L slots of every row, `engine.flex`); None leaves the runner's own default."""
+    reads all L slots of every row, `runtime.flex`); None leaves the runner's own default."""
     cuda = next(model.parameters()).device.type == "cuda"
     fast = runner == "fast" or (runner == "auto" and fast_unsupported_reason(model, max_len) is None)
     return "flex" if attention is None and cuda and fast else attention
@@ -222,7 +221,7 @@ class BatchDecoder:
     """Static buffers and the captured decode step for the runner's B rows of L slots.
 
     Args:
-        runner: a target runner (`engine.runner.make_target_runner`) built with batch_size = B.
+        runner: a target runner (`runtime.runner.make_target_runner`) built with batch_size = B.
         sampling: greedy (temperature 0) or sampling settings.
         graphs, compile: capture the decode step in a CUDA graph / torch.compile it (the fast runner's
             layers one by one, `_compiled_step`).
@@ -237,7 +236,7 @@ class BatchDecoder:
         refill_padding: at most this many padded tokens per prompt token in one refill forward; 0:
             the default, 2 for an eager CPU refill (compute-bound), no cap elsewhere.
         stop_loops: W > 0 ends a row (finish_reason "loop") once its answer's last W tokens repeat a
-            block of p <= min(W / 2, LOOP_PERIOD) tokens (so the block occurs at least 3 times in a
+            block of p <= min(W / 2, MAX_PERIOD) tokens (so the block occurs at least 3 times in a
             row), checked on the device after every `chunk` steps; 0: answers run to a stop or their limit.
     """
 
@@ -349,7 +348,7 @@ class BatchDecoder:
         """End the live rows whose last W answer tokens repeat a block of p tokens (p <= W / 2):
         out[b, s] == out[b, s - p] for every slot s of the window, all inside the answer."""
         B, W = self.B, self.stop_loops
-        periods = torch.arange(1, min(W // 2, LOOP_PERIOD) + 1, device=self.device)             # [P]
+        periods = torch.arange(1, min(W // 2, MAX_PERIOD) + 1, device=self.device)             # [P]
         window = self.pos.view(B, 1) - W + 1 + torch.arange(W, device=self.device).view(1, W)   # [B, W]
         before = window.view(B, 1, W) - periods.view(1, -1, 1)                                 # [B, P, W]
         now = self.out.gather(1, window.clamp(min=0))
@@ -710,7 +709,7 @@ def generate_batch(target, prompts: list[list[int]], *, max_new_tokens: int, sam
         sampling: greedy by default; temperature / top_p / top_k for sampling.
         stop_token_ids: ids that end an answer (default: the target's EOS / end-of-turn ids).
         batch_size: rows decoded together (the KV cache holds batch_size x max_len slots).
-        runner: "auto", "fast" or "generic" (see `engine.runner`).
+        runner: "auto", "fast" or "generic" (see `runtime.runner`).
         graphs, compile: CUDA graphs / torch.compile (default: on when the model is on CUDA).
         seed: seeds sampling.
         max_len: cache slots per row (default: longest prompt + max_new_tokens, rounded up to 64).

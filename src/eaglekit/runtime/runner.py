@@ -18,9 +18,9 @@ import logging
 
 from torch import nn
 
-from eaglekit.engine.target_fast import FastTarget, fast_unsupported_reason
-from eaglekit.engine.target_hf import HFTarget
 from eaglekit.errors import EaglekitError
+from eaglekit.runtime.target_fast import FastTarget, fast_unsupported_reason
+from eaglekit.runtime.target_hf import HFTarget
 
 log = logging.getLogger(__name__)
 RUNNERS = ("auto", "fast", "generic")

@@ -1,6 +1,6 @@
 """Attention that reads only the cache blocks a row can see (FlexAttention), for batched decoding.
 
-In continuous batching (`engine.batch`) row b sees its slots 0..n_b, and the n_b differ widely: a
+In continuous batching (`data.batch_decoder`) row b sees its slots 0..n_b, and the n_b differ widely: a
 dense kernel over all L slots reads every row's whole cache, a block-sparse one reads about
 sum(n_b). The block structure is derived from the boolean mask itself (any mask works: a prefix, a
 tree), in blocks of `BLOCK` slots: blocks no query sees are skipped, blocks every query sees

@@ -18,9 +18,9 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from eaglekit.engine.kv import move_slots, write_slots
-from eaglekit.engine.target_fast import sliding_window
 from eaglekit.errors import EaglekitError
+from eaglekit.runtime.kv import move_slots, write_slots
+from eaglekit.runtime.target_fast import sliding_window
 from eaglekit.targets.capture import aux_hooks, concat_aux, decoder_layers
 from eaglekit.targets.info import check_aux_layer_ids
 from eaglekit.targets.load import text_config

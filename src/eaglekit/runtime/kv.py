@@ -1,11 +1,11 @@
 """Static KV caches the engine controls: writes at explicit slots, rollback by index gather.
 
 Slot s of a cache holds the key/value of the token the engine wrote there; which slots are visible
-is decided by the attention mask alone (`tree.cache_mask`), so rejected draft tokens need no
+is decided by the attention mask alone (`cache_mask`), so rejected draft tokens need no
 clearing, and compaction is one gather. A write names its slots in one of three forms
 (`write_slots`): [T] the same slots in every row (one sequence, or rows in step), [B, T] each row
 its own (continuous batching: rows at different lengths), or a `Refill` (new prompts written into
-some rows only, the others untouched). Shapes: B batch, h kv heads, L slots, d head dim.
+some rows only, the others untouched). Shapes: B batch, h kv heads, L slots, d head dim, T query tokens, R a block's width.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eaglekit.engine.flex import attend_flex
+from eaglekit.runtime.flex import attend_flex
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,34 @@ class Refill:
     rows: torch.Tensor
     slots: torch.Tensor
     span: int = 0
+
+
+def cache_mask(block: torch.Tensor, prefix_len: torch.Tensor | int, start: torch.Tensor | int,
+               max_len: int) -> torch.Tensor:
+    """The attention mask of T queries over a cache of `max_len` slots.
+
+    Every query sees the committed prefix [0, prefix_len); beyond it, query t sees slot start + r
+    iff block[t, r].
+
+    Args:
+        block: [T, R] bool, visibility inside the block of slots [start, start + R).
+        prefix_len: committed length (int, or a [1] device tensor inside graphs).
+        start: first slot of the block.
+        max_len: cache slots L.
+
+    Returns:
+        [1, 1, T, L] bool, True = attend.
+    """
+    T, R = block.shape
+    cols = torch.arange(max_len, device=block.device)
+    rel = cols - start                                  # [L] slot offset inside the block
+    in_block = (rel >= 0) & (rel < R)
+    seen = block[:, rel.clamp(0, R - 1)] & in_block     # [T, L]
+    return ((cols < prefix_len) | seen).view(1, 1, T, max_len)
+
+
+def causal_block(T: int, device=None) -> torch.Tensor:
+    return torch.ones(T, T, dtype=torch.bool, device=device).tril()
 
 
 def write_slots(cache: torch.Tensor, slots, new: torch.Tensor) -> torch.Tensor:
@@ -151,5 +179,5 @@ def attend_reduce(q, k, v, mask):
 
 # Same math, different kernels; which is fastest depends on the device and the shapes
 # (scripts/gpu/bench_engine.py parts a and p measure them side by side). "flex" reads only the
-# cache blocks a row can see (`engine.flex`): batched decoding with rows at different lengths.
+# cache blocks a row can see (`runtime.flex`): batched decoding with rows at different lengths.
 ATTENTION_KINDS = {"sdpa": attend_sdpa, "matmul": attend_matmul, "reduce": attend_reduce, "flex": attend_flex}

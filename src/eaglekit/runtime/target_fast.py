@@ -21,11 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eaglekit.engine.flex import flex_mask
-from eaglekit.engine.graphs import compiled
-from eaglekit.engine.kv import ATTENTION_KINDS, KVCache, Refill, attend, group_mask, move_slots, stacked_caches
-from eaglekit.engine.tree import cache_mask, causal_block
 from eaglekit.errors import EaglekitError
+from eaglekit.runtime.flex import flex_mask
+from eaglekit.runtime.graphs import compiled
+from eaglekit.runtime.kv import ATTENTION_KINDS, KVCache, Refill, attend, cache_mask, causal_block, group_mask, move_slots, stacked_caches
 from eaglekit.targets.capture import decoder_layers
 from eaglekit.targets.info import check_aux_layer_ids
 from eaglekit.targets.load import text_config
