@@ -4,7 +4,7 @@ acceptance, cache masks, and statistical tests that sampling verification is los
 import pytest
 import torch
 
-from eaglekit.engine.accept import chain_sampling_accept, chain_sampling_tables, greedy_accept, tree_sampling_accept, tree_sampling_tables
+from eaglekit.engine.accept import accept, chain_sampling_accept, chain_sampling_tables, greedy_accept, tree_sampling_accept, tree_sampling_tables
 from eaglekit.engine.spec import SpecConfig
 from eaglekit.engine.tree import chain_tree, select_tree, tree_from_parents
 from eaglekit.errors import EaglekitError
@@ -107,6 +107,30 @@ def test_greedy_accept_picks_the_deepest_matching_path():
     argmax = torch.tensor([11, 14, 0, 0, 17, 0, 0, 3])           # the whole deepest path
     count, path, bonus = greedy_accept(tree, argmax, max_depth=3)
     assert count.tolist() == [3] and path.tolist() == [0, 1, 4, 7] and bonus.tolist() == [3]
+
+
+def test_accept_is_the_one_entry_for_greedy_a_sampled_chain_and_a_tree():
+    """`accept` picks the rule (greedy; T > 0 with the chain's q; T > 0 as a tree) and draws what that
+    rule drew inline in the engine, in the same order: the tables' samples, then the uniforms."""
+    tree = tree_from_parents(torch.tensor([0, 11, 12, 13, 14, 15, 16, 17]), torch.tensor(PARENTS), 3)
+    logits = torch.randn(8, 20, generator=torch.Generator().manual_seed(0)) * 3
+    greedy = [x.tolist() for x in accept(tree, logits, Sampling(), 3)]
+    assert greedy == [x.tolist() for x in greedy_accept(tree, logits.argmax(-1), 3)]
+    sampling = Sampling(temperature=0.9)
+    torch.manual_seed(5)
+    got = [x.tolist() for x in accept(tree, logits, sampling, 3)]
+    torch.manual_seed(5)
+    p_node, residual = tree_sampling_tables(tree, target_probs(logits, sampling))
+    want = tree_sampling_accept(tree, p_node, residual, torch.rand(8, dtype=torch.float64), 3)
+    assert got == [x.tolist() for x in want]
+    chain = chain_tree(torch.tensor([0, 3, 4, 5]))
+    q = torch.softmax(torch.randn(3, 20, generator=torch.Generator().manual_seed(1)), -1)
+    torch.manual_seed(6)
+    got = [x.tolist() for x in accept(chain, logits[:4], sampling, 3, q=q)]
+    torch.manual_seed(6)
+    tables = chain_sampling_tables(chain.tokens, target_probs(logits[:4], sampling), q)
+    want = chain_sampling_accept(*tables, torch.rand(3, dtype=torch.float64))
+    assert got == [x.tolist() for x in want]
 
 
 def test_target_probs_top_k_and_top_p():

@@ -1,9 +1,11 @@
 """Verification: which drafted tokens the target accepts, and the token it adds (docs/algorithms.md §1, §4).
 
-Every rule runs on the device without a host sync, at fixed shapes, so it lives inside the engine's
-captured cycle. Sampling is two steps: a few numbers per node (the probabilities that decide
-acceptance, and one token sampled in advance from each node's residual distribution), then the walk
-down the tree with one uniform draw per node. All give `(count, path, bonus)`:
+`accept` is the one entry point: greedy, a sampled chain, or a tree (or a chain of deterministic
+drafts) at T > 0; the rules follow it. Every rule runs on the device without a host sync, at fixed
+shapes, so it lives inside the engine's captured cycle. Sampling is two steps: a few numbers per
+node (the probabilities that decide acceptance, and one token sampled in advance from each node's
+residual distribution), then the walk down the tree with one uniform draw per node. All give
+`(count, path, bonus)`:
 
     count: number of accepted drafts a (tau contribution a + 1)
     path:  node indices root-first, [0, i_1 .. i_a], padded with i_a to max_depth + 1 entries
@@ -17,7 +19,37 @@ from __future__ import annotations
 import torch
 
 from eaglekit.engine.tree import Tree
-from eaglekit.runtime.sampling import sample
+from eaglekit.runtime.sampling import Sampling, sample, target_probs
+
+
+def accept(tree: Tree, logits: torch.Tensor, sampling: Sampling, max_depth: int, q: torch.Tensor | None = None):
+    """Which drafts of the verified tree the target accepts, and the token it adds.
+
+    greedy (T = 0): the deepest node whose whole path is the target's argmax. T > 0 with `q`: a
+    chain sampled from the draft's full distribution, each draft accepted with min(1, p/q). T > 0
+    without it: a tree, or a chain of deterministic drafts (q one-hot), walked from the root.
+
+    Args:
+        tree: the verified tree (a chain is a path).
+        logits: [N, V] the target's logits at every node (each predicts that node's child).
+        sampling: the settings plain decoding samples with, so both sample one distribution.
+        max_depth: D, the deepest possible node.
+        q: [k, V] the draft distribution each chain draft was sampled from, in target ids.
+
+    Returns:
+        count [1], path [D + 1], bonus [1] (device tensors).
+    """
+    if sampling.greedy:
+        return greedy_accept(tree, torch.argmax(logits, -1), max_depth)
+    probs = target_probs(logits, sampling)                                 # [N, V]
+    if q is not None:
+        ratio, residual, bonus = chain_sampling_tables(tree.tokens, probs, q)
+        uniform = torch.rand(q.shape[0], device=logits.device, dtype=torch.float64)
+        return chain_sampling_accept(ratio, residual, bonus, uniform)
+    p_node, residual = tree_sampling_tables(tree, probs)
+    uniform = torch.rand(tree.size, device=logits.device, dtype=torch.float64)
+    return tree_sampling_accept(tree, p_node, residual, uniform, max_depth)
+
 
 # ---- greedy (T = 0) ---------------------------------------------------------------------------
 

@@ -1,13 +1,17 @@
 """The engine: plain and speculative decoding of one sequence, on one target runner.
 
-A speculation cycle is one fixed-shape `cycle` step with two halves:
+A speculation cycle is one fixed-shape `cycle` step (`_cycle_step`), read top to bottom:
 
+    propose  the draft's chain or tree from the root, the last committed token (made by the
+             previous cycle's advance, or after the prefill by the `proposal` step)
     verify   one target forward over the proposed tree (chain = a path) at positions n + depth,
-             written at cache slots n .. n+N-1; acceptance on the device (greedy, or lossless
-             sampling with one uniform draw per node), the emitted tokens and the accepted count
-             written into device buffers
-    advance  move the accepted path's KV to slots n .. n+a (compaction), catch the draft up over
-             the a+1 committed positions, propose the next tree from the new root
+             written at cache slots n .. n+N-1
+    accept   which drafts the target accepts and the token it adds (`accept.accept`: greedy, or
+             lossless sampling with one uniform draw per node, for a chain or a tree), on the device
+    commit   the emitted tokens and the accepted count written into device buffers, the accepted
+             path's KV moved to slots n .. n+a (compaction)
+    advance  the draft caught up over the a+1 committed positions, n moved past them, and the next
+             tree proposed from the new root (the token the target added)
 
 The host replays `cycle_chunk` cycles back to back and then reads those buffers once (one small
 device-to-host copy) to check stop tokens and length. Tokens past a stop token are dropped; the
@@ -39,14 +43,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eaglekit.engine.accept import chain_sampling_accept, chain_sampling_tables, greedy_accept, tree_sampling_accept, tree_sampling_tables
+from eaglekit.engine.accept import accept
 from eaglekit.engine.spec import SpecConfig
 from eaglekit.engine.tree import Tree
 from eaglekit.errors import EaglekitError
 from eaglekit.metrics import accept_length
 from eaglekit.runtime.graphs import COMPILE_MODE, Step, compiled
 from eaglekit.runtime.kv import cache_mask, causal_block
-from eaglekit.runtime.sampling import Sampling, next_token, target_probs
+from eaglekit.runtime.sampling import Sampling, next_token
 
 PREFILL_CHUNK = 128      # prompt tokens per captured prefill step (CUDA graphs)
 # The fallback's policy, tuned on a simulation (docs/notes/engine.md, "Drafting that stops").
@@ -327,81 +331,7 @@ class Engine:
             self.meter.add("step", time.perf_counter() - began, steps)
         return extend(out, tokens, max_new_tokens, self.stop_ids)
 
-    # ---- speculative decoding -------------------------------------------------------------
-
-    def _propose_root_step(self) -> None:
-        self._propose(self.root)
-
-    def _propose(self, root: torch.Tensor) -> None:
-        proposal = self.drafter.propose(root, self.n)
-        for name in ("tokens", "parents", "depth", "anc"):
-            getattr(self.tree, name).copy_(getattr(proposal.tree, name))
-        if self.sampled_chain:
-            self.q.copy_(proposal.q)
-
-    def _prefill_speculation(self, ids: list[int]) -> torch.Tensor:
-        x, logits, aux = self._prefill(ids)
-        root = next_token(logits, self.sampling).view(1)
-        if self.drafter.needs_aux:
-            self.drafter.catch_up(torch.cat([x[1:], root]), aux, 0, len(ids) - 1)
-        self.n.fill_(len(ids))
-        self.cycle_index.zero_()
-        self.root.copy_(root)
-        self.proposal()
-        return root
-
-    def _verify_step(self) -> None:
-        tree, n, D = self.tree, self.n, self.spec.max_depth
-        N = tree.size
-        slots = n + torch.arange(N, device=self.device)
-        logits, aux = self.target(tree.tokens[None], (n + tree.depth)[None], slots,
-                                  cache_mask(tree.anc, n, n, self.L))
-        if aux is not None:
-            self.aux_rows.copy_(aux[0])
-        logits = logits[0]
-        if self.sampling.greedy:
-            count, path, bonus = greedy_accept(tree, torch.argmax(logits, -1), D)
-        elif self.sampled_chain:
-            q = torch.zeros(self.spec.k, logits.shape[-1], device=self.device)
-            q.index_copy_(1, self.drafter.vocab_map, self.q)                   # draft ids -> target ids
-            ratio, residual, bonus = chain_sampling_tables(tree.tokens, target_probs(logits, self.sampling), q)
-            uniform = torch.rand(self.spec.k, device=self.device, dtype=torch.float64)
-            count, path, bonus = chain_sampling_accept(ratio, residual, bonus, uniform)
-        else:
-            p_node, residual = tree_sampling_tables(tree, target_probs(logits, self.sampling))
-            uniform = torch.rand(N, device=self.device, dtype=torch.float64)
-            count, path, bonus = tree_sampling_accept(tree, p_node, residual, uniform, D)
-        self.acc.copy_(torch.cat([count, bonus, path]))
-
-    def _emitted(self) -> torch.Tensor:
-        """[D + 1] the tokens after positions n .. n+D on the accepted path: row i < count is the
-        accepted draft i+1, row count the bonus (later rows repeat it; the next cycle overwrites them)."""
-        rows = torch.arange(self.spec.max_depth + 1, device=self.device)
-        count, bonus, path = self.acc[0:1], self.acc[1:2], self.acc[2:]
-        after = torch.cat([path[1:], path[-1:]])                               # row i reads node i+1
-        return torch.where(rows < count, self.tree.tokens[after], bonus)
-
-    def _advance_step(self, emitted: torch.Tensor) -> None:
-        """Compaction, the draft's catch-up over the committed rows (`emitted`, see `_emitted`), next proposal."""
-        D = self.spec.max_depth
-        n, count, bonus, path = self.n, self.acc[0:1], self.acc[1:2], self.acc[2:]
-        rows = torch.arange(D + 1, device=self.device)
-        if self.spec.mode == "tree":                                           # a chain is in place
-            self.target.move_kv(n + path, n + rows)
-        if self.drafter.needs_aux:
-            self.drafter.catch_up(emitted, self.aux_rows[path], n, count)
-        self.n.add_(count + 1)
-        self._propose(bonus)
-
-    def _cycle_step(self) -> None:
-        """Verify, record the emitted tokens and the accepted count, advance (no host sync)."""
-        rows = torch.arange(self.spec.max_depth + 1, device=self.device)
-        self._verify_step()
-        emitted = self._emitted()
-        self.out.index_copy_(0, self.n + rows, emitted)
-        self.counts.index_copy_(0, self.cycle_index, self.acc[0:1])
-        self.cycle_index.add_(1)
-        self._advance_step(emitted)
+    # ---- speculative decoding: the host loop, then one cycle top to bottom ------------------
 
     def _speculate(self, ids: list[int], max_new_tokens: int, fallback: bool) -> Generation:
         """Replay `cycle_chunk` cycles, then read their counts and tokens in one copy. A chunk never
@@ -447,6 +377,88 @@ class Engine:
         if fallback:
             gen.cycle_cost = self._cost()
         return gen
+
+    def _prefill_speculation(self, ids: list[int]) -> torch.Tensor:
+        x, logits, aux = self._prefill(ids)
+        root = next_token(logits, self.sampling).view(1)
+        if self.drafter.needs_aux:
+            self.drafter.catch_up(torch.cat([x[1:], root]), aux, 0, len(ids) - 1)
+        self.n.fill_(len(ids))
+        self.cycle_index.zero_()
+        self.root.copy_(root)
+        self.proposal()
+        return root
+
+    def _cycle_step(self) -> None:
+        """One cycle on the tree proposed last, without a host sync: verify it, accept a path, commit
+        it, advance (the draft catches up and proposes the next tree)."""
+        logits = self._verify()                                                # [N, V]
+        count, path, bonus = accept(self.tree, logits, self.sampling, self.spec.max_depth,
+                                    q=self._chain_q(logits.shape[-1]))
+        self.acc.copy_(torch.cat([count, bonus, path]))                      # what commit, advance, the profile read
+        emitted = self._commit()
+        self._advance(emitted)
+
+    def _propose_root_step(self) -> None:
+        self._propose(self.root)
+
+    def _propose(self, root: torch.Tensor) -> None:
+        proposal = self.drafter.propose(root, self.n)
+        for name in ("tokens", "parents", "depth", "anc"):
+            getattr(self.tree, name).copy_(getattr(proposal.tree, name))
+        if self.sampled_chain:
+            self.q.copy_(proposal.q)
+
+    def _verify(self) -> torch.Tensor:
+        """One target forward over the tree at positions n + depth, slots n .. n+N-1 -> logits [N, V];
+        the nodes' aux rows kept for the draft's catch-up."""
+        tree, n = self.tree, self.n
+        slots = n + torch.arange(tree.size, device=self.device)
+        logits, aux = self.target(tree.tokens[None], (n + tree.depth)[None], slots,
+                                  cache_mask(tree.anc, n, n, self.L))
+        if aux is not None:
+            self.aux_rows.copy_(aux[0])
+        return logits[0]
+
+    def _chain_q(self, vocab_size: int) -> torch.Tensor | None:
+        """[k, V] a sampled chain's draft distributions in target ids; None when drafts are verified
+        as one-hot (greedy, trees, the oracle)."""
+        if not self.sampled_chain:
+            return None
+        q = torch.zeros(self.spec.k, vocab_size, device=self.device)
+        q.index_copy_(1, self.drafter.vocab_map, self.q)                       # draft ids -> target ids
+        return q
+
+    def _commit(self) -> torch.Tensor:
+        """Write the accepted path's tokens at out[n ..] and its count at counts[cycle]; move the
+        path's KV to slots n .. n+a (a chain is in place). Returns the emitted tokens (`_emitted`)."""
+        D = self.spec.max_depth
+        rows = torch.arange(D + 1, device=self.device)
+        emitted = self._emitted()
+        self.out.index_copy_(0, self.n + rows, emitted)
+        self.counts.index_copy_(0, self.cycle_index, self.acc[0:1])
+        self.cycle_index.add_(1)
+        if self.spec.mode == "tree":
+            self.target.move_kv(self.n + self.acc[2:], self.n + rows)
+        return emitted
+
+    def _emitted(self) -> torch.Tensor:
+        """[D + 1] the tokens after positions n .. n+D on the accepted path: row i < count is the
+        accepted draft i+1, row count the bonus (later rows repeat it; the next cycle overwrites them)."""
+        rows = torch.arange(self.spec.max_depth + 1, device=self.device)
+        count, bonus, path = self.acc[0:1], self.acc[1:2], self.acc[2:]
+        after = torch.cat([path[1:], path[-1:]])                               # row i reads node i+1
+        return torch.where(rows < count, self.tree.tokens[after], bonus)
+
+    def _advance(self, emitted: torch.Tensor) -> None:
+        """The draft's catch-up over the committed rows (`emitted`), n past them, the next proposal."""
+        count, bonus, path = self.acc[0:1], self.acc[1:2], self.acc[2:]
+        if self.drafter.needs_aux:
+            self.drafter.catch_up(emitted, self.aux_rows[path], self.n, count)
+        self.n.add_(count + 1)
+        self._propose(bonus)
+
+    # ---- plain fallback -------------------------------------------------------------------
 
     def _pays(self, accepts: list[int]) -> bool:
         """Whether these cycles commit at least what they cost, or might: tau's upper bound
