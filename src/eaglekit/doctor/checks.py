@@ -13,10 +13,10 @@ from typing import Callable
 import torch
 
 from eaglekit.draft.vocab import d2t_problems
-from eaglekit.formats.base import EngineReading
+from eaglekit.formats.base import EngineReading, Format
 from eaglekit.formats.detect import Interpretation, rope_parameters
 from eaglekit.formats.facts import TargetFacts
-from eaglekit.formats.names import NATIVE_LAYER, NATIVE_TENSORS, native_name
+from eaglekit.formats.names import LAYER_ALIASES, NATIVE_LAYER
 from eaglekit.formats.registry import FORMATS, aux_configurable
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
@@ -47,6 +47,11 @@ class Context:
     def engine(self) -> str:
         return self.reading.engine
 
+    @property
+    def format(self) -> Format:
+        """The format of the engine the folder is read by."""
+        return FORMATS[self.reading.engine]
+
 
 def check_config(ctx: Context) -> Check:
     problems = list(ctx.reading.problems)
@@ -61,52 +66,25 @@ def check_config(ctx: Context) -> Check:
     return Check("config", worst[0][0], "; ".join(p[1] for p in worst), "; ".join(p[2] for p in worst))
 
 
-# Which SGLang versions drop a decoder-layer tensor named `layers.0.*`, read in each wheel's
-# `models/llama_eagle3.py`: up to 0.5.11 the layer is `self.midlayer` and `load_weights` skips every
-# name it does not find; from 0.5.12 the layer is `self.layers[0]` and `load_weights` maps the legacy
-# `midlayer` to `layers.0`, so both names load (tests/test_interop_loaders.py loads `layers.0.*`
-# through 0.5.23's own loader). Any other unknown name is dropped by every version read.
-SGLANG_LAYERS0_DROPPED = "SGLang 0.5.11 and older"
-SGLANG_LAYERS0_LOADED = "SGLang 0.5.12 and later load them (as midlayer.*)"
-SGLANG_ALL_VERSIONS = "every SGLang version read (0.5.11, 0.5.12, 0.5.23)"
-
-
-def _sglang_drops(dropped: list[str]) -> list[str]:
-    """The names finding for SGLang, split by the versions each part applies to."""
-    layer0 = [n for n in dropped if native_name(n)[1] == "layers.0." and native_name(n)[0] in NATIVE_TENSORS]
-    other = [n for n in dropped if n not in layer0]
-    parts = []
-    if layer0:
-        parts.append(f"{SGLANG_LAYERS0_DROPPED} silently drop {len(layer0)} tensors ({', '.join(layer0[:4])}); "
-                     f"{SGLANG_LAYERS0_LOADED}")
-    if other:
-        parts.append(f"{SGLANG_ALL_VERSIONS} silently drops {len(other)} tensors ({', '.join(other[:4])})")
-    return parts
-
-
 def check_names(ctx: Context) -> Check:
-    r = ctx.reading
+    r, fmt = ctx.reading, ctx.format
     parts, hints = [], []
-    if r.dropped and ctx.engine == "sglang":
-        parts += _sglang_drops(r.dropped)
-    elif r.dropped:
-        parts.append(f"{ctx.engine} silently drops {len(r.dropped)} tensors ({', '.join(r.dropped[:4])})")
+    if r.dropped:
+        parts += (fmt.drops(r.dropped) if fmt.drops else
+                  [f"{ctx.engine} silently drops {len(r.dropped)} tensors ({', '.join(r.dropped[:4])})"])
     if r.refused:
         parts.append(f"{ctx.engine} refuses to load {len(r.refused)} tensors ({', '.join(r.refused[:4])})")
     missing = list(r.missing)
-    if ctx.engine == "vllm" and "lm_head.weight" in missing:
+    if fmt.without_lm_head and "lm_head.weight" in missing:
         missing.remove("lm_head.weight")
-        parts.append("no lm_head.weight: vLLM uses the target's head cut to the first draft_vocab_size "
-                     "ids (wrong tokens for a pruned vocab)")
+        parts.append(fmt.without_lm_head)
     if missing:
-        where = f" in {SGLANG_LAYERS0_DROPPED}" if ctx.engine == "sglang" and not [
-            n for n in r.dropped if native_name(n)[1] != "layers.0."] else ""
-        parts.append(f"{len(missing)} parameters keep their random init{where} ({', '.join(missing[:4])})")
+        parts.append(f"{len(missing)} parameters keep their random init{fmt.missing_where(r.dropped)} "
+                     f"({', '.join(missing[:4])})")
     if not parts:
         return Check("names", PASS, f"{ctx.engine} loads all {len(r.loads)} tensors by name")
-    if ctx.interp.layer_style == "layers.0." and ctx.engine in ("sglang", "eagle"):
-        hints.append("rename layers.0.* to midlayer.*" + (" (every SGLang version loads those)"
-                                                          if ctx.engine == "sglang" else ""))
+    if ctx.interp.layer_style in LAYER_ALIASES and ctx.interp.layer_style != fmt.layer_prefix and fmt.rename_layers:
+        hints.append(fmt.rename_layers)
     if any(n.startswith("model.") for n in r.refused):
         hints.append("drop the `model.` prefix from tensor names")
     hints.append(f"`eaglekit export --format {ctx.engine}` writes the names {ctx.engine} loads")
@@ -116,11 +94,7 @@ def check_names(ctx: Context) -> Check:
 def expected_shapes(ctx: Context) -> dict[str, tuple[int, ...]]:
     cfg = ctx.interp.config
     H, I, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
-    if ctx.engine == "vllm":  # fc width: num_aux_hidden_states, else the nested ids' count, else 3
-        nested = (ctx.reading.config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-        num_aux = ctx.reading.config.get("num_aux_hidden_states") or (len(nested) if nested else 3)
-    else:
-        num_aux = 3  # the SGLang and EAGLE versions read build fc for exactly three aux states
+    num_aux = ctx.format.fc_inputs(ctx.reading.config)
     L = NATIVE_LAYER
     return {
         "fc.weight": (H, num_aux * cfg.target_hidden_size),
@@ -154,9 +128,7 @@ def check_draft_vocab_size(ctx: Context) -> Check:
     declared = ctx.interp.flat.get("draft_vocab_size")
     head = ctx.interp.native.get("lm_head.weight")
     if declared is None:
-        effect = {"sglang": "SGLang replaces the draft's lm_head by the target's full head",
-                  "vllm": "vLLM sizes lm_head by the full vocab_size and the draft head no longer fits",
-                  "eagle": "EAGLE's loader refuses the config"}[ctx.engine]
+        effect = ctx.format.without_draft_vocab_size
         return Check("draft_vocab_size", FAIL, f"config.json has no draft_vocab_size: {effect}",
                      f"write draft_vocab_size = {head.shape[0] if head is not None else 'lm_head rows'}")
     if head is not None and head.shape[0] != declared:
@@ -252,7 +224,7 @@ def check_aux_layer_ids(ctx: Context) -> Check:
     if out_of_range:
         return Check("aux_layer_ids", FAIL, f"aux layers {out_of_range} do not exist in a {N}-layer target",
                      "the draft was made for another target")
-    fmt = FORMATS[ctx.engine]
+    fmt = ctx.format
     write = (f"{fmt.aux_field} = {fmt.engine_ids(meant)}" if fmt.aux_field else
              f"nothing: {fmt.title}'s layers are hard-coded; retrain on them or serve in {aux_configurable()}")
     if sorted(meant) == list(r.aux_layer_ids) and meant != list(r.aux_layer_ids):
@@ -266,9 +238,9 @@ def check_aux_layer_ids(ctx: Context) -> Check:
     if r.aux_alternative is not None and list(r.aux_alternative) != meant:
         return Check("aux_layer_ids", WARN, f"{ctx.engine} captures {meant} in the version modelled, but other "
                      f"versions capture {r.aux_alternative} ({r.aux_source})", f"write {write}")
-    if ctx.engine == "sglang" and N - 1 in meant:
-        return Check("aux_layer_ids", WARN, "the last layer's output is an aux state: older SGLang cannot capture it",
-                     "check the SGLang version")
+    if fmt.older_miss_last_layer and N - 1 in meant:
+        return Check("aux_layer_ids", WARN, f"the last layer's output is an aux state: older {fmt.title} cannot "
+                     "capture it", f"check the {fmt.title} version")
     return Check("aux_layer_ids", PASS, f"{ctx.engine} captures the outputs of layers {meant} ({r.aux_source})")
 
 
@@ -278,7 +250,7 @@ def check_aux_states(ctx: Context) -> Check:
         return Check("aux_states", FAIL, f"eagle_config.use_aux_hidden_state is false: {ctx.engine} feeds the "
                      f"draft one final hidden state ({ctx.facts.hidden_size} wide) instead of {cfg.num_aux} aux "
                      f"states concatenated ({cfg.fused_width} wide) and skips fc", "set use_aux_hidden_state to true")
-    if ctx.engine in ("sglang", "eagle") and cfg.fused_width == cfg.hidden_size:
+    if ctx.format.fc_only_if_widths_differ and cfg.fused_width == cfg.hidden_size:
         return Check("aux_states", FAIL, f"the fused width {cfg.fused_width} equals the draft hidden size: "
                      f"{ctx.engine} applies fc only when the widths differ, so fc is skipped",
                      "use more aux layers (EAGLE-3 uses three)")

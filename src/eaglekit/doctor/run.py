@@ -109,14 +109,14 @@ def training_tau(manifest: dict | None, k: int) -> tuple[float | None, str]:
 
 
 def speculative_tokens(folder) -> int:
-    """The draft tokens per step a folder is served at: a speculators config's own (vLLM reads it when
-    no num_speculative_tokens is given), else the export manifest's, else export's default."""
+    """The draft tokens per step a folder is served at: the ones its config names for its engine (a
+    speculators config's, which vLLM reads when given no num_speculative_tokens), else the export
+    manifest's, else export's default."""
     from eaglekit.formats.options import ExportOptions
 
-    methods = ((folder.config.get("speculators_config") or {}).get("proposal_methods") or [{}])
+    named = next((k for f in FORMATS.values() if (k := f.speculative_tokens(folder.config))), None)
     config = (folder.manifest or {}).get("config") or {}
-    k = methods[0].get("speculative_tokens") if isinstance(methods[0], dict) else None
-    return int(k or config.get("speculative_tokens") or ExportOptions.speculative_tokens)
+    return int(named or config.get("speculative_tokens") or ExportOptions.speculative_tokens)
 
 
 def run_doctor(draft: str | Path, target: str = DoctorOptions.target, *, engine: str | None = None,

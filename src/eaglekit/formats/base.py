@@ -3,8 +3,10 @@ how its engine reads a draft folder (`EngineReading`), and the pieces those read
 
 A format is its name, the decoder layer's parameter prefix it writes, whether it keeps the vocab maps,
 its aux id convention, its config writer and reader, and a model of how its engine loads a draft
-(the doctor compares that with what the draft was trained for). The readers model the engine
-versions docs/doctor.md lists under "Limits". No torch here: the options read the registry.
+(the doctor compares that with what the draft was trained for, and words its findings with the
+format's own notes: what the engine does without a field, which of its versions drop a name). The
+readers model the engine versions docs/doctor.md lists under "Limits". No torch here: the options
+read the registry.
 """
 
 from __future__ import annotations
@@ -67,6 +69,17 @@ class Format:
     aux_field_ids: Callable[[dict], list | None] = lambda flat: None   # the ids that field holds in a flat config
     aux_ids_name: str = ""    # that field in a message ("nested ids")
     aux_source: str = ""      # where ids read from that field came from, in eaglekit's words
+    speculative_tokens: Callable[[dict], int | None] = lambda config: None  # draft tokens per step its config names
+    # What the doctor says of how the engine misreads a folder (doctor/checks.py).
+    fc_inputs: Callable[[dict], int] = lambda flat: 3   # aux states the engine sizes fc for, from its flat config
+    #   (SGLang's and EAGLE's versions read: always three)
+    fc_only_if_widths_differ: bool = False   # fc is skipped when the fused width equals the hidden size
+    older_miss_last_layer: bool = False      # older versions cannot capture the last layer's output
+    without_draft_vocab_size: str = ""       # what the engine does with a config that has no draft_vocab_size
+    without_lm_head: str | None = None       # what it does with a folder that has no lm_head (None: left random)
+    drops: Callable[[list[str]], list[str]] | None = None   # dropped names as findings by version (None: all)
+    missing_where: Callable[[list[str]], str] = lambda dropped: ""  # the versions that leave missing params random
+    rename_layers: str | None = None   # the hint for a folder with another format's layer prefix (None: it loads it)
 
     def engine_ids(self, aux_layer_ids) -> list[int]:
         """eaglekit's aux ids (output of layer i) as this format's config holds them."""

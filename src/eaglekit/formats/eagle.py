@@ -118,4 +118,6 @@ EAGLE = Format(
     name="eagle", title="EAGLE", label="EAGLE traineagle3 (flat LlamaForCausalLM config, no layer ids)",
     layer_prefix="midlayer.", keeps_vocab_maps=True,
     aux_offset=1, recognises=recognises, write_config=write_config, engine_reading=engine_reading,
+    fc_only_if_widths_differ=True, without_draft_vocab_size="EAGLE's loader refuses the config",
+    rename_layers="rename layers.0.* to midlayer.*",
 )

@@ -11,13 +11,23 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from eaglekit.formats.base import DEFAULTS, EngineReading, Format, defaults, eaglekit_block, layer_param, missing
-from eaglekit.formats.names import EMBED, MODEL_PREFIX, NATIVE_LAYER, VOCAB_MAPS
+from eaglekit.formats.names import EMBED, MODEL_PREFIX, NATIVE_LAYER, NATIVE_TENSORS, VOCAB_MAPS, native_name
 
 if TYPE_CHECKING:   # annotations only
     from eaglekit.draft.config import DraftConfig
     from eaglekit.formats.detect import Interpretation
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
+
+# Which SGLang versions drop a decoder-layer tensor named `layers.0.*`, read in each wheel's
+# `models/llama_eagle3.py`: up to 0.5.11 the layer is `self.midlayer` and `load_weights` skips every
+# name it does not find; from 0.5.12 the layer is `self.layers[0]` and `load_weights` maps the legacy
+# `midlayer` to `layers.0`, so both names load (tests/test_interop_loaders.py loads `layers.0.*`
+# through 0.5.23's own loader). Any other unknown name is dropped by every version read.
+LAYERS0 = "layers.0."
+LAYERS0_DROPPED = "SGLang 0.5.11 and older"
+LAYERS0_LOADED = "SGLang 0.5.12 and later load them (as midlayer.*)"
+ALL_VERSIONS = "every SGLang version read (0.5.11, 0.5.12, 0.5.23)"
 
 
 def recognises(config: dict) -> bool:
@@ -37,6 +47,25 @@ def write_config(cfg: DraftConfig, *, facts=None, speculative_tokens: int | None
     d["num_aux_hidden_states"] = cfg.num_aux  # newer SGLang sizes fc by it (sglang PR #24663)
     d["eaglekit"] = eaglekit_block(cfg, "sglang", extra)
     return d
+
+
+def drops(dropped: list[str]) -> list[str]:
+    """The names finding for SGLang, split by the versions each part applies to."""
+    layer0 = [n for n in dropped if native_name(n)[1] == LAYERS0 and native_name(n)[0] in NATIVE_TENSORS]
+    other = [n for n in dropped if n not in layer0]
+    parts = []
+    if layer0:
+        parts.append(f"{LAYERS0_DROPPED} silently drop {len(layer0)} tensors ({', '.join(layer0[:4])}); "
+                     f"{LAYERS0_LOADED}")
+    if other:
+        parts.append(f"{ALL_VERSIONS} silently drops {len(other)} tensors ({', '.join(other[:4])})")
+    return parts
+
+
+def missing_where(dropped: list[str]) -> str:
+    """The versions that leave missing parameters at init: the old ones, unless a name every version
+    drops was dropped."""
+    return f" in {LAYERS0_DROPPED}" if all(native_name(n)[1] == LAYERS0 for n in dropped) else ""
 
 
 def engine_reading(interp: Interpretation, target_vocab, target_layers) -> EngineReading:
@@ -87,4 +116,8 @@ SGLANG = Format(
     aux_offset=0, aux_field="eagle_config.eagle_aux_hidden_state_layer_ids", aux_field_ids=aux_field_ids,
     aux_ids_name="nested ids", aux_source="nested eagle_config ids (output of layer k)",
     recognises=recognises, write_config=write_config, engine_reading=engine_reading,
+    fc_only_if_widths_differ=True, older_miss_last_layer=True,
+    without_draft_vocab_size="SGLang replaces the draft's lm_head by the target's full head",
+    drops=drops, missing_where=missing_where,
+    rename_layers="rename layers.0.* to midlayer.* (every SGLang version loads those)",
 )

@@ -106,6 +106,19 @@ def engine_config(interp: Interpretation) -> dict:
     return flat
 
 
+def speculative_tokens(config: dict) -> int | None:
+    """The draft tokens per step a speculators config names: vLLM serves at them when given no
+    num_speculative_tokens."""
+    methods = ((config.get("speculators_config") or {}).get("proposal_methods") or [{}])
+    return methods[0].get("speculative_tokens") if isinstance(methods[0], dict) else None
+
+
+def fc_inputs(flat: dict) -> int:
+    """The aux states vLLM sizes fc for: num_aux_hidden_states, else the nested ids' count, else 3."""
+    nested = (flat.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    return flat.get("num_aux_hidden_states") or (len(nested) if nested else 3)
+
+
 def speculators_problems(cfg: dict) -> list[tuple[str, str, str]]:
     """vLLM's `SpeculatorsConfig.validate_speculators_config` and `update_eagle3`, as checks."""
     out = []
@@ -189,5 +202,8 @@ VLLM = Format(
     aux_offset=1, aux_field="top-level eagle_aux_hidden_state_layer_ids", aux_field_ids=aux_field_ids,
     aux_ids_name="top-level ids", aux_source="top-level ids (vLLM convention: input of layer k)",
     recognises=recognises, write_config=write_config, engine_reading=engine_reading,
-    flat_config=flat_config, by_layout=True,
+    flat_config=flat_config, by_layout=True, speculative_tokens=speculative_tokens, fc_inputs=fc_inputs,
+    without_draft_vocab_size="vLLM sizes lm_head by the full vocab_size and the draft head no longer fits",
+    without_lm_head="no lm_head.weight: vLLM uses the target's head cut to the first draft_vocab_size ids "
+                    "(wrong tokens for a pruned vocab)",
 )
