@@ -22,7 +22,7 @@ def test_default_aux_ids_follow_eagle3():
 def test_info_of_tiny_target(tiny_target_dir):
     info = target_info(str(tiny_target_dir))
     assert (info.num_layers, info.hidden_size, info.vocab_size) == (8, 64, 384)
-    assert info.aux_layer_ids == [1, 3, 4] and info.aux_layer_ids_vllm == [2, 4, 5]
+    assert info.aux_layer_ids == [1, 3, 4]          # eaglekit's convention; the command adds the formats'
     assert info.has_chat_template and info.architecture == "LlamaForCausalLM"
 
 
@@ -46,6 +46,8 @@ def test_cli_info_json(tiny_target_dir, tmp_path, capsys):
     for key in ("architecture", "num_layers", "hidden_size", "vocab_size", "aux_layer_ids",
                 "aux_layer_ids_sglang", "aux_layer_ids_vllm"):
         assert key in info
+    # Each format's convention (docs/contracts.md): SGLang's nested ids are eaglekit's numbers, vLLM's one higher.
+    assert info["aux_layer_ids_sglang"] == [1, 3, 4] and info["aux_layer_ids_vllm"] == [2, 4, 5]
 
 
 def test_missing_path_is_one_clear_error(tmp_path, capsys):

@@ -21,7 +21,7 @@ from eaglekit.errors import EaglekitError, from_os_error
 log = logging.getLogger(__name__)
 
 STAGE_CLIS = (
-    "eaglekit.targets.cli",
+    "eaglekit.formats.target_cli",     # `eaglekit target`: above targets/, for every format's aux ids
     "eaglekit.pipeline.cli",
     "eaglekit.train.vocab_cli",
     "eaglekit.features.cli",

@@ -1,8 +1,8 @@
 """What a user needs to know about a target before training a draft for it.
 
 `target_info` reads only the config and tokenizer (no weights), so it is fast even for large
-targets. Aux layer ids are reported in eaglekit's convention (`targets/aux.py`) and as SGLang's and
-vLLM's configs write them (docs/contracts.md).
+targets. Aux layer ids are reported in eaglekit's convention (`targets/aux.py`); the `target info`
+command adds them as each format's config writes them (`formats/target_cli.py`, docs/contracts.md).
 """
 
 from __future__ import annotations
@@ -33,8 +33,6 @@ class TargetInfo:
     has_chat_template: bool
     eos_token: str | None
     aux_layer_ids: list[int]
-    aux_layer_ids_sglang: list[int]
-    aux_layer_ids_vllm: list[int]
     aux_layer_convention: str
     config_hash: str
     tokenizer_hash: str
@@ -83,8 +81,6 @@ def target_info(spec: str | TargetSource, *, tokenizer=None, config=None) -> Tar
         has_chat_template=bool(getattr(tokenizer, "chat_template", None)),
         eos_token=tokenizer.eos_token,
         aux_layer_ids=ids,
-        aux_layer_ids_sglang=list(ids),                # formats/sglang.py: the same numbers
-        aux_layer_ids_vllm=[i + 1 for i in ids],       # formats/vllm.py: input of layer k = output of k-1
         aux_layer_convention="output of 0-based decoder layer i (pre final norm)",
         config_hash=fp["config_hash"],
         tokenizer_hash=fp["tokenizer_hash"],
