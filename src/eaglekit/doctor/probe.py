@@ -4,8 +4,9 @@ Greedy speculative decoding emits exactly the target's greedy continuation, so a
 determined by that continuation and by what the draft proposes at each verify step. The probe
 therefore generates the continuation once per prompt, captures every decoder layer's output over it
 in one target forward, and replays chain drafting of k tokens at each verify step the way an
-EAGLE-3 engine runs it: the draft's cache holds the committed prefix, computed from the target's
-aux states (step 0), and steps 1..k-1 feed the draft its own token and pre-norm output. Accept length
+EAGLE-3 engine runs it (the reference speculative decode, engine/reference.py, with the recording as
+its target): the draft's cache holds the committed prefix, computed from the target's aux states
+(step 0), and steps 1..k-1 feed the draft its own token and pre-norm output. Accept length
 tau counts the bonus token, per-position acceptance is P(first i+1 drafts accepted) (vLLM's metric).
 
 Because the target's states are kept for all layers, a misreading (other aux layers, one final
@@ -20,6 +21,7 @@ import torch
 
 from eaglekit.draft.config import DraftConfig
 from eaglekit.draft.model import Eagle3Draft
+from eaglekit.engine.reference import speculative_decode
 from eaglekit.errors import EaglekitError
 from eaglekit.metrics import accept_length, acceptance_by_position
 from eaglekit.targets.capture import capture_aux_states
@@ -96,39 +98,25 @@ def build_draft(setup: ProbeSetup, target_embedding: torch.Tensor) -> Eagle3Draf
 
 @torch.no_grad()
 def replay(draft: Eagle3Draft, run: TargetRun, setup: ProbeSetup, k: int) -> list[int]:
-    """Accepted draft count at every verify step of greedy chain decoding over one continuation."""
+    """Accepted draft count at every verify step of greedy chain decoding over one continuation: the
+    reference speculative decode (engine/reference.py) with the recorded run as the target."""
     tokens, T = run.tokens, run.tokens.shape[0]
-    vocab = draft.config.vocab_size
     if setup.single_state:
-        hidden = run.final_state[: T - 1]                                       # [T-1, H], fc skipped
+        states, fuse = run.final_state, (lambda h: h)                           # [T, H], fc skipped
     else:
         ids = list(setup.config.aux_layer_ids)
         N = run.layer_states.shape[0]
         if not all(0 <= i < N for i in ids):
             raise EaglekitError(f"aux layers {ids} do not exist in a {N}-layer target")
-        aux = torch.cat([run.layer_states[i, : T - 1] for i in ids], dim=-1)  # [T-1, k*H]
-        hidden = draft.fuse(aux)
-    # Position i reads (token i+1, target state i) and proposes token i+2: the whole prefix at once.
-    logits, h_out, (K, V) = draft(tokens[1:][None], hidden[None])
-    accepted, c = [], run.prompt_len  # tokens[c] is the token the target just committed
-    while c < T - 1:
-        # Near the end only the tokens the target still emits can be accepted (as engines count it).
-        window = min(k, T - 1 - c)
-        token = int(draft.draft_to_target(logits[0, c - 1].argmax()))
-        a = 0
-        if token == int(tokens[c + 1]):
-            a = 1
-            h, kv = h_out[:, c - 1: c], (K[:, :, :c], V[:, :, :c])
-            for j in range(1, window):
-                if not 0 <= token < vocab:
-                    break
-                step_logits, h, kv = draft(torch.tensor([[token]]), h, torch.tensor([[c - 1 + j]]), past_kv=kv)
-                token = int(draft.draft_to_target(step_logits[0, -1].argmax()))
-                if token != int(tokens[c + 1 + j]):
-                    break
-                a += 1
-        accepted.append(a)
-        c += a + 1
+        states, fuse = torch.cat([run.layer_states[i] for i in ids], dim=-1), draft.fuse  # [T, k*H]
+    # Position i's token is tokens[i+1]; past the end (never committed: the answer is complete) the last.
+    chosen = torch.cat([tokens[1:], tokens[-1:]])
+
+    def recorded(ids: torch.Tensor):
+        return chosen[:ids.shape[0]], states[:ids.shape[0]]
+
+    _, accepted = speculative_decode(recorded, draft, tokens[:run.prompt_len].tolist(), T - run.prompt_len, k,
+                                     fuse=fuse)
     return accepted
 
 
