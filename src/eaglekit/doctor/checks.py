@@ -12,6 +12,7 @@ from typing import Callable
 
 import torch
 
+from eaglekit.draft.config import DraftConfig
 from eaglekit.draft.vocab import d2t_problems
 from eaglekit.formats.base import EngineReading, Format
 from eaglekit.formats.detect import Interpretation, rope_parameters
@@ -188,8 +189,6 @@ def check_embedding(ctx: Context) -> Check:
 
 
 def check_rope(ctx: Context) -> Check:
-    from eaglekit.draft.config import DraftConfig
-
     draft = ctx.interp.config
     expected = DraftConfig.for_target(ctx.facts.config, aux_layer_ids=list(draft.aux_layer_ids),
                                       draft_vocab_size=min(draft.draft_vocab_size, ctx.facts.vocab_size))

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from eaglekit.artifacts import DOCTOR_REPORT, emit_json
+from eaglekit.artifacts import DOCTOR_REPORT, MANIFEST, emit_json, sha256_json, write_json, write_manifest, writer_lock
 from eaglekit.doctor.options import GROUPS, DoctorOptions
 from eaglekit.errors import EaglekitError
 from eaglekit.options import JSON_STDOUT, add_options, options_from_args
@@ -42,10 +43,6 @@ def run(args: argparse.Namespace) -> int:
 
 def write_report(report, args: argparse.Namespace) -> None:
     """The doctor as a pipeline stage: report.json plus a manifest naming the draft and target."""
-    from pathlib import Path
-
-    from eaglekit.artifacts import MANIFEST, sha256_json, write_json, write_manifest, writer_lock
-
     out = Path(args.out)
     data = report.to_dict()
     failed = [c["id"] for c in data["checks"] if c["status"] == "fail"]

@@ -8,14 +8,20 @@ from functools import lru_cache
 from pathlib import Path
 
 from eaglekit.artifacts import refuse_unfinished
+from eaglekit.data.folder import read_prompt_folder
+from eaglekit.data.readers import SourceSpec, read_source
 from eaglekit.doctor.checks import FAIL, PASS, WARN, Check, Context, run_checks
+from eaglekit.doctor.diagnose import diagnose, engine_setup
 from eaglekit.doctor.options import DoctorOptions
+from eaglekit.doctor.probe import probe, run_target
 from eaglekit.errors import EaglekitError
 from eaglekit.formats.detect import interpret
 from eaglekit.formats.facts import target_facts
 from eaglekit.formats.folder import read_folder
+from eaglekit.formats.options import ExportOptions
 from eaglekit.formats.registry import FORMATS
 from eaglekit.metrics import cumulative_acceptance
+from eaglekit.targets.load import DTYPES, dtype_name, load_target, resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -63,14 +69,10 @@ def load_prompts(spec: str | None, limit: int) -> list[list[dict]]:
 def folder_prompts(spec: str) -> list:
     """An `eaglekit prompts` folder's validation split, as bench reads it (another stage's folder, a
     draft or conversations, is refused by its stage; it read as a JSON file's error)."""
-    from eaglekit.data.folder import read_prompt_folder
-
     return read_prompt_folder(spec, splits=("validation",))[1]["validation"]
 
 
 def file_prompts(spec: str) -> list:
-    from eaglekit.data.readers import SourceSpec, read_source
-
     source = SourceSpec.parse(spec)
     report = read_source(source)
     if report.malformed:    # once skipped without a word, where bench refuses the same file
@@ -112,8 +114,6 @@ def speculative_tokens(folder) -> int:
     """The draft tokens per step a folder is served at: the ones its config names for its engine (a
     speculators config's, which vLLM reads when given no num_speculative_tokens), else the export
     manifest's, else export's default."""
-    from eaglekit.formats.options import ExportOptions
-
     named = next((k for f in FORMATS.values() if (k := f.speculative_tokens(folder.config))), None)
     config = (folder.manifest or {}).get("config") or {}
     return int(named or config.get("speculative_tokens") or ExportOptions.speculative_tokens)
@@ -146,8 +146,6 @@ def run_doctor(draft: str | Path, target: str = DoctorOptions.target, *, engine:
         allow_unfinished: check a draft whose training did not finish (refused otherwise); the
             report then says so in a `finished` check.
     """
-    from eaglekit.targets.load import resolve_device
-
     device, dtype = resolve_device(device), probe_dtype(dtype)
     folder = read_folder(draft)
     k = k or speculative_tokens(folder)
@@ -161,8 +159,6 @@ def run_doctor(draft: str | Path, target: str = DoctorOptions.target, *, engine:
 
     @lru_cache(maxsize=1)
     def loaded():
-        from eaglekit.targets.load import load_target
-
         return load_target(facts.source, device=device, dtype=dtype)
 
     ctx = Context(interp=interp, reading=reading, facts=facts,
@@ -188,8 +184,6 @@ def run_doctor(draft: str | Path, target: str = DoctorOptions.target, *, engine:
 def probe_dtype(dtype: str) -> str:
     """The probe's dtype, by its full name ("bf16"/"fp32"/"fp16" accepted); never "auto": the probe
     measures in the dtype the user serves in."""
-    from eaglekit.targets.load import DTYPES, dtype_name
-
     if str(dtype) not in DTYPES:
         raise EaglekitError(f"unknown probe dtype {dtype!r}",
                             hint="use the dtype you serve in: bfloat16, float32 or float16")
@@ -198,9 +192,6 @@ def probe_dtype(dtype: str) -> str:
 
 def live_probe(ctx: Context, target, prompts: str | None, k: int, max_new_tokens: int, num_prompts: int,
                diagnose_always: bool) -> dict:
-    from eaglekit.doctor.diagnose import diagnose, engine_setup
-    from eaglekit.doctor.probe import probe, run_target
-
     messages = load_prompts(prompts, num_prompts)
     runs = [run_target(target.model, target.tokenizer, m, max_new_tokens=max_new_tokens,
                        stop_ids=target.stop_token_ids) for m in messages]

@@ -12,16 +12,18 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 
 from eaglekit.artifacts import MANIFEST, atomic_path, read_manifest, write_json, write_manifest, writer_lock
 from eaglekit.errors import DiskFull, EaglekitError, from_os_error
 from eaglekit.features.batch import pack_by_tokens, pad_stack
-from eaglekit.features.conversations import Sample
+from eaglekit.features.conversations import Sample, read_conversations, tokenize_conversations
 from eaglekit.features.options import FeaturesOptions
 from eaglekit.features.store import FORMAT, INDEX, TENSORS, describe_nonfinite, nonfinite_counts, read_index, shard_name
 from eaglekit.features.teacher import topk_from_logits
 from eaglekit.progress import Progress
+from eaglekit.targets.aux import check_aux_layer_ids, default_aux_layer_ids
 from eaglekit.targets.capture import capture_aux_states
 from eaglekit.targets.source import validate_safetensors
 
@@ -212,8 +214,6 @@ def write_failed(err: Exception, out: Path, shard: int, shards: int, *, kept: in
 
 def topk_mass(out: Path, files: list[str]) -> float:
     """Mean target probability the stored top-k holds on assistant tokens (1.0 = nothing lost)."""
-    from safetensors import safe_open
-
     total, n = 0.0, 0
     for name in files:
         with safe_open(str(out / name), framework="pt") as f:
@@ -235,9 +235,6 @@ def capture_conversations(args, target, *, config: dict | None = None,
     reads them, the capture into `args.out`; returns the store's manifest.
     `shard_capture_for(aux_layer_ids, samples)` gives the backend's shard function (None: the HF
     target in this process); `config`: the backend's own settings for the manifest."""
-    from eaglekit.features.conversations import read_conversations, tokenize_conversations
-    from eaglekit.targets.aux import check_aux_layer_ids, default_aux_layer_ids
-
     layers = target.config.num_hidden_layers
     aux = check_aux_layer_ids(args.aux_layer_ids or default_aux_layer_ids(layers), layers)
     rows, data_fp = read_conversations(args.data, target_fingerprint=target.fingerprint())

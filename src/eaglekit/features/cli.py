@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+from eaglekit.features.options import GROUPS, FeaturesOptions
+from eaglekit.options import add_options
+
 
 def register(sub) -> None:
-    from eaglekit.features.options import GROUPS, FeaturesOptions
-    from eaglekit.options import add_options
-
     p = sub.add_parser("features", help="capture aux states + teacher of conversations into a feature store",
                        description="Run the target once over the conversations and store what training needs: "
                                    "its aux states (bf16) and its top-k next-token distribution. Resumable: rerun "

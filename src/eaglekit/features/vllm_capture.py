@@ -26,12 +26,16 @@ import tempfile
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from eaglekit.errors import EaglekitError
+from eaglekit.features.capture import capture_conversations, shard_tensors
 from eaglekit.features.conversations import Sample
 from eaglekit.features.options import FeaturesOptions
 from eaglekit.features.teacher import topk_from_logits
+from eaglekit.formats.facts import target_facts
 from eaglekit.formats.vllm import VLLM
+from eaglekit.targets.load import engine_dtype_name, generation_eos_ids, stop_token_ids
 
 log = logging.getLogger(__name__)
 WORKER_EXTENSION = "eaglekit.features.vllm_capture.AuxStateWorker"
@@ -116,8 +120,6 @@ class AuxStateWorker:
         `{i}.topk_logp`, i the request's index in `req_ids`. Returns an error message, or ""."""
         if not self._eaglekit_rank0():
             return ""
-        from safetensors.torch import save_file
-
         states = self._eaglekit["states"]
         tensors = {}
         for i, (req, length) in enumerate(zip(req_ids, lengths)):
@@ -175,11 +177,8 @@ class VllmCapture:
         self._count = 0
 
     def capture_shard(self, samples: list[Sample]) -> dict[str, torch.Tensor]:
-        from safetensors.torch import load_file
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
-
-        from eaglekit.features.capture import shard_tensors
 
         engine = self.llm.llm_engine
         params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
@@ -213,9 +212,6 @@ class TargetFiles:
     `capture_into` needs of a `Target` besides the model."""
 
     def __init__(self, spec: str):
-        from eaglekit.formats.facts import target_facts
-        from eaglekit.targets.load import generation_eos_ids, stop_token_ids
-
         facts = target_facts(spec)
         if facts.source.kind != "hf_dir":
             raise EaglekitError(f"vLLM loads an HF model folder; {spec} is a {facts.source.kind}",
@@ -231,9 +227,6 @@ class TargetFiles:
 def run_features_vllm(args) -> int:
     """`eaglekit features --backend vllm`: the HF path's flow (`features.capture.capture_conversations`) with vLLM
     computing each shard."""
-    from eaglekit.features.capture import capture_conversations
-    from eaglekit.targets.load import engine_dtype_name
-
     if args.device_map:
         raise EaglekitError("--device-map is the hf backend's way to split a target", hint="use --tensor-parallel-size")
     import_vllm()  # before anything is written

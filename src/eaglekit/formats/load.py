@@ -10,10 +10,14 @@ from pathlib import Path
 import torch
 
 from eaglekit.artifacts import check_same_target, refuse_unfinished
+from eaglekit.draft import DraftConfig, Eagle3Draft
 from eaglekit.draft.checkpoint import check_finite
+from eaglekit.draft.config import DRAFT_VOCAB_SIZE
 from eaglekit.errors import EaglekitError
 from eaglekit.formats.folder import DraftFolder, read_folder
 from eaglekit.formats.importer import check_fits_target, native_tensors, strict_reading
+from eaglekit.targets.aux import default_aux_layer_ids
+from eaglekit.targets.load import text_config
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +40,6 @@ def read_draft_folder(folder: str | Path, *, allow_unfinished: bool = False,
 def load_draft_for(folder: str | Path | DraftFolder, target, device: str, *, allow_unfinished: bool = False):
     """A draft of any format, converted in memory as `eaglekit import` converts it, refused if it was
     made for another target; in the target's dtype, with the target's embedding."""
-    from eaglekit.draft import Eagle3Draft
-
     if not isinstance(folder, DraftFolder):
         folder = read_draft_folder(folder, allow_unfinished=allow_unfinished, stand_ins=())
     if folder.recorded_target is not None:
@@ -55,11 +57,6 @@ def load_draft_for(folder: str | Path | DraftFolder, target, device: str, *, all
 
 def random_draft_for(model, device: str):
     """A randomly initialized draft for an HF target model: real draft cost, no acceptance."""
-    from eaglekit.draft import DraftConfig, Eagle3Draft
-    from eaglekit.draft.config import DRAFT_VOCAB_SIZE
-    from eaglekit.targets.aux import default_aux_layer_ids
-    from eaglekit.targets.load import text_config
-
     cfg = text_config(model.config)
     config = DraftConfig.for_target(cfg, aux_layer_ids=default_aux_layer_ids(cfg.num_hidden_layers),
                                     draft_vocab_size=min(cfg.vocab_size, DRAFT_VOCAB_SIZE))

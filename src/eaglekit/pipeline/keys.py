@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import difflib
 
+from eaglekit.cli import build_parser
 from eaglekit.errors import EaglekitError
 
 # section -> (the subcommand its keys are flags of, keys the pipeline reads itself)
@@ -57,8 +58,6 @@ def section_command(recipe: dict, section: str) -> tuple[tuple[str, ...], set[st
 
 def stage_flags(path: tuple[str, ...]) -> set[str]:
     """The long flags of `eaglekit <path...>`, without dashes (`max-new-tokens`, ...)."""
-    from eaglekit.cli import build_parser
-
     parser = build_parser()
     for name in path:
         parser = subcommands(parser)[name]

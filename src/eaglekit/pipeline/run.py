@@ -28,7 +28,13 @@ trains with torchrun on N GPUs of this host (DDP).
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import dataclasses
 import functools
+import gc
+import importlib
+import io
 import logging
 import os
 import shlex
@@ -56,15 +62,18 @@ from eaglekit.artifacts import (
     write_json,
     writer_lock,
 )
+from eaglekit.cli import build_parser, main
 from eaglekit.data.options import LOCAL_BACKENDS, GenerateOptions
 from eaglekit.engine.spec import SpecConfig
 from eaglekit.errors import EaglekitError
+from eaglekit.features.options import FeaturesOptions
 from eaglekit.formats.registry import FORMATS
 from eaglekit.pipeline.recipe import to_flags
 from eaglekit.pipeline.scaling import StepsNotKnownYet, run_scaling, scaling_plan, scaling_summary
 from eaglekit.progress import StageTime, TimeLeft, duration, run_after, run_outlook, stage_and_after
 from eaglekit.report.html import write_report
 from eaglekit.targets.source import DEFAULT_TARGET
+from eaglekit.train.config import TrainConfig
 from eaglekit.train.manifest import draft_manifest_path, prediction_text, read_draft_manifest, steps_done
 
 log = logging.getLogger(__name__)
@@ -344,11 +353,6 @@ def check_planned(stages: Sequence["PlannedStage"]) -> None:
     recipe value it refuses (`train.lr=abc`, `bench.mode=trie`) once surfaced minutes into a run,
     when its stage began (found by a newcomer review, 2026-12-04). Commands holding a value known
     only once an earlier stage ran (`<...>`) are left to their stage."""
-    import contextlib
-    import io
-
-    from eaglekit.cli import build_parser
-
     parser = build_parser()
     for stage in stages:
         if any(arg.startswith("<") for arg in stage.argv):
@@ -385,9 +389,6 @@ STAGE_OPTIONS = {
 def check_stage_options(argv: list[str], args) -> None:
     """Build the stage's options from its parsed flags, running the checks the stage itself runs
     (ranges included: `train.batch-tokens=-5`, `generate.max-new-tokens=0`)."""
-    import dataclasses
-    import importlib
-
     path = STAGE_OPTIONS.get(tuple(argv[:2])) or STAGE_OPTIONS.get(tuple(argv[:1]))
     if path is None:
         return
@@ -406,10 +407,6 @@ def overwrites(argv: list[str]) -> bool:
 @functools.lru_cache(maxsize=None)
 def subcommand_flags(words: tuple[str, ...]) -> frozenset[str]:
     """The flags of `eaglekit WORDS...` (a subcommand and, where it has them, its own subcommand), from the parser."""
-    import argparse
-
-    from eaglekit.cli import build_parser
-
     parser = build_parser()
     for word in words:
         subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
@@ -489,9 +486,7 @@ STAGES = ("target", "prompts", "synthesize", "generate", "features", "val-prompt
 def release_device_memory() -> None:
     """After an in-process stage: its compiled steps hold their engine (and a KV cache of tens of GB
     at generation's batch) alive through torch.compile's caches; the next stage gets the GPU back."""
-    import gc
-
-    import torch
+    import torch   # only here: this module imports no torch, so `eaglekit run --plan` stays light
 
     if not torch.cuda.is_available():
         return
@@ -528,8 +523,6 @@ def run_stage(argv: list[str], processes: int = 1) -> tuple[int, str | None]:
 def run_eaglekit(argv: list[str], processes: int = 1) -> int:
     """`eaglekit <argv>` in this process, or under torchrun with `processes` workers on this host."""
     if processes <= 1:
-        from eaglekit.cli import main
-
         return main(argv)
     cmd = command_line(argv, processes)
     log.info("torchrun: %s", shlex.join(cmd))
@@ -578,9 +571,6 @@ def warn_past_training(recipe: dict) -> None:
     """Say so when generation may write conversations longer than training reads: the stage that
     tokenizes for training (features offline, train online with `features: false`) keeps the first
     `max-length` tokens of each, so answer tokens past it cost generation time and are never trained on."""
-    from eaglekit.features.options import FeaturesOptions
-    from eaglekit.train.config import TrainConfig
-
     generate = recipe.get("generate") or {}
     online = recipe.get("features", {}) is False
     stage, default = ("train", TrainConfig.max_length) if online else ("features", FeaturesOptions.max_length)

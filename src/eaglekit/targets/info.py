@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from transformers import AutoConfig
+
 from eaglekit.errors import EaglekitError
 from eaglekit.targets.aux import check_aux_layer_ids, default_aux_layer_ids  # noqa: F401 (check_...: scripts import it here)
 from eaglekit.targets.load import generation_eos_ids, load_tokenizer, target_fingerprint, text_config
@@ -43,8 +45,6 @@ class TargetInfo:
 
 
 def load_config(source: TargetSource, trust_remote_code: bool = False):
-    from transformers import AutoConfig
-
     try:
         if source.kind == "gguf":
             return AutoConfig.from_pretrained(source.path.parent, gguf_file=source.path.name)

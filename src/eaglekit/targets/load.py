@@ -11,10 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from eaglekit.artifacts import sha256_json
 from eaglekit.errors import EaglekitError
 from eaglekit.targets.source import TargetSource, resolve_target
+from eaglekit.targets.weights import weights_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +111,6 @@ def architecture_name(config) -> str:
     """`LlamaForCausalLM` etc.; GGUF configs carry no `architectures`, so derive it from model_type."""
     if getattr(config, "architectures", None):
         return config.architectures[0]
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
     return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type, type(config).__name__)
 
 
@@ -119,8 +120,6 @@ def target_fingerprint(config, tokenizer, source: TargetSource) -> dict:
     Config and tokenizer are hashed whole, the weights by a sample of their files (`weights.py`),
     so a fine-tune with the same config is another target.
     """
-    from eaglekit.targets.weights import weights_fingerprint
-
     cfg = text_config(config)
     return {
         "name": source.name,
@@ -141,8 +140,6 @@ def load_tokenizer(source: TargetSource, gen_eos: list[int] | None = None):
         source: the resolved target.
         gen_eos: the generation config's EOS ids if already known (saves re-reading a GGUF).
     """
-    from transformers import AutoTokenizer
-
     try:
         if source.kind == "gguf":
             tok = AutoTokenizer.from_pretrained(source.path.parent, gguf_file=source.path.name)
@@ -164,8 +161,6 @@ def load_tokenizer(source: TargetSource, gen_eos: list[int] | None = None):
 
 def generation_eos_ids(source: TargetSource, config=None) -> list[int]:
     """EOS ids generation stops at: generation_config.json, else the model config's."""
-    from transformers import AutoConfig, GenerationConfig
-
     try:
         if source.kind == "hf_dir" and (source.path / "generation_config.json").is_file():
             eos = GenerationConfig.from_pretrained(source.path).eos_token_id
@@ -202,8 +197,6 @@ def load_target(spec: str | Path | TargetSource, *, device: str = "cpu", dtype: 
     Returns:
         A `Target` whose model is in eval mode with gradients off.
     """
-    from transformers import AutoModelForCausalLM
-
     source = spec if isinstance(spec, TargetSource) else resolve_target(spec)
     torch_dtype = resolve_dtype(dtype, device)
     kwargs = dict(dtype=torch_dtype, trust_remote_code=trust_remote_code)

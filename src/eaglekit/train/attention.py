@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from eaglekit.errors import EaglekitError
 from eaglekit.train.config import ATTENTIONS
@@ -182,7 +183,6 @@ def plan_free_attention():
     ~90 ms of a 261 ms step, with the device busy 163 ms. Flash and memory-efficient kernels need
     no plan. The flags are process-wide, so the batch-prefetch thread follows them too.
     """
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
         yield
 

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
+
+from eaglekit.options import add_options, options_from_args
+from eaglekit.train.config import TrainConfig
 
 
 def register(sub) -> None:
@@ -16,18 +20,12 @@ def register(sub) -> None:
                        description="Train an EAGLE-3 draft. Offline: --features DIR (from `eaglekit features`). "
                                    "Online: --data CONVERSATIONS, the target runs beside the draft. Writes the best "
                                    "draft (by walk tau, the accept length of a greedy draft walk, on held-out data) to --out.")
-    from eaglekit.options import add_options
-    from eaglekit.train.config import TrainConfig
-
     add_options(p, TrainConfig, groups={"inputs": "inputs", "draft": "draft", "training": "training",
                                         "reporting": "reporting"})
     p.set_defaults(func=run_train)
 
 
 def config_from_args(args: argparse.Namespace):
-    from eaglekit.options import options_from_args
-    from eaglekit.train.config import TrainConfig
-
     return options_from_args(TrainConfig, args)
 
 
@@ -51,8 +49,6 @@ def exit_rank_now() -> None:
     process group destroyed, yet on a loaded CPU a gloo rank sometimes aborted while exiting
     ("terminate called without an active exception": a joinable thread destroyed at exit), which
     torchrun reports as a failed run."""
-    import logging
-
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import json
 import logging
 import math
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -127,8 +129,6 @@ def with_empty_row(batch: Batch) -> Batch:
 
 def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
     """DDP without per-forward buffer syncing (d2t/t2d/rotary are identical on every rank)."""
-    import inspect
-
     ddp = nn.parallel.DistributedDataParallel
     kwargs = {"device_ids": [device.index] if device.type == "cuda" else None}
     if "forward_sync_buffers" in inspect.signature(ddp.__init__).parameters:
@@ -182,8 +182,6 @@ class Trainer:
         self.pending: dict = {}
         self.unchecked: tuple[int, torch.Tensor] | None = None   # (step, its [loss, grad norm]) not yet read
         if self.prefetch:
-            from concurrent.futures import ThreadPoolExecutor
-
             self.pool = ThreadPoolExecutor(max_workers=1)
         if cfg.resume:
             self.restore()

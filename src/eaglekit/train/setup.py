@@ -8,14 +8,18 @@ from pathlib import Path
 
 import torch
 
-from eaglekit.artifacts import hash_share
+from eaglekit.artifacts import hash_share, refuse_unfinished
+from eaglekit.draft.checkpoint import load_draft
 from eaglekit.draft.config import DraftConfig
 from eaglekit.draft.model import Eagle3Draft
 from eaglekit.draft.vocab import DraftVocab, build_draft_vocab, count_assistant_tokens
 from eaglekit.errors import EaglekitError
 from eaglekit.features.conversations import is_validation, read_conversations, tokenize_conversations
 from eaglekit.features.store import FeatureStore
+from eaglekit.formats.folder import read_folder
 from eaglekit.targets.aux import check_aux_layer_ids, default_aux_layer_ids
+from eaglekit.targets.load import load_target
+from eaglekit.train.baselines import baseline_accuracy
 from eaglekit.train.config import TrainConfig
 from eaglekit.train.distributed import Dist
 from eaglekit.train.sources import OfflineSource, OnlineSource, validation_workload
@@ -72,10 +76,6 @@ def initial_draft(cfg: TrainConfig) -> Eagle3Draft | None:
     """The `--init-from` draft (its weights and vocab start the run), read once; None without it."""
     if not cfg.init_from:
         return None
-    from eaglekit.artifacts import refuse_unfinished
-    from eaglekit.draft.checkpoint import load_draft
-    from eaglekit.formats.folder import read_folder
-
     if Path(cfg.init_from).is_dir():   # a killed run's checkpoint is not a draft to build on (--resume it)
         refuse_unfinished(read_folder(cfg.init_from).unfinished, cfg.init_from, allow_unfinished=cfg.allow_unfinished)
     return load_draft(cfg.init_from)
@@ -125,8 +125,6 @@ def build_draft(cfg: TrainConfig, target_config, aux_layer_ids: list[int], vocab
 
 
 def prepare_online(cfg: TrainConfig, dist: Dist) -> Run:
-    from eaglekit.targets.load import load_target
-
     if cfg.target_device_map and dist.enabled:
         raise EaglekitError("--target-device-map shards the target over all GPUs and cannot run under torchrun",
                             hint="capture features offline (`eaglekit features --device-map auto`) and train DDP from them")
@@ -223,8 +221,6 @@ def prepare(cfg: TrainConfig, dist: Dist) -> Run:
     run.counts["draft_vocab_coverage"] = run.vocab.coverage
     run.counts["validation"] = validation_workload(cfg, run.val)   # the workload its prediction is for
     if run.val is not None:
-        from eaglekit.train.baselines import baseline_accuracy
-
         run.counts["val_baselines"] = baseline_accuracy(run.train.token_masks(), run.val.token_masks())
     log.info("draft vocab: %d ids, coverage %.4f of assistant tokens", run.vocab.size, run.vocab.coverage or 0)
     return run

@@ -7,8 +7,12 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 
+from eaglekit.artifacts import MANIFEST
 from eaglekit.draft.vocab import DraftVocab
 from eaglekit.features.batch import Batch, pad_stack
 from eaglekit.features.conversations import Sample, conversation_files
@@ -145,11 +149,6 @@ def validation_workload(cfg, val: OfflineSource | OnlineSource | None) -> dict |
 def sources_by_id(path, *, online: bool) -> dict[str, str]:
     """Conversation id -> its prompt's `source`, read from the conversations folder (offline: the one
     the features were captured from, named in their manifest); empty where that folder is gone."""
-    import json
-    from pathlib import Path
-
-    from eaglekit.artifacts import MANIFEST
-
     folder = Path(path)
     if not online:
         manifest = folder / MANIFEST

@@ -13,6 +13,7 @@ deleted afterwards, so a kill at any moment leaves one complete state to resume 
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -105,8 +106,6 @@ def truncate_log(path: Path, step: int) -> None:
     Raises:
         EaglekitError: a line other than the last is not a JSON object.
     """
-    import json
-
     if not path.is_file():
         return
     lines = path.read_text(encoding="utf-8").splitlines()

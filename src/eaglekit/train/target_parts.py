@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from transformers import AutoModelForCausalLM
 
 from eaglekit.targets.info import load_config
 from eaglekit.targets.load import generation_eos_ids, load_target, load_tokenizer, stop_token_ids, target_fingerprint, text_config
@@ -41,8 +42,6 @@ class TargetParts:
 
 def parameter_names(config) -> tuple[str, str | None, bool]:
     """(input embedding name, output embedding name, tied) from the model built on the meta device."""
-    from transformers import AutoModelForCausalLM
-
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     by_id: dict[int, str] = {}

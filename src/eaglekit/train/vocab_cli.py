@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
+from eaglekit.artifacts import MANIFEST, write_manifest, writer_lock
 from eaglekit.options import add_options
 from eaglekit.train.config import TrainConfig
 
@@ -30,9 +32,6 @@ def register(sub) -> None:
 
 
 def run_vocab(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from eaglekit.artifacts import MANIFEST, write_manifest, writer_lock
     from eaglekit.draft.vocab import build_draft_vocab, count_assistant_tokens
     from eaglekit.train.target_parts import load_target_parts
 
