@@ -486,7 +486,7 @@ STAGES = ("target", "prompts", "synthesize", "generate", "features", "val-prompt
 def release_device_memory() -> None:
     """After an in-process stage: its compiled steps hold their engine (and a KV cache of tens of GB
     at generation's batch) alive through torch.compile's caches; the next stage gets the GPU back."""
-    import torch   # only here: this module imports no torch, so `eaglekit run --plan` stays light
+    import torch  # only here: this module imports no torch, so `eaglekit run --plan` stays light
 
     if not torch.cuda.is_available():
         return
