@@ -73,6 +73,61 @@ def test_bench_checkpoint_draft_chain_and_sweep(tmp_path, tiny_target_dir, promp
     assert len(result["sweep"]) >= 4
     assert result["summary"]["spec"] == max(result["sweep"], key=lambda r: r["spec_tok_s"])["spec"]
     assert [r["spec"] for r in result["sweep"]][:3] == ["chain k=1", "chain k=2", "chain k=3"]   # a CPU's shapes
+    # one prompt, fewer than --sweep-prompts' default: the sweep's runs are the bench, every shape in every turn
+    assert all(r["prompts"] == 1 for r in result["sweep"]) and result["summary"]["prompts"] == 1
+    assert set(result["turns"][0]["spec"]) == {r["spec"] for r in result["sweep"]}
+    assert result["summary"]["shape_choice"]["chosen"] == result["summary"]["spec"]
+
+
+def test_the_sweep_picks_a_shape_on_a_few_prompts_says_why_and_benches_it_on_all(tmp_path, tiny_target_dir,
+                                                                                prompts_file):
+    out, result = run_bench(tmp_path, tiny_target_dir, prompts_file, "random", "--sweep", "--sweep-prompts", "1",
+                            "--hf-prompts", "1", "--cache-slots", "256")
+    s, sweep = result["summary"], result["sweep"]
+    labels = [r["spec"] for r in sweep]
+    # every shape on the first prompt (its two turns), without HF generate
+    assert len(sweep) >= 4 and all((r["prompts"], r["turns"], r["hf_prompts"]) == (1, 2, 0) for r in sweep)
+    # the fastest of them, then benched alone on all three prompts (four turns), HF generate on the first
+    choice = s["shape_choice"]
+    assert s["spec"] == choice["chosen"] == max(sweep, key=lambda r: r["spec_tok_s"])["spec"]
+    assert (s["prompts"], s["turns"], s["hf_prompts"]) == (3, 4, 1)
+    assert [set(t["spec"]) for t in result["turns"]] == [{s["spec"]}] * 4
+    assert [("hf" in t) for t in result["turns"]] == [True, True, False, False]
+    assert s["config"]["spec"]["mode"] in ("chain", "tree") and s["config"]["sweep_prompts"] == 1
+    # why: the chosen shape on the sweep's prompt, against the runner-up
+    assert sorted(choice["ranking"]) == sorted(labels) and choice["ranking"][0] == s["spec"]
+    assert choice["runner_up"] == choice["ranking"][1] != s["spec"] and choice["prompts"] == 1
+    assert choice["lead"] >= 0
+    assert choice["why"].startswith(f"{s['spec']}: ") and " on 1 prompt (tau " in choice["why"]
+    assert f"ahead of {choice['runner_up']} (" in choice["why"]
+    text = (out / "report.md").read_text()
+    assert "Each shape on the first 1 prompt; the chosen one then ran on all 3" in text
+    assert f"Chosen: **{choice['why']}**" in text
+
+
+def test_shape_choice_names_a_lead_within_the_drift_a_tie():
+    from eaglekit.bench.report import shape_choice
+
+    def row(label, tok_s, steps):
+        return {"spec": label, "spec_tok_s": tok_s, "speedup": tok_s / 10, "tau": 2.0, "prompts": 4,
+                "cycle": {"plain_steps": steps}, "plain_tokens": 0, "plain_share": 0.0}
+
+    rows = [row("chain k=3", 15.0, 1.5), row("tree d=4 topk=4 n=16", 16.2, 1.8), row("chain k=5", 15.3, 1.6)]
+    choice = shape_choice(rows, 1, {"drift": 0.02})
+    assert choice["chosen"] == "tree d=4 topk=4 n=16" and choice["runner_up"] == "chain k=5"
+    assert choice["ranking"] == ["tree d=4 topk=4 n=16", "chain k=5", "chain k=3"]
+    assert choice["why"] == ("tree d=4 topk=4 n=16: 1.62x on 4 prompts (tau 2.00, a cycle 1.80 plain steps), "
+                             "6 % ahead of chain k=5 (1.53x)")
+    assert "a tie" in shape_choice(rows, 1, {"drift": 0.10})["why"]   # 6 % ahead, plain runs 10 % apart
+    assert shape_choice(rows[:1], 0)["why"].endswith("the only shape tried")
+
+
+@pytest.mark.parametrize("flags, message", [(["--sweep", "--sweep-prompts", "0"], "--sweep-prompts 1 or more"),
+                                            (["--sweep-prompts", "2"], "add --sweep")])
+def test_sweep_prompts_needs_a_sweep_and_a_prompt(tmp_path, prompts_file, capsys, flags, message):
+    code = main(["bench", "--target", "nowhere", "--draft", "random", "--prompts", str(prompts_file),
+                 "--out", str(tmp_path / "x"), *flags])
+    assert code == 2 and message in capsys.readouterr().err and not (tmp_path / "x").exists()
 
 
 def test_bench_refuses_a_draft_of_another_target(tmp_path, tiny_target_dir, prompts_file, capsys):
@@ -277,3 +332,15 @@ def test_a_held_bench_out_is_refused_first_and_a_failed_bench_changes_nothing(tm
     assert main(["bench", "--target", missing, "--draft", "oracle", "--overwrite", "--out", str(done)]) == 2
     assert {f.name: f.read_bytes() for f in done.iterdir()} == before       # --overwrite that failed: all kept
     assert not list(tmp_path.glob(f".{done.name}.*"))
+
+
+def test_a_recipe_bench_can_sweep(tmp_path, capsys):
+    """`sweep: true` (and `sweep-prompts`) under a recipe's `bench:` become the bench's flags; a bad pair is
+    refused by --plan, before any stage runs."""
+    out = tmp_path / "run"
+    assert main(["run", "--recipe", "quick", "--plan", "--out", str(out), "bench.sweep=true",
+                 "bench.sweep-prompts=2"]) == 0
+    bench = [line for line in capsys.readouterr().out.splitlines() if "eaglekit bench " in line]
+    assert bench and "--sweep --sweep-prompts 2" in bench[-1]
+    assert main(["run", "--recipe", "quick", "--plan", "--out", str(out), "bench.sweep-prompts=2"]) == 2
+    assert "--sweep-prompts 2 without --sweep" in capsys.readouterr().err and not out.exists()

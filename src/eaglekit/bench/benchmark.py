@@ -1,7 +1,8 @@
 """`eaglekit bench` from start to finish: load, measure, summarize, write the output folder.
 
     out/manifest.json   stage "bench": config, target fingerprint, inputs, counts
-    out/results.json    summary + per prompt + per turn (+ sweep)
+    out/results.json    summary + per prompt + per turn (+ sweep: each shape on the first --sweep-prompts
+                        prompts; the summary is the chosen shape's on all, and says why: `shape_choice`)
     out/report.md       the markdown table
     out/acceptance.png  acceptance per position and tau per prompt (needs matplotlib)
 """
@@ -21,7 +22,7 @@ import torch
 from eaglekit.artifacts import BENCH_RESULTS, atomic_path, clear_folder, has_content, refuse_existing, sha256_file, write_json, write_manifest, writer_lock
 from eaglekit.bench.options import BenchOptions
 from eaglekit.bench.prompts import load_bench_prompts, prompt_categories
-from eaglekit.bench.report import greedy_match_note, markdown, plot, summarize, turn_records, verdict
+from eaglekit.bench.report import greedy_match_note, markdown, plot, shape_choice, summarize, turn_records, verdict
 from eaglekit.bench.run import Method, conversation_ids, run_turns
 from eaglekit.engine import DraftRunner, Engine, OracleDrafter, SpecConfig
 from eaglekit.errors import EaglekitError
@@ -34,8 +35,9 @@ log = logging.getLogger(__name__)
 STAND_INS = ("oracle", "random")   # --draft values that are not a folder
 
 # Shapes tried by --sweep (EAGLE-2/3 use trees of depth 6-8, top-k 10, 60 tokens on 7-8B targets). Four:
-# on a GPU each costs one compile of its cycle (~40-60 s for SmolLM2), so a sweep of 8 prompts stays
-# within a few minutes; any other shape is one `--mode/--k/--depth/--tree-top-k/--total-tokens` run away.
+# on a GPU each costs one compile of its cycle (~40-60 s for SmolLM2), and they run on the first
+# --sweep-prompts prompts only (the chosen one then on all), so a sweep stays within a few minutes;
+# any other shape is one `--mode/--k/--depth/--tree-top-k/--total-tokens` run away.
 SWEEP = (SpecConfig(mode="chain", k=3), SpecConfig(mode="chain", k=5),
          SpecConfig(mode="tree", depth=4, top_k=4, total_tokens=16),
          SpecConfig(mode="tree", depth=6, top_k=8, total_tokens=32))
@@ -126,13 +128,34 @@ def benchmark(cfg: BenchOptions, command: str = "") -> dict:
     start = time.time()
     methods = [Method(spec.label(), *engine_for(spec)) for spec in specs]
     engines = [m.engine for m in methods]
-    turns, timing = run_turns(engines[0], methods, target, prompts, max_new_tokens=cfg.max_new_tokens, hf=cfg.hf,
-                              hf_prompts=cfg.hf_prompts, seed=cfg.seed, warmup=cfg.warmup)
     categories = prompt_categories(cfg.prompts)[0]
-    sweep = [{**summarize(turns, spec.label(), spec.max_depth, sampling.greedy, categories)["summary"],
-              "config": spec.to_dict()} for spec in specs]
-    best = max(range(len(specs)), key=lambda i: sweep[i]["spec_tok_s"])
+    run = dict(max_new_tokens=cfg.max_new_tokens, hf_prompts=cfg.hf_prompts, seed=cfg.seed)
+    sweep, choice, best = None, None, 0
+    if cfg.sweep:
+        # Every shape on the first few prompts; then the chosen one on all of them, in the same engines
+        # (the target loads once, each shape's cycle compiles once). Where the few are all the prompts,
+        # the sweep's own runs are the bench (HF generate then runs in them).
+        tried = prompts[:cfg.sweep_prompt_count]
+        whole = len(tried) == len(prompts)
+        log.info("bench: sweep of %d shapes on %d of %d prompts", len(specs), len(tried), len(prompts))
+        sweep_turns, sweep_timing = run_turns(engines[0], methods, target, tried, hf=cfg.hf and whole,
+                                              warmup=cfg.warmup, **run)
+        sweep = [{**summarize(sweep_turns, spec.label(), spec.max_depth, sampling.greedy, categories)["summary"],
+                  "config": spec.to_dict()} for spec in specs]
+        best = max(range(len(specs)), key=lambda i: sweep[i]["spec_tok_s"])
+        choice = shape_choice(sweep, best, sweep_timing)
+        log.info("bench: chose %s", choice["why"])
+        if whole:
+            turns, timing = sweep_turns, sweep_timing
+        else:
+            log.info("bench: %s on all %d prompts", specs[best].label(), len(prompts))
+            turns, timing = run_turns(engines[0], [methods[best]], target, prompts, hf=cfg.hf,
+                                      warmup=cfg.warmup if cfg.hf else 0, **run)   # the engines are warm
+    else:
+        turns, timing = run_turns(engines[0], methods, target, prompts, hf=cfg.hf, warmup=cfg.warmup, **run)
     result = summarize(turns, specs[best].label(), specs[best].max_depth, sampling.greedy, categories)
+    if choice is not None:
+        result["summary"]["shape_choice"] = choice
     profile = slow_cycle_profile(engines[best], result["summary"], turns[0].ids, cfg.max_new_tokens)
     result["summary"]["verdict"] = verdict(result["summary"], profile)
     result["cycle_profile"] = profile

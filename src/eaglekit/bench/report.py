@@ -180,6 +180,35 @@ def verdict(summary: dict, profile: dict | None = None) -> str:
     return text
 
 
+def shape_choice(sweep: list[dict], best: int, timing: dict | None = None) -> dict:
+    """Which shape the sweep chose (`best`, the fastest of `sweep`'s rows) and why, in one sentence:
+    its speedup on the sweep's prompts, its tau and cycle cost, and its lead over the runner-up;
+    a lead within the sweep's plain-run drift (`timing`, `run.bracket`) is called a tie."""
+    row = sweep[best]
+    others = sorted((r for i, r in enumerate(sweep) if i != best), key=lambda r: r["spec_tok_s"], reverse=True)
+    steps = (row.get("cycle") or {}).get("plain_steps")
+    cost = f"a cycle {steps:.2f} plain steps" if steps else "a cycle's cost not timed"
+    if row.get("plain_tokens"):
+        cost += f", {row['plain_share']:.0%} of its tokens by plain fallback steps"
+    prompts = f"{row['prompts']} prompt{'' if row['prompts'] == 1 else 's'}"
+    why = f"{row['spec']}: {row['speedup']:.2f}x on {prompts} (tau {row['tau']:.2f}, {cost})"
+    lead = None
+    if others:
+        second = others[0]
+        lead = row["spec_tok_s"] / second["spec_tok_s"] - 1 if second["spec_tok_s"] else None
+        ahead = f"{100 * lead:.0f} % ahead of" if lead is not None else "ahead of"
+        why += f", {ahead} {second['spec']} ({second['speedup']:.2f}x)"
+        drift = (timing or {}).get("drift")
+        if lead is not None and drift and lead < drift:
+            why += (f"; within the {100 * drift:.0f} % by which the plain runs differed, so on this machine the two "
+                    "are a tie")
+    else:
+        why += ", the only shape tried"
+    return {"chosen": row["spec"], "why": why, "prompts": row["prompts"],
+            "runner_up": others[0]["spec"] if others else None, "lead": None if lead is None else round(lead, 4),
+            "ranking": [row["spec"]] + [r["spec"] for r in others], "drift": (timing or {}).get("drift")}
+
+
 def turn_records(turns: list[Turn]) -> list[dict]:
     out = []
     for t in turns:
@@ -258,12 +287,19 @@ def markdown(result: dict) -> str:
                   f"on those prompts plain decoding runs at {s['baseline_vs_hf']:.2f}x and speculation at "
                   f"{s['speedup_vs_hf']:.2f}x HF's speed.", ""]
     if result.get("sweep"):
-        lines += ["## Sweep", "", "| setting | tau | spec tok/s | speedup | plain-step tokens |",
-                  "| --- | ---: | ---: | ---: | ---: |"]
+        tried = result["sweep"][0]["prompts"]
+        where = (f"Each shape on all {tried} prompts; the figures above are the chosen one's." if tried == s["prompts"]
+                 else f"Each shape on the first {tried} prompt{'' if tried == 1 else 's'}; the chosen one then ran on "
+                      f"all {s['prompts']} (the figures above).")
+        lines += ["## Sweep", "", where, "",
+                  "| setting | tau | spec tok/s | speedup | cycle (plain steps) | plain-step tokens |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: |"]
         for row in result["sweep"]:
+            steps = (row.get("cycle") or {}).get("plain_steps")
             lines.append(f"| {row['spec']} | {row['tau']:.2f} | {row['spec_tok_s']:.1f} | {row['speedup']:.2f}x | "
-                         f"{row.get('plain_share', 0):.0%} |")
-        lines += ["", f"Fastest: **{s['spec']}**", ""]
+                         f"{fmt(steps)} | {row.get('plain_share', 0):.0%} |")
+        choice = s.get("shape_choice")
+        lines += ["", f"Chosen: **{choice['why']}**." if choice else f"Fastest: **{s['spec']}**", ""]
     return "\n".join(lines)
 
 
