@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent / "helpers"))   # tiny.py, engine_tiny.py, ...: `from tiny import ...`
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -35,7 +35,8 @@ def pytest_configure(config) -> None:
                             "given by conftest)")
 
 
-# The tiers, from the markers a test already has: `pytest -m unit` is the quick loop (tiny seeded
+# The tiers, from the markers a test already has (the folder, tests/unit, integration, interop, gpu, holds
+# the files by their main tier): `pytest -m unit` is the quick loop (tiny seeded
 # models, no SmolLM2; a few short subprocesses); integration runs the real SmolLM2 or long subprocess runs (`slow`); interop the
 # serving engines' own code (vLLM's tests carry `interop` too); gpu, CUDA (never in CI).
 def tier_of(item) -> str:

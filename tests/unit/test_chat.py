@@ -1,6 +1,6 @@
 """Assistant loss masks against real chat templates of several families (tests/assets/chat_templates).
 
-Each family gets the tiny byte-level BPE tokenizer of tests/tiny.py plus that family's special tokens
+Each family gets the tiny byte-level BPE tokenizer of tests/helpers/tiny.py plus that family's special tokens
 (flags as in the real tokenizer: Qwen3's <think>/</think> are not special, Phi-3's turn tokens strip
 the whitespace after them), its bos/eos and its real template. The checks: each assistant turn's
 masked tokens decode to exactly what the model writes in that turn (its text, the end-of-turn token,
@@ -27,7 +27,7 @@ from eaglekit.features.conversations import tokenize_conversations
 from eaglekit.targets.chat import assistant_spans, common_prefix, prompt_ids, render, tokenize_conversation
 from tiny import tiny_tokenizer
 
-TEMPLATES = Path(__file__).parent / "assets" / "chat_templates"
+TEMPLATES = Path(__file__).parents[1] / "assets" / "chat_templates"
 THINK = "<think>\n\n</think>\n\n"  # what Qwen3 writes before an answer without reasoning
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from engine_tiny import one_thread, random_draft  # noqa: F401 (fixture)
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "bench_engine.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu" / "bench_engine.py"
 
 
 def test_bench_engine_smoke(tmp_path, tiny_target_dir, monkeypatch):
@@ -60,7 +60,7 @@ def test_bench_cpu_decode_script_runs_on_a_tiny_target(tmp_path, tiny_target_dir
     from eaglekit.targets import load_target
 
     draft = save_draft(random_draft(load_target(tiny_target_dir).model), tmp_path / "draft")
-    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_cpu_decode.py"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_cpu_decode.py"
     subprocess.run([sys.executable, str(script), "--target", str(tiny_target_dir), "--batch-sizes", "2", "--context", "8",
                     "--cache-slots", "128", "--steps", "1", "--draft", str(draft), "--new-tokens", "8", "--out", str(tmp_path)],
                    check=True, capture_output=True)

@@ -24,7 +24,7 @@ def eager_target(model, aux_layer_ids):
 
 
 def repeat_target():
-    """A tiny Llama target with a draft that it accepts often (the repeat oracle: tests/oracle_draft.py)."""
+    """A tiny Llama target with a draft that it accepts often (the repeat oracle: tests/helpers/oracle_draft.py)."""
     model = peaked_model("llama", std=0.1)
     return model, repeat_draft(model, draft_vocab=model.config.vocab_size).eval()
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "bench_generate.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu" / "bench_generate.py"
 
 
 @pytest.mark.slow

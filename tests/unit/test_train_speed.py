@@ -8,7 +8,7 @@ from eaglekit.features.teacher import Teacher
 from eaglekit.train.attention import check_merged_attention, dense_ttt_attention, merged_ttt_attention
 from eaglekit.train.loss import soft_cross_entropy, step_counts, ttt_loss
 from eaglekit.train.ttt import ttt_unroll
-from test_train_ttt import batch_for, make_draft
+from ttt_batch import batch_for, make_draft
 
 torch.set_num_threads(1)
 
@@ -218,7 +218,7 @@ def test_bench_train_step_smoke_runs_every_eager_variant(tmp_path):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "bench_train_step.py"
+    path = Path(__file__).resolve().parents[2] / "scripts" / "gpu" / "bench_train_step.py"
     spec = importlib.util.spec_from_file_location("bench_train_step", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -235,7 +235,7 @@ def test_bench_train_step_smoke_mixed_shapes_and_online_target(tmp_path):
 
     from tiny import save_tiny_target
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "bench_train_step.py"
+    path = Path(__file__).resolve().parents[2] / "scripts" / "gpu" / "bench_train_step.py"
     spec = importlib.util.spec_from_file_location("bench_train_step", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

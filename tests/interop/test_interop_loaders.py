@@ -1,7 +1,7 @@
 """Proof in the engines' own loaders: SGLang's and SafeAILab/EAGLE's code load eaglekit's exports.
 
 For each engine the export goes through the engine's own loading code in its own venv
-(tests/interop_sglang.py, tests/interop_eagle.py), with every parameter set to NaN first, and the
+(tests/helpers/interop_sglang.py, tests/helpers/interop_eagle.py), with every parameter set to NaN first, and the
 engine's draft runs one forward. Five checks, each a function returning what is wrong (or None):
 
 - params:    every parameter written by the loader (no NaN left; for SGLang the embedding, which
@@ -37,9 +37,9 @@ from eaglekit.formats import export_draft
 from eaglekit.targets.capture import capture_aux_states
 from eaglekit.targets.info import default_aux_layer_ids
 from oracle_draft import save_repeat_target
-from test_doctor import planted
+from planted import planted
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1] / "helpers"   # interop_sglang.py, interop_eagle.py
 CACHE = Path.home() / ".cache/eaglekit"
 SGLANG_VENV = Path(os.environ.get("EAGLEKIT_SGLANG_VENV", CACHE / "sglang-venv"))
 EAGLE_VENV = Path(os.environ.get("EAGLEKIT_EAGLE_VENV", CACHE / "eagle-venv"))

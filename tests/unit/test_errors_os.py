@@ -18,14 +18,14 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from test_features import text_rows
 
 from eaglekit.cli import main
 from eaglekit.targets import load_target
-from test_features import text_rows
 from tiny_conversations import write_generate_folder
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-       "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
+       "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2] / "src"), os.environ.get("PYTHONPATH", "")])}
 EAGLEKIT = [sys.executable, "-m", "eaglekit"]
 
 

@@ -16,7 +16,7 @@ from tiny import TRAIN_TEXT, VOCAB
 from tiny_conversations import write_jsonl
 
 torch.set_num_threads(1)
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "peer" / "speculators_data.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "peer" / "speculators_data.py"
 
 
 def load_script():

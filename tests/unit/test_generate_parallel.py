@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_generate import make_prompts, read_lines, read_rows
 
 from eaglekit.cli import build_parser, main
 from eaglekit.data.cli import worker_argv
@@ -21,7 +22,6 @@ from eaglekit.data.parallel import check_device_flag, parse_devices
 from eaglekit.features.conversations import read_conversations
 from eaglekit.pipeline.recipe import to_flags
 from eaglekit.targets import load_target
-from test_generate import make_prompts, read_lines, read_rows
 
 
 def generate_argv(prompts: Path, target: Path, out: Path, *extra: str) -> list[str]:

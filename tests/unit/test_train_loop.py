@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_features import text_rows
 
 from eaglekit.cli import main
 from eaglekit.draft.checkpoint import load_draft
@@ -21,7 +22,6 @@ from eaglekit.targets.load import load_target
 from eaglekit.train.config import TrainConfig
 from eaglekit.train.loop import train
 from eaglekit.train.manifest import predicted_accept_length, validation_label
-from test_features import text_rows
 from tiny_conversations import greedy_samples, write_generate_folder
 
 torch.set_num_threads(1)

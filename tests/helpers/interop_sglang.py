@@ -2,7 +2,7 @@
 
 Runs inside the SGLang venv (scripts/install_sglang_cpu.sh), never imports eaglekit:
 
-    $VENV/bin/python tests/interop_sglang.py REQUEST.json
+    $VENV/bin/python tests/helpers/interop_sglang.py REQUEST.json
 
 REQUEST: {"target", "inputs": safetensors with input_ids [T], aux_hidden [T, 3*H], embed_tokens,
           "jobs": [{"draft", "out"}, ...]}: one process loads every draft (SGLang's import is

@@ -1,7 +1,7 @@
 """The GPU tier: the engine's CUDA paths (torch.compile + CUDA graphs, flex attention, graphed
 refills, the captured loop check) give the tokens the eager CPU paths give. Never runs in CI (no GPU there); on the device:
 
-    python -m pytest -m gpu tests/test_gpu.py
+    python -m pytest -m gpu tests/gpu/test_gpu.py
 
 fp32 everywhere, so outputs must be token-identical; tiny peaked targets keep compiles short.
 """
@@ -94,7 +94,7 @@ def test_compiled_training_step_on_cuda_equals_the_eager_one():
     from eaglekit.train.loop import TTTModel, compile_target_layers, compiled_unrolled_loss, unrolled_loss
     from eaglekit.train.loss import step_counts
     from eaglekit.train.ttt import compile_guards
-    from test_train_ttt import batch_for, make_draft
+    from ttt_batch import batch_for, make_draft
 
     torch.manual_seed(0)
     draft = make_draft().cuda()

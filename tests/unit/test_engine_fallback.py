@@ -114,7 +114,7 @@ def test_timed_cost_and_stop_token_with_fallback(spec):
 def test_fallback_steps_build_no_tensor_from_host_data():
     """The decode step (which keeps aux rows here) and the window catch-up are captured too, the
     catch-up uncompiled: neither may copy host data into a tensor, which CUDA graph capture refuses
-    (`aten.lift_fresh`, see tests/test_engine_capture_safe.py)."""
+    (`aten.lift_fresh`, see tests/unit/test_engine_capture_safe.py)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class HostTensors(TorchDispatchMode):

