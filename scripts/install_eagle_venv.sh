@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install SafeAILab/EAGLE's own code (EAGLE-3, `eagle.model`) on a CPU torch and transformers 4.x
-# in its own venv, for eaglekit's loader interop tests (tests/interop_eagle.py runs in it).
+# in its own venv, for eaglekit's loader interop tests (tests/helpers/interop_eagle.py runs in it).
 #
 #   scripts/install_eagle_venv.sh [VENV]    # default ${EAGLEKIT_EAGLE_VENV:-$HOME/.cache/eaglekit/eagle-venv}
 #

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install SGLang's PyPI wheel on a CPU torch in its own venv, for eaglekit's loader interop tests
-# (tests/test_interop_loaders.py runs tests/interop_sglang.py in it).
+# (tests/interop/test_interop_loaders.py runs tests/helpers/interop_sglang.py in it).
 #
 #   scripts/install_sglang_cpu.sh [VENV]    # default ${EAGLEKIT_SGLANG_VENV:-$HOME/.cache/eaglekit/sglang-venv}
 #

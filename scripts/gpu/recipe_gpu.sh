@@ -147,7 +147,7 @@ PY
           BENCH_ARGS="--prompts $eval/mt_bench.jsonl --limit ${LIMIT:-20} --max-new-tokens 256 --no-hf $(bench_shape) --device cuda" \
           bash scripts/peer/run_speculators.sh "$RUN" "$W/peer" 2>&1 | quiet | grep -v "^+ " | tail -30 >> "$LOG" ;;
       gputests)  # the CUDA paths of the batch decoder against the CPU's, token for token
-        timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py -k batch_decoder 2>&1 | tail -5 >> "$LOG" ;;
+        timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_gpu.py -k batch_decoder 2>&1 | tail -5 >> "$LOG" ;;
       none) continue ;;   # BENCHES=none: the recipe's run alone
       *) stamp "unknown bench $b (chain, sweep, heldout, generate, kernels, regen, profile, arms, peer, gputests, none)"; continue ;;
     esac
