@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Callable, Hashable, Iterator
 
 import torch
+from tqdm import tqdm
 
 from eaglekit.data.quality import MAX_PERIOD
 from eaglekit.errors import EaglekitError
@@ -742,8 +743,6 @@ def generate_batch(target, prompts: list[list[int]], *, max_new_tokens: int, sam
     results: list[Completion | None] = [None] * len(prompts)
     answers = decoder.serve(lambda: next(requests, None), stop_token_ids)
     if progress:
-        from tqdm import tqdm
-
         answers = tqdm(answers, total=len(prompts), desc="generate", unit="answer")
     for request, completion in answers:
         results[request.key] = completion

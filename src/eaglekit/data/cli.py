@@ -6,13 +6,23 @@ import argparse
 import logging
 import os
 
+from eaglekit.data.options import (
+    GROUPS,
+    LOCAL_BACKENDS,
+    WORKER_SKIP_GROUPS,
+    WORKER_SKIPS,
+    GenerateOptions,
+    PromptsBuildOptions,
+    SynthesizeOptions,
+)
+from eaglekit.errors import EaglekitError
+from eaglekit.options import add_options, options_argv, options_from_args
+from eaglekit.targets.source import resolve_target
+
 log = logging.getLogger(__name__)
 
 
 def register(sub) -> None:
-    from eaglekit.data.options import GROUPS, GenerateOptions, PromptsBuildOptions, SynthesizeOptions
-    from eaglekit.options import add_options
-
     prompts = sub.add_parser("prompts", help="build a prompt set from datasets, or synthesize one with the target")
     psub = prompts.add_subparsers(dest="prompts_command", metavar="ACTION", required=True)
 
@@ -45,9 +55,6 @@ def register(sub) -> None:
 
 def add_local_args(parser: argparse.ArgumentParser) -> None:
     """`generate`'s local-generation flags, on a parser of its own backends (`prompts synthesize`)."""
-    from eaglekit.data.options import GROUPS, LOCAL_BACKENDS, GenerateOptions
-    from eaglekit.options import add_options
-
     parser.add_argument("--backend", default=GenerateOptions.backend, choices=LOCAL_BACKENDS,
                         help=f"generate's local backends only (default {GenerateOptions.backend})")
     add_options(parser, GenerateOptions, groups=GROUPS, only=("local",))
@@ -60,7 +67,6 @@ def run_build(args: argparse.Namespace) -> int:
     tokenizer = None
     if args.target:
         from eaglekit.targets.load import load_tokenizer
-        from eaglekit.targets.source import resolve_target
 
         tokenizer = load_tokenizer(resolve_target(args.target))
     manifest = build_prompts(
@@ -81,7 +87,6 @@ def run_synthesize(args: argparse.Namespace) -> int:
     from eaglekit.data.folder import read_prompt_folder
     from eaglekit.data.generators import EngineSettings, make_generator
     from eaglekit.data.magpie import pre_query_template, synthesize, write_synthesized
-    from eaglekit.errors import EaglekitError
     from eaglekit.runtime.sampling import Sampling
     from eaglekit.targets import load_target
     from eaglekit.targets.load import resolve_device
@@ -121,10 +126,7 @@ def run_synthesize(args: argparse.Namespace) -> int:
 def run_generate(args: argparse.Namespace) -> int:
     from eaglekit.data.generators import EngineSettings, make_generator
     from eaglekit.data.local_backend import LocalBackend, context_length
-    from eaglekit.data.options import GenerateOptions
     from eaglekit.data.regenerate import GenerateConfig, generate_conversations, load_prompts
-    from eaglekit.errors import EaglekitError
-    from eaglekit.options import options_from_args
     from eaglekit.runtime.sampling import Sampling
     from eaglekit.targets.chat import check_template_masks
 
@@ -179,7 +181,6 @@ def run_generate(args: argparse.Namespace) -> int:
 def run_generate_parallel(args: argparse.Namespace, config) -> int:
     """`--devices`: one `eaglekit generate --worker I/N` process per device, merged into --out."""
     from eaglekit.data.parallel import check_device_flag, generate_parallel, parse_devices
-    from eaglekit.errors import EaglekitError
     from eaglekit.targets.chat import check_template_masks
 
     if args.backend == "openai":
@@ -190,7 +191,7 @@ def run_generate_parallel(args: argparse.Namespace, config) -> int:
                             hint="split the target with --tensor-parallel-size instead, or drop --devices")
     if args.worker:
         raise EaglekitError("--devices and --worker do not go together", hint="--devices starts the workers itself")
-    from eaglekit.data.generators import EngineSettings
+    from eaglekit.data.generators import EngineSettings  # after the checks above: it loads transformers
 
     EngineSettings.from_args(args).check(args.backend)   # before any worker starts
     devices = parse_devices(args.devices)
@@ -207,9 +208,6 @@ def run_generate_parallel(args: argparse.Namespace, config) -> int:
 def worker_argv(args: argparse.Namespace) -> list[str]:
     """`eaglekit` arguments of a `--devices` worker: every option that decides the content, from
     `GenerateOptions`, none of the parent's own (--devices, --device, --out, --overwrite)."""
-    from eaglekit.data.options import WORKER_SKIP_GROUPS, WORKER_SKIPS, GenerateOptions
-    from eaglekit.options import options_argv
-
     argv = ["-v"] if args.verbose else []
     return argv + ["generate", *options_argv(GenerateOptions, args, skip=WORKER_SKIPS, skip_groups=WORKER_SKIP_GROUPS)]
 
@@ -218,7 +216,6 @@ def target_without_weights(spec: str) -> tuple[object, dict]:
     """The target's tokenizer and fingerprint from its config and tokenizer files (no weights loaded)."""
     from eaglekit.targets.info import load_config
     from eaglekit.targets.load import generation_eos_ids, load_tokenizer, target_fingerprint
-    from eaglekit.targets.source import resolve_target
 
     source = resolve_target(spec)
     target_config = load_config(source)

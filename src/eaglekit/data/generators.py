@@ -26,7 +26,14 @@ from typing import Iterator
 
 import torch
 
-from eaglekit.data.batch_decoder import Request, check_refill_padding, check_stop_loops
+from eaglekit.data.batch_decoder import (
+    BatchDecoder,
+    Request,
+    batch_attention,
+    batch_runner,
+    check_refill_padding,
+    check_stop_loops,
+)
 from eaglekit.data.options import GenerateOptions
 from eaglekit.errors import EaglekitError
 from eaglekit.runtime.sampling import Sampling
@@ -164,8 +171,6 @@ class EngineGenerator(Streaming):
         step's time where it reads them all: then there are none beyond the rounding."""
         if self._decoder is None and self.first_max_len:
             return max(needed, self.first_max_len)
-        from eaglekit.data.batch_decoder import batch_attention
-
         floor = self.MIN_SLOTS if batch_attention(self.model, needed, self.runner, self.attention) == "flex" else 0
         rounded = -(-max(needed, floor) // self.SLOTS) * self.SLOTS
         grown = max(rounded, int(self.max_len * 1.5) // self.SLOTS * self.SLOTS)
@@ -173,8 +178,6 @@ class EngineGenerator(Streaming):
 
     def _decoder_for(self, needed: int):
         if self._decoder is None or needed > self.max_len:
-            from eaglekit.data.batch_decoder import BatchDecoder, batch_runner
-
             max_len = self._slots_for(needed)
             self._decoder = None  # free the old cache before the new one is allocated: its steps (bound
             gc.collect()          # methods, graphs) refer back to it, so only the collector frees it

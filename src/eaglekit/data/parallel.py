@@ -35,6 +35,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from eaglekit.artifacts import CONVERSATION_SHARDS, MANIFEST, atomic_path, read_json, read_manifest, write_json, write_manifest
 from eaglekit.data.options import GenerateOptions
 from eaglekit.data.regenerate import GenerateConfig, conversation_counts, generate_folder, load_prompts
@@ -65,8 +67,6 @@ def parse_devices(values: list[str]) -> list[str]:
         raise EaglekitError(f"--devices names a GPU twice: {','.join(devices)}",
                             hint="one worker per GPU; raise --batch-size to use a GPU more")
     if gpus:
-        import torch
-
         available = torch.cuda.device_count() if torch.cuda.is_available() else 0
         missing = [d for d in gpus if int(d.split(":")[1]) >= available]
         if missing:

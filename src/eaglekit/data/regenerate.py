@@ -38,6 +38,8 @@ from eaglekit.data.options import GenerateOptions
 from eaglekit.data.readers import SourceSpec, read_source
 from eaglekit.data.records import SPLITS, Conversation, Prompt
 from eaglekit.errors import DiskFull, EaglekitError, from_os_error
+from eaglekit.features.conversations import conversation_files
+from eaglekit.progress import Progress as Meter
 from eaglekit.runtime.sampling import Sampling
 
 log = logging.getLogger(__name__)
@@ -101,8 +103,6 @@ class Progress:
     30 s with the time left)."""
 
     def __init__(self, total: int, done: int):
-        from eaglekit.progress import Progress as Meter
-
         self.tokens = 0
         self.meter = Meter(total, done=done, desc="generate", unit="prompt")
 
@@ -165,8 +165,6 @@ def finished_manifest(out: Path, identity: dict) -> dict | None:
         return None
     # Rerunning a finished command is a no-op (a pipeline killed right after this stage reruns it).
     check_resume(out, identity, finished=True)
-    from eaglekit.features.conversations import conversation_files
-
     conversation_files(out)   # what it holds is what the manifest counted (else: make it again)
     log.info("%s is already complete: nothing to do", out)
     return read_manifest(out, stage="generate")

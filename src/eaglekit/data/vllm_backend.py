@@ -17,9 +17,12 @@ from typing import Iterator
 
 from eaglekit.data.batch_decoder import Request
 from eaglekit.data.generators import Completion, Streaming, cut_at_stop
+from eaglekit.data.local_backend import LocalBackend, context_length
 from eaglekit.errors import EaglekitError
-from eaglekit.features.vllm_capture import import_vllm
+from eaglekit.features.vllm_capture import TargetFiles, import_vllm
 from eaglekit.runtime.sampling import Sampling
+from eaglekit.targets.chat import check_template_masks
+from eaglekit.targets.load import engine_dtype_name
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +98,6 @@ class VllmGenerator(Streaming):
 
 def vllm_local_backend(args, sampling: Sampling):
     """`eaglekit generate --backend vllm`: (LocalBackend over a VllmGenerator, target fingerprint)."""
-    from eaglekit.data.local_backend import LocalBackend, context_length
-    from eaglekit.features.vllm_capture import TargetFiles
-    from eaglekit.targets.chat import check_template_masks
-    from eaglekit.targets.load import engine_dtype_name
-
     target = TargetFiles(args.target)
     check_template_masks(target.tokenizer)
     context = context_length(args.context_length, target.config)
