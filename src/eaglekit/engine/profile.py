@@ -18,6 +18,8 @@ from __future__ import annotations
 import time
 
 import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
 
 from eaglekit.engine.generate import Engine
 from eaglekit.runtime.graphs import Step, compiled
@@ -49,9 +51,6 @@ def kernel_profile(fn, device: torch.device, calls: int = 8, top: int = 12, cpu_
     """fn's device kernels per call: their count, their summed time (`busy_ms`; against `wall_ms`,
     the rest is launch gaps) and the `top` ones by time. Off CUDA: None, or with `cpu_ops` the same
     for the CPU's ops (self times, so nested ops are not counted twice)."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
     cuda = device.type == "cuda"
     if not cuda and not cpu_ops:
         return None

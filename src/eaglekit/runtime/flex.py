@@ -20,14 +20,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 BLOCK = 128   # FlexAttention's default sparse block; L must be a multiple of it
 
 
 def block_mask_of(mask: torch.Tensor):
     """[B, 1, R, L] bool -> a FlexAttention BlockMask over the same pattern (one query block)."""
-    from torch.nn.attention.flex_attention import BlockMask
-
     B, _, R, L = mask.shape
     NB = L // BLOCK
     tiles = mask.view(B, R, NB, BLOCK)
@@ -51,8 +50,6 @@ def block_mask_of(mask: torch.Tensor):
 
 def _no_q_blocks() -> dict:
     """Skip the transposed block lists (only the backward pass reads them) where this torch can."""
-    from torch.nn.attention.flex_attention import BlockMask
-
     return {"compute_q_blocks": False} if "compute_q_blocks" in inspect.signature(BlockMask.from_kv_blocks).parameters else {}
 
 
@@ -82,7 +79,5 @@ def attend_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torc
     dense = mask.dense if isinstance(mask, FlexMask) else mask
     if not torch.compiler.is_compiling():
         return F.scaled_dot_product_attention(q, k, v, attn_mask=dense)
-    from torch.nn.attention.flex_attention import flex_attention
-
     block = mask.block if isinstance(mask, FlexMask) else block_mask_of(mask)
     return flex_attention(q, k, v, block_mask=block)

@@ -18,6 +18,7 @@ import time
 from typing import Callable
 
 import torch
+from torch.utils._triton import has_triton
 
 from eaglekit.errors import EaglekitError
 
@@ -30,7 +31,7 @@ def compiled(fn: Callable, enabled: bool, mode: str = COMPILE_MODE, dynamic: boo
     (one graph for every size but 0 and 1, which dynamo always specializes)."""
     if not enabled:
         return fn
-    import torch._dynamo
+    import torch._dynamo  # seconds to import: only where something compiles
 
     # Every engine compiles its own steps; raise the per-function cache so sweeps stay compiled.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
@@ -42,8 +43,6 @@ def compiled(fn: Callable, enabled: bool, mode: str = COMPILE_MODE, dynamic: boo
 def check_inductor(device: torch.device, what: str) -> None:
     """Refuse `what` (a flag that compiles with inductor) where inductor cannot build kernels."""
     if device.type == "cuda":
-        from torch.utils._triton import has_triton
-
         if not has_triton():
             raise EaglekitError(f"{what} on GPU needs triton, which this environment lacks",
                                 hint=f"install triton (it ships with the CUDA wheels of torch), or drop {what}")
