@@ -25,10 +25,12 @@ from eaglekit.bench.prompts import load_bench_prompts, prompt_categories
 from eaglekit.bench.report import greedy_match_note, markdown, plot, shape_choice, summarize, turn_records, verdict
 from eaglekit.bench.run import Method, conversation_ids, run_turns
 from eaglekit.engine import DraftRunner, Engine, OracleDrafter, SpecConfig
+from eaglekit.engine.profile import cycle_profile
 from eaglekit.errors import EaglekitError
 from eaglekit.formats.detect import FORMAT_LABELS, detect_format
 from eaglekit.formats.load import load_draft_for, random_draft_for, read_draft_folder
 from eaglekit.runtime import make_target_runner
+from eaglekit.targets.load import load_target, resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +87,6 @@ def bench_out(cfg: BenchOptions) -> Iterator[Path]:
 
 def benchmark(cfg: BenchOptions, command: str = "") -> dict:
     """Run the benchmark and return the results (see module docstring for the files)."""
-    from eaglekit.targets.load import load_target, resolve_device
-
     spec, sampling = cfg.spec_config(), cfg.sampling()    # bad options fail first
     if cfg.draft in STAND_INS and spec.plain_fallback:
         # `random` measures the draft's cost with no acceptance and `oracle` the engine at full
@@ -187,8 +187,6 @@ def slow_cycle_profile(engine: Engine, summary: dict, prompt_ids: list[int], max
     is the fused greedy one in CUDA graphs (elsewhere the split would measure eager launches)."""
     if summary["speedup"] >= 1 or not engine.sampling.greedy or not engine.graphs:
         return None
-    from eaglekit.engine.profile import cycle_profile
-
     return cycle_profile(engine, prompt_ids, max_new_tokens)
 
 

@@ -7,6 +7,7 @@ import argparse
 import shlex
 import sys
 
+from eaglekit.artifacts import emit_json
 from eaglekit.bench.options import GROUPS, BenchOptions
 from eaglekit.options import add_options, options_argv, options_from_args
 
@@ -26,7 +27,6 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from eaglekit.artifacts import emit_json
     from eaglekit.bench.benchmark import bench_out, benchmark, write_outputs
     from eaglekit.bench.report import markdown
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from eaglekit.data.folder import read_prompt_folder
 from eaglekit.data.formats import to_prompt
 from eaglekit.data.records import MalformedRecord, Prompt
 from eaglekit.errors import EaglekitError
@@ -41,8 +42,6 @@ def load_bench_prompts(path: str | Path | None, limit: int | None = None) -> lis
     else:
         path = Path(path)
         if path.is_dir():
-            from eaglekit.data.folder import read_prompt_folder
-
             prompts = read_prompt_folder(path, splits=("validation",))[1]["validation"]
         elif path.is_file():
             prompts = read_records(path)

@@ -331,7 +331,7 @@ def greedy_match_note(result: dict) -> GreedyNote | None:
 
 def plot(result: dict, path: Path) -> str | None:
     """Write the PNG (acceptance per position, tau per prompt); return why not if matplotlib is missing."""
-    try:
+    try:   # here, not at the top: choosing the Agg backend is process-wide, for plot writers only
         import matplotlib
 
         matplotlib.use("Agg")
