@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import re
+
 
 class EaglekitError(Exception):
     """A user-facing error. `str(err)` is the message; `err.hint` says how to fix it.
@@ -36,10 +40,6 @@ def from_os_error(err: BaseException) -> EaglekitError | None:
     """The sentence and fix for an operating-system error (an `OSError`, or safetensors' error that
     wraps one: "... (os error 28)"), or None if `err` is neither. Disk full is a failed run (exit 1);
     a path the user gave that cannot be read or written is bad input (exit 2)."""
-    import errno
-    import os
-    import re
-
     path = err.filename if isinstance(err, OSError) else None   # safetensors' error names no path
     if isinstance(err, OSError):
         code, file = err.errno, err.filename

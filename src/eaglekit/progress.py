@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
+from tqdm import tqdm
+
 log = logging.getLogger("eaglekit.progress")
 
 # Set by `eaglekit run` while a stage runs in its process: from the stage's own seconds left (None: not
@@ -137,8 +139,6 @@ class Progress:
         self.postfix: dict[str, str] = {}
         self.bar = None
         if enabled and (sys.stderr.isatty() if bar is None else bar):
-            from tqdm import tqdm
-
             self.bar = tqdm(total=total, initial=done, desc=desc, unit=unit, dynamic_ncols=True)
 
     def rate(self) -> float:
