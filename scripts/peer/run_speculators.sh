@@ -78,21 +78,25 @@ if (( ${CALIBRATE:-60} > 0 )); then   # the peer's step time, from its own per-s
   start=$(date +%s)
   say "$PEER_PY" "$HERE/cpu_shim.py" "${ARGS[@]}" --max-steps "${CALIBRATE:-60}" ...
   "$PEER_PY" "$HERE/cpu_shim.py" "${ARGS[@]}" --save-path "$WORK/calibrate/ckpt" --log-dir "$WORK/calibrate/logs" \
-    --max-steps "${CALIBRATE:-60}" > "$WORK/calibrate.log" 2>&1 || { echo "the peer's calibration run failed: see $WORK/calibrate.log" >&2; exit 1; }
+    --max-steps "${CALIBRATE:-60}" --epochs 1 > "$WORK/calibrate.log" 2>&1 || { echo "the peer's calibration run failed: see $WORK/calibrate.log" >&2; exit 1; }
   wall=$(secs "$start")
-  read -r STEP_MS MAX_STEPS < <($PY - "$WORK/calibrate.log" "$wall" "$BUDGET_S" <<'PY'
-import re, statistics, sys
+  # --max-steps ends an epoch, not the run (each later epoch trains one more step and validates), so
+  # the real run also gets the epochs that hold its steps: the loader's length is its progress bar's total.
+  read -r STEP_MS MAX_STEPS EPOCHS < <($PY - "$WORK/calibrate.log" "$wall" "$BUDGET_S" <<'PY'
+import math, re, statistics, sys
 text, wall, budget = open(sys.argv[1]).read(), float(sys.argv[2]), float(sys.argv[3])
 ms = [float(x) for x in re.findall(r"step_ms=([0-9.e+-]+)", text)]
 if len(ms) < 4:
     sys.exit(f"the calibration log holds {len(ms)} step times (profile/step_ms): see {sys.argv[1]}")
 steady = statistics.median(ms[len(ms) // 2:])            # the second half: past warm-up and compiles
-startup = max(0.0, wall - sum(ms) / 1000)                 # loading, compiling, saving: paid again
-print(f"{steady:.1f} {max(1, int((budget - startup) * 1000 / steady))}")
+startup = max(0.0, wall - sum(ms) / 1000)                 # loading, compiling, one validation, saving: paid again
+steps = max(1, int((budget - startup) * 1000 / steady))
+per_epoch = re.search(r"Epoch 0\b[^\n\r]*?\b\d+/(\d+)\b", text)  # "Epoch 0  43% ━━━   3/7  [...]"
+print(f"{steady:.1f} {steps} {math.ceil(steps / int(per_epoch.group(1))) if per_epoch else 20}")
 PY
 )
-  STEPS=(--max-steps "$MAX_STEPS")
-  echo "peer calibration: ${CALIBRATE:-60} steps in ${wall}s (not counted), steady ${STEP_MS} ms a step -> --max-steps $MAX_STEPS for ${BUDGET_S}s" | tee -a "$WORK/peer.txt"
+  STEPS=(--max-steps "$MAX_STEPS" --epochs "$EPOCHS")
+  echo "peer calibration: ${CALIBRATE:-60} steps in ${wall}s (not counted), steady ${STEP_MS} ms a step -> --max-steps $MAX_STEPS --epochs $EPOCHS for ${BUDGET_S}s" | tee -a "$WORK/peer.txt"
 fi
 say timeout -s TERM -k 300 "$BUDGET_S" "$PEER_PY" scripts/peer/cpu_shim.py "${ARGS[@]}" "${STEPS[@]}"
 start=$(date +%s)
