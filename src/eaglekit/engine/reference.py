@@ -13,7 +13,7 @@ the draft keeps its own KV cache of the committed positions. Each cycle reads to
     advance  the target's aux states of the committed positions, for the next catch-up
 
 `Engine` (generate.py: static caches, compaction, trees, CUDA graphs) gives the same tokens and
-the same accepted counts on a greedy chain (tests/test_engine_reference.py); the doctor's probe
+the same accepted counts on a greedy chain (tests/unit/test_engine_reference.py); the doctor's probe
 runs this on a target it recorded (doctor/probe.py).
 """
 

@@ -22,7 +22,7 @@ ARCHITECTURE = "LlamaForCausalLMEagle3"
 # Which SGLang versions drop a decoder-layer tensor named `layers.0.*`, read in each wheel's
 # `models/llama_eagle3.py`: up to 0.5.11 the layer is `self.midlayer` and `load_weights` skips every
 # name it does not find; from 0.5.12 the layer is `self.layers[0]` and `load_weights` maps the legacy
-# `midlayer` to `layers.0`, so both names load (tests/test_interop_loaders.py loads `layers.0.*`
+# `midlayer` to `layers.0`, so both names load (tests/interop/test_interop_loaders.py loads `layers.0.*`
 # through 0.5.23's own loader). Any other unknown name is dropped by every version read.
 LAYERS0 = "layers.0."
 LAYERS0_DROPPED = "SGLang 0.5.11 and older"

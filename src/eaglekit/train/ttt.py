@@ -15,7 +15,7 @@ train/loss.py's; the metrics read from them, eaglekit/metrics.py's.
 
 One unroll path: step 0 on the whole [B, L] grid (its keys are every later step's prefix), steps
 1.. and the head at the positions some step counts (`ttt_positions`), or at every position.
-tests/test_train_ttt.py holds the whole-grid unroll it is tested against.
+tests/unit/test_train_ttt.py holds the whole-grid unroll it is tested against.
 """
 
 from __future__ import annotations
