@@ -77,6 +77,11 @@ def test_bench_checkpoint_draft_chain_and_sweep(tmp_path, tiny_target_dir, promp
     assert all(r["prompts"] == 1 for r in result["sweep"]) and result["summary"]["prompts"] == 1
     assert set(result["turns"][0]["spec"]) == {r["spec"] for r in result["sweep"]}
     assert result["summary"]["shape_choice"]["chosen"] == result["summary"]["spec"]
+    # a shape given beside --sweep is one of its candidates, not silently dropped (a recipe's bench shape)
+    _, result = run_bench(tmp_path, tiny_target_dir, prompts_file, "random", "--sweep", "--mode", "chain", "--k", "4", "--overwrite",
+                          "--no-hf", "--limit", "1", "--cache-slots", "256")
+    assert [r["spec"] for r in result["sweep"]] == ["chain k=1", "chain k=2", "chain k=3", "tree d=2 topk=2 n=4",
+                                                    "chain k=4"]
 
 
 def test_the_sweep_picks_a_shape_on_a_few_prompts_says_why_and_benches_it_on_all(tmp_path, tiny_target_dir,

@@ -104,6 +104,8 @@ def benchmark(cfg: BenchOptions, command: str = "") -> dict:
     device = resolve_device(cfg.device)
     target = load_target(cfg.target, device=device, dtype=cfg.dtype)
     shapes = (SWEEP if device.startswith("cuda") else CPU_SWEEP) if cfg.sweep else (spec,)
+    if spec.label() not in {shape.label() for shape in shapes}:   # the shape asked for (--mode, --k, ...) is tried too
+        shapes = (*shapes, spec)
     # The sweep's shapes take the run's fallback setting (a SpecConfig built in code has it off).
     specs = [replace(shape, plain_fallback=spec.plain_fallback) for shape in shapes]
     draft = None

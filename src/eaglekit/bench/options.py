@@ -24,9 +24,9 @@ class BenchOptions(EngineOptions):
     prompts: str | None = option(None, "JSONL ({id, turns} / {messages} / {prompt}) or an `eaglekit prompts` folder "
                                        "(default: a small built-in set)", group="main")
     limit: int | None = option(None, "only the first N prompts", group="main")
-    sweep: bool = option(False, "try several chain lengths and tree shapes (on a CPU: chains of 1-3 and a 4-node tree) "
-                                "on the first --sweep-prompts prompts, pick the fastest, say why, and bench it on all "
-                                "prompts", group="main")
+    sweep: bool = option(False, "try several chain lengths and tree shapes (on a CPU: chains of 1-3 and a 4-node tree), "
+                                "and the shape --mode/--k/--depth/... give, on the first --sweep-prompts prompts; pick "
+                                "the fastest, say why, and bench it on all prompts", group="main")
     sweep_prompts: int | None = option(None, f"with --sweep: the prompts the shapes are tried on (the first N; "
                                              f"default {SWEEP_PROMPTS}); the chosen shape then runs on all of them",
                                        group="main")
