@@ -67,7 +67,7 @@ printf '%s\n' "${BASE[@]}" > "$CONSTRAINTS"
 
 # Smoke test: SGLang's EAGLE-3 draft class imports with only the runner's import-time stubs.
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
-"$VENV/bin/python" - "$HERE/tests" <<'PY'
+"$VENV/bin/python" - "$HERE/tests/helpers" <<'PY'
 import sys
 sys.path.insert(0, sys.argv[1])
 import interop_sglang
