@@ -67,9 +67,9 @@ printf '%s\n' "${BASE[@]}" > "$CONSTRAINTS"
 
 # Smoke test: SGLang's EAGLE-3 draft class imports with only the runner's import-time stubs.
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
-"$VENV/bin/python" - "$HERE/tests/helpers" <<'PY'
-import sys
-sys.path.insert(0, sys.argv[1])
+"$VENV/bin/python" - "$HERE/tests/helpers/interop_sglang.py" <<'PY'
+import os, sys
+sys.path.insert(0, os.path.dirname(sys.argv[1]))
 import interop_sglang
 interop_sglang.install_stubs()
 import torch, transformers
