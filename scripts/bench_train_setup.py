@@ -25,8 +25,13 @@ from pathlib import Path
 
 from make_prompts import TEMPLATES, TOPICS
 
-FOLLOW_UPS = ["Can you tell me more about {t}?", "How does that relate to {t}?", "Give an example.", "Why is that?",
-              "Summarize that in a list."]
+FOLLOW_UPS = [
+    "Can you tell me more about {t}?",
+    "How does that relate to {t}?",
+    "Give an example.",
+    "Why is that?",
+    "Summarize that in a list.",
+]
 
 
 class Writer:
@@ -35,9 +40,10 @@ class Writer:
     def __init__(self, tokenizer, seed: int):
         self.rng = random.Random(seed)
         self.topics = [t.strip() for t in TOPICS.split(",") if t.strip()]
-        by_id = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])   # BPE merge order ~ frequency
-        self.words = [t[1:] for t, _ in by_id if t.startswith("\u0120") and t[1:].isalpha() and t[1:].islower()
-                      and len(t) > 3]
+        by_id = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])  # BPE merge order ~ frequency
+        self.words = [
+            t[1:] for t, _ in by_id if t.startswith("\u0120") and t[1:].isalpha() and t[1:].islower() and len(t) > 3
+        ]
         self.weights = list(itertools.accumulate(1.0 / (r + 20) for r in range(len(self.words))))
 
     def sentence(self) -> str:
@@ -55,8 +61,10 @@ class Writer:
         while n < tokens:
             kind = self.rng.random()
             if kind < 0.15:
-                part = "\n".join(f"{i + 1}. **{self.rng.choice(self.topics).title()}**: {self.sentence()}"
-                                 for i in range(self.rng.randint(2, 5)))
+                part = "\n".join(
+                    f"{i + 1}. **{self.rng.choice(self.topics).title()}**: {self.sentence()}"
+                    for i in range(self.rng.randint(2, 5))
+                )
             elif kind < 0.22:
                 part = f"### {self.rng.choice(self.topics).title()}"
             else:
@@ -68,11 +76,15 @@ class Writer:
     def conversation(self, i: int) -> dict:
         rng = self.rng
         turns = 1 if rng.random() < 0.65 else rng.choice([2, 2, 2, 3])
-        messages = [{"role": "system", "content": "You are a concise, helpful assistant."}] if rng.random() < 0.1 else []
+        messages = (
+            [{"role": "system", "content": "You are a concise, helpful assistant."}] if rng.random() < 0.1 else []
+        )
         for turn in range(turns):
             prompt = rng.choice(TEMPLATES if turn == 0 else FOLLOW_UPS).format(t=rng.choice(self.topics))
-            messages += [{"role": "user", "content": prompt},
-                         {"role": "assistant", "content": self.answer(max(20, int(rng.gauss(470, 170))))}]
+            messages += [
+                {"role": "user", "content": prompt},
+                {"role": "assistant", "content": self.answer(max(20, int(rng.gauss(470, 170))))},
+            ]
         return {"id": f"g{i:06d}", "source": "synthetic", "messages": messages}
 
 
@@ -81,14 +93,19 @@ def make_folder(out: Path, n: int, tokenizer, seed: int = 0, shard: int = 10000)
     from eaglekit.data.folder import JsonlShards
 
     out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob(f"{CONVERSATION_SHARDS}-*.jsonl"):   # a rerun writes the folder anew (the shards append)
+    for old in out.glob(f"{CONVERSATION_SHARDS}-*.jsonl"):  # a rerun writes the folder anew (the shards append)
         old.unlink()
-    writer, shards = Writer(tokenizer, seed), JsonlShards(out, CONVERSATION_SHARDS, shard)   # generate's own writer
+    writer, shards = Writer(tokenizer, seed), JsonlShards(out, CONVERSATION_SHARDS, shard)  # generate's own writer
     for first in range(0, n, shard):
         shards.append([writer.conversation(i) for i in range(first, min(n, first + shard))])
     shards.close()
-    write_manifest(out, stage="generate", config={"synthetic": "scripts/bench_train_setup.py", "seed": seed},
-                   target=None, counts={"conversations": n})
+    write_manifest(
+        out,
+        stage="generate",
+        config={"synthetic": "scripts/bench_train_setup.py", "seed": seed},
+        target=None,
+        counts={"conversations": n},
+    )
 
 
 def digest(samples, results) -> str:
@@ -107,7 +124,7 @@ def main() -> None:
     from eaglekit.targets.source import DEFAULT_TARGET
     from eaglekit.train.config import TrainConfig
 
-    recipe = load_recipe("smollm2-h200")["train"]   # the scale this measures: the real recipe's train section
+    recipe = load_recipe("smollm2-h200")["train"]  # the scale this measures: the real recipe's train section
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("data", type=Path, help="a conversations folder (written first with --make)")
     p.add_argument("--make", type=int, default=None, metavar="N", help="write N synthetic conversations first")
@@ -148,24 +165,38 @@ def main() -> None:
         samples, counts = tokenize_conversations(tok, rows, max_length=args.max_length)
     with phase("split"):
         t_idx, v_idx = split_members([s.id for s in samples], args.val_fraction)
-        train, val = [samples[i] for i in t_idx], [samples[i] for i in v_idx][:args.val_max_samples]
+        train, val = [samples[i] for i in t_idx], [samples[i] for i in v_idx][: args.val_max_samples]
     with phase("vocab"):
         tally = count_assistant_tokens(((s.input_ids, s.loss_mask) for s in train), len(tok))
         vocab = build_draft_vocab(tally, args.draft_vocab_size, always_include=stops, allow_smaller=True)
     with phase("counts"):
-        counts.update(train_tokens=sum(s.length for s in train),
-                      train_assistant_tokens=int(sum(int(s.loss_mask.sum()) for s in train)))
+        counts.update(
+            train_tokens=sum(s.length for s in train),
+            train_assistant_tokens=int(sum(int(s.loss_mask.sum()) for s in train)),
+        )
     with phase("baselines"):
-        baselines = baseline_accuracy([(s.input_ids, s.loss_mask) for s in train],
-                                      [(s.input_ids, s.loss_mask) for s in val])
+        baselines = baseline_accuracy(
+            [(s.input_ids, s.loss_mask) for s in train], [(s.input_ids, s.loss_mask) for s in val]
+        )
     with phase("batch_plan"):
-        plan = BatchPlan([s.length for s in train], batch_tokens=args.batch_tokens,
-                         max_batch_size=TrainConfig.max_batch_size, seed=0)
+        plan = BatchPlan(
+            [s.length for s in train], batch_tokens=args.batch_tokens, max_batch_size=TrainConfig.max_batch_size, seed=0
+        )
         plan.micro_batches(plan.total_steps(recipe["epochs"]) - 1)
     print(f"{'total':>10}: {sum(times.values()):7.2f} s wall")
     turns = sum(m["role"] == "assistant" for r in rows for m in r["messages"])
-    print(json.dumps({"assistant_turns": turns, "longest": max(s.length for s in samples), **counts,
-                      "vocab": vocab.size, "coverage": vocab.coverage, "baselines": baselines}))
+    print(
+        json.dumps(
+            {
+                "assistant_turns": turns,
+                "longest": max(s.length for s in samples),
+                **counts,
+                "vocab": vocab.size,
+                "coverage": vocab.coverage,
+                "baselines": baselines,
+            }
+        )
+    )
     if args.digest:
         results = (counts, baselines, t_idx, v_idx, vocab.draft_ids.tolist(), tally.tolist())
         args.digest.write_text(digest(samples, results) + "\n")

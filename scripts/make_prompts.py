@@ -40,8 +40,12 @@ TEMPLATES = [
     "Tell me a fun fact about {t}.",
     "How would you teach a friend about {t}?",
 ]
-MATH = ["What is {a} plus {b}?", "What is {a} times {b}?", "If I have {a} apples and eat {b}, how many are left?",
-        "Write a Python function that returns the sum of {a} and {b}."]
+MATH = [
+    "What is {a} plus {b}?",
+    "What is {a} times {b}?",
+    "If I have {a} apples and eat {b}, how many are left?",
+    "Write a Python function that returns the sum of {a} and {b}.",
+]
 
 
 def synthesize_prompts(n: int, seed: int = 0) -> list[str]:
@@ -49,7 +53,7 @@ def synthesize_prompts(n: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     pool = [tpl.format(t=t) for tpl, t in itertools.product(TEMPLATES, topics)]
     seen = set(pool)
-    target = max(n, len(pool) + 100)   # some arithmetic always; as much as needed beyond the topics
+    target = max(n, len(pool) + 100)  # some arithmetic always; as much as needed beyond the topics
     while len(pool) < target:
         prompt = rng.choice(MATH).format(a=rng.randint(2, 999), b=rng.randint(2, 99))
         if prompt not in seen:
@@ -65,8 +69,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="the prompt file to write (.jsonl)")
     args = parser.parse_args()
-    rows = [{"id": f"synth-{i:05d}", "source": "synthetic-templates", "turns": [prompt]}
-            for i, prompt in enumerate(synthesize_prompts(args.num, args.seed))]
+    rows = [
+        {"id": f"synth-{i:05d}", "source": "synthetic-templates", "turns": [prompt]}
+        for i, prompt in enumerate(synthesize_prompts(args.num, args.seed))
+    ]
     Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(f"wrote {len(rows)} prompts to {args.out}")
 

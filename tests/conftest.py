@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent / "helpers"))   # tiny.py, engine_tiny.py, ...: `from tiny import ...`
+sys.path.insert(0, str(Path(__file__).parent / "helpers"))  # tiny.py, engine_tiny.py, ...: `from tiny import ...`
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -28,11 +28,15 @@ def tiny_tok():
 
 
 def pytest_configure(config) -> None:
-    config.addinivalue_line("markers", "interop: tier 3, the serving engines' own code: SGLang / EAGLE venvs "
-                            "(scripts/install_sglang_cpu.sh, scripts/install_eagle_venv.sh), and vLLM's (`vllm`)")
+    config.addinivalue_line(
+        "markers",
+        "interop: tier 3, the serving engines' own code: SGLang / EAGLE venvs "
+        "(scripts/install_sglang_cpu.sh, scripts/install_eagle_venv.sh), and vLLM's (`vllm`)",
+    )
     config.addinivalue_line("markers", "unit: tier 1, pure code and tiny seeded models, no SmolLM2 (given by conftest)")
-    config.addinivalue_line("markers", "integration: tier 2, the real SmolLM2 or subprocesses (the slow ones; "
-                            "given by conftest)")
+    config.addinivalue_line(
+        "markers", "integration: tier 2, the real SmolLM2 or subprocesses (the slow ones; given by conftest)"
+    )
 
 
 # The tiers, from the markers a test already has (the folder, tests/unit, integration, interop, gpu, holds
@@ -51,7 +55,7 @@ def tier_of(item) -> str:
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         tier = tier_of(item)
-        if tier in ("unit", "integration", "interop"):     # gpu tests carry theirs already
+        if tier in ("unit", "integration", "interop"):  # gpu tests carry theirs already
             item.add_marker(tier)
 
 

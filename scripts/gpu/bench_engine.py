@@ -47,12 +47,13 @@ from eaglekit.targets.source import DEFAULT_TARGET  # noqa: E402
 
 log = logging.getLogger("bench_engine")
 CHAIN = SpecConfig(mode="chain", k=5)
-TREE = SpecConfig(mode="tree", depth=6, top_k=8, total_tokens=32)       # the goal's tree of 32 nodes
+TREE = SpecConfig(mode="tree", depth=6, top_k=8, total_tokens=32)  # the goal's tree of 32 nodes
 SMOKE_SPECS = (SpecConfig(mode="chain", k=3), SpecConfig(mode="tree", depth=3, top_k=3, total_tokens=10))
 PROMPT = "Write a long, detailed story about a dragon who learns to paint. Describe every scene."
 
 
 # ---- measuring --------------------------------------------------------------------------------
+
 
 def sync(device) -> None:
     if torch.device(device).type == "cuda":
@@ -63,7 +64,7 @@ def bandwidth(device, gib: float = 1.0, repeats: int = 20) -> float | None:
     """Bytes/s of a device-to-device copy (read + write counted), or None on CPU."""
     if torch.device(device).type != "cuda":
         return None
-    src = torch.empty(int(gib * 2 ** 30) // 2, dtype=torch.bfloat16, device=device)
+    src = torch.empty(int(gib * 2**30) // 2, dtype=torch.bfloat16, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)
     sync(device)
@@ -96,19 +97,28 @@ def median_run(fn, repeats: int):
 
 
 def engine_plain(engine: Engine, ids: list[int], new: int, repeats: int) -> dict:
-    engine.generate(ids, new, speculative=False)                                  # compile + capture
+    engine.generate(ids, new, speculative=False)  # compile + capture
+
     def once():
         gen = engine.generate(ids, new, speculative=False)
         return {"tokens": len(gen.tokens), "seconds": gen.seconds, "ids": gen.tokens}
+
     return with_rate(median_run(once, repeats))
 
 
 def engine_spec(engine: Engine, ids: list[int], new: int, repeats: int) -> dict:
     engine.generate(ids, new)
+
     def once():
         gen = engine.generate(ids, new)
-        return {"tokens": len(gen.tokens), "seconds": gen.seconds, "tau": gen.tau, "cycles": len(gen.accept_lengths),
-                "ids": gen.tokens}
+        return {
+            "tokens": len(gen.tokens),
+            "seconds": gen.seconds,
+            "tau": gen.tau,
+            "cycles": len(gen.accept_lengths),
+            "ids": gen.tokens,
+        }
+
     return with_rate(median_run(once, repeats))
 
 
@@ -119,14 +129,25 @@ def hf_generate(model, ids: list[list[int]], new: int, repeats: int) -> dict:
     x = torch.tensor(ids, device=device)
     config = copy.deepcopy(model.generation_config)
     config.eos_token_id = None
+
     def once():
         sync(device)
         start = time.perf_counter()
-        out = model.generate(x, attention_mask=torch.ones_like(x), generation_config=config, max_new_tokens=new,
-                             do_sample=False, pad_token_id=0)
+        out = model.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            generation_config=config,
+            max_new_tokens=new,
+            do_sample=False,
+            pad_token_id=0,
+        )
         sync(device)
-        return {"tokens": (out.shape[1] - x.shape[1]) * x.shape[0], "seconds": time.perf_counter() - start,
-                "ids": out[0, x.shape[1]:].tolist()}
+        return {
+            "tokens": (out.shape[1] - x.shape[1]) * x.shape[0],
+            "seconds": time.perf_counter() - start,
+            "ids": out[0, x.shape[1] :].tolist(),
+        }
+
     once()
     return with_rate(median_run(once, repeats))
 
@@ -152,13 +173,21 @@ def strip(r: dict) -> dict:
 
 # ---- models -----------------------------------------------------------------------------------
 
+
 def tiny_llama(device, *, hidden=64, layers=8, vocab=512, heads=4, kv=2, inter=128, seed=0):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     torch.manual_seed(seed)
-    config = LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                         num_key_value_heads=kv, intermediate_size=inter, vocab_size=vocab,
-                         max_position_embeddings=4096, tie_word_embeddings=False)
+    config = LlamaConfig(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        intermediate_size=inter,
+        vocab_size=vocab,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(device).eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -171,9 +200,17 @@ def llama_8b(device):
     """Llama-3-8B shapes, random weights, bf16 (no download)."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    config = LlamaConfig(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                         intermediate_size=14336, vocab_size=128256, max_position_embeddings=8192,
-                         rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, tie_word_embeddings=False)
+    config = LlamaConfig(
+        hidden_size=4096,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=14336,
+        vocab_size=128256,
+        max_position_embeddings=8192,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
@@ -199,7 +236,7 @@ PLAIN_ENGINES: dict = {}
 
 
 def tree_shape(text: str) -> SpecConfig:
-    """"4/4/16" -> the tree of depth 4, top-k 4 and 16 nodes verified a cycle (root included)."""
+    """ "4/4/16" -> the tree of depth 4, top-k 4 and 16 nodes verified a cycle (root included)."""
     try:
         depth, top_k, total = (int(x) for x in text.strip().split("/"))
     except ValueError:
@@ -208,25 +245,34 @@ def tree_shape(text: str) -> SpecConfig:
 
 
 def kernel_options(variant: str) -> dict:
-    """"reduce+matvec@8" -> {"attention": "reduce", "matvec": True, "small_rows": 8} (fast runner
+    """ "reduce+matvec@8" -> {"attention": "reduce", "matvec": True, "small_rows": 8} (fast runner
     options; without @N the runner's default small_rows). "reduce+matvec@1/32": the reduce
     attention up to 32 rows (`attention_rows`), the matvec linears up to 1."""
     spec, _, rows = variant.partition("@")
     rows, _, attention_rows = rows.partition("/")
     attention, _, extra = spec.partition("+")
-    if (extra not in ("", "matvec") or attention not in ATTENTION_KINDS
-            or not all(n.isdigit() for n in (rows, attention_rows) if n) or (attention_rows and not rows)):
-        raise SystemExit(f"--kernels: {variant!r} is not ATTENTION[+matvec][@ROWS[/ATTENTION_ROWS]] with ATTENTION in "
-                         f"{tuple(ATTENTION_KINDS)}")
-    return {"attention": attention, "matvec": extra == "matvec", **({"small_rows": int(rows)} if rows else {}),
-            **({"attention_rows": int(attention_rows)} if attention_rows else {})}
+    if (
+        extra not in ("", "matvec")
+        or attention not in ATTENTION_KINDS
+        or not all(n.isdigit() for n in (rows, attention_rows) if n)
+        or (attention_rows and not rows)
+    ):
+        raise SystemExit(
+            f"--kernels: {variant!r} is not ATTENTION[+matvec][@ROWS[/ATTENTION_ROWS]] with ATTENTION in "
+            f"{tuple(ATTENTION_KINDS)}"
+        )
+    return {
+        "attention": attention,
+        "matvec": extra == "matvec",
+        **({"small_rows": int(rows)} if rows else {}),
+        **({"attention_rows": int(attention_rows)} if attention_rows else {}),
+    }
 
 
 def plain_engine(args, smol, ids, variant: str) -> Engine:
     """The plain-decoding engine of parts a and p, built (compiled, captured) once per kernel variant."""
     if variant not in PLAIN_ENGINES:
-        runner = make_target_runner(smol, max_len=round_up(len(ids) + args.new_tokens + 128),
-                                    **kernel_options(variant))
+        runner = make_target_runner(smol, max_len=round_up(len(ids) + args.new_tokens + 128), **kernel_options(variant))
         PLAIN_ENGINES[variant] = Engine(runner, compile=args.compile, compile_mode=args.compile_mode)
     return PLAIN_ENGINES[variant]
 
@@ -234,28 +280,38 @@ def plain_engine(args, smol, ids, variant: str) -> Engine:
 def part_a(args, smol, ids, bw) -> dict:
     """Plain decoding with each --kernels variant, side by side with HF generate in the same run."""
     new = args.new_tokens
-    engines = {kind: engine_plain(plain_engine(args, smol, ids, kind), ids, new, args.repeats)
-               for kind in args.kernels}
+    engines = {kind: engine_plain(plain_engine(args, smol, ids, kind), ids, new, args.repeats) for kind in args.kernels}
     best = min(engines, key=lambda kind: engines[kind]["ms_per_token"])
     args.best_kernels = best
     eng = engines[best]
     hf = hf_generate(smol, [ids], new, args.repeats)
     weights = streamed_bytes(smol)
     floor_ms = 1000 * weights / bw if bw else None
-    return {"runner": PLAIN_ENGINES[best].target.kind, "kernels": best, "new_tokens": new, "engine": strip(eng),
-            "engine_by_kernels": {kind: {**strip(r), "speedup_vs_hf": r["tok_s"] / hf["tok_s"]}
-                                    for kind, r in engines.items()},
-            "hf_generate": strip(hf),
-            "speedup_vs_hf": eng["tok_s"] / hf["tok_s"], "weight_bytes": weights, "floor_ms_per_token": floor_ms,
-            "floor_share": floor_ms / eng["ms_per_token"] if floor_ms else None,
-            "greedy_prefix_match_vs_hf": same_prefix(eng["ids"], hf["ids"])}
+    return {
+        "runner": PLAIN_ENGINES[best].target.kind,
+        "kernels": best,
+        "new_tokens": new,
+        "engine": strip(eng),
+        "engine_by_kernels": {
+            kind: {**strip(r), "speedup_vs_hf": r["tok_s"] / hf["tok_s"]} for kind, r in engines.items()
+        },
+        "hf_generate": strip(hf),
+        "speedup_vs_hf": eng["tok_s"] / hf["tok_s"],
+        "weight_bytes": weights,
+        "floor_ms_per_token": floor_ms,
+        "floor_share": floor_ms / eng["ms_per_token"] if floor_ms else None,
+        "greedy_prefix_match_vs_hf": same_prefix(eng["ids"], hf["ids"]),
+    }
 
 
 def part_b(args, bw) -> dict:
     """A Llama-shaped 8B model with random weights: the share of the bandwidth floor reached, for
     each --kernels variant (the runners share the model's weights; each has its own KV cache)."""
-    model = tiny_llama(args.device, hidden=128, layers=8, vocab=1024, heads=8, kv=2, inter=256) if args.smoke \
+    model = (
+        tiny_llama(args.device, hidden=128, layers=8, vocab=1024, heads=8, kv=2, inter=256)
+        if args.smoke
         else llama_8b(args.device)
+    )
     ids = [(37 * i + 11) % 1000 for i in range(32)]
     new = args.new_tokens
     weights = streamed_bytes(model)
@@ -270,10 +326,17 @@ def part_b(args, bw) -> dict:
         del engine, runner
     best = min(engines, key=lambda variant: engines[variant]["ms_per_token"])
     hf = hf_generate(model, [ids], min(new, 64), 1)
-    out = {"runner": kind, "kernels": best, "parameters": sum(p.numel() for p in model.parameters()),
-           "engine": engines[best], "engine_by_kernels": engines,
-           "hf_generate_64": strip(hf), "weight_bytes": weights, "floor_ms_per_token": floor_ms,
-           "floor_share": engines[best]["floor_share"]}
+    out = {
+        "runner": kind,
+        "kernels": best,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "engine": engines[best],
+        "engine_by_kernels": engines,
+        "hf_generate_64": strip(hf),
+        "weight_bytes": weights,
+        "floor_ms_per_token": floor_ms,
+        "floor_share": engines[best]["floor_share"],
+    }
     del model
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
     return out
@@ -288,8 +351,11 @@ def part_c(args, smol, ids) -> dict:
 
 def part_o(args) -> dict:
     """Part c's oracle on the 8B shape (random weights: the oracle replays its own greedy output)."""
-    model = tiny_llama(args.device, hidden=128, layers=8, vocab=1024, heads=8, kv=2, inter=256) if args.smoke \
+    model = (
+        tiny_llama(args.device, hidden=128, layers=8, vocab=1024, heads=8, kv=2, inter=256)
+        if args.smoke
         else llama_8b(args.device)
+    )
     ids = [(37 * i + 11) % 1000 for i in range(32)]
     try:
         return oracle_and_random(args, model, ids, None, args.kernels_8b)
@@ -321,8 +387,13 @@ def oracle_and_random(args, model, ids, draft, variant: str) -> dict:
         eng = engine_spec(engine, ids, new, args.repeats)
         cycle_ms = 1000 * eng["seconds"] / max(eng["cycles"], 1)
         speedup = eng["tok_s"] / plain["tok_s"]
-        out[name] = {**strip(eng), "speedup": speedup, "match": eng["ids"] == plain["ids"],
-                     "cycle_ms": cycle_ms, "cycle_in_plain_steps": cycle_ms / plain_ms}
+        out[name] = {
+            **strip(eng),
+            "speedup": speedup,
+            "match": eng["ids"] == plain["ids"],
+            "cycle_ms": cycle_ms,
+            "cycle_in_plain_steps": cycle_ms / plain_ms,
+        }
         if oracle_rounds is not None:
             out[name].update(ideal=eng["tau"], efficiency=speedup / eng["tau"], oracle_rounds=oracle_rounds)
         save_partial(args, out)
@@ -333,15 +404,17 @@ def oracle_and_random(args, model, ids, draft, variant: str) -> dict:
     for spec in SMOKE_SPECS if args.smoke else (CHAIN, *args.trees):
         oracle = OracleDrafter(reference, spec=spec, vocab_size=runner.vocab_size, max_len=max_len, device=args.device)
         engine = Engine(runner, drafter=oracle, spec=spec, compile=args.compile, compile_mode=args.compile_mode)
-        settled, rounds = settle_oracle(engine, oracle, ids, plain["ids"], new)   # bf16: see settle_oracle
+        settled, rounds = settle_oracle(engine, oracle, ids, plain["ids"], new)  # bf16: see settle_oracle
         oracle.set_reference(ids + settled)
         record(f"oracle {spec.label()}", engine, oracle_rounds=rounds)
         if args.oracle_only or draft is None:
             continue
         draft_kernels = {k: v for k, v in kernel_options(variant).items() if k in ("small_rows", "attention_rows")}
         drafter = DraftRunner(draft, spec=spec, sampling=Sampling(), max_len=max_len, **draft_kernels)
-        record(f"random {spec.label()}", Engine(runner, drafter=drafter, spec=spec, compile=args.compile,
-                                                 compile_mode=args.compile_mode))
+        record(
+            f"random {spec.label()}",
+            Engine(runner, drafter=drafter, spec=spec, compile=args.compile, compile_mode=args.compile_mode),
+        )
     return out
 
 
@@ -354,7 +427,7 @@ def decode_step_ms(engine: Engine, ids) -> float:
     """One plain decode step replayed back to back (the graph alone, no host check)."""
     from eaglekit.engine.profile import replay_ms
 
-    engine.generate(ids, 16, speculative=False)                             # leaves a valid state
+    engine.generate(ids, 16, speculative=False)  # leaves a valid state
     return replay_ms(engine.decode, engine.device)
 
 
@@ -373,12 +446,31 @@ def part_d(args) -> dict:
 
     results = {}
     for spec in SMOKE_SPECS if args.smoke else (SpecConfig(mode="chain", k=args.k), TREE):
-        cfg = BenchOptions(target=args.target or DEFAULT_TARGET, draft=args.draft, prompts=args.prompts, **shape_options(spec),
-                           max_new_tokens=args.new_tokens, limit=args.limit, hf=False, device=args.device,
-                           dtype=args.dtype, no_compile=args.compile is False)
+        cfg = BenchOptions(
+            target=args.target or DEFAULT_TARGET,
+            draft=args.draft,
+            prompts=args.prompts,
+            **shape_options(spec),
+            max_new_tokens=args.new_tokens,
+            limit=args.limit,
+            hf=False,
+            device=args.device,
+            dtype=args.dtype,
+            no_compile=args.compile is False,
+        )
         res = benchmark(cfg, command=" ".join(sys.argv))
-        results[spec.label()] = {k: res["summary"][k] for k in ("tau", "speedup", "baseline_tok_s", "spec_tok_s",
-                                                                 "per_position_acceptance", "greedy_match", "turns")}
+        results[spec.label()] = {
+            k: res["summary"][k]
+            for k in (
+                "tau",
+                "speedup",
+                "baseline_tok_s",
+                "spec_tok_s",
+                "per_position_acceptance",
+                "greedy_match",
+                "turns",
+            )
+        }
     return results
 
 
@@ -392,23 +484,41 @@ def part_e(args, smol, ids) -> dict:
     rows = [[(t + 13 * r) % (vocab - 20) + 10 for t in ids[:32]] for r in range(batch)]  # same length: no padding
     runner = make_target_runner(smol, max_len=round_up(len(rows[0]) + new + 16), batch_size=batch)
     cuda = torch.device(args.device).type == "cuda"
-    decoder = BatchDecoder(runner, sampling=Sampling(), graphs=cuda, compile=cuda if args.compile is None else False,
-                           compile_mode=args.compile_mode)
+    decoder = BatchDecoder(
+        runner,
+        sampling=Sampling(),
+        graphs=cuda,
+        compile=cuda if args.compile is None else False,
+        compile_mode=args.compile_mode,
+    )
     decoder.run(rows, new, set())
+
     def once():
         sync(args.device)
         start = time.perf_counter()
         done = decoder.run(rows, new, set())
         sync(args.device)
-        return {"tokens": sum(len(c.tokens) for c in done), "seconds": time.perf_counter() - start,
-                "ids": done[0].tokens}
+        return {
+            "tokens": sum(len(c.tokens) for c in done),
+            "seconds": time.perf_counter() - start,
+            "ids": done[0].tokens,
+        }
+
     eng = with_rate(median_run(once, args.repeats))
     hf = hf_generate(smol, rows, new, 1)
-    check = generate_batch(smol, rows[:2], max_new_tokens=8, stop_token_ids=[], batch_size=2, compile=False,
-                           graphs=False)                                    # the public entry point runs
-    return {"batch": batch, "new_tokens": new, "runner": runner.kind, "engine": strip(eng), "hf_generate": strip(hf),
-            "speedup_vs_hf": eng["tok_s"] / hf["tok_s"], "row0_prefix_match_vs_hf": same_prefix(eng["ids"], hf["ids"]),
-            "generate_batch_row0_matches": check[0].tokens == eng["ids"][:8]}
+    check = generate_batch(
+        smol, rows[:2], max_new_tokens=8, stop_token_ids=[], batch_size=2, compile=False, graphs=False
+    )  # the public entry point runs
+    return {
+        "batch": batch,
+        "new_tokens": new,
+        "runner": runner.kind,
+        "engine": strip(eng),
+        "hf_generate": strip(hf),
+        "speedup_vs_hf": eng["tok_s"] / hf["tok_s"],
+        "row0_prefix_match_vs_hf": same_prefix(eng["ids"], hf["ids"]),
+        "generate_batch_row0_matches": check[0].tokens == eng["ids"][:8],
+    }
 
 
 def part_p(args, smol, ids) -> dict:
@@ -422,13 +532,17 @@ def profile_decode(args, engine: Engine, ids, steps: int = 32) -> dict:
     step's wall time they fill (the rest is launch gaps)."""
     from eaglekit.engine.profile import kernel_profile
 
-    engine.generate(ids, 16, speculative=False)                      # compile + capture; leaves a state
+    engine.generate(ids, 16, speculative=False)  # compile + capture; leaves a state
     device = torch.device(args.device)
     pr = kernel_profile(engine.decode, device, calls=steps, top=25, cpu_ops=True)
-    return {"steps": steps, "wall_us_per_step": 1000 * pr["wall_ms"], "kernel_us_per_step": 1000 * pr["busy_ms"],
-            "busy_share": pr["busy_ms"] / pr["wall_ms"] if device.type == "cuda" else None,
-            "kernels_per_step": pr["kernels"],
-            "top": [{"name": k["name"], "per_step": k["per_call"], "us_per_step": k["us_per_call"]} for k in pr["top"]]}
+    return {
+        "steps": steps,
+        "wall_us_per_step": 1000 * pr["wall_ms"],
+        "kernel_us_per_step": 1000 * pr["busy_ms"],
+        "busy_share": pr["busy_ms"] / pr["wall_ms"] if device.type == "cuda" else None,
+        "kernels_per_step": pr["kernels"],
+        "top": [{"name": k["name"], "per_step": k["per_call"], "us_per_step": k["us_per_call"]} for k in pr["top"]],
+    }
 
 
 def round_up(n: int, to: int = 128) -> int:
@@ -437,25 +551,42 @@ def round_up(n: int, to: int = 128) -> int:
 
 # ---- report -----------------------------------------------------------------------------------
 
+
 def table(results: dict) -> str:
     lines = ["| measurement | tok/s | ms/token | vs reference |", "| --- | ---: | ---: | --- |"]
+
     def row(name, r, ref=""):
         lines.append(f"| {name} | {r['tok_s']:.1f} | {r['ms_per_token']:.3f} | {ref} |")
+
     if "a" in results:
         a = results["a"]
         row("a SmolLM2 HF generate", a["hf_generate"])
-        floor = f", floor {a['floor_ms_per_token']:.3f} ms ({100 * a['floor_share']:.0f}% of it)" if a["floor_share"] else ""
+        floor = (
+            f", floor {a['floor_ms_per_token']:.3f} ms ({100 * a['floor_share']:.0f}% of it)"
+            if a["floor_share"]
+            else ""
+        )
         for kind, r in a["engine_by_kernels"].items():
-            row(f"a SmolLM2 engine ({a['runner']}, {kind})", r,
-                f"{r['speedup_vs_hf']:.1f}x HF{floor if kind == a['kernels'] else ''}")
+            row(
+                f"a SmolLM2 engine ({a['runner']}, {kind})",
+                r,
+                f"{r['speedup_vs_hf']:.1f}x HF{floor if kind == a['kernels'] else ''}",
+            )
     if "b" in results:
         b = results["b"]
-        floor = f"floor {b['floor_ms_per_token']:.2f} ms = {100 * b['floor_share']:.0f}% reached" if b["floor_share"] else ""
+        floor = (
+            f"floor {b['floor_ms_per_token']:.2f} ms = {100 * b['floor_share']:.0f}% reached"
+            if b["floor_share"]
+            else ""
+        )
         row(f"b {b['parameters'] / 1e9:.2f}B random, HF generate", b["hf_generate_64"])
         for variant, r in b["engine_by_kernels"].items():
             share = f"{100 * r['floor_share']:.0f}% of the floor" if r["floor_share"] else ""
-            row(f"b {b['parameters'] / 1e9:.2f}B random, engine ({variant})", r,
-                f"{share}{' (' + floor + ')' if variant == b['kernels'] and floor else ''}")
+            row(
+                f"b {b['parameters'] / 1e9:.2f}B random, engine ({variant})",
+                r,
+                f"{share}{' (' + floor + ')' if variant == b['kernels'] and floor else ''}",
+            )
     for part in ("c", "o"):
         if part not in results:
             continue
@@ -464,25 +595,39 @@ def table(results: dict) -> str:
         for name, r in c.items():
             if isinstance(r, dict) and "cycle_ms" in r:
                 extra = f", ideal {r['ideal']:.2f}x, efficiency {100 * r['efficiency']:.0f}%" if "ideal" in r else ""
-                row(f"{part} {name}", r, f"{r['speedup']:.2f}x plain, tau {r['tau']:.2f}{extra}, cycle {r['cycle_ms']:.2f} ms "
-                                         f"= {r['cycle_in_plain_steps']:.2f} plain steps")
+                row(
+                    f"{part} {name}",
+                    r,
+                    f"{r['speedup']:.2f}x plain, tau {r['tau']:.2f}{extra}, cycle {r['cycle_ms']:.2f} ms "
+                    f"= {r['cycle_in_plain_steps']:.2f} plain steps",
+                )
                 pr = r.get("profile")
                 if pr:
-                    pieces = ", ".join(f"{k} {v['ms']:.3f} ms ({v['kernels'] or 0:.0f} kernels)" for k, v in pr["pieces"].items())
+                    pieces = ", ".join(
+                        f"{k} {v['ms']:.3f} ms ({v['kernels'] or 0:.0f} kernels)" for k, v in pr["pieces"].items()
+                    )
                     busy = f", kernels busy {pr['cycle_busy_ms']:.3f} ms" if pr.get("cycle_busy_ms") else ""
-                    lines.append(f"| {part} {name}: where the cycle goes | – | {pr['cycle_graph_ms']:.3f} | graph "
-                                 f"({pr['cycle_kernels'] or 0:.0f} kernels{busy}), host {pr['host_ms']:.3f} ms; {pieces} |")
+                    lines.append(
+                        f"| {part} {name}: where the cycle goes | – | {pr['cycle_graph_ms']:.3f} | graph "
+                        f"({pr['cycle_kernels'] or 0:.0f} kernels{busy}), host {pr['host_ms']:.3f} ms; {pieces} |"
+                    )
                     for k in (pr.get("cycle_top_kernels") or [])[:5]:
-                        lines.append(f"| {part} {name}: top kernel | – | {k['us_per_call'] / 1000:.3f} | "
-                                     f"{k['per_call']:.0f} per cycle: `{k['name'][:70]}` |")
+                        lines.append(
+                            f"| {part} {name}: top kernel | – | {k['us_per_call'] / 1000:.3f} | "
+                            f"{k['per_call']:.0f} per cycle: `{k['name'][:70]}` |"
+                        )
     if "d" in results:
         for name, r in results["d"].items():
-            lines.append(f"| d trained draft {name} | {r['spec_tok_s']:.1f} | – | {r['speedup']:.2f}x plain, "
-                         f"tau {r['tau']:.2f}, greedy match {r['greedy_match']} |")
+            lines.append(
+                f"| d trained draft {name} | {r['spec_tok_s']:.1f} | – | {r['speedup']:.2f}x plain, "
+                f"tau {r['tau']:.2f}, greedy match {r['greedy_match']} |"
+            )
     for kind, pr in results.get("p", {}).items():
         busy = f", kernels busy {100 * pr['busy_share']:.0f}% of it" if pr["busy_share"] else ""
-        lines.append(f"| p plain decode step profiled ({kind}) | – | {pr['wall_us_per_step'] / 1000:.3f} | "
-                     f"{pr['kernels_per_step']:.0f} kernels per step{busy}; top: {pr['top'][0]['name'][:40] if pr['top'] else '-'} |")
+        lines.append(
+            f"| p plain decode step profiled ({kind}) | – | {pr['wall_us_per_step'] / 1000:.3f} | "
+            f"{pr['kernels_per_step']:.0f} kernels per step{busy}; top: {pr['top'][0]['name'][:40] if pr['top'] else '-'} |"
+        )
     if "e" in results:
         e = results["e"]
         row(f"e batch {e['batch']} HF generate", e["hf_generate"])
@@ -504,19 +649,29 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="auto")
-    p.add_argument("--compile-mode", default="default",
-                   help="torch.compile mode of the steps, or `none` (CUDA graphs only)")
-    p.add_argument("--kernels", default="reduce+matvec,sdpa",
-                   help="parts a, b and p: fast-runner kernel variants measured side by side, "
-                        "ATTENTION[+matvec][@ROWS[/ATTENTION_ROWS]] "
-                        "(comma list; part c uses the fastest of part a, else the first)")
+    p.add_argument(
+        "--compile-mode", default="default", help="torch.compile mode of the steps, or `none` (CUDA graphs only)"
+    )
+    p.add_argument(
+        "--kernels",
+        default="reduce+matvec,sdpa",
+        help="parts a, b and p: fast-runner kernel variants measured side by side, "
+        "ATTENTION[+matvec][@ROWS[/ATTENTION_ROWS]] "
+        "(comma list; part c uses the fastest of part a, else the first)",
+    )
     p.add_argument("--oracle-only", action="store_true", help="part c: skip the random-draft runs")
-    p.add_argument("--trees", default="6/8/32",
-                   help="parts c and o: the tree shapes beside chain 5, DEPTH/TOP_K/TOTAL_TOKENS (comma list; "
-                        "6/8/32 is the goal's tree, 4/4/16 the recipe's bench shape)")
+    p.add_argument(
+        "--trees",
+        default="6/8/32",
+        help="parts c and o: the tree shapes beside chain 5, DEPTH/TOP_K/TOTAL_TOKENS (comma list; "
+        "6/8/32 is the goal's tree, 4/4/16 the recipe's bench shape)",
+    )
     p.add_argument("--kernels-8b", default="sdpa", help="part o: the 8B shape's kernel variant")
-    p.add_argument("--coordinate-descent", action="store_true",
-                   help="Inductor coordinate-descent tuning (gpt-fast's setting; longer compiles)")
+    p.add_argument(
+        "--coordinate-descent",
+        action="store_true",
+        help="Inductor coordinate-descent tuning (gpt-fast's setting; longer compiles)",
+    )
     p.add_argument("--out", default=os.environ.get("OUT", "runs/bench_engine"))
     args = p.parse_args(argv)
     if args.coordinate_descent:
@@ -529,16 +684,21 @@ def main(argv=None) -> int:
     args.kernels = [kind.strip() for kind in args.kernels.split(",") if kind.strip()]
     args.trees = [tree_shape(t) for t in args.trees.split(",") if t.strip()]
     for variant in args.kernels + [args.kernels_8b]:
-        kernel_options(variant)                               # refuse a bad variant before any work
-    args.best_kernels = args.kernels[0]                   # part a replaces it with the fastest
+        kernel_options(variant)  # refuse a bad variant before any work
+    args.best_kernels = args.kernels[0]  # part a replaces it with the fastest
     if args.smoke:
         args.new_tokens, args.repeats, args.batch = min(args.new_tokens, 12), 1, min(args.batch, 3)
     parts = args.parts_list = [x.strip() for x in args.parts.split(",") if x.strip()]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results: dict = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-                     "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(["python", *sys.argv]),
-                     "torch": torch.__version__, "compile_mode": args.compile_mode, "errors": {}}
+    results: dict = {
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "command": " ".join(["python", *sys.argv]),
+        "torch": torch.__version__,
+        "compile_mode": args.compile_mode,
+        "errors": {},
+    }
     bw = bandwidth(args.device)
     results["bandwidth_GBps"] = bw / 1e9 if bw else None
     smol = ids = None
@@ -573,9 +733,12 @@ def main(argv=None) -> int:
         results.setdefault("seconds", {})[part] = round(time.time() - start, 1)
         (out / "bench_engine.json").write_text(json.dumps(results, indent=2, default=str))
     text = table(results)
-    (out / "bench_engine.md").write_text(f"# eaglekit engine, {results['device']}, {results['date']}\n\n"
-                                         f"`{results['command']}`\n\n{text}\n")
-    print(f"\nbandwidth {results['bandwidth_GBps'] or 0:.0f} GB/s, {results['device']}, errors: {results['errors'] or 'none'}")
+    (out / "bench_engine.md").write_text(
+        f"# eaglekit engine, {results['device']}, {results['date']}\n\n`{results['command']}`\n\n{text}\n"
+    )
+    print(
+        f"\nbandwidth {results['bandwidth_GBps'] or 0:.0f} GB/s, {results['device']}, errors: {results['errors'] or 'none'}"
+    )
     print(text)
     return 1 if results["errors"] else 0
 

@@ -59,16 +59,22 @@ PROMPT_DIRS = (REPO.parent / "shared/data/train", REPO / "shared/data/train", RE
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default=os.environ.get("EAGLEKIT_SMOLLM2_DIR", DEFAULT_TARGET))
-    p.add_argument("--prompts", default=os.environ.get("EAGLEKIT_BENCH_PROMPTS"),
-                   help="prompt file or folder (default: ../shared/data/train, else .device/prompts)")
+    p.add_argument(
+        "--prompts",
+        default=os.environ.get("EAGLEKIT_BENCH_PROMPTS"),
+        help="prompt file or folder (default: ../shared/data/train, else .device/prompts)",
+    )
     p.add_argument("--num-prompts", type=int, default=4096, help="prompts of the engine's long run")
     p.add_argument("--hf-prompts", type=int, help="prompts both backends answer (default: one batch)")
     p.add_argument("--batch-size", type=int, default=512)
     p.add_argument("--max-new-tokens", type=int, default=2048)
     p.add_argument("--max-prompt-tokens", type=int, default=1024, help="longer prompts are left out")
-    p.add_argument("--attention", default="flex",
-                   help="engine variants, comma-separated: ATTENTION[/REFILL] (kv.ATTENTION_KINDS; batch.REFILL_KINDS, "
-                        "default eager), e.g. flex,flex/graphs")
+    p.add_argument(
+        "--attention",
+        default="flex",
+        help="engine variants, comma-separated: ATTENTION[/REFILL] (kv.ATTENTION_KINDS; batch.REFILL_KINDS, "
+        "default eager), e.g. flex,flex/graphs",
+    )
     p.add_argument("--on-error", default="sdpa", help="variant measured instead of one that fails ('' = none)")
     p.add_argument("--chunk", type=int, default=16, help="decode steps between the engine's host checks")
     p.add_argument("--backends", default="engine,hf", help="comma-separated: engine, hf")
@@ -89,8 +95,9 @@ def choose_prompts(location: str | None, n: int, tokenizer, max_tokens: int) -> 
     if location is None:
         location = next((str(d) for d in PROMPT_DIRS if d.is_dir()), None)
         if location is None:
-            raise EaglekitError(f"no prompts found in {', '.join(map(str, PROMPT_DIRS))}",
-                                hint="pass --prompts FILE_OR_FOLDER")
+            raise EaglekitError(
+                f"no prompts found in {', '.join(map(str, PROMPT_DIRS))}", hint="pass --prompts FILE_OR_FOLDER"
+            )
     report = read_source(SourceSpec.parse(location))
     if report.malformed:
         raise EaglekitError(f"{location}: malformed records, e.g. {report.malformed[0]}", hint="check the prompts")
@@ -104,17 +111,23 @@ def choose_prompts(location: str | None, n: int, tokenizer, max_tokens: int) -> 
         if len(chosen) == n:
             break
     if len(chosen) < n:
-        raise EaglekitError(f"{location} holds {len(chosen)} prompts of at most {max_tokens} tokens, not {n}",
-                            hint="lower --num-prompts or raise --max-prompt-tokens")
+        raise EaglekitError(
+            f"{location} holds {len(chosen)} prompts of at most {max_tokens} tokens, not {n}",
+            hint="lower --num-prompts or raise --max-prompt-tokens",
+        )
     return location, chosen, lengths
 
 
 def environment(device: str) -> dict:
     import transformers
 
-    env = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "torch": torch.__version__,
-           "transformers": transformers.__version__, "python": sys.version.split()[0],
-           "command": " ".join(shlex.quote(a) for a in sys.argv)}
+    env = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": sys.version.split()[0],
+        "command": " ".join(shlex.quote(a) for a in sys.argv),
+    }
     if device.startswith("cuda"):
         env["gpu"] = torch.cuda.get_device_name(device)
         env["gpu_count"] = torch.cuda.device_count()
@@ -130,7 +143,7 @@ def sync(device: str) -> None:
 
 def free_memory(device: str, compiled: bool = False) -> None:
     if compiled:
-        torch._dynamo.reset()      # compiled steps hold their decoder (and its KV cache) alive
+        torch._dynamo.reset()  # compiled steps hold their decoder (and its KV cache) alive
     gc.collect()
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
@@ -138,14 +151,31 @@ def free_memory(device: str, compiled: bool = False) -> None:
 
 def stage_run(generator, target, prompts_file: Path, out: Path, args) -> dict:
     """The generate stage over one prompt file; its figures."""
-    backend = LocalBackend(target.tokenizer, generator, max_new_tokens=args.max_new_tokens,
-                           batch_size=args.batch_size, context_length=10**9)
-    manifest = generate_conversations(str(prompts_file), out, backend=backend, target_fp=target.fingerprint(),
-                                      config=GenerateConfig(max_new_tokens=args.max_new_tokens), overwrite=True)
+    backend = LocalBackend(
+        target.tokenizer,
+        generator,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        context_length=10**9,
+    )
+    manifest = generate_conversations(
+        str(prompts_file),
+        out,
+        backend=backend,
+        target_fp=target.fingerprint(),
+        config=GenerateConfig(max_new_tokens=args.max_new_tokens),
+        overwrite=True,
+    )
     speed, counts = manifest["throughput_last_run"], manifest["counts"]
-    return {"prompts": counts["conversations"], "answer_tokens": counts["answer_tokens"], "seconds": speed["seconds"],
-            "prompts_per_s": speed["prompts_per_s"], "tokens_per_s": speed["tokens_per_s"],
-            "finish_reason": counts["finish_reason"], "batch_size": args.batch_size}
+    return {
+        "prompts": counts["conversations"],
+        "answer_tokens": counts["answer_tokens"],
+        "seconds": speed["seconds"],
+        "prompts_per_s": speed["prompts_per_s"],
+        "tokens_per_s": speed["tokens_per_s"],
+        "finish_reason": counts["finish_reason"],
+        "batch_size": args.batch_size,
+    }
 
 
 def kv_bytes_per_token(target) -> int:
@@ -163,34 +193,61 @@ def decoder_figures(result: dict, stats: dict, folder: Path, lengths: dict[str, 
     context = sum(P * n + n * n / 2 for P, n in answered) / max(tokens, 1)
     kv_step = stats["rows"] * stats["occupancy"] * context * kv_bytes_per_token(target)
     step_s = result["seconds"] / max(stats["steps"], 1)
-    out = {**stats, "step_ms": round(1000 * step_s, 3), "mean_context": round(context, 1),
-           "kv_gb_per_step": round(kv_step / 1e9, 3), "mean_answer_tokens": round(tokens / max(len(rows), 1), 1)}
+    out = {
+        **stats,
+        "step_ms": round(1000 * step_s, 3),
+        "mean_context": round(context, 1),
+        "kv_gb_per_step": round(kv_step / 1e9, 3),
+        "mean_answer_tokens": round(tokens / max(len(rows), 1), 1),
+    }
     if device.startswith("cuda"):
-        out["kv_read_tb_s"] = round(kv_step / step_s / 1e12, 3)       # an upper bound: steps include refills
+        out["kv_read_tb_s"] = round(kv_step / step_s / 1e12, 3)  # an upper bound: steps include refills
         out["max_memory_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)
     return out
 
 
-def run_engine(variant: str, target, files: dict[str, Path], out: Path, args, lengths: dict[str, int],
-               max_len: int, runs=("same", "all")) -> dict:
+def run_engine(
+    variant: str,
+    target,
+    files: dict[str, Path],
+    out: Path,
+    args,
+    lengths: dict[str, int],
+    max_len: int,
+    runs=("same", "all"),
+) -> dict:
     """Build and warm one engine variant, then the like-for-like run and the long run."""
     cuda = args.device.startswith("cuda")
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     attention, _, refill = variant.partition("/")
-    generator = EngineGenerator(target.model, target.stop_token_ids, Sampling(), batch_size=args.batch_size,
-                                attention=attention or None, chunk=args.chunk, max_len=max_len,
-                                refill=refill or "eager")
-    generator.prepare(max_len - args.max_new_tokens, args.max_new_tokens)    # compile + capture
+    generator = EngineGenerator(
+        target.model,
+        target.stop_token_ids,
+        Sampling(),
+        batch_size=args.batch_size,
+        attention=attention or None,
+        chunk=args.chunk,
+        max_len=max_len,
+        refill=refill or "eager",
+    )
+    generator.prepare(max_len - args.max_new_tokens, args.max_new_tokens)  # compile + capture
     build = time.perf_counter() - start
-    generator.generate([[target.stop_token_ids[0]] * 8] * min(args.batch_size, 64), 4)   # warm the refill
+    generator.generate([[target.stop_token_ids[0]] * 8] * min(args.batch_size, 64), 4)  # warm the refill
     sync(args.device)
-    result = {"variant": variant, "build_s": round(build, 2), "build_and_warmup_s": round(time.perf_counter() - start, 2),
-              "decoder_slots": generator.max_len, "runner": generator._decoder.runner.kind,
-              "same_as_eager": same_as_eager(generator, target, files["same"], args)}
-    print(json.dumps({"engine": variant, "build_s": result["build_s"], "same_as_eager": result["same_as_eager"]}),
-          flush=True)
+    result = {
+        "variant": variant,
+        "build_s": round(build, 2),
+        "build_and_warmup_s": round(time.perf_counter() - start, 2),
+        "decoder_slots": generator.max_len,
+        "runner": generator._decoder.runner.kind,
+        "same_as_eager": same_as_eager(generator, target, files["same"], args),
+    }
+    print(
+        json.dumps({"engine": variant, "build_s": result["build_s"], "same_as_eager": result["same_as_eager"]}),
+        flush=True,
+    )
     for name in runs:
         folder = out / "runs" / f"engine-{variant.replace('/', '+')}-{name}"
         run = stage_run(generator, target, files[name], folder, args)
@@ -198,8 +255,10 @@ def run_engine(variant: str, target, files: dict[str, Path], out: Path, args, le
         result[name] = run
         print(json.dumps({"engine": variant, "run": name, **run}), flush=True)
     if generator.builds != 1:
-        raise EaglekitError(f"the decoder was rebuilt during the runs ({generator.builds} builds)",
-                            hint="the timings include a compile: raise max_len")
+        raise EaglekitError(
+            f"the decoder was rebuilt during the runs ({generator.builds} builds)",
+            hint="the timings include a compile: raise max_len",
+        )
     del generator
     free_memory(args.device, compiled=True)
     return result
@@ -214,19 +273,31 @@ def same_as_eager(generator: EngineGenerator, target, prompts_file: Path, args, 
     rows = [json.loads(line) for line in jsonl_lines(prompts_file)[:n]]
     ids = [prompt_ids(target.tokenizer, Prompt.from_json(r).messages()) for r in rows]
     fast = [c.token_ids for c in generator.generate(ids, new)]
-    eager = BatchDecoder(batch_runner(target.model, max_len=max(map(len, ids)) + new, batch_size=len(ids),
-                                      attention="sdpa" if generator._decoder.runner.kind == "fast" else None),
-                         sampling=Sampling(), graphs=False, compile=False)
+    eager = BatchDecoder(
+        batch_runner(
+            target.model,
+            max_len=max(map(len, ids)) + new,
+            batch_size=len(ids),
+            attention="sdpa" if generator._decoder.runner.kind == "fast" else None,
+        ),
+        sampling=Sampling(),
+        graphs=False,
+        compile=False,
+    )
     slow = [c.tokens for c in eager.run(ids, new, target.stop_token_ids)]
     del eager
     free_memory(args.device)
-    return {"answers": len(ids), "new_tokens": new, "identical": round(sum(a == b for a, b in zip(fast, slow)) / len(ids), 3)}
+    return {
+        "answers": len(ids),
+        "new_tokens": new,
+        "identical": round(sum(a == b for a, b in zip(fast, slow)) / len(ids), 3),
+    }
 
 
 def run_hf(target, files: dict[str, Path], out: Path, args) -> dict:
     generator = HFGenerator(target.model, target.stop_token_ids, Sampling())
     start = time.perf_counter()
-    generator.generate([[target.stop_token_ids[0]] * 8] * args.batch_size, 4)   # warm-up batch
+    generator.generate([[target.stop_token_ids[0]] * 8] * args.batch_size, 4)  # warm-up batch
     sync(args.device)
     warmup = time.perf_counter() - start
     run = stage_run(generator, target, files["same"], out / "runs" / "hf", args)
@@ -253,8 +324,10 @@ def agreement(a: Path, b: Path) -> dict:
     x = {r["id"]: r["messages"][-1]["content"] for r in read_rows(a)}
     y = {r["id"]: r["messages"][-1]["content"] for r in read_rows(b)}
     n = max(len(x), 1)
-    return {"identical": round(sum(x[k] == y.get(k) for k in x) / n, 3),
-            "first_100_chars": round(sum(x[k][:100] == (y.get(k) or "")[:100] for k in x) / n, 3)}
+    return {
+        "identical": round(sum(x[k] == y.get(k) for k in x) / n, 3),
+        "first_100_chars": round(sum(x[k][:100] == (y.get(k) or "")[:100] for k in x) / n, 3),
+    }
 
 
 def engine_variants(target, files, out, args, lengths, max_len) -> tuple[dict, dict]:
@@ -266,10 +339,10 @@ def engine_variants(target, files, out, args, lengths, max_len) -> tuple[dict, d
         variant, runs = todo.pop(0)
         try:
             results[variant] = run_engine(variant, target, files, out, args, lengths, max_len, runs)
-        except Exception as err:       # a benchmark records a failed variant and goes on
+        except Exception as err:  # a benchmark records a failed variant and goes on
             errors[variant] = f"{type(err).__name__}: {err}"[:2000]
             print(f"engine variant {variant!r} failed:\n{traceback.format_exc()[-4000:]}", file=sys.stderr, flush=True)
-        if variant in errors:          # out of the except block: its traceback no longer holds the decoder
+        if variant in errors:  # out of the except block: its traceback no longer holds the decoder
             free_memory(args.device, compiled=True)
             if args.on_error and args.on_error not in [*results, *errors, *(v for v, _ in todo)]:
                 todo.append((args.on_error, ("same",)))
@@ -282,29 +355,51 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     target = load_target(args.target, device=args.device, dtype=args.dtype)
-    location, prompts, lengths = choose_prompts(args.prompts, args.num_prompts, target.tokenizer,
-                                                args.max_prompt_tokens)
+    location, prompts, lengths = choose_prompts(
+        args.prompts, args.num_prompts, target.tokenizer, args.max_prompt_tokens
+    )
     files = {"all": out / "bench_prompts.jsonl", "same": out / "bench_prompts_same.jsonl"}
     files["all"].write_text("".join(json.dumps(p.to_json()) + "\n" for p in prompts))
-    files["same"].write_text("".join(json.dumps(p.to_json()) + "\n" for p in prompts[:args.hf_prompts]))
+    files["same"].write_text("".join(json.dumps(p.to_json()) + "\n" for p in prompts[: args.hf_prompts]))
     by_id = {p.id: n for p, n in zip(prompts, lengths)}
     max_len = max(lengths) + args.max_new_tokens
     backends = [b for b in args.backends.split(",") if b]
     engines, errors = engine_variants(target, files, out, args, by_id, max_len) if "engine" in backends else ({}, {})
     hf = run_hf(target, files, out, args) if "hf" in backends else None
-    report = {"bench": "generate", "smoke": args.smoke, "environment": environment(args.device),
-              "target": target.fingerprint(), "dtype": str(target.model.dtype), "device": args.device,
-              "prompts": {"from": location, "count": len(prompts), "same_as_hf": args.hf_prompts,
-                          "longest_prompt_tokens": max(lengths), "mean_prompt_tokens": round(sum(lengths) / len(lengths), 1),
-                          "hash": sha256_json([p.to_json() for p in prompts]), "turns": "first user turn only"},
-              "config": {"batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens, "sampling": "greedy",
-                         "chunk": args.chunk, "attention": args.attention},
-              "engine": engines, "engine_errors": errors, "hf": hf}
+    report = {
+        "bench": "generate",
+        "smoke": args.smoke,
+        "environment": environment(args.device),
+        "target": target.fingerprint(),
+        "dtype": str(target.model.dtype),
+        "device": args.device,
+        "prompts": {
+            "from": location,
+            "count": len(prompts),
+            "same_as_hf": args.hf_prompts,
+            "longest_prompt_tokens": max(lengths),
+            "mean_prompt_tokens": round(sum(lengths) / len(lengths), 1),
+            "hash": sha256_json([p.to_json() for p in prompts]),
+            "turns": "first user turn only",
+        },
+        "config": {
+            "batch_size": args.batch_size,
+            "max_new_tokens": args.max_new_tokens,
+            "sampling": "greedy",
+            "chunk": args.chunk,
+            "attention": args.attention,
+        },
+        "engine": engines,
+        "engine_errors": errors,
+        "hf": hf,
+    }
     report["wall_s"] = round(time.perf_counter() - began, 1)
     if hf:
         for variant, r in engines.items():
             r["speedup_same_over_hf"] = round(r["same"]["tokens_per_s"] / hf["tokens_per_s"], 2)
-            r["agreement_with_hf"] = agreement(out / "runs" / f"engine-{variant.replace('/', '+')}-same", out / "runs" / "hf")
+            r["agreement_with_hf"] = agreement(
+                out / "runs" / f"engine-{variant.replace('/', '+')}-same", out / "runs" / "hf"
+            )
     (out / "bench_generate.json").write_text(json.dumps(report, indent=2) + "\n")
     print_table(report)
     return 0 if engines or "engine" not in backends else 1
@@ -312,21 +407,30 @@ def main(argv=None) -> int:
 
 def print_table(report: dict) -> None:
     env, cfg = report["environment"], report["config"]
-    print(f"\ngenerate benchmark: {report['target']['name']} ({report['dtype']}) on {env.get('gpu', 'cpu')}, "
-          f"batch {cfg['batch_size']}, max {cfg['max_new_tokens']} new tokens, greedy, first turns of "
-          f"{report['prompts']['count']} prompts (mean {report['prompts']['mean_prompt_tokens']} tokens), {env['date']}, "
-          f"{report['wall_s']:.0f} s in all")
+    print(
+        f"\ngenerate benchmark: {report['target']['name']} ({report['dtype']}) on {env.get('gpu', 'cpu')}, "
+        f"batch {cfg['batch_size']}, max {cfg['max_new_tokens']} new tokens, greedy, first turns of "
+        f"{report['prompts']['count']} prompts (mean {report['prompts']['mean_prompt_tokens']} tokens), {env['date']}, "
+        f"{report['wall_s']:.0f} s in all"
+    )
     for variant, error in report["engine_errors"].items():
         print(f"engine variant {variant!r} FAILED: {error.splitlines()[0][:300]}")
-    print(f"{'run':<22} {'prompts':>7} {'tokens':>9} {'tok/answer':>10} {'at max':>6} {'seconds':>8} {'tokens/s':>9} "
-          f"{'step ms':>7} {'busy':>5} {'KV GB/step':>10} {'build s':>7}")
+    print(
+        f"{'run':<22} {'prompts':>7} {'tokens':>9} {'tok/answer':>10} {'at max':>6} {'seconds':>8} {'tokens/s':>9} "
+        f"{'step ms':>7} {'busy':>5} {'KV GB/step':>10} {'build s':>7}"
+    )
 
     def row(name, r, build, d=None):
         at_max = r["finish_reason"].get("length", 0) / max(r["prompts"], 1)
-        extra = (f"{d['step_ms']:>7.2f} {100 * d['occupancy']:>4.0f}% {d['kv_gb_per_step']:>10.2f}" if d
-                 else f"{'':>7} {'':>5} {'':>10}")
-        print(f"{name:<22} {r['prompts']:>7} {r['answer_tokens']:>9} {r['answer_tokens'] / max(r['prompts'], 1):>10.0f} "
-              f"{100 * at_max:>5.0f}% {r['seconds']:>8.1f} {r['tokens_per_s']:>9.0f} {extra} {build:>7.1f}")
+        extra = (
+            f"{d['step_ms']:>7.2f} {100 * d['occupancy']:>4.0f}% {d['kv_gb_per_step']:>10.2f}"
+            if d
+            else f"{'':>7} {'':>5} {'':>10}"
+        )
+        print(
+            f"{name:<22} {r['prompts']:>7} {r['answer_tokens']:>9} {r['answer_tokens'] / max(r['prompts'], 1):>10.0f} "
+            f"{100 * at_max:>5.0f}% {r['seconds']:>8.1f} {r['tokens_per_s']:>9.0f} {extra} {build:>7.1f}"
+        )
 
     for variant, r in report["engine"].items():
         if "all" in r:
@@ -337,15 +441,19 @@ def print_table(report: dict) -> None:
     for variant, r in report["engine"].items():
         if "speedup_same_over_hf" in r:
             a = r["agreement_with_hf"]
-            print(f"engine {variant} / hf tokens/s on the same {report['prompts']['same_as_hf']} prompts: "
-                  f"{r['speedup_same_over_hf']:.2f}x; identical answers {100 * a['identical']:.1f} %, "
-                  f"same first 100 characters {100 * a['first_100_chars']:.1f} %")
+            print(
+                f"engine {variant} / hf tokens/s on the same {report['prompts']['same_as_hf']} prompts: "
+                f"{r['speedup_same_over_hf']:.2f}x; identical answers {100 * a['identical']:.1f} %, "
+                f"same first 100 characters {100 * a['first_100_chars']:.1f} %"
+            )
     for variant, r in report["engine"].items():
         run = r.get("all", r["same"])
-        print(f"engine {variant}: {run['tokens_per_s']:,.0f} answer tokens/s over {run['prompts']} prompts "
-              f"({run['decoder']['rows']} rows x {run['decoder']['slots']} slots); compiled = eager on "
-              f"{100 * r['same_as_eager']['identical']:.0f} % of {r['same_as_eager']['answers']} answers "
-              f"({r['same_as_eager']['new_tokens']} tokens)")
+        print(
+            f"engine {variant}: {run['tokens_per_s']:,.0f} answer tokens/s over {run['prompts']} prompts "
+            f"({run['decoder']['rows']} rows x {run['decoder']['slots']} slots); compiled = eager on "
+            f"{100 * r['same_as_eager']['identical']:.0f} % of {r['same_as_eager']['answers']} answers "
+            f"({r['same_as_eager']['new_tokens']} tokens)"
+        )
 
 
 if __name__ == "__main__":

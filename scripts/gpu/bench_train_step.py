@@ -70,11 +70,28 @@ VARIANTS = {  # name: (attention, compiled, soft CE, the target's layers compile
     "new-compile": ("merged", True, None, True),
     "dense-compile": ("dense", True, None, True),
 }
-SMOLLM2 = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-               num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rope_theta=100000.0,
-               rms_norm_eps=1e-5, tie_word_embeddings=True)
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
-            vocab_size=512, max_position_embeddings=512, rms_norm_eps=1e-5)
+SMOLLM2 = dict(
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    vocab_size=49152,
+    max_position_embeddings=8192,
+    rope_theta=100000.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+)
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=6,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=512,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+)
 
 
 def make_draft(shape, draft_vocab_size: int, device: torch.device) -> Eagle3Draft:
@@ -83,8 +100,7 @@ def make_draft(shape, draft_vocab_size: int, device: torch.device) -> Eagle3Draf
 
     config = LlamaConfig(**shape) if isinstance(shape, dict) else shape
     layers = config.num_hidden_layers
-    cfg = DraftConfig.for_target(config, aux_layer_ids=[1, layers // 2, layers - 3],
-                                 draft_vocab_size=draft_vocab_size)
+    cfg = DraftConfig.for_target(config, aux_layer_ids=[1, layers // 2, layers - 3], draft_vocab_size=draft_vocab_size)
     torch.manual_seed(0)
     draft = Eagle3Draft(cfg)
     ids = torch.sort(torch.randperm(cfg.vocab_size)[:draft_vocab_size]).values
@@ -97,7 +113,7 @@ def make_draft(shape, draft_vocab_size: int, device: torch.device) -> Eagle3Draf
 def answer_mask(length: int, answer_share: float) -> torch.Tensor:
     """[length] bool: a sample's prompt, then its answer (the last `answer_share` of its tokens)."""
     mask = torch.zeros(length, dtype=torch.bool)
-    mask[min(length - 1, round(length * (1 - answer_share))):] = True
+    mask[min(length - 1, round(length * (1 - answer_share))) :] = True
     return mask
 
 
@@ -132,7 +148,7 @@ def mixed_groups(args) -> tuple[list[int], list[list[int]]]:
     lengths = mixed_lengths(2 * args.batch_tokens * args.mix // min(300, args.length // 4), args.length)
     groups = pack_by_tokens(range(len(lengths)), lengths, batch_tokens=args.batch_tokens)
     step = max(1, len(groups) // args.mix)
-    return lengths, groups[::step][: args.mix]     # shapes from the longest rows to the shortest
+    return lengths, groups[::step][: args.mix]  # shapes from the longest rows to the shortest
 
 
 class OnlineRows:
@@ -176,20 +192,22 @@ def bench_variant(name: str, args, shape, device: torch.device, autocast: bool, 
     draft = make_draft(shape, args.draft_vocab_size, device)
     model = TTTModel(draft, args.ttt_steps, attention)
     params = [(n, p) for n, p in draft.named_parameters() if p.requires_grad]
-    optimizer = make_optimizer(params, lr=TrainConfig.lr, weight_decay=TrainConfig.weight_decay, betas=TrainConfig.betas)
+    optimizer = make_optimizer(
+        params, lr=TrainConfig.lr, weight_decay=TrainConfig.weight_decay, betas=TrainConfig.betas
+    )
     batches, online = step_batches(args, draft, target, device)
     step_loss = compiled_unrolled_loss() if compiled else unrolled_loss
     if target_compiled and target is not None and not getattr(target, "layers_compiled", False):
-        compile_target_layers(target.model)       # as `train --compile` online; it stays so: list compiled variants last
+        compile_target_layers(target.model)  # as `train --compile` online; it stays so: list compiled variants last
         target.layers_compiled = True
-    kw = dict(d2t=draft.d2t, t2d=draft.t2d, weights=[TrainConfig.step_decay ** j for j in range(args.ttt_steps)])
-    if not compiled and soft_ce != "plain":   # passed only when set: this script also times older src trees
+    kw = dict(d2t=draft.d2t, t2d=draft.t2d, weights=[TrainConfig.step_decay**j for j in range(args.ttt_steps)])
+    if not compiled and soft_ce != "plain":  # passed only when set: this script also times older src trees
         kw["soft_ce"] = soft_ce
     target_ms, tokens = [], []
 
     def step(n: int) -> float:
         batch = batches[n % len(batches)]
-        if online is not None:        # the target's forward, timed apart from the draft's step
+        if online is not None:  # the target's forward, timed apart from the draft's step
             sync(device)
             t0 = time.perf_counter()
             batch = online.batch(batch)
@@ -205,7 +223,7 @@ def bench_variant(name: str, args, shape, device: torch.device, autocast: bool, 
         return out.loss.detach()
 
     started = time.perf_counter()
-    first_loss = float(step(0))            # before any update: comparable across variants
+    first_loss = float(step(0))  # before any update: comparable across variants
     sync(device)
     warmup_s = time.perf_counter() - started
     for n in range(1, args.warmup):
@@ -223,14 +241,19 @@ def bench_variant(name: str, args, shape, device: torch.device, autocast: bool, 
         sync(device)
         times.append((time.perf_counter() - t0) * 1000)
     step_ms = [t - o for t, o in zip(times, target_ms)] if target_ms else times
-    result = {"variant": name, "attention": attention, "compile": compiled,
-              "first_loss": round(first_loss, 6),
-              "ms_per_step": round(statistics.median(times), 2), "ms_min": round(min(times), 2),
-              "first_step_s": round(warmup_s, 2), "shapes": len(batches),
-              "tokens_per_s": round(sum(tokens) / (sum(times) / 1000), 1)}
+    result = {
+        "variant": name,
+        "attention": attention,
+        "compile": compiled,
+        "first_loss": round(first_loss, 6),
+        "ms_per_step": round(statistics.median(times), 2),
+        "ms_min": round(min(times), 2),
+        "first_step_s": round(warmup_s, 2),
+        "shapes": len(batches),
+        "tokens_per_s": round(sum(tokens) / (sum(times) / 1000), 1),
+    }
     if target_ms:
-        result.update(target_ms=round(statistics.median(target_ms), 2),
-                      draft_ms=round(statistics.median(step_ms), 2))
+        result.update(target_ms=round(statistics.median(target_ms), 2), draft_ms=round(statistics.median(step_ms), 2))
     if device.type == "cuda":
         result["peak_step_mem_gib"] = round((torch.cuda.max_memory_allocated(device) - base) / 2**30, 3)
         result["peak_mem_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
@@ -254,11 +277,17 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--ttt-steps", type=int, default=TrainConfig.ttt_steps)
     p.add_argument("--steps", type=int, default=10, help="timed steps per variant")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation, allocator)")
-    p.add_argument("--mix", type=int, default=0, help="N batches of varied sample lengths, taken in turn (0: one shape)")
+    p.add_argument(
+        "--mix", type=int, default=0, help="N batches of varied sample lengths, taken in turn (0: one shape)"
+    )
     p.add_argument("--target", default=None, help="with --mix: the real target's forward too (online training)")
-    p.add_argument("--answer-share", type=float, default=0.67,
-                   help="share of a sample's tokens the assistant wrote, the ones the loss counts (the recipe's "
-                        "data: 11.55M answer tokens of 17.30M, 2026-12-03)")
+    p.add_argument(
+        "--answer-share",
+        type=float,
+        default=0.67,
+        help="share of a sample's tokens the assistant wrote, the ones the loss counts (the recipe's "
+        "data: 11.55M answer tokens of 17.30M, 2026-12-03)",
+    )
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default=os.environ.get("OUT"))
     p.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, fp32")
@@ -275,7 +304,7 @@ def main(argv=None) -> list[dict]:
         if args.mix:
             args.batch_tokens, args.length = 256, 64
     if args.mix:
-        args.warmup = max(args.warmup, args.mix)     # every shape's first visit before the timed steps
+        args.warmup = max(args.warmup, args.mix)  # every shape's first visit before the timed steps
     device = torch.device(resolve_device(args.device))
     autocast = device.type == "cuda"
     if args.target and not args.mix:
@@ -288,17 +317,21 @@ def main(argv=None) -> list[dict]:
         shape = target.model.config
     results = []
     for name in names:
-        with plan_free_attention():           # as `train` runs
+        with plan_free_attention():  # as `train` runs
             r = bench_variant(name, args, shape, device, autocast, target)
         free_variant(device)
         results.append(r)
         print(json.dumps(r), flush=True)
     reference = results[0]["first_loss"]
-    tol = 2e-2 if autocast else 1e-4                # bf16 autocast: kernels round differently
+    tol = 2e-2 if autocast else 1e-4  # bf16 autocast: kernels round differently
     for r in results:
         r["loss_matches_first"] = abs(r["first_loss"] - reference) <= tol * max(1.0, abs(reference))
-    summary = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-               "torch": torch.__version__, "args": vars(args), "results": results}
+    summary = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "args": vars(args),
+        "results": results,
+    }
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "bench_train_step.json").write_text(json.dumps(summary, indent=2) + "\n")

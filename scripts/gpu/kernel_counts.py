@@ -36,7 +36,7 @@ from bench_engine import kernel_options, llama_8b  # noqa: E402
 from eaglekit.runtime.kv import cache_mask, causal_block  # noqa: E402
 from eaglekit.runtime.target_fast import FastTarget  # noqa: E402
 
-START = 100                                     # tokens already in the cache before the forward
+START = 100  # tokens already in the cache before the forward
 
 
 class CodegenDone(Exception):
@@ -64,6 +64,7 @@ def triton_codegen_on_cpu() -> list[str]:
         code = codegen(self)[0]
         written.append(getattr(code, "value", str(code)))
         raise CodegenDone
+
     graph.GraphLowering.codegen = grab
     return written
 
@@ -76,10 +77,10 @@ def launches(fn, args, written: list[str]) -> Counter:
     written.clear()
     try:
         torch.compile(fn, dynamic=False)(*args)
-    except Exception as err:                          # dynamo and Inductor wrap what the backend raised
+    except Exception as err:  # dynamo and Inductor wrap what the backend raised
         if not any(isinstance(e, CodegenDone) for e in (err, err.__cause__, getattr(err, "inner_exception", None))):
             raise
-    call = written[-1][written[-1].index("def call("):]
+    call = written[-1][written[-1].index("def call(") :]
     kinds = Counter(name.split("_")[1] for name in re.findall(r"\b(triton_\w+)\.run\(", call))
     kinds.update(f"extern:{name}" for name in re.findall(r"extern_kernels\.(\w+)\(", call))
     kinds.update(f"aten:{name}" for name in re.findall(r"torch\.ops\.aten\.(\w+)\.\w+\(", call))
@@ -106,8 +107,12 @@ def forward_launches(config, layers: int, rows: int, variant: str, written) -> C
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", choices=("smollm2", "8b"), default="smollm2",
-                   help="smollm2: the default target's config; 8b: bench_engine's Llama-8B shape")
+    p.add_argument(
+        "--model",
+        choices=("smollm2", "8b"),
+        default="smollm2",
+        help="smollm2: the default target's config; 8b: bench_engine's Llama-8B shape",
+    )
     p.add_argument("--rows", default="1,6,16", help="tokens per forward (1 = a decode step, 6 = a chain-5 verify)")
     p.add_argument("--kernels", default="reduce+matvec,reduce+matvec@6,reduce+matvec@16/16")
     p.add_argument("--json", type=Path, help="also write the counts here")
@@ -126,12 +131,24 @@ def main() -> None:
             one, two = (forward_launches(config, n, rows, variant, written) for n in (1, 2))
             layer = two - one
             rest = one - layer
-            results.append({"kernels": variant, "rows": rows, "per_layer": dict(layer), "rest": dict(rest),
-                            "per_layer_total": sum(layer.values())})
-            print(f"{variant:>24} {rows:>3} rows: {sum(layer.values()):>3} launches per layer "
-                  f"({', '.join(f'{k} {v}' for k, v in sorted(layer.items()))}); rest {sum(rest.values())}", flush=True)
+            results.append(
+                {
+                    "kernels": variant,
+                    "rows": rows,
+                    "per_layer": dict(layer),
+                    "rest": dict(rest),
+                    "per_layer_total": sum(layer.values()),
+                }
+            )
+            print(
+                f"{variant:>24} {rows:>3} rows: {sum(layer.values()):>3} launches per layer "
+                f"({', '.join(f'{k} {v}' for k, v in sorted(layer.items()))}); rest {sum(rest.values())}",
+                flush=True,
+            )
     if args.json:
-        args.json.write_text(json.dumps({"model": args.model, "torch": torch.__version__, "results": results}, indent=1))
+        args.json.write_text(
+            json.dumps({"model": args.model, "torch": torch.__version__, "results": results}, indent=1)
+        )
 
 
 if __name__ == "__main__":

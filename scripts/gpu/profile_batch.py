@@ -83,21 +83,29 @@ def graphed_refills(runner, ids: list[list[int]], rows: int) -> dict:
     prompts = [i for i in ids if len(i) >= 96][:rows]
     if len(prompts) < 2:
         return {"skipped": f"{len(prompts)} prompts of 96+ tokens"}
-    shapes = {"fresh": [0] * len(prompts),                            # the whole prompt prefilled
-              "resumed": [len(i) - 32 for i in prompts]}              # all but its last 32 tokens cached
+    shapes = {
+        "fresh": [0] * len(prompts),  # the whole prompt prefilled
+        "resumed": [len(i) - 32 for i in prompts],
+    }  # all but its last 32 tokens cached
     out = {}
     for name, cached in shapes.items():
         requests = [Request(i, 512) for i in prompts]
-        refill = lambda: dec._prefill(list(range(len(prompts))), requests, cached)   # noqa: E731, B023
+        refill = lambda: dec._prefill(list(range(len(prompts))), requests, cached)  # noqa: E731, B023
         torch.cuda.synchronize()
         start = time.perf_counter()
-        refill()                                                     # the bucket's first use: captured
+        refill()  # the bucket's first use: captured
         torch.cuda.synchronize()
         first_ms = 1000 * (time.perf_counter() - start)
         count, top = top_kernels(refill)
-        out[name] = {"prompts": len(prompts), "new_tokens": sum(len(i) - c for i, c in zip(prompts, cached)),
-                     "graphs": sorted(map(list, dec.refill_steps)), "first_use_ms": round(first_ms, 1),
-                     "replay_ms": round(timed(refill, 10), 3), "kernels": count, "top": top}
+        out[name] = {
+            "prompts": len(prompts),
+            "new_tokens": sum(len(i) - c for i, c in zip(prompts, cached)),
+            "graphs": sorted(map(list, dec.refill_steps)),
+            "first_use_ms": round(first_ms, 1),
+            "replay_ms": round(timed(refill, 10), 3),
+            "kernels": count,
+            "top": top,
+        }
     return out
 
 
@@ -106,37 +114,53 @@ def main(argv=None) -> int:
     target = load_target(args.target, device="cuda", dtype="auto")
     report = read_source(SourceSpec.parse(args.prompts))
     prompts = sorted(report.prompts, key=lambda p: order_key(p, 0))
-    ids = [prompt_ids(target.tokenizer, [{"role": "user", "content": p.turns[0]}]) for p in prompts[:4 * args.batch_size]]
-    ids = [i for i in ids if len(i) <= 1024][:2 * args.batch_size]
+    ids = [
+        prompt_ids(target.tokenizer, [{"role": "user", "content": p.turns[0]}]) for p in prompts[: 4 * args.batch_size]
+    ]
+    ids = [i for i in ids if len(i) <= 1024][: 2 * args.batch_size]
     lengths = sorted(map(len, ids))
-    result = {"target": args.target, "batch_size": args.batch_size, "slots": args.slots,
-              "prompt_tokens_median": lengths[len(lengths) // 2], "variants": {}}
+    result = {
+        "target": args.target,
+        "batch_size": args.batch_size,
+        "slots": args.slots,
+        "prompt_tokens_median": lengths[len(lengths) // 2],
+        "variants": {},
+    }
     print(f"prompts: {len(ids)}, median {result['prompt_tokens_median']} tokens", flush=True)
     for attention in args.attention.split(","):
         start = time.perf_counter()
         runner = batch_runner(target.model, max_len=args.slots, batch_size=args.batch_size, attention=attention)
         dec = BatchDecoder(runner, sampling=Sampling(), graphs=True, compile=True, chunk=args.chunk)
         built = time.perf_counter() - start
-        dec.set_stop_ids([-5])                      # no stop: every row stays live while timed
+        dec.set_stop_ids([-5])  # no stop: every row stays live while timed
         B = args.batch_size
         dec.refill(list(range(B)), [Request(i, 512) for i in ids[:B]])
         torch.cuda.synchronize()
         step_ms = timed(dec.step, 50)
         step_kernels, step_top = top_kernels(dec.step)
-        spare = ids[B:B + args.refill]
+        spare = ids[B : B + args.refill]
         rows = list(range(args.refill))
-        refill = lambda: dec.refill(rows, [Request(i, 512) for i in spare])   # noqa: E731, B023 (timed at once)
+        refill = lambda: dec.refill(rows, [Request(i, 512) for i in spare])  # noqa: E731, B023 (timed at once)
         refill_ms = timed(refill, 5)
         refill_kernels, refill_top = top_kernels(refill)
         graphed = graphed_refills(runner, ids, args.refill)
-        per_round = B * args.chunk / args.answer_tokens             # rows that end (and are refilled) per round
+        per_round = B * args.chunk / args.answer_tokens  # rows that end (and are refilled) per round
         round_ms = args.chunk * step_ms + per_round / args.refill * refill_ms
-        v = {"built_s": round(built, 1), "step_ms": round(step_ms, 3), "step_kernels": step_kernels,
-             "refill_ms": round(refill_ms, 3), "refill_prompts": args.refill, "refill_kernels": refill_kernels,
-             "refill_prompt_tokens": sum(map(len, spare)), "round_ms": round(round_ms, 2),
-             "tokens_per_s_steps_only": round(B / step_ms * 1e3),
-             "tokens_per_s_round": round(B * args.chunk / round_ms * 1e3),
-             "step_top": step_top, "refill_top": refill_top, "graphed": graphed}
+        v = {
+            "built_s": round(built, 1),
+            "step_ms": round(step_ms, 3),
+            "step_kernels": step_kernels,
+            "refill_ms": round(refill_ms, 3),
+            "refill_prompts": args.refill,
+            "refill_kernels": refill_kernels,
+            "refill_prompt_tokens": sum(map(len, spare)),
+            "round_ms": round(round_ms, 2),
+            "tokens_per_s_steps_only": round(B / step_ms * 1e3),
+            "tokens_per_s_round": round(B * args.chunk / round_ms * 1e3),
+            "step_top": step_top,
+            "refill_top": refill_top,
+            "graphed": graphed,
+        }
         result["variants"][attention] = v
         print(json.dumps({k: x for k, x in v.items() if not k.endswith("_top")}), flush=True)
         print("  step top kernels:\n    " + "\n    ".join(step_top), flush=True)
@@ -146,7 +170,7 @@ def main(argv=None) -> int:
                 continue
             print(f"  graphed refill, {name}: " + json.dumps({k: x for k, x in g.items() if k != "top"}), flush=True)
             print("    " + "\n    ".join(g["top"]), flush=True)
-        dec = runner = refill = None   # free the cache before the next variant
+        dec = runner = refill = None  # free the cache before the next variant
         torch._dynamo.reset()
         torch.cuda.empty_cache()
     Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -47,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", required=True)
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--bench-args", default=DEFAULT_BENCH, help=f"for `eaglekit bench` (default: {DEFAULT_BENCH})")
-    p.add_argument("--probe-args", default=DEFAULT_PROBE, help=f"for `eaglekit doctor --probe` (default: {DEFAULT_PROBE})")
+    p.add_argument(
+        "--probe-args", default=DEFAULT_PROBE, help=f"for `eaglekit doctor --probe` (default: {DEFAULT_PROBE})"
+    )
     args = p.parse_args(argv)
     rows = []
     for item in args.drafts:
@@ -56,21 +58,55 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"{item!r} is not LABEL=DRAFT")
         out = args.out / label
         out.mkdir(parents=True, exist_ok=True)
-        run([sys.executable, "-m", "eaglekit", "bench", "--target", args.target, "--draft", draft, *shlex.split(args.bench_args),
-             "--out", str(out / "bench"), "--overwrite", "--allow-unfinished"])
+        run(
+            [
+                sys.executable,
+                "-m",
+                "eaglekit",
+                "bench",
+                "--target",
+                args.target,
+                "--draft",
+                draft,
+                *shlex.split(args.bench_args),
+                "--out",
+                str(out / "bench"),
+                "--overwrite",
+                "--allow-unfinished",
+            ]
+        )
         bench = json.loads((out / "bench" / "results.json").read_text())["summary"]
-        run([sys.executable, "-m", "eaglekit", "doctor", draft, "--target", args.target, "--probe", *shlex.split(args.probe_args),
-             "--allow-unfinished", "--json", str(out / "doctor.json")], check=False)   # 1: a check failed
+        run(
+            [
+                sys.executable,
+                "-m",
+                "eaglekit",
+                "doctor",
+                draft,
+                "--target",
+                args.target,
+                "--probe",
+                *shlex.split(args.probe_args),
+                "--allow-unfinished",
+                "--json",
+                str(out / "doctor.json"),
+            ],
+            check=False,
+        )  # 1: a check failed
         doctor = json.loads((out / "doctor.json").read_text())
         probe = dict(doctor.get("probe") or {}, ok=doctor.get("ok"))
         rows.append((label, draft, train_note(Path(draft)), bench, probe))
-    lines = ["| draft | training | bench tau | per position | speedup | plain / spec tok/s | probe tau | probe per position | doctor |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| draft | training | bench tau | per position | speedup | plain / spec tok/s | probe tau | probe per position | doctor |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for label, draft, note, b, pr in rows:
-        lines.append(f"| {label} (`{draft}`) | {note} | **{b['tau']:.2f}** | {fmt_positions(b['per_position_acceptance'])} | "
-                     f"{b['speedup']:.2f}x | {b['baseline_tok_s']:.1f} / {b['spec_tok_s']:.1f} | "
-                     f"{pr.get('tau', float('nan')):.2f} | {fmt_positions(pr.get('per_position'))} | "
-                     f"{'pass' if pr.get('ok') else 'fail'} |")
+        lines.append(
+            f"| {label} (`{draft}`) | {note} | **{b['tau']:.2f}** | {fmt_positions(b['per_position_acceptance'])} | "
+            f"{b['speedup']:.2f}x | {b['baseline_tok_s']:.1f} / {b['spec_tok_s']:.1f} | "
+            f"{pr.get('tau', float('nan')):.2f} | {fmt_positions(pr.get('per_position'))} | "
+            f"{'pass' if pr.get('ok') else 'fail'} |"
+        )
     table = "\n".join(lines)
     (args.out / "table.md").write_text(table + "\n")
     print(table)

@@ -41,7 +41,7 @@ def _patch_for_cpu() -> None:
             super().__init__("cpu" if device_type == "cuda" else device_type, *args, **kwargs)
 
     torch.Tensor.to = to_tensor
-    torch.accelerator.synchronize = lambda *args, **kwargs: None   # its step timer syncs the device
+    torch.accelerator.synchronize = lambda *args, **kwargs: None  # its step timer syncs the device
     torch.nn.Module.to = to_module
     torch.autocast = CpuAutocast
 

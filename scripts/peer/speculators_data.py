@@ -42,14 +42,20 @@ def write_tokens(conversations: str, target_spec: str, out: Path, max_length: in
     tokenizer = load_tokenizer(source)
     rows, _ = read_conversations(conversations)
     samples, counts = tokenize_conversations(tokenizer, rows, max_length=max_length)
-    samples = [s for s in samples if not s.held_out]   # eaglekit's training leaves these out too
+    samples = [s for s in samples if not s.held_out]  # eaglekit's training leaves these out too
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
         for s in samples:
-            f.write(json.dumps({"id": s.id, "input_ids": s.input_ids.tolist(),
-                                "loss_mask": s.loss_mask.to(torch.int64).tolist()}) + "\n")
-    print(f"tokens: {len(samples)} conversations, {sum(s.length for s in samples)} tokens "
-          f"({counts['assistant_tokens']} assistant) -> {out}")
+            f.write(
+                json.dumps(
+                    {"id": s.id, "input_ids": s.input_ids.tolist(), "loss_mask": s.loss_mask.to(torch.int64).tolist()}
+                )
+                + "\n"
+            )
+    print(
+        f"tokens: {len(samples)} conversations, {sum(s.length for s in samples)} tokens "
+        f"({counts['assistant_tokens']} assistant) -> {out}"
+    )
     return len(samples)
 
 
@@ -59,8 +65,10 @@ def read_prepared(data: Path) -> list[list[int]]:
 
     files = sorted(data.glob("data-*.arrow"))
     if not files:
-        raise EaglekitError(f"{data} holds no data-*.arrow files",
-                            hint="run `speculators prepare_data --data W/tokens.jsonl --output W/data` first")
+        raise EaglekitError(
+            f"{data} holds no data-*.arrow files",
+            hint="run `speculators prepare_data --data W/tokens.jsonl --output W/data` first",
+        )
     ids: list[list[int]] = []
     for file in files:
         with pa.memory_map(str(file)) as source:
@@ -74,8 +82,9 @@ def parse_ids(text: str) -> list[int]:
 
 
 @torch.no_grad()
-def write_hidden(data: Path, target_spec: str, *, aux_layer_ids: list[int] | None, device: str, dtype: str,
-                 batch_tokens: int) -> int:
+def write_hidden(
+    data: Path, target_spec: str, *, aux_layer_ids: list[int] | None, device: str, dtype: str, batch_tokens: int
+) -> int:
     """Capture aux + last-layer states for every prepared row; return the number written.
 
     Rows of similar length go through the target together (sorted by length, right-padded: causal
@@ -88,33 +97,44 @@ def write_hidden(data: Path, target_spec: str, *, aux_layer_ids: list[int] | Non
     target = load_target(target_spec, device=device, dtype=dtype)
     layers = target.config.num_hidden_layers
     aux = check_aux_layer_ids(aux_layer_ids or default_aux_layer_ids(layers), layers)
-    captured = aux + [layers - 1]   # speculators' last slot: the final decoder layer, pre-norm
+    captured = aux + [layers - 1]  # speculators' last slot: the final decoder layer, pre-norm
     hidden = target.config.hidden_size
     out = data / "hidden_states"
     out.mkdir(parents=True, exist_ok=True)
     rows = read_prepared(data)
-    todo = sorted((i for i in range(len(rows)) if not (out / f"hs_{i}.safetensors").is_file()),   # resumable
-                  key=lambda i: len(rows[i]))
+    todo = sorted(
+        (i for i in range(len(rows)) if not (out / f"hs_{i}.safetensors").is_file()),  # resumable
+        key=lambda i: len(rows[i]),
+    )
     start = time.perf_counter()
     while todo:
         longest = len(rows[todo[-1]])
-        batch = todo[-max(1, batch_tokens // longest):]      # the longest rows left, padded to the longest
-        todo = todo[:-len(batch)]
-        input_ids = torch.zeros(len(batch), longest, dtype=torch.long)                # [B, T], right-padded
+        batch = todo[-max(1, batch_tokens // longest) :]  # the longest rows left, padded to the longest
+        todo = todo[: -len(batch)]
+        input_ids = torch.zeros(len(batch), longest, dtype=torch.long)  # [B, T], right-padded
         mask = torch.zeros(len(batch), longest, dtype=torch.long)
         for r, i in enumerate(batch):
-            input_ids[r, :len(rows[i])] = torch.tensor(rows[i])
-            mask[r, :len(rows[i])] = 1
-        states = capture_aux_states(target.model, input_ids.to(target.device), captured,
-                                    attention_mask=mask.to(target.device), return_logits=False)
+            input_ids[r, : len(rows[i])] = torch.tensor(rows[i])
+            mask[r, : len(rows[i])] = 1
+        states = capture_aux_states(
+            target.model,
+            input_ids.to(target.device),
+            captured,
+            attention_mask=mask.to(target.device),
+            return_logits=False,
+        )
         stacked = states.aux_hidden.view(len(batch), longest, len(captured), hidden).to(torch.bfloat16).cpu()
-        for r, i in enumerate(batch):                                                 # [T_i, 4, H] each
+        for r, i in enumerate(batch):  # [T_i, 4, H] each
             n = len(rows[i])
-            save_file({"hidden_states": stacked[r, :n].contiguous(), "token_ids": input_ids[r, :n].clone()},
-                      str(out / f"hs_{i}.safetensors"))
+            save_file(
+                {"hidden_states": stacked[r, :n].contiguous(), "token_ids": input_ids[r, :n].clone()},
+                str(out / f"hs_{i}.safetensors"),
+            )
     took = time.perf_counter() - start
-    print(f"hidden: {len(rows)} rows, {sum(map(len, rows))} tokens, layers {captured} (eaglekit convention: "
-          f"output of layer i) -> {out} in {took:.1f}s")
+    print(
+        f"hidden: {len(rows)} rows, {sum(map(len, rows))} tokens, layers {captured} (eaglekit convention: "
+        f"output of layer i) -> {out} in {took:.1f}s"
+    )
     return len(rows)
 
 
@@ -129,8 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     h = sub.add_parser("hidden", help="capture hidden states for a prepared speculators dataset")
     h.add_argument("data", type=Path, help="the `speculators prepare_data` output folder")
     h.add_argument("--target", required=True)
-    h.add_argument("--aux-layer-ids", type=parse_ids, default=None,
-                   help="eaglekit convention (output of layer i); default the target's EAGLE-3 layers")
+    h.add_argument(
+        "--aux-layer-ids",
+        type=parse_ids,
+        default=None,
+        help="eaglekit convention (output of layer i); default the target's EAGLE-3 layers",
+    )
     h.add_argument("--device", default="cpu")
     h.add_argument("--dtype", default="auto")
     h.add_argument("--batch-tokens", type=int, default=32768, help="padded tokens per target forward")
@@ -139,8 +163,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "tokens":
             write_tokens(args.conversations, args.target, args.out, args.max_length)
         else:
-            write_hidden(args.data, args.target, aux_layer_ids=args.aux_layer_ids, device=args.device,
-                         dtype=args.dtype, batch_tokens=args.batch_tokens)
+            write_hidden(
+                args.data,
+                args.target,
+                aux_layer_ids=args.aux_layer_ids,
+                device=args.device,
+                dtype=args.dtype,
+                batch_tokens=args.batch_tokens,
+            )
     except EaglekitError as err:
         print(f"error: {err.message}\n  hint: {err.hint}", file=sys.stderr)
         return 2

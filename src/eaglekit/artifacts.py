@@ -43,20 +43,20 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 # The files stages write and other stages (the pipeline, the report) read, named once.
-TRAIN_LOG = "log.jsonl"            # eaglekit train: one JSON event a line (train/tracker.py)
-DOCTOR_REPORT = "report.json"      # eaglekit doctor --out
-BENCH_RESULTS = "results.json"     # eaglekit bench --out
-PIPELINE_STATE = "pipeline.json"   # eaglekit run: which stages finished, with their commands
-SCALING_SUMMARY = "scaling.json"   # eaglekit run with `scaling`: the curve's table
-TRAINER_STATE = "trainer_state"   # a training run folder's resume state (train/state.py); the pipeline resumes on it
+TRAIN_LOG = "log.jsonl"  # eaglekit train: one JSON event a line (train/tracker.py)
+DOCTOR_REPORT = "report.json"  # eaglekit doctor --out
+BENCH_RESULTS = "results.json"  # eaglekit bench --out
+PIPELINE_STATE = "pipeline.json"  # eaglekit run: which stages finished, with their commands
+SCALING_SUMMARY = "scaling.json"  # eaglekit run with `scaling`: the curve's table
+TRAINER_STATE = "trainer_state"  # a training run folder's resume state (train/state.py); the pipeline resumes on it
 # The folders of a run (`eaglekit run --out RUN`) that more than the pipeline reads: the report, the
 # scaling curve and the run's summary.
-RUN_DRAFT = "draft"       # eaglekit train --out
-RUN_EXPORT = "export"     # one folder per format under it
+RUN_DRAFT = "draft"  # eaglekit train --out
+RUN_EXPORT = "export"  # one folder per format under it
 RUN_DOCTOR = "doctor"
 RUN_BENCH = "bench"
-RUN_SCALING = "scaling"   # one slice run per fraction under it, and SCALING_SUMMARY
-CONVERSATION_SHARDS = "conversations"   # a generate folder's shards: conversations-00000.jsonl, ...
+RUN_SCALING = "scaling"  # one slice run per fraction under it, and SCALING_SUMMARY
+CONVERSATION_SHARDS = "conversations"  # a generate folder's shards: conversations-00000.jsonl, ...
 # Aux layer ids inside eaglekit always mean "output of 0-based decoder layer i" (pre final norm).
 AUX_CONVENTION = "output_of_layer_0based"
 
@@ -137,13 +137,17 @@ def writer_lock(folder: str | os.PathLike, *, stage: str | None = None) -> Itera
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd = os.open(folder, os.O_RDONLY)
-    except OSError as err:   # a read-only mount, no permission, a link loop
-        raise EaglekitError(f"cannot make or open the folder {folder}: {err.strerror or err}",
-                            hint="pass an --out in a folder you can write to") from None
+    except OSError as err:  # a read-only mount, no permission, a link loop
+        raise EaglekitError(
+            f"cannot make or open the folder {folder}: {err.strerror or err}",
+            hint="pass an --out in a folder you can write to",
+        ) from None
     try:
         if not _try_flock(fd, fcntl.LOCK_EX, LOCK_WAIT_S):
-            raise EaglekitError(f"another {_writer_name(stage)} is writing to {folder}",
-                                hint="wait for it to finish, or use another --out")
+            raise EaglekitError(
+                f"another {_writer_name(stage)} is writing to {folder}",
+                hint="wait for it to finish, or use another --out",
+            )
         settle_replace(folder)
         if stage is not None:
             check_owner(folder, stage)
@@ -151,7 +155,7 @@ def writer_lock(folder: str | os.PathLike, *, stage: str | None = None) -> Itera
         try:
             yield folder
         except BaseException:
-            _put_back(folder)   # a failed or interrupted writer changes nothing: the replaced result returns
+            _put_back(folder)  # a failed or interrupted writer changes nothing: the replaced result returns
             raise
         _finish_replace(folder)
     finally:
@@ -162,8 +166,13 @@ def writer_lock(folder: str | os.PathLike, *, stage: str | None = None) -> Itera
 _MANIFEST_STAGE = {"target prepare": "target"}
 # What an unfinished folder of a stage that writes in place holds before its manifest (a killed
 # generate's run file, a train killed before its first manifest, a run's state): that stage's own.
-_UNFINISHED_MARKS = {"generate": ("run.json",), "train": (TRAINER_STATE, TRAIN_LOG), "run": (PIPELINE_STATE,),
-                     "doctor": (DOCTOR_REPORT,), "vocab": ("vocab.safetensors",)}
+_UNFINISHED_MARKS = {
+    "generate": ("run.json",),
+    "train": (TRAINER_STATE, TRAIN_LOG),
+    "run": (PIPELINE_STATE,),
+    "doctor": (DOCTOR_REPORT,),
+    "vocab": ("vocab.safetensors",),
+}
 
 
 def check_owner(folder: str | os.PathLike, stage: str) -> None:
@@ -185,13 +194,17 @@ def check_owner(folder: str | os.PathLike, stage: str) -> None:
     if found == want or (found is None and any((folder / m).exists() for m in _UNFINISHED_MARKS.get(want, ()))):
         return
     if isinstance(found, str) and found != "?":
-        raise EaglekitError(f"{folder} holds the output of `eaglekit {found}`, not of {_writer_name(stage)}",
-                            hint="pass another --out; writing here would replace that stage's manifest")
+        raise EaglekitError(
+            f"{folder} holds the output of `eaglekit {found}`, not of {_writer_name(stage)}",
+            hint="pass another --out; writing here would replace that stage's manifest",
+        )
     names = sorted(p.name for p in folder.iterdir())
     shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-    raise EaglekitError(f"{folder} holds files {_writer_name(stage)} did not write ({shown}); eaglekit never "
-                        "deletes or writes into a folder it did not make, --overwrite included",
-                        hint="move those files elsewhere, or pass another --out")
+    raise EaglekitError(
+        f"{folder} holds files {_writer_name(stage)} did not write ({shown}); eaglekit never "
+        "deletes or writes into a folder it did not make, --overwrite included",
+        hint="move those files elsewhere, or pass another --out",
+    )
 
 
 # ---- replacing a folder: the old result goes only once the new one is complete -------------------
@@ -270,13 +283,13 @@ def settle_replace(folder: str | os.PathLike) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     if not olds:
         return
-    keep = olds[-1]                                   # the newest replaced result
+    keep = olds[-1]  # the newest replaced result
     if folder.is_dir() and finished_here(folder):
-        log.warning("%s holds a complete new result: deleting the replaced one a killed writer left (%s)",
-                    folder, keep)
+        log.warning("%s holds a complete new result: deleting the replaced one a killed writer left (%s)", folder, keep)
     else:
-        log.warning("putting back %s: the writer that was replacing it was killed before its new result "
-                    "was complete", folder)
+        log.warning(
+            "putting back %s: the writer that was replacing it was killed before its new result was complete", folder
+        )
         folder.mkdir(parents=True, exist_ok=True)
         _empty(folder)
         _move_children(keep, folder)
@@ -349,7 +362,7 @@ def clear_folder(folder: str | os.PathLike) -> None:
     if not has_content(folder):
         return
     key = folder.resolve()
-    if key in _ASIDE:              # cleared twice in one run: what the first kept aside stays the old result
+    if key in _ASIDE:  # cleared twice in one run: what the first kept aside stays the old result
         _empty(folder)
         return
     aside = _aside_name(folder, os.getpid())
@@ -381,7 +394,7 @@ def atomic_dir(out: str | os.PathLike, *, overwrite: bool = False, stage: str | 
     this one to the final rename; an empty `out` (left by a killed writer) counts as absent.
     """
     out = Path(out)
-    if not being_written(out):   # a writer at work there: writer_lock's refusal names it
+    if not being_written(out):  # a writer at work there: writer_lock's refusal names it
         if stage is not None:
             check_owner(out, stage)
         refuse_existing(out, overwrite=overwrite)
@@ -429,7 +442,7 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
 def emit_json(obj: Any, where: str | None) -> bool:
     """`--json [PATH]`'s output: print obj as JSON for "-" (and return True: it replaces the text
     output), write it to `where` otherwise; nothing for None."""
-    if where == "-":                 # options.JSON_STDOUT (artifacts is below options: no import)
+    if where == "-":  # options.JSON_STDOUT (artifacts is below options: no import)
         print(json.dumps(obj, indent=2, default=str))
         return True
     if where:
@@ -450,9 +463,16 @@ def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
         ) from err
 
 
-def write_manifest(out_dir: str | os.PathLike, *, stage: str, config: dict, target: dict | None,
-                   inputs: dict | None = None, counts: dict | None = None,
-                   extra: dict | None = None) -> dict:
+def write_manifest(
+    out_dir: str | os.PathLike,
+    *,
+    stage: str,
+    config: dict,
+    target: dict | None,
+    inputs: dict | None = None,
+    counts: dict | None = None,
+    extra: dict | None = None,
+) -> dict:
     """Write `out_dir/manifest.json` and return it.
 
     Args:
@@ -537,8 +557,10 @@ def read_manifest(folder: str | os.PathLike, *, stage: str | None = None) -> dic
         raise unfinished_folder_error(folder, stage)
     manifest = read_json(folder / MANIFEST, what="manifest")
     if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict) or "stage" not in manifest:
-        raise EaglekitError(f"{folder / MANIFEST} is not an eaglekit manifest (a JSON object with 'stage' and "
-                            "'config')", hint="the file was damaged or replaced: make the folder again")
+        raise EaglekitError(
+            f"{folder / MANIFEST} is not an eaglekit manifest (a JSON object with 'stage' and 'config')",
+            hint="the file was damaged or replaced: make the folder again",
+        )
     if stage is not None and manifest.get("stage") != stage:
         raise EaglekitError(
             f"{folder} holds a '{manifest.get('stage')}' artifact, expected '{stage}'",
@@ -553,8 +575,10 @@ def manifest_config(manifest: dict, folder: str | os.PathLike, *keys: str) -> li
     config = manifest["config"]
     missing = [k for k in keys if k not in config]
     if missing:
-        raise EaglekitError(f"{Path(folder) / MANIFEST} has no {', '.join(missing)} in its config",
-                            hint="the manifest was edited or written by another tool: make the folder again")
+        raise EaglekitError(
+            f"{Path(folder) / MANIFEST} has no {', '.join(missing)} in its config",
+            hint="the manifest was edited or written by another tool: make the folder again",
+        )
     return [config[k] for k in keys]
 
 
@@ -562,12 +586,16 @@ def unfinished_folder_error(folder: Path, stage: str | None) -> EaglekitError:
     """The error for a folder without a manifest, saying whether a writer is still at work."""
     command = f"`eaglekit {stage}`" if stage else "the eaglekit command that writes it"
     if being_written(folder):
-        return EaglekitError(f"{folder} is still being written (another process holds its writer lock; "
-                             "no manifest yet)", hint=f"wait for {command} to finish, then run this again")
+        return EaglekitError(
+            f"{folder} is still being written (another process holds its writer lock; no manifest yet)",
+            hint=f"wait for {command} to finish, then run this again",
+        )
     if not has_content(folder):
         return EaglekitError(f"{folder} is empty: no manifest.json", hint=f"pass the output folder of {command}")
-    return EaglekitError(f"{folder} has no manifest.json: {command} did not finish writing it (killed or failed)",
-                         hint=f"rerun {command} with the same --out: it resumes or rewrites the folder")
+    return EaglekitError(
+        f"{folder} has no manifest.json: {command} did not finish writing it (killed or failed)",
+        hint=f"rerun {command} with the same --out: it resumes or rewrites the folder",
+    )
 
 
 def unfinished_reason(manifest: dict | None) -> str | None:
@@ -596,13 +624,13 @@ def refuse_unfinished(reason: str | None, folder: str | os.PathLike, *, allow_un
         raise EaglekitError(
             f"{folder} is unfinished{running}: {reason}",
             hint="let the run finish (a killed `eaglekit train` continues with the same command plus --resume), "
-                 "or pass --allow-unfinished to use it anyway (every output then says so)")
+            "or pass --allow-unfinished to use it anyway (every output then says so)",
+        )
     log.warning("using the unfinished artifact %s (--allow-unfinished): %s", folder, reason)
     return reason
 
 
-def require_finished(folder: str | os.PathLike, *, stage: str | None = None,
-                     allow_unfinished: bool = False) -> dict:
+def require_finished(folder: str | os.PathLike, *, stage: str | None = None, allow_unfinished: bool = False) -> dict:
     """The manifest of a finished folder of `stage`; refuses a missing, unfinished or other-stage one."""
     manifest = read_manifest(folder, stage=stage)
     refuse_unfinished(unfinished_reason(manifest), folder, allow_unfinished=allow_unfinished)
@@ -610,8 +638,11 @@ def require_finished(folder: str | os.PathLike, *, stage: str | None = None,
 
 
 # What a target fingerprint identifies, in the words of the refusal.
-FINGERPRINT_PARTS = (("config_hash", "target model config"), ("tokenizer_hash", "tokenizer and chat template"),
-                     ("weights_hash", "target weights"))
+FINGERPRINT_PARTS = (
+    ("config_hash", "target model config"),
+    ("tokenizer_hash", "tokenizer and chat template"),
+    ("weights_hash", "target weights"),
+)
 
 
 def check_same_target(expected: dict, found: dict | None, *, what: str) -> None:
@@ -624,8 +655,11 @@ def check_same_target(expected: dict, found: dict | None, *, what: str) -> None:
         raise EaglekitError(f"{what} records no target fingerprint", hint="regenerate it with eaglekit")
     for key, label in FINGERPRINT_PARTS:
         if key == "weights_hash" and (found.get(key) is None or expected.get(key) is None):
-            log.warning("%s records no weights fingerprint (made by an older eaglekit): its target weights "
-                        "cannot be checked, only config and tokenizer", what)
+            log.warning(
+                "%s records no weights fingerprint (made by an older eaglekit): its target weights "
+                "cannot be checked, only config and tokenizer",
+                what,
+            )
             continue
         if expected.get(key) != found.get(key):
             raise EaglekitError(

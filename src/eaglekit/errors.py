@@ -40,7 +40,7 @@ def from_os_error(err: BaseException) -> EaglekitError | None:
     """The sentence and fix for an operating-system error (an `OSError`, or safetensors' error that
     wraps one: "... (os error 28)"), or None if `err` is neither. Disk full is a failed run (exit 1);
     a path the user gave that cannot be read or written is bad input (exit 2)."""
-    path = err.filename if isinstance(err, OSError) else None   # safetensors' error names no path
+    path = err.filename if isinstance(err, OSError) else None  # safetensors' error names no path
     if isinstance(err, OSError):
         code, file = err.errno, err.filename
         if err.filename2:
@@ -53,31 +53,42 @@ def from_os_error(err: BaseException) -> EaglekitError | None:
     where = f" {file}" if file else ""
     reason = os.strerror(code) if code else str(err)
     if code in (errno.ENOSPC, errno.EDQUOT):
-        return DiskFull(f"the disk is full: writing{where or ' the output'} failed ({reason})",
-                         hint="free space on that disk, or pass an --out on another one, then run the command again "
-                              "(generate and features resume where they stopped; train with --resume)")
+        return DiskFull(
+            f"the disk is full: writing{where or ' the output'} failed ({reason})",
+            hint="free space on that disk, or pass an --out on another one, then run the command again "
+            "(generate and features resume where they stopped; train with --resume)",
+        )
     if code in (errno.EACCES, errno.EPERM):
-        return EaglekitError(f"permission denied:{where or ' a file or folder this command uses'}",
-                             hint="make it readable (and an output folder writable) for this user, or pass another path")
+        return EaglekitError(
+            f"permission denied:{where or ' a file or folder this command uses'}",
+            hint="make it readable (and an output folder writable) for this user, or pass another path",
+        )
     if code == errno.EROFS:
-        return EaglekitError(f"{file or 'the output'} is on a read-only file system",
-                             hint="pass an --out on a writable disk")
+        return EaglekitError(
+            f"{file or 'the output'} is on a read-only file system", hint="pass an --out on a writable disk"
+        )
     if code == errno.ELOOP:
-        return EaglekitError(f"{file or 'a path'} is a symlink loop (a link that leads back to itself)",
-                             hint="fix or remove the link, or pass another path")
+        return EaglekitError(
+            f"{file or 'a path'} is a symlink loop (a link that leads back to itself)",
+            hint="fix or remove the link, or pass another path",
+        )
     if code == errno.EEXIST:
         if path and os.path.isdir(path):
             return EaglekitError(f"{file} already exists", hint="pass another path, or move that folder away")
-        return EaglekitError(f"{file or 'a path'} exists and is not a folder",
-                             hint="pass a folder path (a new one is created), or move that file away")
+        return EaglekitError(
+            f"{file or 'a path'} exists and is not a folder",
+            hint="pass a folder path (a new one is created), or move that file away",
+        )
     if code == errno.ENOTDIR:
-        return EaglekitError(f"a part of{where or ' a path'} is a file, not a folder",
-                             hint="pass a path whose parents are folders")
+        return EaglekitError(
+            f"a part of{where or ' a path'} is a file, not a folder", hint="pass a path whose parents are folders"
+        )
     if code == errno.EISDIR:
         return EaglekitError(f"{file or 'a path'} is a folder, a file was expected", hint="pass the file's path")
     if code == errno.ENOENT:
-        return EaglekitError(f"no such file or folder:{where or ' (a path this command uses)'}",
-                             hint="check the path")
+        return EaglekitError(f"no such file or folder:{where or ' (a path this command uses)'}", hint="check the path")
     name = errno.errorcode.get(code, str(code)) if code else type(err).__name__
-    return RunFailed(f"the operating system refused{where or ' an operation'}: {reason} ({name})",
-                     hint="fix that and run the same command again (with -v for where it happened)")
+    return RunFailed(
+        f"the operating system refused{where or ' an operation'}: {reason} ({name})",
+        hint="fix that and run the same command again (with -v for where it happened)",
+    )

@@ -83,7 +83,7 @@ def walk_rows(rows: list[tuple[list[bool], list[int]]], max_drafts: int | None) 
             end = t
             while end < L and mask_row[end]:
                 end += 1
-            while t < end:                      # one assistant span
+            while t < end:  # one assistant span
                 n = run_row[t] if max_drafts is None else min(run_row[t], max_drafts)
                 tokens += n + 1
                 cycles += 1
@@ -116,11 +116,15 @@ def metrics_from_stats(stats) -> dict:
     cumulative = cumulative_acceptance(cond)
     tau = 1.0 + sum(cumulative)
     valid0 = col["valid"][0]
-    return {"acc": [round(a, 5) for a in acc], "cond_acc": [round(c, 5) for c in cond],
-            "cum_acc": [round(c, 5) for c in cumulative], "sim_accept_length": round(tau, 5),
-            "ce": [round(s / max(n, 1.0), 5) for s, n in zip(col["loss_sum"], col["counted"])],
-            "positions": int(valid0),
-            "data_greedy_agreement": round(col["agree"][0] / max(valid0, 1.0), 5),
-            "walk_accept_length": walks[-1] if walks else None,
-            "walk_accept_length_by_k": walks or None,
-            "oov_share": round(1 - col["counted"][0] / max(valid0, 1.0), 5)}
+    return {
+        "acc": [round(a, 5) for a in acc],
+        "cond_acc": [round(c, 5) for c in cond],
+        "cum_acc": [round(c, 5) for c in cumulative],
+        "sim_accept_length": round(tau, 5),
+        "ce": [round(s / max(n, 1.0), 5) for s, n in zip(col["loss_sum"], col["counted"])],
+        "positions": int(valid0),
+        "data_greedy_agreement": round(col["agree"][0] / max(valid0, 1.0), 5),
+        "walk_accept_length": walks[-1] if walks else None,
+        "walk_accept_length_by_k": walks or None,
+        "oov_share": round(1 - col["counted"][0] / max(valid0, 1.0), 5),
+    }

@@ -29,9 +29,18 @@ _KEY = "eaglekit_option"
 _TYPES = {"int": int, "float": float, "str": str}
 
 
-def option(default: Any = MISSING, help: str = "", *, group: str, choices: tuple | None = None,
-           parse: Callable[[str], Any] | None = None, cli_default: Any = MISSING, required: bool = False,
-           aliases: tuple[str, ...] = (), flag: dict | None = None):
+def option(
+    default: Any = MISSING,
+    help: str = "",
+    *,
+    group: str,
+    choices: tuple | None = None,
+    parse: Callable[[str], Any] | None = None,
+    cli_default: Any = MISSING,
+    required: bool = False,
+    aliases: tuple[str, ...] = (),
+    flag: dict | None = None,
+):
     """A dataclass field that is also a flag.
 
     Args:
@@ -45,23 +54,37 @@ def option(default: Any = MISSING, help: str = "", *, group: str, choices: tuple
         aliases: more names of the flag (`-k` beside `--k`).
         flag: more `add_argument` settings (nargs, const, metavar) of a valued flag.
     """
-    meta = {_KEY: dict(help=help, group=group, choices=choices, parse=parse, cli_default=cli_default,
-                       required=required, aliases=aliases, flag=flag or {})}
+    meta = {
+        _KEY: dict(
+            help=help,
+            group=group,
+            choices=choices,
+            parse=parse,
+            cli_default=cli_default,
+            required=required,
+            aliases=aliases,
+            flag=flag or {},
+        )
+    }
     return field(default=default, metadata=meta)
 
 
-JSON_STDOUT = "-"   # `--json` without a PATH: the JSON goes to stdout
+JSON_STDOUT = "-"  # `--json` without a PATH: the JSON goes to stdout
 
 
 def json_option(what: str):
     """`--json [PATH]`, the one form every subcommand takes: print `what` as JSON to stdout, or with
     a PATH write it there (and print the usual text)."""
-    return option(None, f"print {what} as JSON, or write it to PATH", group="main",
-                  flag={"nargs": "?", "const": JSON_STDOUT, "metavar": "PATH"})
+    return option(
+        None,
+        f"print {what} as JSON, or write it to PATH",
+        group="main",
+        flag={"nargs": "?", "const": JSON_STDOUT, "metavar": "PATH"},
+    )
 
 
 def int_tuple(text: str) -> tuple[int, ...] | None:
-    """"1,14,26" -> (1, 14, 26); "" -> None (not given)."""
+    """ "1,14,26" -> (1, 14, 26); "" -> None (not given)."""
     try:
         return tuple(int(x) for x in text.split(",") if x.strip()) or None
     except ValueError as err:
@@ -78,24 +101,38 @@ def flag_type(annotation: str) -> type | None:
     return _TYPES[base]
 
 
-def add_options(parser: argparse.ArgumentParser, cls, groups: dict[str, str | None],
-                only: tuple[str, ...] | None = None, names: tuple[str, ...] | None = None) -> None:
+def add_options(
+    parser: argparse.ArgumentParser,
+    cls,
+    groups: dict[str, str | None],
+    only: tuple[str, ...] | None = None,
+    names: tuple[str, ...] | None = None,
+) -> None:
     """Add a flag for every `option` field of `cls`, in `groups` (key -> the group's title; None: the
     parser's own options). `only`: the flags of these groups alone; `names`: of these fields alone
     (a parser that shares some)."""
-    made = {key: parser if title is None else parser.add_argument_group(title) for key, title in groups.items()
-            if only is None or key in only}
+    made = {
+        key: parser if title is None else parser.add_argument_group(title)
+        for key, title in groups.items()
+        if only is None or key in only
+    }
     for f in fields(cls):
         meta = f.metadata.get(_KEY)
-        if meta is None or (only is not None and meta["group"] not in only) or (names is not None and f.name not in names):
+        if (
+            meta is None
+            or (only is not None and meta["group"] not in only)
+            or (names is not None and f.name not in names)
+        ):
             continue
         group = made[meta["group"]]
         name = f.name.replace("_", "-")
         default = f.default if meta["cli_default"] is MISSING else meta["cli_default"]
         kind = meta["parse"] or flag_type(str(f.type))
         if kind is None and (meta["aliases"] or meta["flag"]):
-            raise EaglekitError(f"option {f.name!r}: a switch takes no aliases or flag settings",
-                                hint="give a switch its one --name (or --no-name) form")
+            raise EaglekitError(
+                f"option {f.name!r}: a switch takes no aliases or flag settings",
+                hint="give a switch its one --name (or --no-name) form",
+            )
         if kind is None and default is True:
             group.add_argument(f"--no-{name}", dest=f.name, action="store_false", help=meta["help"])
         elif kind is None:
@@ -103,12 +140,23 @@ def add_options(parser: argparse.ArgumentParser, cls, groups: dict[str, str | No
         else:
             extra = {} if default is MISSING else {"default": default}
             shown = default not in (MISSING, None, "") and not isinstance(default, tuple)
-            text = meta["help"] + (f" (default {str(default).replace('%', '%%')})" if shown else "")   # said once
-            group.add_argument(f"--{name}", *meta["aliases"], dest=f.name, type=kind, choices=meta["choices"],
-                               required=meta["required"], help=text, **extra, **meta["flag"])
+            text = meta["help"] + (f" (default {str(default).replace('%', '%%')})" if shown else "")  # said once
+            group.add_argument(
+                f"--{name}",
+                *meta["aliases"],
+                dest=f.name,
+                type=kind,
+                choices=meta["choices"],
+                required=meta["required"],
+                help=text,
+                **extra,
+                **meta["flag"],
+            )
 
 
-def options_argv(cls, args: argparse.Namespace, skip: tuple[str, ...] = (), skip_groups: tuple[str, ...] = ()) -> list[str]:
+def options_argv(
+    cls, args: argparse.Namespace, skip: tuple[str, ...] = (), skip_groups: tuple[str, ...] = ()
+) -> list[str]:
     """The flags that give `cls`'s options the values they have in `args` (a child process's command
     line): every option but those in `skip` or `skip_groups`; None values and switches left at their
     default are not written."""

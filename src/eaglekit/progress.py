@@ -42,12 +42,13 @@ def run_outlook(outlook: Callable[[float | None], str]) -> Iterator[None]:
         _run_outlook = earlier
 
 
-RUN_AFTER_ENV = "EAGLEKIT_RUN_AFTER"   # JSON: the running stage, its own known time, the stages after it
+RUN_AFTER_ENV = "EAGLEKIT_RUN_AFTER"  # JSON: the running stage, its own known time, the stages after it
 
 
 @dataclass(frozen=True)
 class StageTime:
     """What a stage will take, in seconds; `floor`: at least that (a time budget: start-up comes on top)."""
+
     seconds: float
     floor: bool = False
 
@@ -56,6 +57,7 @@ class StageTime:
 class TimeLeft:
     """The run's time left: the sum of what is known, and the stages nothing tells the time of yet
     (then the sum is only a floor, and says so)."""
+
     seconds: float
     floor: bool
     unknown: tuple[str, ...]
@@ -74,8 +76,9 @@ def run_after(stage: str, own: StageTime | None, after: TimeLeft) -> Iterator[No
     with the run's time left: `stage`'s own (their seconds left, else `own`, None if not known) and
     `after`, the stages after it."""
     earlier = os.environ.get(RUN_AFTER_ENV)
-    os.environ[RUN_AFTER_ENV] = json.dumps({"stage": stage, "own": None if own is None else asdict(own),
-                                            "after": asdict(after)})
+    os.environ[RUN_AFTER_ENV] = json.dumps(
+        {"stage": stage, "own": None if own is None else asdict(own), "after": asdict(after)}
+    )
     try:
         yield
     finally:
@@ -103,7 +106,7 @@ def outlook_from_env(left: float | None) -> str | None:
         known = StageTime(**told["own"]) if told["own"] else None
         own = StageTime(left) if left is not None else known
         return stage_and_after(told["stage"], own, after).text()
-    except (ValueError, KeyError, TypeError, IndexError):   # not ours (a stale or foreign value): no run tail
+    except (ValueError, KeyError, TypeError, IndexError):  # not ours (a stale or foreign value): no run tail
         return None
 
 
@@ -130,8 +133,17 @@ class Progress:
         bar: None: a tqdm bar exactly when stderr is a terminal.
     """
 
-    def __init__(self, total: int | None, *, done: int = 0, desc: str, unit: str, every_s: float = 30.0,
-                 enabled: bool = True, bar: bool | None = None):
+    def __init__(
+        self,
+        total: int | None,
+        *,
+        done: int = 0,
+        desc: str,
+        unit: str,
+        every_s: float = 30.0,
+        enabled: bool = True,
+        bar: bool | None = None,
+    ):
         self.total, self.done, self.desc, self.unit, self.every_s = total, done, desc, unit, every_s
         self.enabled = enabled
         self.start = self.last_line = time.perf_counter()
@@ -168,8 +180,11 @@ class Progress:
 
     def line(self) -> str:
         """'generate: 10240/42201 prompts (24 %), 28.3 prompts/s, tok/s 8,620, 18m49s left'."""
-        of = f"/{self.total} {self.unit}s ({100 * self.done / max(self.total, 1):.0f} %)" if self.total else \
-            f" {self.unit}s"
+        of = (
+            f"/{self.total} {self.unit}s ({100 * self.done / max(self.total, 1):.0f} %)"
+            if self.total
+            else f" {self.unit}s"
+        )
         extra = "".join(f", {k.replace('_', '/')} {v}" for k, v in self.postfix.items())
         left = self.seconds_left()
         tail = f", {duration(left)} left" if left is not None else ""

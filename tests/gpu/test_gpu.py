@@ -51,23 +51,35 @@ def test_batch_decoder_on_cuda_equals_the_eager_cpu_decoder(refill):
     limits = [20, 3, 9, 5, 7]
 
     def serve(model, sessions=True, **kw):
-        decoder = BatchDecoder(batch_runner(model, max_len=256, batch_size=3, **kw.pop("runner_kw", {})),
-                               sampling=Sampling(), chunk=4, **kw)
-        queue = [Request(p, n, key=("first", i), session=i if sessions else None) for i, (p, n) in enumerate(zip(prompts, limits))]
+        decoder = BatchDecoder(
+            batch_runner(model, max_len=256, batch_size=3, **kw.pop("runner_kw", {})),
+            sampling=Sampling(),
+            chunk=4,
+            **kw,
+        )
+        queue = [
+            Request(p, n, key=("first", i), session=i if sessions else None)
+            for i, (p, n) in enumerate(zip(prompts, limits))
+        ]
         got = {}
         for request, completion in decoder.serve(lambda: queue.pop(0) if queue else None, [2]):
             got[request.key] = completion.tokens
             kind, i = request.key
             if kind == "first" and i < 2:
-                queue.insert(0, Request(prompts[i] + completion.tokens + [42], 6, key=("next", i), session=i if sessions else None))
+                queue.insert(
+                    0,
+                    Request(prompts[i] + completion.tokens + [42], 6, key=("next", i), session=i if sessions else None),
+                )
         return got, decoder
 
-    reference, _ = serve(peaked_model("llama"), sessions=False, graphs=False, compile=False, runner_kw={"attention": "sdpa"})
+    reference, _ = serve(
+        peaked_model("llama"), sessions=False, graphs=False, compile=False, runner_kw={"attention": "sdpa"}
+    )
     got, decoder = serve(on("cuda"), graphs=True, compile=True, refill=refill)
     assert decoder.runner.attention == "flex"
     assert got == reference
     stats = decoder.stats()
-    assert stats["decode_s"] > 0 and stats["refill_s"] > 0    # CUDA events, read after the syncs
+    assert stats["decode_s"] > 0 and stats["refill_s"] > 0  # CUDA events, read after the syncs
     assert stats["resumed_tokens"] > 0
 
 
@@ -77,8 +89,13 @@ def test_the_captured_loop_check_ends_the_answers_the_cpu_check_ends():
     prompts = [[11, 10] * 6, [6, 20], [7, 40], [41] * 11 + [42]]
 
     def run(device, **kw):
-        decoder = BatchDecoder(batch_runner(model.to(device), max_len=256, batch_size=3, **kw.pop("runner_kw", {})),
-                               sampling=Sampling(), chunk=4, stop_loops=8, **kw)
+        decoder = BatchDecoder(
+            batch_runner(model.to(device), max_len=256, batch_size=3, **kw.pop("runner_kw", {})),
+            sampling=Sampling(),
+            chunk=4,
+            stop_loops=8,
+            **kw,
+        )
         return [(c.tokens, c.finish_reason) for c in decoder.run(prompts, 40, [2])]
 
     reference = run("cpu", graphs=False, compile=False, runner_kw={"attention": "sdpa"})
@@ -101,10 +118,10 @@ def test_compiled_training_step_on_cuda_equals_the_eager_one():
     steps = 4
     model = TTTModel(draft, steps, "merged")
     params = [p for p in draft.parameters() if p.requires_grad]
-    kw = dict(d2t=draft.d2t, t2d=draft.t2d, weights=[0.8 ** j for j in range(steps)])
+    kw = dict(d2t=draft.d2t, t2d=draft.t2d, weights=[0.8**j for j in range(steps)])
     compiled = compiled_unrolled_loss()
     for T, B in [(11, 2), (9, 1), (13, 3)]:
-        batch = batch_for(make_draft(), T=T, B=B)[0].to("cuda")   # the same seeded draft's vocab, on the CPU
+        batch = batch_for(make_draft(), T=T, B=B)[0].to("cuda")  # the same seeded draft's vocab, on the CPU
         den = step_counts(batch.loss_mask, steps)
         a, b = compiled(model, batch, den, **kw), unrolled_loss(model, batch, den, **kw)
         torch.testing.assert_close(a.loss, b.loss, atol=1e-5, rtol=1e-5)
@@ -119,5 +136,5 @@ def test_compiled_training_step_on_cuda_equals_the_eager_one():
     compile_target_layers(target)
     with compile_guards():
         got = capture_aux_states(target, ids, list(AUX))
-    err = (got.aux_hidden - eager.aux_hidden).norm() / eager.aux_hidden.norm()   # reductions reordered: rounding only
+    err = (got.aux_hidden - eager.aux_hidden).norm() / eager.aux_hidden.norm()  # reductions reordered: rounding only
     assert err < 1e-5, err

@@ -24,9 +24,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
-         "--remote-debugging-pipe", "--window-size=1280,2000")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--hide-scrollbars",
+    "--remote-debugging-pipe",
+    "--window-size=1280,2000",
+)
 
 
 def find_chromium() -> str | None:
@@ -39,10 +48,10 @@ def find_chromium() -> str | None:
 
 @dataclass
 class Page:
-    errors: list[str] = field(default_factory=list)      # console error/warning, exceptions, log errors
-    console: list[str] = field(default_factory=list)     # every console message
-    requests: list[str] = field(default_factory=list)    # every URL requested by the page
-    value: object = None                                 # the result of `evaluate`
+    errors: list[str] = field(default_factory=list)  # console error/warning, exceptions, log errors
+    console: list[str] = field(default_factory=list)  # every console message
+    requests: list[str] = field(default_factory=list)  # every URL requested by the page
+    value: object = None  # the result of `evaluate`
     screenshot: bytes = b""
 
 
@@ -61,22 +70,26 @@ class DevTools:
         self.from_browser, from_browser_w = os.pipe()
         # Lift the child's ends above 9, so that putting them on 3 and 4 cannot overwrite each other.
         to_browser_r, from_browser_w = (high_fd(fd) for fd in (to_browser_r, from_browser_w))
-        def on_fds_3_and_4():   # in the child, before exec: where --remote-debugging-pipe expects them
+
+        def on_fds_3_and_4():  # in the child, before exec: where --remote-debugging-pipe expects them
             os.dup2(to_browser_r, 3)
             os.dup2(from_browser_w, 4)
 
         # close_fds=False: Python's own fds are close-on-exec anyway; closing all others would close 3 and 4.
-        self.proc = subprocess.Popen([exe, *FLAGS, f"--user-data-dir={user_data_dir}", "about:blank"],
-                                     preexec_fn=on_fds_3_and_4, close_fds=False,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [exe, *FLAGS, f"--user-data-dir={user_data_dir}", "about:blank"],
+            preexec_fn=on_fds_3_and_4,
+            close_fds=False,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         os.close(to_browser_r)
         os.close(from_browser_w)
         self.buffer = b""
         self.next_id = 0
         self.events: list[dict] = []
 
-    def send(self, method: str, params: dict | None = None, session: str | None = None,
-             timeout: float = 30.0) -> dict:
+    def send(self, method: str, params: dict | None = None, session: str | None = None, timeout: float = 30.0) -> dict:
         self.next_id += 1
         message = {"id": self.next_id, "method": method, "params": params or {}}
         if session:
@@ -127,8 +140,9 @@ class DevTools:
         os.close(self.from_browser)
 
 
-def load_page(exe: str, path: Path, *, user_data_dir: Path, evaluate: str | None = None,
-              screenshot: bool = False) -> Page:
+def load_page(
+    exe: str, path: Path, *, user_data_dir: Path, evaluate: str | None = None, screenshot: bool = False
+) -> Page:
     """Open `path` in a fresh headless Chromium, wait for its load event, and report what happened."""
     tools = DevTools(exe, user_data_dir)
     try:
@@ -146,8 +160,10 @@ def load_page(exe: str, path: Path, *, user_data_dir: Path, evaluate: str | None
             page.value = result["result"].get("value")
         if screenshot:
             page.screenshot = base64.b64decode(
-                tools.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True},
-                           session=session)["data"])
+                tools.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True}, session=session)[
+                    "data"
+                ]
+            )
         for event in tools.events:
             if event.get("sessionId") != session:
                 continue
@@ -159,13 +175,16 @@ def load_page(exe: str, path: Path, *, user_data_dir: Path, evaluate: str | None
                     page.errors.append(f"console.{params['type']}: {text}")
             elif method == "Runtime.exceptionThrown":
                 details = params.get("exceptionDetails", {})
-                page.errors.append(f"exception: {details.get('exception', {}).get('description') or details.get('text')}")
+                page.errors.append(
+                    f"exception: {details.get('exception', {}).get('description') or details.get('text')}"
+                )
             elif method == "Log.entryAdded":
                 entry = params.get("entry", {})
                 page.console.append(f"{entry.get('level')}: {entry.get('text')}")
                 if entry.get("level") in ("error", "warning"):
-                    page.errors.append(f"log {entry.get('level')} ({entry.get('source')}): {entry.get('text')} "
-                                       f"{entry.get('url', '')}")
+                    page.errors.append(
+                        f"log {entry.get('level')} ({entry.get('source')}): {entry.get('text')} {entry.get('url', '')}"
+                    )
             elif method == "Network.requestWillBeSent":
                 page.requests.append(params["request"]["url"])
             elif method == "Network.loadingFailed":

@@ -68,8 +68,15 @@ def cycling_model(cycles: list[list[int]], vocab: int = 128):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(config).eval()
     nxt = list(range(vocab))
     for ring in cycles:
@@ -82,7 +89,7 @@ def cycling_model(cycles: list[list[int]], vocab: int = 128):
         embed = model.model.embed_tokens.weight
         head = torch.zeros_like(embed)
         for t in range(vocab):
-            head[nxt[t]] += 8 * embed[t]       # logit of nxt[t] is largest where the input is t
+            head[nxt[t]] += 8 * embed[t]  # logit of nxt[t] is largest where the input is t
         model.lm_head.weight.copy_(head)
     return model
 

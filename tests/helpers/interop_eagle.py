@@ -38,8 +38,15 @@ def one(req, draft_dir, out):
     from safetensors.torch import load_file, save_file
 
     torch.manual_seed(0)
-    ea = EaModel.from_pretrained(use_eagle3=True, base_model_path=req["target"], ea_model_path=draft_dir,
-                                 torch_dtype=torch.float32, total_token=8, depth=3, top_k=2)
+    ea = EaModel.from_pretrained(
+        use_eagle3=True,
+        base_model_path=req["target"],
+        ea_model_path=draft_dir,
+        torch_dtype=torch.float32,
+        total_token=8,
+        depth=3,
+        top_k=2,
+    )
     ea.eval()
 
     # The same draft, built as EaModel.__init__ builds it, NaN-filled before the load.
@@ -61,10 +68,15 @@ def one(req, draft_dir, out):
     same = sorted(mine) == sorted(theirs) and all(torch.equal(mine[k], theirs[k]) for k in mine)
     nan_left = [k for k, v in mine.items() if v.is_floating_point() and bool(torch.isnan(v).any())]
     save_file(mine, os.path.join(out, "params.safetensors"))
-    result = {"eagle_commit": EAGLE_COMMIT, "class": f"{type(ea).__name__}.ea_layer: {type(ea.ea_layer).__module__}."
-              f"{type(ea.ea_layer).__name__}", "nan_left": nan_left, "params": sorted(mine),
-              "missing": list(load.missing_keys), "unexpected": list(load.unexpected_keys),
-              "same_as_eamodel": same}
+    result = {
+        "eagle_commit": EAGLE_COMMIT,
+        "class": f"{type(ea).__name__}.ea_layer: {type(ea.ea_layer).__module__}.{type(ea.ea_layer).__name__}",
+        "nan_left": nan_left,
+        "params": sorted(mine),
+        "missing": list(load.missing_keys),
+        "unexpected": list(load.unexpected_keys),
+        "same_as_eamodel": same,
+    }
     if req.get("inputs"):
         inputs = load_file(req["inputs"])
         ids = inputs["input_ids"][None]

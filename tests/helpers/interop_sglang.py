@@ -104,9 +104,16 @@ def publish_server_args(target, draft):
     from sglang.srt.runtime_context import SpawnRanks, publish
     from sglang.srt.server_args import ServerArgs
 
-    server_args = ServerArgs(model_path=target, speculative_algorithm="EAGLE3",
-                             speculative_draft_model_path=draft, device="cpu", dtype="float32",
-                             tp_size=1, disable_cuda_graph=True, attention_backend="torch_native")
+    server_args = ServerArgs(
+        model_path=target,
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path=draft,
+        device="cpu",
+        dtype="float32",
+        tp_size=1,
+        disable_cuda_graph=True,
+        attention_backend="torch_native",
+    )
     publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=0))
     return server_args
 
@@ -115,8 +122,9 @@ def init_parallel():
     """A gloo process group of one: tensor and pipeline parallel size 1."""
     from sglang.srt.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
 
-    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                 distributed_init_method=f"tcp://127.0.0.1:{free_port()}")
+    init_distributed_environment(
+        world_size=1, rank=0, local_rank=0, backend="gloo", distributed_init_method=f"tcp://127.0.0.1:{free_port()}"
+    )
     initialize_model_parallel()
 
 
@@ -134,8 +142,9 @@ def load(model_config):
     device = torch.device(DeviceConfig("cpu").device)
     with set_default_torch_dtype(model_config.dtype):
         with device:
-            model = loader_module._initialize_model(model_config, load_config,
-                                                    loader_module._get_quantization_config(model_config, load_config))
+            model = loader_module._initialize_model(
+                model_config, load_config, loader_module._get_quantization_config(model_config, load_config)
+            )
         with torch.no_grad():
             for p in model.parameters():
                 p.fill_(float("nan"))
@@ -145,19 +154,29 @@ def load(model_config):
 
 def captured_layers(server_args, target_config):
     """The target layers SGLang captures for this draft, through its own resolution code."""
-    from sglang.srt.model_executor.model_runner_components.attention_backend_setup import configure_aux_hidden_state_capture
-    from sglang.srt.model_executor.model_runner_components.spec_aux_hidden_state import resolve_spec_aux_hidden_state_config
+    from sglang.srt.model_executor.model_runner_components.attention_backend_setup import (
+        configure_aux_hidden_state_capture,
+    )
+    from sglang.srt.model_executor.model_runner_components.spec_aux_hidden_state import (
+        resolve_spec_aux_hidden_state_config,
+    )
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     target, _ = load(target_config)
     aux = resolve_spec_aux_hidden_state_config(
-        server_args=server_args, model_config=target_config, is_draft_worker=False,
-        spec_algorithm=SpeculativeAlgorithm.from_string("EAGLE3"))
+        server_args=server_args,
+        model_config=target_config,
+        is_draft_worker=False,
+        spec_algorithm=SpeculativeAlgorithm.from_string("EAGLE3"),
+    )
     configure_aux_hidden_state_capture(
-        model=target, eagle_use_aux_hidden_state=aux.eagle_use_aux_hidden_state,
+        model=target,
+        eagle_use_aux_hidden_state=aux.eagle_use_aux_hidden_state,
         eagle_aux_hidden_state_layer_ids=aux.eagle_aux_hidden_state_layer_ids,
         dflash_use_aux_hidden_state=aux.dflash_use_aux_hidden_state,
-        dflash_target_layer_ids=aux.dflash_target_layer_ids, is_dspark=aux.is_dspark)
+        dflash_target_layer_ids=aux.dflash_target_layer_ids,
+        is_dspark=aux.is_dspark,
+    )
     return aux.eagle_use_aux_hidden_state, list(getattr(target.model, "layers_to_capture", []) or [])
 
 
@@ -174,20 +193,38 @@ def draft_forward(model, model_config, input_ids, aux_hidden):
     cfg = model_config.hf_config
     T = int(input_ids.shape[0])
     req_pool = ReqToTokenPool(size=2, max_context_len=T + 8, device="cpu", enable_memory_saver=False)
-    kv_pool = MHATokenToKVPool(size=T + 8, page_size=1, dtype=torch.float32, head_num=cfg.num_key_value_heads,
-                               head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
-                               layer_num=cfg.num_hidden_layers, device="cpu", enable_memory_saver=False)
-    slots = torch.arange(1, T + 1, dtype=torch.int64)       # slot 0 is the pool's padding slot
+    kv_pool = MHATokenToKVPool(
+        size=T + 8,
+        page_size=1,
+        dtype=torch.float32,
+        head_num=cfg.num_key_value_heads,
+        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+        layer_num=cfg.num_hidden_layers,
+        device="cpu",
+        enable_memory_saver=False,
+    )
+    slots = torch.arange(1, T + 1, dtype=torch.int64)  # slot 0 is the pool's padding slot
     req_pool.req_to_token[1, :T] = slots.to(req_pool.req_to_token.dtype)
-    backend = TorchNativeAttnBackend(SimpleNamespace(device="cpu", req_to_token_pool=req_pool,
-                                                     token_to_kv_pool=kv_pool))
+    backend = TorchNativeAttnBackend(
+        SimpleNamespace(device="cpu", req_to_token_pool=req_pool, token_to_kv_pool=kv_pool)
+    )
     batch = SimpleNamespace(
-        forward_mode=ForwardMode.EXTEND, mm_input_embeds=None, contains_mm_inputs=lambda: False,
-        spec_info=SimpleNamespace(hidden_states=aux_hidden), out_cache_loc=slots,
-        encoder_out_cache_loc=None, req_pool_indices=torch.tensor([1]), seq_lens=torch.tensor([T]),
-        extend_prefix_lens=torch.tensor([0]), extend_seq_lens=torch.tensor([T]), encoder_lens=None,
-        mha_return_lse=False, global_num_token_non_padded_cpu=None, moe_num_token_non_padded=None,
-        mrope_positions=None)
+        forward_mode=ForwardMode.EXTEND,
+        mm_input_embeds=None,
+        contains_mm_inputs=lambda: False,
+        spec_info=SimpleNamespace(hidden_states=aux_hidden),
+        out_cache_loc=slots,
+        encoder_out_cache_loc=None,
+        req_pool_indices=torch.tensor([1]),
+        seq_lens=torch.tensor([T]),
+        extend_prefix_lens=torch.tensor([0]),
+        extend_seq_lens=torch.tensor([T]),
+        encoder_lens=None,
+        mha_return_lse=False,
+        global_num_token_non_padded_cpu=None,
+        moe_num_token_non_padded=None,
+        mrope_positions=None,
+    )
     backend.init_forward_metadata(batch)
     with torch.no_grad(), forward_context(ForwardContext(attn_backend=backend), forward_batch=batch):
         to_logits, (pre_norm,) = model.model(input_ids, torch.arange(T), batch)
@@ -213,22 +250,31 @@ def one(req, draft, out):
         saved["hot_token_id"] = model.hot_token_id.contiguous()
     save_file(saved, os.path.join(out, "params.safetensors"))
     use_aux, to_capture = captured_layers(server_args, ModelConfig.from_server_args(server_args))
-    result = {"sglang_version": version("sglang"), "class": type(model).__name__, "loader": loader_name,
-              "stubbed": sorted(set(STUBBED)), "nan_left": nan_left, "params": sorted(params),
-              "use_aux_hidden_state": use_aux, "layers_to_capture": to_capture,
-              # SGLang captures the stream entering layer k, i.e. the output of layer k-1
-              "captured_output_of": [k - 1 for k in to_capture],
-              "dtype": str(draft_config.dtype)}
+    result = {
+        "sglang_version": version("sglang"),
+        "class": type(model).__name__,
+        "loader": loader_name,
+        "stubbed": sorted(set(STUBBED)),
+        "nan_left": nan_left,
+        "params": sorted(params),
+        "use_aux_hidden_state": use_aux,
+        "layers_to_capture": to_capture,
+        # SGLang captures the stream entering layer k, i.e. the output of layer k-1
+        "captured_output_of": [k - 1 for k in to_capture],
+        "dtype": str(draft_config.dtype),
+    }
     if req.get("inputs"):
         inputs = load_file(req["inputs"])
         embed = model.model.embed_tokens.weight
         if "embed_tokens" in inputs:  # what the EAGLE worker does: the target's embedding replaces the draft's
             with torch.no_grad():
                 embed.copy_(inputs["embed_tokens"])
-        logits, pre_norm = draft_forward(model, draft_config, inputs["input_ids"],
-                                         inputs["aux_hidden"].to(draft_config.dtype))
-        save_file({"logits": logits.contiguous(), "pre_norm": pre_norm.contiguous()},
-                  os.path.join(out, "forward.safetensors"))
+        logits, pre_norm = draft_forward(
+            model, draft_config, inputs["input_ids"], inputs["aux_hidden"].to(draft_config.dtype)
+        )
+        save_file(
+            {"logits": logits.contiguous(), "pre_norm": pre_norm.contiguous()}, os.path.join(out, "forward.safetensors")
+        )
         result["forward"] = True
     return result
 
@@ -240,8 +286,11 @@ def report(out, result):
 
 
 def failure(err):
-    return {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-4000:],
-            "stubbed": sorted(set(STUBBED))}
+    return {
+        "error": f"{type(err).__name__}: {err}",
+        "traceback": traceback.format_exc()[-4000:],
+        "stubbed": sorted(set(STUBBED)),
+    }
 
 
 if __name__ == "__main__":

@@ -41,11 +41,11 @@ def repeat_draft(model, *, draft_vocab: int, must: list[int] = (), seed: int = 0
     draft.t2d.zero_()
     draft.t2d[ids] = True
     perm = torch.randperm(H, generator=torch.Generator().manual_seed(seed + 1))
-    P = torch.eye(H)[perm]                                    # P @ x permutes x
+    P = torch.eye(H)[perm]  # P @ x permutes x
     fc = torch.zeros(H, 3 * H)
     # Scaled down: the final norm undoes the scale, but random attention/MLP weights (a draft whose
     # layer was not loaded) would drown the state, as they drown a trained draft's.
-    fc[:, 2 * H:] = P / 1024
+    fc[:, 2 * H :] = P / 1024
     draft.fc.weight.copy_(fc)
     draft.midlayer.self_attn.o_proj.weight.zero_()
     draft.midlayer.mlp.down_proj.weight.zero_()
@@ -86,8 +86,16 @@ def save_repeat_target(folder, *, seed: int = 1, last_layer_scale: float = 3.0, 
     return Path(folder)
 
 
-def oracle_checkpoint(target_dir, out, *, k: int = 3, num_prompts: int = 4, max_new_tokens: int = 32,
-                      prompts: list[list[dict]] | None = None, draft_vocab: int = 256):
+def oracle_checkpoint(
+    target_dir,
+    out,
+    *,
+    k: int = 3,
+    num_prompts: int = 4,
+    max_new_tokens: int = 32,
+    prompts: list[list[dict]] | None = None,
+    draft_vocab: int = 256,
+):
     """The repeat oracle for a target, saved as a native checkpoint with the metrics training records.
 
     Its draft vocab holds every token of the target's greedy answers to the prompts (default: the
@@ -101,17 +109,28 @@ def oracle_checkpoint(target_dir, out, *, k: int = 3, num_prompts: int = 4, max_
     from eaglekit.targets.load import load_target
 
     target = load_target(str(target_dir))
-    runs = [run_target(target.model, target.tokenizer, m, max_new_tokens=max_new_tokens,
-                       stop_ids=target.stop_token_ids) for m in (prompts or load_prompts(None, num_prompts))]
+    runs = [
+        run_target(target.model, target.tokenizer, m, max_new_tokens=max_new_tokens, stop_ids=target.stop_token_ids)
+        for m in (prompts or load_prompts(None, num_prompts))
+    ]
     used = sorted({t for run in runs for t in run.tokens.tolist()})
     draft = repeat_draft(target.model, draft_vocab=draft_vocab, must=used)
-    result = probe(ProbeSetup("oracle", draft.config, draft.draft_state_dict()), runs,
-                   target.model.get_input_embeddings().weight.detach(), k)
+    result = probe(
+        ProbeSetup("oracle", draft.config, draft.draft_state_dict()),
+        runs,
+        target.model.get_input_embeddings().weight.detach(),
+        k,
+    )
     p = [1.0] + result.per_position
     cond = [p[i + 1] / p[i] if p[i] else 0.0 for i in range(k)]
     save_draft(draft, out)
-    write_manifest(out, stage="train", config={}, target=target.fingerprint(),
-                   extra={"best": {"cond_acc": cond, "sim_accept_length": result.tau}})
+    write_manifest(
+        out,
+        stage="train",
+        config={},
+        target=target.fingerprint(),
+        extra={"best": {"cond_acc": cond, "sim_accept_length": result.tau}},
+    )
     return out
 
 

@@ -27,18 +27,42 @@ ARCH_OVERRIDES = {
     "gemma": {"head_dim": 16},
     "phi3": {"pad_token_id": 0},
     "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
-    "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-                  "decoder_sparse_step": 1, "mlp_only_layers": [], "head_dim": 16},
-    "deepseek_v3": {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-                    "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1,
-                    "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
-                    "v_head_dim": 16, "num_key_value_heads": 4, "rope_interleave": False},
+    "qwen3_moe": {
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "head_dim": 16,
+    },
+    "deepseek_v3": {
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 1,
+        "n_group": 1,
+        "topk_group": 1,
+        "kv_lora_rank": 16,
+        "q_lora_rank": 16,
+        "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 8,
+        "v_head_dim": 16,
+        "num_key_value_heads": 4,
+        "rope_interleave": False,
+    },
 }
 ARCHITECTURES = tuple(ARCH_OVERRIDES)
 # Also built, outside ARCHITECTURES (the capture tests take them; no engine runner is claimed for them).
 EXTRA_OVERRIDES = {
-    "qwen2_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-                  "shared_expert_intermediate_size": 32, "decoder_sparse_step": 1, "mlp_only_layers": []},
+    "qwen2_moe": {
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 32,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+    },
 }
 MOE_ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
 
@@ -46,9 +70,18 @@ MOE_ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
 def tiny_config(arch: str = "llama", *, num_layers: int = LAYERS, vocab_size: int = VOCAB):
     from transformers import AutoConfig
 
-    kwargs = dict(hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=num_layers,
-                  num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab_size,
-                  max_position_embeddings=512, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    kwargs = dict(
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=vocab_size,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     kwargs.update({**ARCH_OVERRIDES, **EXTRA_OVERRIDES}[arch])
     return AutoConfig.for_model(arch, **kwargs)
 
@@ -85,11 +118,20 @@ def tiny_tokenizer(vocab_size: int = VOCAB):
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<unk>", "<|im_start|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<unk>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(TRAIN_TEXT * 4, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<|im_start|>",
-                                   eos_token="<|im_end|>", pad_token="<|im_end|>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="<unk>",
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|im_end|>",
+    )
     fast.chat_template = CHATML
     return fast
 

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import torch
 
-WORDS = ("fox dog capital France Paris python function add numbers count one two three ten hello help "
-         "assistant solve twelve seven quick brown lazy jumps write return today what how").split()
+WORDS = (
+    "fox dog capital France Paris python function add numbers count one two three ten hello help "
+    "assistant solve twelve seven quick brown lazy jumps write return today what how"
+).split()
 
 
 # Chat prompts with two-turn conversations and a system prompt (the vLLM backend tests).
@@ -32,8 +34,16 @@ def prompts(n: int, seed: int = 0) -> list[str]:
 
 
 @torch.no_grad()
-def generate_conversations(model, tokenizer, n: int, *, max_new_tokens: int = 24, seed: int = 0,
-                           batch: int = 32, stop_ids: tuple[int, ...] = ()) -> list[dict]:
+def generate_conversations(
+    model,
+    tokenizer,
+    n: int,
+    *,
+    max_new_tokens: int = 24,
+    seed: int = 0,
+    batch: int = 32,
+    stop_ids: tuple[int, ...] = (),
+) -> list[dict]:
     """n single-turn conversations whose answers the model wrote greedily."""
     from eaglekit.targets.chat import prompt_ids
 
@@ -41,21 +51,32 @@ def generate_conversations(model, tokenizer, n: int, *, max_new_tokens: int = 24
     rows = []
     texts = prompts(n, seed)
     for start in range(0, n, batch):
-        chunk = texts[start:start + batch]
+        chunk = texts[start : start + batch]
         ids = [prompt_ids(tokenizer, [{"role": "user", "content": t}]) for t in chunk]
         width = max(len(x) for x in ids)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
         mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
-        out = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-                             do_sample=False, pad_token_id=pad, eos_token_id=sorted(stops))
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+            eos_token_id=sorted(stops),
+        )
         for i, text in enumerate(chunk):
             new = out[i, width:].tolist()
             cut = next((k for k, t in enumerate(new) if t in stops), len(new))
             answer = tokenizer.decode(new[:cut], skip_special_tokens=True).strip()
             if answer:
-                rows.append({"id": f"c{start + i:05d}", "source": "test",
-                             "messages": [{"role": "user", "content": text}, {"role": "assistant", "content": answer}]})
+                rows.append(
+                    {
+                        "id": f"c{start + i:05d}",
+                        "source": "test",
+                        "messages": [{"role": "user", "content": text}, {"role": "assistant", "content": answer}],
+                    }
+                )
     return rows
 
 
@@ -74,7 +95,7 @@ def write_generate_folder(folder: Path, rows: list[dict], fingerprint: dict, sha
     folder.mkdir(parents=True, exist_ok=True)
     per = (len(rows) + shards - 1) // shards
     for s in range(shards):
-        write_jsonl(folder / f"conversations-{s:05d}.jsonl", rows[s * per:(s + 1) * per])
+        write_jsonl(folder / f"conversations-{s:05d}.jsonl", rows[s * per : (s + 1) * per])
     write_manifest(folder, stage="generate", config={}, target=fingerprint, counts={"conversations": len(rows)})
     return folder
 
@@ -93,15 +114,26 @@ def greedy_samples(model, tokenizer, n: int, *, max_new_tokens: int = 32, seed: 
     texts = prompts(n, seed)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     for start in range(0, n, batch):
-        chunk = texts[start:start + batch]
+        chunk = texts[start : start + batch]
         ids = [prompt_ids(tokenizer, [{"role": "user", "content": t}]) for t in chunk]
         width = max(len(x) for x in ids)
         input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
         mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
-        out = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-                             min_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+        )
         for i, prompt in enumerate(ids):
             new = out[i, width:].tolist()
-            samples.append(Sample(f"g{start + i:05d}", torch.tensor(prompt + new),
-                                  torch.tensor([False] * len(prompt) + [True] * len(new))))
+            samples.append(
+                Sample(
+                    f"g{start + i:05d}",
+                    torch.tensor(prompt + new),
+                    torch.tensor([False] * len(prompt) + [True] * len(new)),
+                )
+            )
     return samples

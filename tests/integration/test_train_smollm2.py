@@ -14,14 +14,16 @@ torch.set_num_threads(1)
 
 ROWS = [
     {"id": f"s{i}", "messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
-    for i, (q, a) in enumerate([
-        ("What is 2 plus 2?", "2 plus 2 equals 4."),
-        ("Name a color.", "Blue is a color."),
-        ("Say hello.", "Hello! How can I help you today?"),
-        ("What is the capital of France?", "The capital of France is Paris."),
-        ("Count to five.", "1, 2, 3, 4, 5."),
-        ("Is water wet?", "Yes, water makes things wet."),
-    ])
+    for i, (q, a) in enumerate(
+        [
+            ("What is 2 plus 2?", "2 plus 2 equals 4."),
+            ("Name a color.", "Blue is a color."),
+            ("Say hello.", "Hello! How can I help you today?"),
+            ("What is the capital of France?", "The capital of France is Paris."),
+            ("Count to five.", "1, 2, 3, 4, 5."),
+            ("Is water wet?", "Yes, water makes things wet."),
+        ]
+    )
 ]
 
 
@@ -38,16 +40,30 @@ def test_smollm2_parts_features_and_training(smollm2_dir, tmp_path, monkeypatch)
     target = load_target(str(smollm2_dir))
     assert parts.fingerprint["config_hash"] == target.fingerprint()["config_hash"]
     assert torch.equal(parts.embedding, target.model.get_input_embeddings().weight)
-    assert torch.equal(parts.lm_head, parts.embedding)           # SmolLM2 ties them
+    assert torch.equal(parts.lm_head, parts.embedding)  # SmolLM2 ties them
     assert target.tokenizer.convert_ids_to_tokens(parts.stop_token_ids) == ["<|im_end|>"]
 
     samples, _ = tokenize_conversations(target.tokenizer, ROWS, max_length=128)
-    capture_features(target, samples, tmp_path / "feat", aux_layer_ids=[1, 14, 26], topk=8, batch_tokens=512,
-                     progress=False)
-    manifest = train(TrainConfig(target=str(smollm2_dir), features=str(tmp_path / "feat"), out=str(tmp_path / "run"),
-                                 draft_vocab_size=64, allow_smaller_vocab=True, ttt_steps=2, max_steps=3,
-                                 val_data=str(tmp_path / "feat"), val_fraction=0.0, val_every=3, batch_tokens=512,
-                                 progress=False, device="cpu"))
+    capture_features(
+        target, samples, tmp_path / "feat", aux_layer_ids=[1, 14, 26], topk=8, batch_tokens=512, progress=False
+    )
+    manifest = train(
+        TrainConfig(
+            target=str(smollm2_dir),
+            features=str(tmp_path / "feat"),
+            out=str(tmp_path / "run"),
+            draft_vocab_size=64,
+            allow_smaller_vocab=True,
+            ttt_steps=2,
+            max_steps=3,
+            val_data=str(tmp_path / "feat"),
+            val_fraction=0.0,
+            val_every=3,
+            batch_tokens=512,
+            progress=False,
+            device="cpu",
+        )
+    )
     from eaglekit.draft.checkpoint import load_draft
 
     draft = load_draft(tmp_path / "run")
@@ -56,5 +72,5 @@ def test_smollm2_parts_features_and_training(smollm2_dir, tmp_path, monkeypatch)
     assert cfg.rope_parameters["rope_theta"] == 100000.0 and cfg.max_position_embeddings >= 8192
     assert cfg.aux_layer_ids == (1, 14, 26) and cfg.fused_width == 3 * 576
     best = manifest["best"]
-    assert best["data_greedy_agreement"] < 1.0     # hand-written answers are not SmolLM2's greedy ones
+    assert best["data_greedy_agreement"] < 1.0  # hand-written answers are not SmolLM2's greedy ones
     assert manifest["target"]["config_hash"] == parts.fingerprint["config_hash"]

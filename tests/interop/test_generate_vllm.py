@@ -45,9 +45,26 @@ def vllm_server(smollm2_dir, tmp_path):
     python = vllm_python()
     port = free_port()
     log = tmp_path / "vllm.log"
-    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(smollm2_dir),
-           "--served-model-name", "smollm2", "--host", "127.0.0.1", "--port", str(port),
-           "--max-model-len", "1024", "--dtype", "float32", "--enforce-eager", "--gpu-memory-utilization", "0.3"]
+    cmd = [
+        str(python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(smollm2_dir),
+        "--served-model-name",
+        "smollm2",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        "1024",
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--gpu-memory-utilization",
+        "0.3",
+    ]
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu")
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -90,8 +107,23 @@ def test_regenerate_through_vllm(vllm_server, smollm2_dir, tmp_path):
     prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
     common = ["--prompts", str(prompts), "--target", str(smollm2_dir), "--max-new-tokens", "24"]
     # The template check is on: vLLM's prompt token counts must equal our rendering of SmolLM2's template.
-    assert main(["generate", *common, "--out", str(tmp_path / "vllm"), "--backend", "openai",
-                 "--server-url", vllm_server, "--concurrency", "4"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                *common,
+                "--out",
+                str(tmp_path / "vllm"),
+                "--backend",
+                "openai",
+                "--server-url",
+                vllm_server,
+                "--concurrency",
+                "4",
+            ]
+        )
+        == 0
+    )
     served = rows(tmp_path / "vllm")
     assert sorted(served) == ["a", "b", "c", "d", "e"]
     manifest = json.loads((tmp_path / "vllm" / "manifest.json").read_text())
@@ -99,7 +131,9 @@ def test_regenerate_through_vllm(vllm_server, smollm2_dir, tmp_path):
     assert manifest["counts"]["assistant_turns"] == 7 and manifest["target"]["architecture"] == "LlamaForCausalLM"
     assert served["c"]["messages"][0] == {"role": "system", "content": "Answer in one line."}
     for r in served.values():
-        assert [m["role"] for m in r["messages"] if m["role"] != "system"] == ["user", "assistant"] * len(r["meta"]["turns"])
+        assert [m["role"] for m in r["messages"] if m["role"] != "system"] == ["user", "assistant"] * len(
+            r["meta"]["turns"]
+        )
         assert all(m["content"].strip() for m in r["messages"])
     # Greedy in float32: vLLM's answers are SmolLM2's own, as HF generate writes them here.
     assert main(["generate", *common, "--out", str(tmp_path / "local"), "--backend", "hf", "--batch-size", "1"]) == 0

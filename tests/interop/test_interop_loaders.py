@@ -39,7 +39,7 @@ from eaglekit.targets.info import default_aux_layer_ids
 from oracle_draft import save_repeat_target
 from planted import planted
 
-HERE = Path(__file__).parents[1] / "helpers"   # interop_sglang.py, interop_eagle.py
+HERE = Path(__file__).parents[1] / "helpers"  # interop_sglang.py, interop_eagle.py
 CACHE = Path.home() / ".cache/eaglekit"
 SGLANG_VENV = Path(os.environ.get("EAGLEKIT_SGLANG_VENV", CACHE / "sglang-venv"))
 EAGLE_VENV = Path(os.environ.get("EAGLEKIT_EAGLE_VENV", CACHE / "eagle-venv"))
@@ -49,6 +49,7 @@ pytestmark = [pytest.mark.interop, pytest.mark.slow]
 
 
 # ---- the draft, its exports, and eaglekit's own forward ------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory) -> dict:
@@ -65,10 +66,10 @@ def setup(tmp_path_factory) -> dict:
     draft = Eagle3Draft(draft_cfg)
     with torch.no_grad():
         for name, p in draft.named_parameters():
-            if p.dim() == 1:                  # norms: not all ones, so a norm read as another shows
+            if p.dim() == 1:  # norms: not all ones, so a norm read as another shows
                 p.copy_(1 + 0.1 * torch.randn_like(p))
             elif "q_proj" in name or "k_proj" in name or "o_proj" in name:
-                p.mul_(8)                     # attention that matters: a misread q, k or o shows in the output
+                p.mul_(8)  # attention that matters: a misread q, k or o shows in the output
     ids = torch.randperm(cfg.vocab_size, generator=torch.Generator().manual_seed(1))[: draft_cfg.draft_vocab_size]
     ids = ids.sort().values
     draft.d2t.copy_(ids - torch.arange(len(ids)))
@@ -86,20 +87,33 @@ def setup(tmp_path_factory) -> dict:
     with torch.no_grad():
         layers = capture_aux_states(model, input_ids[None], list(range(N)), return_logits=False)
         layer_states = layers.aux_hidden[0].view(T, N, cfg.hidden_size).transpose(0, 1)  # [N, T, H]
-        aux_hidden = torch.cat([layer_states[i] for i in aux], dim=-1)                  # [T, 3H]
+        aux_hidden = torch.cat([layer_states[i] for i in aux], dim=-1)  # [T, 3H]
         reference = Eagle3Draft(draft_cfg)
-        reference.load_state_dict({k: v.to(torch.bfloat16).float() if v.is_floating_point() else v
-                                   for k, v in draft.state_dict().items()})
+        reference.load_state_dict(
+            {k: v.to(torch.bfloat16).float() if v.is_floating_point() else v for k, v in draft.state_dict().items()}
+        )
         embedding = model.get_input_embeddings().weight.detach().float()
         reference.set_target_embedding(embedding)
         reference.float().eval()
         logits, pre_norm, _ = reference(input_ids[None], reference.fuse(aux_hidden[None]))
     inputs = root / "inputs.safetensors"
-    save_file({"input_ids": input_ids, "aux_hidden": aux_hidden.contiguous(), "embed_tokens": embedding.contiguous()},
-              str(inputs))
-    return dict(root=root, target=target, exports=exports, aux=aux, ids=ids, num_layers=N, inputs=inputs,
-                layer_states=layer_states, logits=logits[0], pre_norm=pre_norm[0],
-                checkpoint=load_file(str(exports["sglang"] / "model.safetensors")))
+    save_file(
+        {"input_ids": input_ids, "aux_hidden": aux_hidden.contiguous(), "embed_tokens": embedding.contiguous()},
+        str(inputs),
+    )
+    return dict(
+        root=root,
+        target=target,
+        exports=exports,
+        aux=aux,
+        ids=ids,
+        num_layers=N,
+        inputs=inputs,
+        layer_states=layer_states,
+        logits=logits[0],
+        pre_norm=pre_norm[0],
+        checkpoint=load_file(str(exports["sglang"] / "model.safetensors")),
+    )
 
 
 def eagle_target(setup) -> Path:
@@ -109,8 +123,9 @@ def eagle_target(setup) -> Path:
     if not folder.exists():
         shutil.copytree(setup["target"], folder)
         names = list(load_file(str(folder / "model.safetensors")))
-        (folder / "model.safetensors.index.json").write_text(json.dumps(
-            {"metadata": {}, "weight_map": {n: "model.safetensors" for n in names}}))
+        (folder / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {}, "weight_map": {n: "model.safetensors" for n in names}})
+        )
         tok = json.loads((folder / "tokenizer_config.json").read_text())
         tok["tokenizer_class"] = "PreTrainedTokenizerFast"
         (folder / "tokenizer_config.json").write_text(json.dumps(tok))
@@ -120,14 +135,22 @@ def eagle_target(setup) -> Path:
 def run_engine(venv: Path, runner: str, target: Path, inputs: Path, jobs: dict[str, Path], root: Path) -> dict:
     """Load every draft of `jobs` (name -> folder) in one run of the engine's runner; results by name."""
     outs = {name: root / "out" / name.replace(" ", "_").replace(":", "") for name in jobs}
-    request = {"target": str(target.resolve()), "inputs": str(inputs),
-               "jobs": [{"draft": str(folder.resolve()), "out": str(outs[name])} for name, folder in jobs.items()]}
+    request = {
+        "target": str(target.resolve()),
+        "inputs": str(inputs),
+        "jobs": [{"draft": str(folder.resolve()), "out": str(outs[name])} for name, folder in jobs.items()],
+    }
     root.mkdir(parents=True, exist_ok=True)
     (root / "request.json").write_text(json.dumps(request))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     env.pop("PYTHONPATH", None)  # the runner must not see eaglekit
-    proc = subprocess.run([str(venv / "bin/python"), str(HERE / runner), str(root / "request.json")],
-                          capture_output=True, text=True, timeout=900, env=env)
+    proc = subprocess.run(
+        [str(venv / "bin/python"), str(HERE / runner), str(root / "request.json")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
     results = {}
     for name, out in outs.items():
         if not (out / "result.json").exists():
@@ -148,9 +171,12 @@ SGLANG_STACKED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("
 def sglang_expected(ckpt: dict) -> dict[str, torch.Tensor]:
     """What SGLang's parameters must hold after loading, from the checkpoint (the names SGLang
     0.5.12+ builds: model.layers.0.*, fused qkv_proj and gate_up_proj)."""
-    layer = {k[len("midlayer."):]: v for k, v in ckpt.items() if k.startswith("midlayer.")}
-    out = {"model.fc.weight": ckpt["fc.weight"], "model.norm.weight": ckpt["norm.weight"],
-           "lm_head.weight": ckpt["lm_head.weight"]}
+    layer = {k[len("midlayer.") :]: v for k, v in ckpt.items() if k.startswith("midlayer.")}
+    out = {
+        "model.fc.weight": ckpt["fc.weight"],
+        "model.norm.weight": ckpt["norm.weight"],
+        "lm_head.weight": ckpt["lm_head.weight"],
+    }
     for name, v in layer.items():
         module, _, rest = name.partition(".")
         proj = rest.split(".")[0]
@@ -183,8 +209,14 @@ def check_bits(engine: str, got: dict, setup) -> str | None:
     else:
         expected = {k: v for k, v in ckpt.items()}
         expected["embed_tokens.weight"] = load_file(str(setup["inputs"]))["embed_tokens"]
-    bad = [n for n, v in expected.items() if n not in params or params[n].shape != v.shape
-           or not torch.equal(params[n].to(v.dtype), v) or not torch.equal(params[n], v.to(params[n].dtype))]
+    bad = [
+        n
+        for n, v in expected.items()
+        if n not in params
+        or params[n].shape != v.shape
+        or not torch.equal(params[n].to(v.dtype), v)
+        or not torch.equal(params[n], v.to(params[n].dtype))
+    ]
     return f"{engine} holds other values than the checkpoint in {bad[:4]}" if bad else None
 
 
@@ -211,8 +243,11 @@ def engine_captures(engine: str, got: dict, setup) -> list[int]:
     found = []
     for i in range(3):  # EAGLE: match each handed state against every layer's output
         state = got["forward_tensors"][f"captured_{i}"]
-        found.append(next((j for j, s in enumerate(setup["layer_states"])
-                           if torch.allclose(s, state, atol=1e-4, rtol=1e-4)), None))
+        found.append(
+            next(
+                (j for j, s in enumerate(setup["layer_states"]) if torch.allclose(s, state, atol=1e-4, rtol=1e-4)), None
+            )
+        )
     return found
 
 
@@ -241,24 +276,31 @@ def check_forward(engine: str, got: dict, setup) -> str | None:
     dl, dh = forward_error(got, setup)
     same_top = torch.equal(out["logits"].argmax(-1), setup["logits"].argmax(-1))
     if dl > 1e-4 or dh > 1e-4 or not same_top:
-        return (f"{engine}'s draft forward differs from eaglekit's: logits by {dl:.2g}, hidden by {dh:.2g} "
-                f"(relative), same top token {same_top}")
+        return (
+            f"{engine}'s draft forward differs from eaglekit's: logits by {dl:.2g}, hidden by {dh:.2g} "
+            f"(relative), same top token {same_top}"
+        )
     return None
 
 
 def findings(engine: str, got: dict, setup, folder: Path) -> dict[str, str | None]:
-    return {"params": check_params(engine, got, setup), "bits": check_bits(engine, got, setup),
-            "d2t": check_d2t(engine, got, setup), "aux": check_aux(engine, got, setup, folder),
-            "forward": check_forward(engine, got, setup)}
+    return {
+        "params": check_params(engine, got, setup),
+        "bits": check_bits(engine, got, setup),
+        "d2t": check_d2t(engine, got, setup),
+        "aux": check_aux(engine, got, setup, folder),
+        "forward": check_forward(engine, got, setup),
+    }
 
 
 # ---- planted bugs ------------------------------------------------------------------------------
 
-def _prefix_names(state):          # names no SGLang version maps: silently dropped
+
+def _prefix_names(state):  # names no SGLang version maps: silently dropped
     return {("draft_model." + k if k.startswith("midlayer.") else k): v for k, v in state.items()}
 
 
-def _layers0(state):               # ModelOpt/speculators names: EAGLE and SGLang <= 0.5.11 drop them
+def _layers0(state):  # ModelOpt/speculators names: EAGLE and SGLang <= 0.5.11 drop them
     return {k.replace("midlayer.", "layers.0."): v for k, v in state.items()}
 
 
@@ -270,17 +312,17 @@ def _fc_transposed(state):
     state["fc.weight"] = state["fc.weight"].t().contiguous()
 
 
-def _q_k_swapped(state):           # same shapes here (one head, one kv head): only the values tell
+def _q_k_swapped(state):  # same shapes here (one head, one kv head): only the values tell
     q, k = "midlayer.self_attn.q_proj.weight", "midlayer.self_attn.k_proj.weight"
     state[q], state[k] = state[k], state[q]
 
 
-def _aux_ids_plus1_sglang(cfg):    # nested ids one layer late: SGLang captures other layers
+def _aux_ids_plus1_sglang(cfg):  # nested ids one layer late: SGLang captures other layers
     ids = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
     cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [i + 1 for i in ids]
 
 
-def _trained_elsewhere(cfg):       # EAGLE's layers are hard-coded: a draft trained one layer later
+def _trained_elsewhere(cfg):  # EAGLE's layers are hard-coded: a draft trained one layer later
     cfg["eaglekit"]["aux_layer_ids"] = [i + 1 for i in cfg["eaglekit"]["aux_layer_ids"]]
 
 
@@ -334,15 +376,18 @@ def eagle_runs(request):
 
 # ---- the tests -------------------------------------------------------------------------------------
 
+
 def test_sglang_loads_the_sglang_export(sglang_runs, setup):
     got, folder = sglang_runs[CLEAN]
     assert "error" not in got, got.get("traceback", got)
     assert got["class"] == "LlamaForCausalLMEagle3" and got["loader"] == "DefaultModelLoader", got
     assert {m.split(".")[0] for m in got["stubbed"]} <= {"torchvision", "sgl_kernel"}, got["stubbed"]
     problems = findings("sglang", got, setup, folder)
-    print(f"\nSGLang {got['sglang_version']}: captures {got['layers_to_capture']} (inputs of), "
-          f"stubbed {sorted({m.split('.')[0] for m in got['stubbed']})}; forward error {forward_error(got, setup)}; "
-          f"{problems}")
+    print(
+        f"\nSGLang {got['sglang_version']}: captures {got['layers_to_capture']} (inputs of), "
+        f"stubbed {sorted({m.split('.')[0] for m in got['stubbed']})}; forward error {forward_error(got, setup)}; "
+        f"{problems}"
+    )
     assert problems == dict.fromkeys(problems), problems
 
 

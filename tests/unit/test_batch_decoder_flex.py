@@ -18,8 +18,8 @@ def masks(B: int, R: int, L: int) -> torch.Tensor:
     mask = torch.arange(L).view(1, 1, 1, L) <= ends.view(B, 1, 1, 1)
     mask = mask.expand(B, 1, R, L).clone()
     gen = torch.Generator().manual_seed(0)
-    mask[-1, 0, 1:] &= torch.rand(R - 1, L, generator=gen) < 0.3                # other queries see a scatter
-    mask[-1, 0, :, 0] = True                                                     # no empty softmax row
+    mask[-1, 0, 1:] &= torch.rand(R - 1, L, generator=gen) < 0.3  # other queries see a scatter
+    mask[-1, 0, :, 0] = True  # no empty softmax row
     return mask
 
 
@@ -27,18 +27,18 @@ def test_block_lists_follow_the_mask():
     L = 3 * BLOCK
     bm = block_mask_of(masks(4, 2, L))
     kv, full = bm.kv_num_blocks.view(4).tolist(), bm.full_kv_num_blocks.view(4).tolist()
-    assert kv == [1, 0, 1, 3] and full == [0, 1, 1, 0]     # partial / whole blocks of each row
+    assert kv == [1, 0, 1, 3] and full == [0, 1, 1, 0]  # partial / whole blocks of each row
     assert bm.full_kv_indices[2, 0, 0, 0] == 0 and bm.kv_indices[2, 0, 0, 0] == 1
 
 
-@pytest.mark.parametrize("rows", [4, 1])                     # per-row masks, and one mask for every row
+@pytest.mark.parametrize("rows", [4, 1])  # per-row masks, and one mask for every row
 def test_compiled_flex_equals_dense_attention(rows):
     B, h, R, L, d = 4, 2, 3, 3 * BLOCK, 16
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(B, h, n, d, generator=gen) for n in (R, L, L))
     mask = masks(4, R, L)[:rows].contiguous()
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    assert torch.equal(attend_flex(q, k, v, mask), ref)                          # eager: SDPA itself
+    assert torch.equal(attend_flex(q, k, v, mask), ref)  # eager: SDPA itself
     torch._dynamo.reset()
     got = torch.compile(attend_flex, dynamic=False)(q, k, v, mask)
     assert (got - ref).abs().max() < 1e-5
@@ -47,10 +47,11 @@ def test_compiled_flex_equals_dense_attention(rows):
 def test_flex_runner_decodes_like_the_default_one():
     model = peaked_model("llama")
     flex = batch_runner(model, max_len=100, batch_size=2, attention="flex")
-    assert flex.attention == "flex" and flex.max_len == BLOCK                    # slots rounded up to a block
+    assert flex.attention == "flex" and flex.max_len == BLOCK  # slots rounded up to a block
     dense = make_target_runner(model, max_len=BLOCK, batch_size=2)
-    got = [BatchDecoder(r, sampling=Sampling(), graphs=False, compile=False).run(PROMPTS, 12, [])
-           for r in (flex, dense)]
+    got = [
+        BatchDecoder(r, sampling=Sampling(), graphs=False, compile=False).run(PROMPTS, 12, []) for r in (flex, dense)
+    ]
     assert [c.tokens for c in got[0]] == [c.tokens for c in got[1]]
 
 
@@ -63,15 +64,25 @@ def test_decode_step_traces_whole_with_flex(monkeypatch):
 
     model = peaked_model("llama")
     limits = [20, 6, 12]
-    eager = BatchDecoder(batch_runner(model, max_len=BLOCK, batch_size=2, attention="flex"), sampling=Sampling(),
-                         graphs=False, compile=False, chunk=4)
+    eager = BatchDecoder(
+        batch_runner(model, max_len=BLOCK, batch_size=2, attention="flex"),
+        sampling=Sampling(),
+        graphs=False,
+        compile=False,
+        chunk=4,
+    )
     queue = iter([Request(p, n, key=i) for i, (p, n) in enumerate(zip(PROMPTS, limits))])
     ref = {r.key: c.tokens for r, c in eager.serve(lambda: next(queue, None), [])}
-    traced = BatchDecoder(batch_runner(model, max_len=BLOCK, batch_size=2, attention="flex"), sampling=Sampling(),
-                          graphs=False, compile=False, chunk=4)
+    traced = BatchDecoder(
+        batch_runner(model, max_len=BLOCK, batch_size=2, attention="flex"),
+        sampling=Sampling(),
+        graphs=False,
+        compile=False,
+        chunk=4,
+    )
     import eaglekit.runtime.flex as flex
 
-    built = {}                                             # one value set again and again: no recompiles
+    built = {}  # one value set again and again: no recompiles
 
     def counted(mask):
         built["rows"] = mask.shape[0]
@@ -79,11 +90,12 @@ def test_decode_step_traces_whole_with_flex(monkeypatch):
 
     monkeypatch.setattr(flex, "block_mask_of", counted)
     torch._dynamo.reset()
-    traced.step = Step(torch.compile(traced._step, backend="aot_eager", fullgraph=True, dynamic=False),
-                       use_graph=False, name="traced")
+    traced.step = Step(
+        torch.compile(traced._step, backend="aot_eager", fullgraph=True, dynamic=False), use_graph=False, name="traced"
+    )
     queue = iter([Request(p, n, key=i) for i, (p, n) in enumerate(zip(PROMPTS, limits))])
     assert {r.key: c.tokens for r, c in traced.serve(lambda: next(queue, None), [])} == ref
-    assert built == {"rows": 2}                                # the traced step took the flex path
+    assert built == {"rows": 2}  # the traced step took the flex path
 
 
 def test_compiled_batch_decoder_with_flex_builds_the_block_mask_once_a_step(monkeypatch):
@@ -101,10 +113,15 @@ def test_compiled_batch_decoder_with_flex_builds_the_block_mask_once_a_step(monk
     for compile in (False, True):
         torch._dynamo.reset()
         counters.clear()
-        decoder = BatchDecoder(batch_runner(model, max_len=BLOCK, batch_size=2, attention="flex"), sampling=Sampling(),
-                               graphs=False, compile=compile, chunk=4)
+        decoder = BatchDecoder(
+            batch_runner(model, max_len=BLOCK, batch_size=2, attention="flex"),
+            sampling=Sampling(),
+            graphs=False,
+            compile=compile,
+            chunk=4,
+        )
         queue = iter([Request(p, n, key=i) for i, (p, n) in enumerate(zip(PROMPTS, limits))])
         runs[compile] = {r.key: c.tokens for r, c in decoder.serve(lambda q=queue: next(q, None), [])}
     assert runs[True] == runs[False]
     assert counters["stats"]["unique_graphs"] == 1
-    assert len(built) == decoder.steps and decoder.steps > 0        # eager: none (SDPA); compiled: one a step
+    assert len(built) == decoder.steps and decoder.steps > 0  # eager: none (SDPA); compiled: one a step

@@ -13,36 +13,79 @@ from engine_tiny import one_thread  # noqa: F401 (fixture)
 @pytest.fixture()
 def prompts_file(tmp_path):
     path = tmp_path / "prompts.jsonl"
-    rows = [{"id": "a", "turns": ["Hello! How can I help you today?", "Count from one to ten."]},
-            {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 12 * 7?"}]},
-            {"prompt": "Write a Python function that adds two numbers."}]
+    rows = [
+        {"id": "a", "turns": ["Hello! How can I help you today?", "Count from one to ten."]},
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 12 * 7?"}]},
+        {"prompt": "Write a Python function that adds two numbers."},
+    ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return path
 
 
 def run_bench(tmp_path, target, prompts, draft, *extra):
     out = tmp_path / f"bench-{draft.replace('/', '_')[-12:]}"
-    code = main(["bench", "--target", str(target), "--draft", draft, "--prompts", str(prompts), "--max-new-tokens", "8",
-                 "--out", str(out), "--json", str(out / "copy.json"), *extra])
+    code = main(
+        [
+            "bench",
+            "--target",
+            str(target),
+            "--draft",
+            draft,
+            "--prompts",
+            str(prompts),
+            "--max-new-tokens",
+            "8",
+            "--out",
+            str(out),
+            "--json",
+            str(out / "copy.json"),
+            *extra,
+        ]
+    )
     assert code == 0
     result = json.loads((out / "results.json").read_text())
-    assert json.loads((out / "copy.json").read_text()) == result          # --json PATH: the same results
+    assert json.loads((out / "copy.json").read_text()) == result  # --json PATH: the same results
     return out, result
 
 
 def test_bench_oracle_tree_multi_turn(tmp_path, tiny_target_dir, prompts_file):
-    out, result = run_bench(tmp_path, tiny_target_dir, prompts_file, "oracle", "--hf-prompts", "2",
-                            "--mode", "tree", "--depth", "3", "--tree-top-k", "2", "--total-tokens", "6")
+    out, result = run_bench(
+        tmp_path,
+        tiny_target_dir,
+        prompts_file,
+        "oracle",
+        "--hf-prompts",
+        "2",
+        "--mode",
+        "tree",
+        "--depth",
+        "3",
+        "--tree-top-k",
+        "2",
+        "--total-tokens",
+        "6",
+    )
     s = result["summary"]
     # HF generate ran on the first two prompts only (three turns), and is compared on those
     assert [("hf" in r) for r in result["turns"]] == [True, True, True, False]
     assert s["hf_prompts"] == 2 and s["hf_tok_s"] > 0 and s["baseline_vs_hf"] > 0
     assert "HF generate, on the first 2 of 3 prompts" in (out / "report.md").read_text()
-    for key in ("tau", "speedup", "baseline_tok_s", "spec_tok_s", "hf_tok_s", "per_position_acceptance",
-                "greedy_match", "device", "date", "command", "config"):
+    for key in (
+        "tau",
+        "speedup",
+        "baseline_tok_s",
+        "spec_tok_s",
+        "hf_tok_s",
+        "per_position_acceptance",
+        "greedy_match",
+        "device",
+        "date",
+        "command",
+        "config",
+    ):
         assert key in s
     assert s["greedy_match"] == 1.0 and s["hf_match"] == 1.0
-    assert s["turns"] == 4 and s["prompts"] == 3                      # prompt "a" has two turns
+    assert s["turns"] == 4 and s["prompts"] == 3  # prompt "a" has two turns
     assert len(s["per_position_acceptance"]) == 3 and s["tau"] > 1.5  # the oracle is accepted
     assert [r["turn"] for r in result["turns"] if r["id"] == "a"] == [0, 1]
     assert result["turns"][1]["prompt_tokens"] > result["turns"][0]["prompt_tokens"]  # turn 2 holds answer 1
@@ -54,7 +97,7 @@ def test_bench_oracle_tree_multi_turn(tmp_path, tiny_target_dir, prompts_file):
         assert (out / "acceptance.png").stat().st_size > 1000
     else:
         assert "matplotlib is not installed" in result["plot_note"]
-        assert not (out / "acceptance.png").exists()          # nor an earlier run's plot left beside these results
+        assert not (out / "acceptance.png").exists()  # nor an earlier run's plot left beside these results
 
 
 def test_bench_checkpoint_draft_chain_and_sweep(tmp_path, tiny_target_dir, prompts_file):
@@ -64,30 +107,64 @@ def test_bench_checkpoint_draft_chain_and_sweep(tmp_path, tiny_target_dir, promp
 
     target = load_target(tiny_target_dir)
     folder = save_draft(random_draft(target.model, aux=[1, 3, 4]), tmp_path / "draft")
-    _, result = run_bench(tmp_path, tiny_target_dir, prompts_file, str(folder), "--mode", "chain", "--k", "3",
-                          "--no-hf", "--limit", "2")
+    _, result = run_bench(
+        tmp_path, tiny_target_dir, prompts_file, str(folder), "--mode", "chain", "--k", "3", "--no-hf", "--limit", "2"
+    )
     s = result["summary"]
     assert s["greedy_match"] == 1.0 and s["hf_tok_s"] is None and len(s["per_position_acceptance"]) == 3
-    _, result = run_bench(tmp_path, tiny_target_dir, prompts_file, "random", "--sweep", "--no-hf", "--limit", "1",
-                          "--cache-slots", "256")
+    _, result = run_bench(
+        tmp_path, tiny_target_dir, prompts_file, "random", "--sweep", "--no-hf", "--limit", "1", "--cache-slots", "256"
+    )
     assert len(result["sweep"]) >= 4
     assert result["summary"]["spec"] == max(result["sweep"], key=lambda r: r["spec_tok_s"])["spec"]
-    assert [r["spec"] for r in result["sweep"]][:3] == ["chain k=1", "chain k=2", "chain k=3"]   # a CPU's shapes
+    assert [r["spec"] for r in result["sweep"]][:3] == ["chain k=1", "chain k=2", "chain k=3"]  # a CPU's shapes
     # one prompt, fewer than --sweep-prompts' default: the sweep's runs are the bench, every shape in every turn
     assert all(r["prompts"] == 1 for r in result["sweep"]) and result["summary"]["prompts"] == 1
     assert set(result["turns"][0]["spec"]) == {r["spec"] for r in result["sweep"]}
     assert result["summary"]["shape_choice"]["chosen"] == result["summary"]["spec"]
     # a shape given beside --sweep is one of its candidates, not silently dropped (a recipe's bench shape)
-    _, result = run_bench(tmp_path, tiny_target_dir, prompts_file, "random", "--sweep", "--mode", "chain", "--k", "4", "--overwrite",
-                          "--no-hf", "--limit", "1", "--cache-slots", "256")
-    assert [r["spec"] for r in result["sweep"]] == ["chain k=1", "chain k=2", "chain k=3", "tree d=2 topk=2 n=4",
-                                                    "chain k=4"]
+    _, result = run_bench(
+        tmp_path,
+        tiny_target_dir,
+        prompts_file,
+        "random",
+        "--sweep",
+        "--mode",
+        "chain",
+        "--k",
+        "4",
+        "--overwrite",
+        "--no-hf",
+        "--limit",
+        "1",
+        "--cache-slots",
+        "256",
+    )
+    assert [r["spec"] for r in result["sweep"]] == [
+        "chain k=1",
+        "chain k=2",
+        "chain k=3",
+        "tree d=2 topk=2 n=4",
+        "chain k=4",
+    ]
 
 
-def test_the_sweep_picks_a_shape_on_a_few_prompts_says_why_and_benches_it_on_all(tmp_path, tiny_target_dir,
-                                                                                prompts_file):
-    out, result = run_bench(tmp_path, tiny_target_dir, prompts_file, "random", "--sweep", "--sweep-prompts", "1",
-                            "--hf-prompts", "1", "--cache-slots", "256")
+def test_the_sweep_picks_a_shape_on_a_few_prompts_says_why_and_benches_it_on_all(
+    tmp_path, tiny_target_dir, prompts_file
+):
+    out, result = run_bench(
+        tmp_path,
+        tiny_target_dir,
+        prompts_file,
+        "random",
+        "--sweep",
+        "--sweep-prompts",
+        "1",
+        "--hf-prompts",
+        "1",
+        "--cache-slots",
+        "256",
+    )
     s, sweep = result["summary"], result["sweep"]
     labels = [r["spec"] for r in sweep]
     # every shape on the first prompt (its two turns), without HF generate
@@ -114,24 +191,47 @@ def test_shape_choice_names_a_lead_within_the_drift_a_tie():
     from eaglekit.bench.report import shape_choice
 
     def row(label, tok_s, steps):
-        return {"spec": label, "spec_tok_s": tok_s, "speedup": tok_s / 10, "tau": 2.0, "prompts": 4,
-                "cycle": {"plain_steps": steps}, "plain_tokens": 0, "plain_share": 0.0}
+        return {
+            "spec": label,
+            "spec_tok_s": tok_s,
+            "speedup": tok_s / 10,
+            "tau": 2.0,
+            "prompts": 4,
+            "cycle": {"plain_steps": steps},
+            "plain_tokens": 0,
+            "plain_share": 0.0,
+        }
 
     rows = [row("chain k=3", 15.0, 1.5), row("tree d=4 topk=4 n=16", 16.2, 1.8), row("chain k=5", 15.3, 1.6)]
     choice = shape_choice(rows, 1, {"drift": 0.02})
     assert choice["chosen"] == "tree d=4 topk=4 n=16" and choice["runner_up"] == "chain k=5"
     assert choice["ranking"] == ["tree d=4 topk=4 n=16", "chain k=5", "chain k=3"]
-    assert choice["why"] == ("tree d=4 topk=4 n=16: 1.62x on 4 prompts (tau 2.00, a cycle 1.80 plain steps), "
-                             "6 % ahead of chain k=5 (1.53x)")
-    assert "a tie" in shape_choice(rows, 1, {"drift": 0.10})["why"]   # 6 % ahead, plain runs 10 % apart
+    assert choice["why"] == (
+        "tree d=4 topk=4 n=16: 1.62x on 4 prompts (tau 2.00, a cycle 1.80 plain steps), 6 % ahead of chain k=5 (1.53x)"
+    )
+    assert "a tie" in shape_choice(rows, 1, {"drift": 0.10})["why"]  # 6 % ahead, plain runs 10 % apart
     assert shape_choice(rows[:1], 0)["why"].endswith("the only shape tried")
 
 
-@pytest.mark.parametrize("flags, message", [(["--sweep", "--sweep-prompts", "0"], "--sweep-prompts 1 or more"),
-                                            (["--sweep-prompts", "2"], "add --sweep")])
+@pytest.mark.parametrize(
+    "flags, message",
+    [(["--sweep", "--sweep-prompts", "0"], "--sweep-prompts 1 or more"), (["--sweep-prompts", "2"], "add --sweep")],
+)
 def test_sweep_prompts_needs_a_sweep_and_a_prompt(tmp_path, prompts_file, capsys, flags, message):
-    code = main(["bench", "--target", "nowhere", "--draft", "random", "--prompts", str(prompts_file),
-                 "--out", str(tmp_path / "x"), *flags])
+    code = main(
+        [
+            "bench",
+            "--target",
+            "nowhere",
+            "--draft",
+            "random",
+            "--prompts",
+            str(prompts_file),
+            "--out",
+            str(tmp_path / "x"),
+            *flags,
+        ]
+    )
     assert code == 2 and message in capsys.readouterr().err and not (tmp_path / "x").exists()
 
 
@@ -145,8 +245,19 @@ def test_bench_refuses_a_draft_of_another_target(tmp_path, tiny_target_dir, prom
     folder = save_draft(random_draft(target.model), tmp_path / "draft")
     other = dict(target.fingerprint(), config_hash="0" * 16)
     write_manifest(folder, stage="train", config={}, target=other)
-    code = main(["bench", "--target", str(tiny_target_dir), "--draft", str(folder), "--prompts", str(prompts_file),
-                 "--out", str(tmp_path / "x")])
+    code = main(
+        [
+            "bench",
+            "--target",
+            str(tiny_target_dir),
+            "--draft",
+            str(folder),
+            "--prompts",
+            str(prompts_file),
+            "--out",
+            str(tmp_path / "x"),
+        ]
+    )
     assert code == 2 and "made for another target model config" in capsys.readouterr().err
 
 
@@ -157,19 +268,36 @@ def test_a_second_bench_into_a_finished_folder_needs_overwrite(tmp_path, tiny_ta
     out, first = run_bench(tmp_path, tiny_target_dir, prompts_file, "oracle", *shape)
     before = {f.name: f.read_bytes() for f in out.iterdir()}
     capsys.readouterr()
-    missing = tmp_path / "no-such-target"            # refused before the target is even looked for
-    assert main(["bench", "--target", str(missing), "--draft", "oracle", "--prompts", str(prompts_file),
-                 "--max-new-tokens", "8", *shape, "--out", str(out)]) == 2
+    missing = tmp_path / "no-such-target"  # refused before the target is even looked for
+    assert (
+        main(
+            [
+                "bench",
+                "--target",
+                str(missing),
+                "--draft",
+                "oracle",
+                "--prompts",
+                str(prompts_file),
+                "--max-new-tokens",
+                "8",
+                *shape,
+                "--out",
+                str(out),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert f"output folder {out} already exists" in err and "--overwrite" in err
-    assert {f.name: f.read_bytes() for f in out.iterdir()} == before          # untouched
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before  # untouched
     (out / "stray.txt").write_text("not a bench file")
     out, again = run_bench(tmp_path, tiny_target_dir, prompts_file, "oracle", *shape, "--overwrite")
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["stage"] == "bench" and manifest["config"]["overwrite"] is True
     assert "--overwrite" in again["summary"]["command"] and "--overwrite" not in first["summary"]["command"]
-    assert not (out / "stray.txt").exists()                                   # the folder was replaced, not added to
-    assert not list(tmp_path.glob(f".{out.name}.*"))                          # no temporary folder left beside it
+    assert not (out / "stray.txt").exists()  # the folder was replaced, not added to
+    assert not list(tmp_path.glob(f".{out.name}.*"))  # no temporary folder left beside it
 
 
 def test_bench_prompts_keep_a_line_separator_inside_a_string(tmp_path):
@@ -177,8 +305,13 @@ def test_bench_prompts_keep_a_line_separator_inside_a_string(tmp_path):
     from eaglekit.bench.prompts import load_bench_prompts
 
     path = tmp_path / "p.jsonl"
-    path.write_text(json.dumps({"id": "a", "turns": ["one\u2028two"]}, ensure_ascii=False) + "\n"
-                    + json.dumps({"id": "b", "turns": ["three"]}) + "\n", encoding="utf-8")
+    path.write_text(
+        json.dumps({"id": "a", "turns": ["one\u2028two"]}, ensure_ascii=False)
+        + "\n"
+        + json.dumps({"id": "b", "turns": ["three"]})
+        + "\n",
+        encoding="utf-8",
+    )
     prompts = load_bench_prompts(path)
     assert [p.turns for p in prompts] == [["one\u2028two"], ["three"]]
 
@@ -188,21 +321,25 @@ def test_bench_says_plainly_what_a_cycle_costs(tmp_path, tiny_target_dir, prompt
     the verdict names the largest part of the cycle once it has a profile."""
     from eaglekit.bench.report import verdict
 
-    out, result = run_bench(tmp_path, tiny_target_dir, prompts_file, "random", "--mode", "chain", "--k", "3",
-                            "--no-hf", "--limit", "2")
+    out, result = run_bench(
+        tmp_path, tiny_target_dir, prompts_file, "random", "--mode", "chain", "--k", "3", "--no-hf", "--limit", "2"
+    )
     s = result["summary"]
-    cycle = s["cycle"]                                        # no speed asserted: only that it is what it says
+    cycle = s["cycle"]  # no speed asserted: only that it is what it says
     assert cycle["plain_steps"] == pytest.approx(cycle["cycle_ms"] / cycle["plain_step_ms"], rel=1e-2)
     word = "SLOWER" if s["speedup"] < 1 else "faster"
     assert word in s["verdict"] and f"{s['cycle']['plain_steps']:.2f} plain steps" in s["verdict"]
     assert s["verdict"] in (out / "report.md").read_text()
-    assert result["cycle_profile"] is None                    # CPU: no CUDA graphs, no split
-    profile = {"pieces": {"propose": {"ms": 2.0}, "verify": {"ms": 1.3}, "catch_up": {"ms": 0.1}},
-               "host_ms": 0.3, "largest": "propose"}
+    assert result["cycle_profile"] is None  # CPU: no CUDA graphs, no split
+    profile = {
+        "pieces": {"propose": {"ms": 2.0}, "verify": {"ms": 1.3}, "catch_up": {"ms": 0.1}},
+        "host_ms": 0.3,
+        "largest": "propose",
+    }
     text = verdict({"speedup": 0.8, "spec": "tree", "tau": 3.2, "cycle": {"plain_steps": 4.0}}, profile)
     assert text.startswith("Speculation is SLOWER than plain decoding: 0.80x")
     assert "Largest part of the cycle: propose 2.000 ms (54 %)" in text
-    assert "A draft pays here only above tau 4.00." in text          # tau tokens a cycle, for 4 steps' time
+    assert "A draft pays here only above tau 4.00." in text  # tau tokens a cycle, for 4 steps' time
     assert "pays" not in verdict({"speedup": 1.6, "spec": "tree", "tau": 3.2, "cycle": {"plain_steps": 2.0}})
 
 
@@ -216,8 +353,9 @@ def test_cycle_profile_splits_a_real_cycle():
     model = peaked_model("llama")
     target = make_target_runner(model, max_len=96, aux_layer_ids=AUX)
     spec = SpecConfig(mode="tree", depth=3, top_k=3, total_tokens=10)
-    engine = Engine(target, drafter=DraftRunner(random_draft(model), spec=spec, sampling=Sampling(), max_len=96),
-                    spec=spec)
+    engine = Engine(
+        target, drafter=DraftRunner(random_draft(model), spec=spec, sampling=Sampling(), max_len=96), spec=spec
+    )
     profile = cycle_profile(engine, PROMPTS[0], 12)
     assert set(profile["pieces"]) == {"compaction", "catch_up", "propose", "verify"}
     assert all(p["ms"] >= 0 for p in profile["pieces"].values()) and profile["cycle_graph_ms"] > 0
@@ -246,8 +384,10 @@ def test_speculation_shape_follows_the_device_unless_given():
 def test_top_k_is_sampling_in_every_subcommand_and_the_tree_width_has_its_own_flag(tmp_path, capsys):
     """`--top-k` means the same as in `eaglekit generate`; given with greedy decoding (where it once
     was the tree's width) it is refused before any model loads, naming --tree-top-k."""
-    for argv in (["bench", "--draft", "oracle", "--target", str(tmp_path / "none"), "--top-k", "8"],
-                 ["speculate", "hi", "--draft", "random", "--target", str(tmp_path / "none"), "--top-k", "8"]):
+    for argv in (
+        ["bench", "--draft", "oracle", "--target", str(tmp_path / "none"), "--top-k", "8"],
+        ["speculate", "hi", "--draft", "random", "--target", str(tmp_path / "none"), "--top-k", "8"],
+    ):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert "--top-k 8 is a sampling setting" in err and "--tree-top-k 8" in err, argv
@@ -259,14 +399,29 @@ def test_a_greedy_mismatch_is_explained_in_16_bits_and_flagged_in_float32():
     from eaglekit.bench.report import greedy_match_note, markdown
 
     def result(match, dtype):
-        return {"summary": {"greedy_match": match, "config": {"dtype": dtype}, "spec": "chain k=5", "device": "cpu",
-                            "date": "d", "verdict": "v", "turns": 1, "new_tokens": {"spec": 1}, "hf_tok_s": None,
-                            "baseline_tok_s": 1.0, "spec_tok_s": 1.0, "speedup": 1.0, "tau": 1.0,
-                            "per_position_acceptance": [0.5]},
-                "config": {"target": "t", "draft": "d", "sampling": "greedy", "max_new_tokens": 8}, "prompts": []}
+        return {
+            "summary": {
+                "greedy_match": match,
+                "config": {"dtype": dtype},
+                "spec": "chain k=5",
+                "device": "cpu",
+                "date": "d",
+                "verdict": "v",
+                "turns": 1,
+                "new_tokens": {"spec": 1},
+                "hf_tok_s": None,
+                "baseline_tok_s": 1.0,
+                "spec_tok_s": 1.0,
+                "speedup": 1.0,
+                "tau": 1.0,
+                "per_position_acceptance": [0.5],
+            },
+            "config": {"target": "t", "draft": "d", "sampling": "greedy", "max_new_tokens": 8},
+            "prompts": [],
+        }
 
     assert greedy_match_note(result(1.0, "torch.bfloat16")) is None
-    assert greedy_match_note(result(None, "torch.float32")) is None          # sampling: no greedy reference
+    assert greedy_match_note(result(None, "torch.float32")) is None  # sampling: no greedy reference
     bf16 = greedy_match_note(result(0.3, "torch.bfloat16"))
     assert bf16.text.startswith("Greedy match 0.30: in bfloat16") and "--dtype float32" in bf16.text and not bf16.bug
     fp32 = greedy_match_note(result(0.9, "torch.float32"))
@@ -279,15 +434,20 @@ def test_a_bench_of_a_few_tokens_a_turn_says_it_is_too_short_to_time():
     costs 0.99 plain steps" at tau 1.00, a speedup that a few tokens cannot measure."""
     from eaglekit.bench.report import verdict
 
-    short = {"speedup": 1.33, "spec": "chain k=2", "tau": 1.0, "cycle": {"plain_steps": 0.99},
-             "new_tokens": {"spec": 8}, "turns": 2}
+    short = {
+        "speedup": 1.33,
+        "spec": "chain k=2",
+        "tau": 1.0,
+        "cycle": {"plain_steps": 0.99},
+        "new_tokens": {"spec": 8},
+        "turns": 2,
+    }
     assert "The answers average 4 tokens: too short to time speculation" in verdict(short)
     assert "too short" not in verdict({**short, "new_tokens": {"spec": 512}})
 
 
-@pytest.mark.slow   # a second process that loads torch
-def test_a_second_bench_into_the_same_out_is_refused_before_it_benches(tmp_path, tiny_target_dir, prompts_file,
-                                                                       capsys):
+@pytest.mark.slow  # a second process that loads torch
+def test_a_second_bench_into_the_same_out_is_refused_before_it_benches(tmp_path, tiny_target_dir, prompts_file, capsys):
     """Found 2026-12-06 (issue 41): of two `bench --out X` at once, the second was refused only after
     its whole run, its results thrown away. The lock is taken first now: two processes, the second
     refused while the first still benches, which then finishes and writes its results."""
@@ -299,11 +459,28 @@ def test_a_second_bench_into_the_same_out_is_refused_before_it_benches(tmp_path,
     from eaglekit.artifacts import being_written
 
     out = tmp_path / "b"
-    argv = ["bench", "--target", str(tiny_target_dir), "--draft", "oracle", "--prompts", str(prompts_file),
-            "--max-new-tokens", "8", "--mode", "chain", "--k", "2", "--no-hf", "--out", str(out)]
+    argv = [
+        "bench",
+        "--target",
+        str(tiny_target_dir),
+        "--draft",
+        "oracle",
+        "--prompts",
+        str(prompts_file),
+        "--max-new-tokens",
+        "8",
+        "--mode",
+        "chain",
+        "--k",
+        "2",
+        "--no-hf",
+        "--out",
+        str(out),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    first = subprocess.Popen([sys.executable, "-m", "eaglekit", *argv], env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "eaglekit", *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.monotonic() + 120
         while not being_written(out) and first.poll() is None and time.monotonic() < deadline:
@@ -312,30 +489,31 @@ def test_a_second_bench_into_the_same_out_is_refused_before_it_benches(tmp_path,
         start = time.monotonic()
         assert main(argv) == 2
         assert "another `eaglekit bench` is writing to" in capsys.readouterr().err
-        assert time.monotonic() - start < 10 and first.poll() is None        # refused while the first still ran
+        assert time.monotonic() - start < 10 and first.poll() is None  # refused while the first still ran
     finally:
         _, err = first.communicate(timeout=300)
     assert first.returncode == 0, err[-2000:]
     assert json.loads((out / "manifest.json").read_text())["stage"] == "bench"
 
 
-def test_a_held_bench_out_is_refused_first_and_a_failed_bench_changes_nothing(tmp_path, tiny_target_dir,
-                                                                             prompts_file, capsys):
+def test_a_held_bench_out_is_refused_first_and_a_failed_bench_changes_nothing(
+    tmp_path, tiny_target_dir, prompts_file, capsys
+):
     from eaglekit.artifacts import writer_lock
 
-    missing = str(tmp_path / "no-such-target")   # a bench that started would fail on it: the lock answers first
+    missing = str(tmp_path / "no-such-target")  # a bench that started would fail on it: the lock answers first
     out = tmp_path / "held"
     with writer_lock(out, stage="bench"):
         assert main(["bench", "--target", missing, "--draft", "oracle", "--out", str(out)]) == 2
     assert "another `eaglekit bench` is writing to" in capsys.readouterr().err
-    fresh = tmp_path / "fresh"                  # a failed bench leaves no empty folder of its own behind
+    fresh = tmp_path / "fresh"  # a failed bench leaves no empty folder of its own behind
     assert main(["bench", "--target", missing, "--draft", "oracle", "--out", str(fresh)]) == 2
     assert "target not found" in capsys.readouterr().err and not fresh.exists()
     shape = ("--mode", "chain", "--k", "2", "--no-hf", "--limit", "1")
     done, _ = run_bench(tmp_path, tiny_target_dir, prompts_file, "oracle", *shape)
     before = {f.name: f.read_bytes() for f in done.iterdir()}
     assert main(["bench", "--target", missing, "--draft", "oracle", "--overwrite", "--out", str(done)]) == 2
-    assert {f.name: f.read_bytes() for f in done.iterdir()} == before       # --overwrite that failed: all kept
+    assert {f.name: f.read_bytes() for f in done.iterdir()} == before  # --overwrite that failed: all kept
     assert not list(tmp_path.glob(f".{done.name}.*"))
 
 
@@ -343,8 +521,10 @@ def test_a_recipe_bench_can_sweep(tmp_path, capsys):
     """`sweep: true` (and `sweep-prompts`) under a recipe's `bench:` become the bench's flags; a bad pair is
     refused by --plan, before any stage runs."""
     out = tmp_path / "run"
-    assert main(["run", "--recipe", "quick", "--plan", "--out", str(out), "bench.sweep=true",
-                 "bench.sweep-prompts=2"]) == 0
+    assert (
+        main(["run", "--recipe", "quick", "--plan", "--out", str(out), "bench.sweep=true", "bench.sweep-prompts=2"])
+        == 0
+    )
     bench = [line for line in capsys.readouterr().out.splitlines() if "eaglekit bench " in line]
     assert bench and "--sweep --sweep-prompts 2" in bench[-1]
     assert main(["run", "--recipe", "quick", "--plan", "--out", str(out), "bench.sweep-prompts=2"]) == 2

@@ -19,8 +19,9 @@ def fallback_turn():
     """100 tokens: plain decoding 0.2 s a token; speculation 10 cycles of 2 tokens at 0.5 s each and
     80 tokens by plain steps (0.2 s each) in 2 fallbacks."""
     out = list(range(100))
-    spec = Generation(out, "length", 10 * 0.5 + 80 * 0.2, accept_lengths=[1] * 10, plain_tokens=80, fallbacks=2,
-                      cycle_cost=2.4)
+    spec = Generation(
+        out, "length", 10 * 0.5 + 80 * 0.2, accept_lengths=[1] * 10, plain_tokens=80, fallbacks=2, cycle_cost=2.4
+    )
     return Turn(prompt_id="a", turn=0, ids=[1, 2, 3], plain=Generation(out, "length", 20.0), spec={LABEL: spec})
 
 
@@ -31,21 +32,27 @@ def test_a_cycles_cost_leaves_the_fallbacks_plain_steps_out_and_the_summary_coun
     # 21 s over 10 cycles would say a cycle costs 10.5 plain steps; the cycles took 5 s of it: 2.5 steps
     assert s["cycle"]["plain_steps"] == pytest.approx(2.5, abs=1e-3)
     assert s["cycle"]["cycle_ms"] == pytest.approx(500, abs=0.01) and s["cycle"]["fallback_ms"] == pytest.approx(16000)
-    assert s["cycle"]["engine_plain_steps"] == 2.4                     # the engine's own figure, beside it
+    assert s["cycle"]["engine_plain_steps"] == 2.4  # the engine's own figure, beside it
     assert (s["plain_fallback"], s["plain_tokens"], s["plain_share"], s["fallbacks"]) == (True, 80, 0.8, 2)
     assert result["prompts"][0]["plain_tokens"] == 80
     rec = turn_records(turns)[0]["spec"][LABEL]
     assert (rec["plain_tokens"], rec["fallbacks"], rec["cycle_cost"]) == (80, 2, 2.4)
-    assert "2.50 plain steps" in verdict(s) and "80% of the speculative runs' tokens were decoded by plain steps" \
-        in verdict(s)
+    assert "2.50 plain steps" in verdict(
+        s
+    ) and "80% of the speculative runs' tokens were decoded by plain steps" in verdict(s)
     result["summary"].update(device="cpu", date="d", verdict=verdict(s), timing={}, config={"dtype": "torch.float32"})
     result["config"] = {"target": "t", "draft": "d", "sampling": "greedy", "max_new_tokens": 100}
     text = markdown(result)
     line = "Plain fallback: 80 of 100 tokens of the speculative runs (80%) were decoded by plain steps, in 2 fallbacks"
     assert line in text and text.index(line) < text.index("Per-position acceptance")
     # without the fallback: the cycle's cost as before, and the report says every token came from cycles
-    off = Turn(prompt_id="a", turn=0, ids=[1], plain=Generation(list(range(20)), "length", 4.0),
-               spec={LABEL: Generation(list(range(20)), "length", 5.0, accept_lengths=[1] * 10)})
+    off = Turn(
+        prompt_id="a",
+        turn=0,
+        ids=[1],
+        plain=Generation(list(range(20)), "length", 4.0),
+        spec={LABEL: Generation(list(range(20)), "length", 5.0, accept_lengths=[1] * 10)},
+    )
     s = summarize([off], LABEL, 1, greedy=True)["summary"]
     assert s["cycle"]["plain_steps"] == pytest.approx(2.5) and (s["plain_fallback"], s["plain_tokens"]) == (False, 0)
     assert "plain fallback" not in verdict(s)
@@ -53,8 +60,29 @@ def test_a_cycles_cost_leaves_the_fallbacks_plain_steps_out_and_the_summary_coun
 
 def bench(tmp_path, target, prompts, draft, *extra):
     out = tmp_path / "bench"
-    assert main(["bench", "--target", str(target), "--draft", draft, "--prompts", str(prompts), "--max-new-tokens",
-                 "24", "--no-hf", "--limit", "1", "--out", str(out), "--overwrite", *extra]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--target",
+                str(target),
+                "--draft",
+                draft,
+                "--prompts",
+                str(prompts),
+                "--max-new-tokens",
+                "24",
+                "--no-hf",
+                "--limit",
+                "1",
+                "--out",
+                str(out),
+                "--overwrite",
+                *extra,
+            ]
+        )
+        == 0
+    )
     return json.loads((out / "results.json").read_text()), (out / "report.md").read_text()
 
 
@@ -74,7 +102,7 @@ def test_a_random_or_oracle_draft_speculates_throughout(tmp_path, tiny_target_di
     spec = result["turns"][0]["spec"]["chain k=2"]
     assert (spec["plain_tokens"], spec["fallbacks"], spec["cycle_cost"]) == (0, 0, None)
     if draft == "random":
-        assert len(spec["accept_lengths"]) >= 8                        # every token from a cycle
+        assert len(spec["accept_lengths"]) >= 8  # every token from a cycle
     assert "Plain fallback off" in text
 
 
@@ -97,9 +125,23 @@ def test_the_sweep_takes_the_runs_plain_fallback(tmp_path, tiny_target_dir, prom
 
 
 def test_speculate_prints_the_fallbacks_counts(tmp_path, tiny_target_dir, capsys):
-    args = ["speculate", "Write a Python function that adds two numbers.", "--draft", "random", "--target",
-            str(tiny_target_dir), "--max-new-tokens", "24", "--device", "cpu", "--mode", "chain", "--k", "2",
-            "--no-plain"]
+    args = [
+        "speculate",
+        "Write a Python function that adds two numbers.",
+        "--draft",
+        "random",
+        "--target",
+        str(tiny_target_dir),
+        "--max-new-tokens",
+        "24",
+        "--device",
+        "cpu",
+        "--mode",
+        "chain",
+        "--k",
+        "2",
+        "--no-plain",
+    ]
     assert main(args) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert "plain_tokens " in last and "fallbacks " in last
@@ -108,15 +150,24 @@ def test_speculate_prints_the_fallbacks_counts(tmp_path, tiny_target_dir, capsys
 
 
 def test_each_prompt_and_category_says_how_much_was_decoded_plainly():
-    b = Turn(prompt_id="b", turn=0, ids=[1], plain=Generation(list(range(20)), "length", 4.0),
-             spec={LABEL: Generation(list(range(20)), "length", 5.0, accept_lengths=[1] * 10)})
+    b = Turn(
+        prompt_id="b",
+        turn=0,
+        ids=[1],
+        plain=Generation(list(range(20)), "length", 4.0),
+        spec={LABEL: Generation(list(range(20)), "length", 5.0, accept_lengths=[1] * 10)},
+    )
     result = summarize([fallback_turn(), b], LABEL, 1, greedy=True, categories={"a": "weak", "b": "strong"})
     s = result["summary"]
-    assert [r["plain_share"] for r in result["prompts"]] == [0.8, 0.0] and s["plain_share"] == pytest.approx(80 / 120,
-                                                                                                            abs=1e-4)
+    assert [r["plain_share"] for r in result["prompts"]] == [0.8, 0.0] and s["plain_share"] == pytest.approx(
+        80 / 120, abs=1e-4
+    )
     assert (s["by_category"]["weak"]["plain_share"], s["by_category"]["strong"]["plain_share"]) == (0.8, 0.0)
     s.update(device="cpu", date="d", verdict="v", timing={}, config={})
     result["config"] = {"target": "t", "draft": "d", "sampling": "greedy", "max_new_tokens": 100}
-    rows = [line for line in markdown(result).splitlines() if line.startswith(("| a |", "| b |", "| **all** |",
-                                                                               "| weak |", "| strong |"))]
+    rows = [
+        line
+        for line in markdown(result).splitlines()
+        if line.startswith(("| a |", "| b |", "| **all** |", "| weak |", "| strong |"))
+    ]
     assert [row.rsplit("|", 2)[1].strip() for row in rows] == ["80%", "0%", "67%", "80%", "0%"]

@@ -57,8 +57,9 @@ def specforge_copy(sglang: Path, out: Path) -> Path:
 
 
 def speculate(capsys, target: Path, draft: Path) -> tuple[str, float]:
-    assert main(["speculate", "Count from one to ten.", "--target", str(target), "--draft", str(draft),
-                 *SPECULATE]) == 0
+    assert (
+        main(["speculate", "Count from one to ten.", "--target", str(target), "--draft", str(draft), *SPECULATE]) == 0
+    )
     out = capsys.readouterr().out.strip()
     text, stats, plain = out.rsplit("\n", 2)
     # The plain run of the same prompt, beside it (greedy fp32: the same tokens).
@@ -75,16 +76,38 @@ def test_speculate_reads_foreign_formats_as_their_producer_meant(fmt, oracle, ca
 
 
 def test_speculate_reads_an_eagle_export(eagle_export, tiny_target_dir, capsys):
-    assert speculate(capsys, tiny_target_dir, eagle_export["eagle"]) == \
-        speculate(capsys, tiny_target_dir, eagle_export["sglang"])
+    assert speculate(capsys, tiny_target_dir, eagle_export["eagle"]) == speculate(
+        capsys, tiny_target_dir, eagle_export["sglang"]
+    )
 
 
 def test_bench_on_an_export_says_which_format_it_read(oracle, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"id": "a", "turns": ["Count from one to ten."]}) + "\n")
     out = tmp_path / "bench"
-    assert main(["bench", "--target", str(oracle["target"]), "--draft", str(oracle["vllm"]), "--prompts",
-                 str(prompts), "--max-new-tokens", "24", "--mode", "chain", "--k", "3", "--no-hf", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--target",
+                str(oracle["target"]),
+                "--draft",
+                str(oracle["vllm"]),
+                "--prompts",
+                str(prompts),
+                "--max-new-tokens",
+                "24",
+                "--mode",
+                "chain",
+                "--k",
+                "3",
+                "--no-hf",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     summary = json.loads((out / "results.json").read_text())["summary"]
     assert summary["draft_format"] == "speculators (vLLM's native format)" and summary["greedy_match"] == 1.0
     assert summary["tau"] > 1.15
@@ -118,9 +141,10 @@ def test_a_machine_that_changes_speed_mid_bench_is_said(tiny_target_dir):
 
 def test_a_bad_draft_path_fails_before_the_target_loads(tmp_path, capsys):
     missing_target = str(tmp_path / "no-target")  # would be the error if the target were looked at first
-    for argv in (["speculate", "hi", "--draft", str(tmp_path / "nowhere"), "--target", missing_target],
-                 ["bench", "--draft", str(tmp_path / "nowhere"), "--target", missing_target,
-                  "--out", str(tmp_path / "b")]):
+    for argv in (
+        ["speculate", "hi", "--draft", str(tmp_path / "nowhere"), "--target", missing_target],
+        ["bench", "--draft", str(tmp_path / "nowhere"), "--target", missing_target, "--out", str(tmp_path / "b")],
+    ):
         assert main(argv) == 2
         assert "no draft folder" in capsys.readouterr().err
 

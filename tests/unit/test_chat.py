@@ -50,20 +50,61 @@ def qwen3_written(answer: str, last: bool, kwargs: dict) -> str:
 
 FAMILIES = {
     "qwen2_5": Family("qwen2_5", ["<|endoftext|>"], None, "<|im_end|>", lambda a, last, kw: a + "<|im_end|>"),
-    "llama3_1": Family("llama3_1", ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
-                                    "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"],
-                       "<|begin_of_text|>", "<|eot_id|>", lambda a, last, kw: a.strip() + "<|eot_id|>"),
+    "llama3_1": Family(
+        "llama3_1",
+        [
+            "<|begin_of_text|>",
+            "<|end_of_text|>",
+            "<|start_header_id|>",
+            "<|end_header_id|>",
+            "<|eot_id|>",
+            "<|eom_id|>",
+            "<|python_tag|>",
+        ],
+        "<|begin_of_text|>",
+        "<|eot_id|>",
+        lambda a, last, kw: a.strip() + "<|eot_id|>",
+    ),
     "qwen3": Family("qwen3", ["<|endoftext|>"], None, "<|im_end|>", qwen3_written, plain=["<think>", "</think>"]),
-    "mistral_nemo": Family("mistral_nemo", ["<s>", "</s>", "[INST]", "[/INST]"], "<s>", "</s>",
-                           lambda a, last, kw: a + "</s>", system="unmaskable"),
-    "mistral_v3": Family("mistral_v3", ["<s>", "</s>", "[INST]", "[/INST]"], "<s>", "</s>",
-                         lambda a, last, kw: " " + a + "</s>", system="refused"),
-    "gemma2": Family("gemma2", ["<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"], "<bos>", "<eos>",
-                     lambda a, last, kw: a.strip() + "<end_of_turn>", system="refused"),
-    "gemma3": Family("gemma3", ["<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"], "<bos>", "<eos>",
-                     lambda a, last, kw: a.strip() + "<end_of_turn>"),
-    "phi3": Family("phi3", ["<|endoftext|>"], "<s>", "<|endoftext|>", lambda a, last, kw: a + "<|end|>",
-                   rstrip=["<|assistant|>", "<|system|>", "<|user|>", "<|end|>"]),
+    "mistral_nemo": Family(
+        "mistral_nemo",
+        ["<s>", "</s>", "[INST]", "[/INST]"],
+        "<s>",
+        "</s>",
+        lambda a, last, kw: a + "</s>",
+        system="unmaskable",
+    ),
+    "mistral_v3": Family(
+        "mistral_v3",
+        ["<s>", "</s>", "[INST]", "[/INST]"],
+        "<s>",
+        "</s>",
+        lambda a, last, kw: " " + a + "</s>",
+        system="refused",
+    ),
+    "gemma2": Family(
+        "gemma2",
+        ["<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"],
+        "<bos>",
+        "<eos>",
+        lambda a, last, kw: a.strip() + "<end_of_turn>",
+        system="refused",
+    ),
+    "gemma3": Family(
+        "gemma3",
+        ["<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"],
+        "<bos>",
+        "<eos>",
+        lambda a, last, kw: a.strip() + "<end_of_turn>",
+    ),
+    "phi3": Family(
+        "phi3",
+        ["<|endoftext|>"],
+        "<s>",
+        "<|endoftext|>",
+        lambda a, last, kw: a + "<|end|>",
+        rstrip=["<|assistant|>", "<|system|>", "<|user|>", "<|end|>"],
+    ),
 }
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
@@ -89,9 +130,13 @@ def base_tokenizer():
 def family_tokenizer(name: str):
     family = FAMILIES[name]
     tok = copy.deepcopy(base_tokenizer())
-    tok.add_tokens([AddedToken(t, special=True, normalized=False, rstrip=t in family.rstrip)
-                    for t in family.specials + [t for t in family.rstrip if t not in family.specials]],
-                   special_tokens=True)
+    tok.add_tokens(
+        [
+            AddedToken(t, special=True, normalized=False, rstrip=t in family.rstrip)
+            for t in family.specials + [t for t in family.rstrip if t not in family.specials]
+        ],
+        special_tokens=True,
+    )
     if family.plain:
         tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in family.plain])
     if family.bos and family.bos not in tok.get_vocab():
@@ -119,8 +164,11 @@ def check_masks(tok, messages: list[dict], family: Family, **kwargs) -> None:
     full = tok.apply_chat_template(messages, tokenize=False, **kwargs)
     answers = [m["content"] for m in messages if m["role"] == "assistant"]
     last_query = max(i for i, m in enumerate(messages) if m["role"] == "user")
-    expected = [family.written(m["content"].split("</think>")[-1].lstrip("\n"), i > last_query, kwargs)
-                for i, m in enumerate(messages) if m["role"] == "assistant"]
+    expected = [
+        family.written(m["content"].split("</think>")[-1].lstrip("\n"), i > last_query, kwargs)
+        for i, m in enumerate(messages)
+        if m["role"] == "assistant"
+    ]
     # Each assistant turn is one masked run: exactly what the model writes, nothing of headers/user/system.
     assert [tok.decode(run) for run in runs(ids, mask)] == expected
     unmasked = tok.decode([t for t, f in zip(ids, mask) if not f])
@@ -165,13 +213,17 @@ def test_qwen3_reasoning_turns():
     reasoned = {"role": "assistant", "content": "<think>\nParis is in France.\n</think>\n\nParis."}
     # Last turn: the model writes its reasoning in the think wrapper.
     result = tokenize_conversation(tok, [Q1, reasoned])
-    assert tok.decode(runs(result.input_ids, result.loss_mask)[0]) == \
-        "<think>\nParis is in France.\n</think>\n\nParis.<|im_end|>"
+    assert (
+        tok.decode(runs(result.input_ids, result.loss_mask)[0])
+        == "<think>\nParis is in France.\n</think>\n\nParis.<|im_end|>"
+    )
     # Past turn: the template drops its reasoning, in both modes; only the answer is masked.
     for thinking in (True, False):
         result = tokenize_conversation(tok, [Q1, reasoned, Q2, A2], enable_thinking=thinking)
-        assert [tok.decode(r) for r in runs(result.input_ids, result.loss_mask)] == \
-            ["Paris.<|im_end|>", qwen3_written(A2["content"], True, {"enable_thinking": thinking})]
+        assert [tok.decode(r) for r in runs(result.input_ids, result.loss_mask)] == [
+            "Paris.<|im_end|>",
+            qwen3_written(A2["content"], True, {"enable_thinking": thinking}),
+        ]
         assert "Paris is in France" not in tok.decode(result.input_ids)
     # Thinking disabled but the last answer holds reasoning: the prompt's empty think block is not in the text.
     with pytest.raises(EaglekitError, match="cannot be masked exactly"):
@@ -193,22 +245,28 @@ def chatml_with(template: str):
 
 
 def test_template_rewriting_answers_raises():
-    upper = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | upper if m.role == 'assistant' "
-             "else m.content }}<|im_end|>\n{% endfor %}"
-             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    upper = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | upper if m.role == 'assistant' "
+        "else m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     with pytest.raises(EaglekitError, match="not found verbatim") as err:
         tokenize_conversation(chatml_with(upper), [Q1, A1])
     assert "cannot be masked exactly" in err.value.hint
 
 
 def test_template_without_end_of_turn_token_raises():
-    plain = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
-             "{% if add_generation_prompt %}assistant: {% endif %}")
+    plain = (
+        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
     with pytest.raises(EaglekitError, match="no end-of-turn special token"):
         tokenize_conversation(chatml_with(plain), [Q1, A1])
     # Headers are special but the answer has no end token: the next header must not pass for one.
-    headers = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{% endfor %}"
-               "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    headers = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     with pytest.raises(EaglekitError, match="no end-of-turn special token"):
         tokenize_conversation(chatml_with(headers), [Q1, A1, Q2])
 
@@ -219,14 +277,17 @@ def test_answer_holding_a_special_token_raises():
         tokenize_conversation(tok, [Q1, {"role": "assistant", "content": "Paris<|im_end|> and more"}])
 
 
-@pytest.mark.parametrize("messages, match", [
-    ([], "empty conversation"),
-    ([{"role": "bot", "content": "hi"}], "message 0 is malformed"),
-    ([Q1, {"role": "assistant", "content": None}], "message 1 is malformed"),
-    ([Q1, "hello"], "message 1 is malformed"),
-    ([{"role": "user"}], "message 0 is malformed"),
-    ([A1, Q1, A1], "starts with an assistant turn"),
-])
+@pytest.mark.parametrize(
+    "messages, match",
+    [
+        ([], "empty conversation"),
+        ([{"role": "bot", "content": "hi"}], "message 0 is malformed"),
+        ([Q1, {"role": "assistant", "content": None}], "message 1 is malformed"),
+        ([Q1, "hello"], "message 1 is malformed"),
+        ([{"role": "user"}], "message 0 is malformed"),
+        ([A1, Q1, A1], "starts with an assistant turn"),
+    ],
+)
 def test_malformed_messages(messages, match):
     tok = family_tokenizer("qwen2_5")
     with pytest.raises(EaglekitError, match=match):
@@ -259,17 +320,18 @@ def test_max_length_truncates():
 
 def one_by_one(tok, messages: list[dict], max_length: int) -> tuple[list[int], list[int]]:
     """Ids and mask as tokenize_conversation made them before batching: one tokenizer.encode per text."""
+
     def encode(text):
         return tok.encode(text, add_special_tokens=False) if text else []
 
     full = render(tok, messages, add_generation_prompt=False)
     spans = assistant_spans(tok, messages, full)
-    ids = encode(full[:spans[0][0]])
+    ids = encode(full[: spans[0][0]])
     mask = [0] * len(ids)
     for n, (start, end) in enumerate(spans):
-        piece = encode(full[start:spans[n + 1][0] if n + 1 < len(spans) else len(full)])
+        piece = encode(full[start : spans[n + 1][0] if n + 1 < len(spans) else len(full)])
         written = encode(full[start:end])
-        assert piece[:len(written)] == written
+        assert piece[: len(written)] == written
         ids += piece
         mask += [1] * len(written) + [0] * (len(piece) - len(written))
     return ids[:max_length], mask[:max_length]
@@ -283,8 +345,10 @@ def varied_rows(n: int) -> list[dict]:
         messages = [SYSTEM] if i % 4 == 0 else []
         for turn in range(1 + i % 3):
             text = " ".join(words[(i * 7 + k * (turn + 3)) % len(words)] for k in range(5 + (i * turn) % 17))
-            messages += [{"role": "user", "content": f"Q{i}.{turn}: {text}?"},
-                         {"role": "assistant", "content": f"{text}.\n\n{text[::-1]}"}]
+            messages += [
+                {"role": "user", "content": f"Q{i}.{turn}: {text}?"},
+                {"role": "assistant", "content": f"{text}.\n\n{text[::-1]}"},
+            ]
         rows.append({"id": f"r{i}", "messages": messages + ([Q2] if i % 5 == 4 else [])})
     return rows
 
@@ -325,7 +389,7 @@ def test_common_prefix_is_the_character_loop():
     rng = random.Random(0)
     for _ in range(500):
         a = "".join(rng.choice("ab☕") for _ in range(rng.randint(0, 40)))
-        b = a[:rng.randint(0, len(a))] + "".join(rng.choice("ab☕") for _ in range(rng.randint(0, 5)))
+        b = a[: rng.randint(0, len(a))] + "".join(rng.choice("ab☕") for _ in range(rng.randint(0, 5)))
         assert common_prefix(a, b) == common_prefix(b, a) == loop(a, b)
 
 
@@ -340,4 +404,5 @@ def test_smollm2_real_tokenizer(smollm2_dir, conversation):
     check_masks(tok, CONVERSATIONS[conversation], family)
     if conversation == "single":
         assert "You are a helpful AI assistant named SmolLM" in tok.apply_chat_template(
-            CONVERSATIONS[conversation], tokenize=False)
+            CONVERSATIONS[conversation], tokenize=False
+        )

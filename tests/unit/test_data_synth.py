@@ -14,18 +14,26 @@ from eaglekit.data.readers import SourceSpec
 from eaglekit.errors import EaglekitError
 from engine_tiny import one_thread  # noqa: F401 (fixture)
 
-LLAMA3 = ("{{ '<|begin_of_text|>' }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\n\n'"
-          " + m['content'] | trim + '<|eot_id|>' }}{% endfor %}"
-          "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
-GEMMA = ("{{ '<bos>' }}{% for m in messages %}{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role'])"
-         " + '\n' + m['content'] + '<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}"
-         "{{ '<start_of_turn>model\n' }}{% endif %}")
-MISTRAL = ("{{ '<s>' }}{% for m in messages %}{% if m['role'] == 'user' %}{{ '[INST] ' + m['content'] + ' [/INST]' }}"
-           "{% else %}{{ m['content'] + '</s>' }}{% endif %}{% endfor %}")
+LLAMA3 = (
+    "{{ '<|begin_of_text|>' }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\n\n'"
+    " + m['content'] | trim + '<|eot_id|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+GEMMA = (
+    "{{ '<bos>' }}{% for m in messages %}{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role'])"
+    " + '\n' + m['content'] + '<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+MISTRAL = (
+    "{{ '<s>' }}{% for m in messages %}{% if m['role'] == 'user' %}{{ '[INST] ' + m['content'] + ' [/INST]' }}"
+    "{% else %}{{ m['content'] + '</s>' }}{% endif %}{% endfor %}"
+)
 # SmolLM2-style: a default system prompt when none is given.
-CHATML_DEFAULT_SYSTEM = ("{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are helpful.<|im_end|>\n' }}"
-                         "{% endif %}{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + "
-                         "'<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+CHATML_DEFAULT_SYSTEM = (
+    "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are helpful.<|im_end|>\n' }}"
+    "{% endif %}{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + "
+    "'<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 NO_END = "{% for m in messages %}{{ 'User: ' + m['content'] + '\n' }}{% endfor %}"
 
 
@@ -34,20 +42,42 @@ def tok(tiny_tok):
     import copy
 
     tok = copy.deepcopy(tiny_tok)
-    tok.add_special_tokens({"additional_special_tokens": [
-        "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<bos>", "<start_of_turn>",
-        "<end_of_turn>", "<s>", "</s>", "[INST]", "[/INST]"]})
+    tok.add_special_tokens(
+        {
+            "additional_special_tokens": [
+                "<|begin_of_text|>",
+                "<|start_header_id|>",
+                "<|end_header_id|>",
+                "<|eot_id|>",
+                "<bos>",
+                "<start_of_turn>",
+                "<end_of_turn>",
+                "<s>",
+                "</s>",
+                "[INST]",
+                "[/INST]",
+            ]
+        }
+    )
     return tok
 
 
-@pytest.mark.parametrize("template, system, prefix, end", [
-    (None, None, "<|im_start|>user\n", "<|im_end|>"),
-    (None, "Be brief.", "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n", "<|im_end|>"),
-    (CHATML_DEFAULT_SYSTEM, None, "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\n", "<|im_end|>"),
-    (LLAMA3, None, "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n", "<|eot_id|>"),
-    (GEMMA, None, "<bos><start_of_turn>user\n", "<end_of_turn>"),
-    (MISTRAL, None, "<s>[INST] ", "[/INST]"),
-])
+@pytest.mark.parametrize(
+    "template, system, prefix, end",
+    [
+        (None, None, "<|im_start|>user\n", "<|im_end|>"),
+        (None, "Be brief.", "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n", "<|im_end|>"),
+        (
+            CHATML_DEFAULT_SYSTEM,
+            None,
+            "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\n",
+            "<|im_end|>",
+        ),
+        (LLAMA3, None, "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n", "<|eot_id|>"),
+        (GEMMA, None, "<bos><start_of_turn>user\n", "<end_of_turn>"),
+        (MISTRAL, None, "<s>[INST] ", "[/INST]"),
+    ],
+)
 def test_pre_query_template_is_cut_from_the_chat_template(tok, template, system, prefix, end):
     if template:
         tok.chat_template = template
@@ -63,12 +93,29 @@ def test_a_template_without_an_end_of_turn_token_is_refused(tok):
 
 
 def synth(smollm2_dir, out, *extra: str) -> int:
-    return main(["prompts", "synthesize", "--target", str(smollm2_dir), "--out", str(out), "--batch-size", "8",
-                 "--max-new-tokens", "48", "--validation-fraction", "0.25", *extra])
+    return main(
+        [
+            "prompts",
+            "synthesize",
+            "--target",
+            str(smollm2_dir),
+            "--out",
+            str(out),
+            "--batch-size",
+            "8",
+            "--max-new-tokens",
+            "48",
+            "--validation-fraction",
+            "0.25",
+            *extra,
+        ]
+    )
 
 
 def rows(folder) -> dict[str, list[dict]]:
-    return {s: [json.loads(x) for x in (folder / f"{s}.jsonl").read_text().splitlines()] for s in ("train", "validation")}
+    return {
+        s: [json.loads(x) for x in (folder / f"{s}.jsonl").read_text().splitlines()] for s in ("train", "validation")
+    }
 
 
 @pytest.mark.slow
@@ -94,7 +141,9 @@ def test_smollm2_writes_its_own_prompts(tmp_path, smollm2_dir):
 
     # Topping up: the existing prompts stay (in their splits) and new ones fill up to the count.
     src = tmp_path / "few.jsonl"
-    src.write_text("".join(json.dumps({"id": f"s{i}", "turns": [f"Seed question number {i}?"]}) + "\n" for i in range(3)))
+    src.write_text(
+        "".join(json.dumps({"id": f"s{i}", "turns": [f"Seed question number {i}?"]}) + "\n" for i in range(3))
+    )
     build_prompts([SourceSpec.parse(str(src))], tmp_path / "few", validation_fraction=0.25)
     before = rows(tmp_path / "few")
     topped = tmp_path / "topped"
@@ -104,5 +153,20 @@ def test_smollm2_writes_its_own_prompts(tmp_path, smollm2_dir):
         assert after[split][: len(before[split])] == before[split]
     new = [p for s in after.values() for p in s if p["source"] == "magpie"]
     assert len(new) == 3 and len(after["train"]) + len(after["validation"]) == 6
-    assert main(["prompts", "synthesize", "--target", str(smollm2_dir), "--out", str(tmp_path / "x"),
-                 "--num-prompts", "2", "--top-up", str(tmp_path / "few")]) == 2
+    assert (
+        main(
+            [
+                "prompts",
+                "synthesize",
+                "--target",
+                str(smollm2_dir),
+                "--out",
+                str(tmp_path / "x"),
+                "--num-prompts",
+                "2",
+                "--top-up",
+                str(tmp_path / "few"),
+            ]
+        )
+        == 2
+    )

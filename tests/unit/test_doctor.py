@@ -33,8 +33,9 @@ def failed(report) -> list[str]:
     return [c.id for c in report.checks if c.status == "fail"]
 
 
-@pytest.mark.parametrize("name,engine", [("native", "sglang"), ("sglang", "sglang"), ("vllm", "vllm"),
-                                         ("sglang", "eagle")])
+@pytest.mark.parametrize(
+    "name,engine", [("native", "sglang"), ("sglang", "sglang"), ("vllm", "vllm"), ("sglang", "eagle")]
+)
 def test_clean_exports_pass(name, engine, exports, target_dir):
     report = run_doctor(exports[name], str(target_dir), engine=engine)
     if engine == "eagle":
@@ -108,8 +109,9 @@ def test_hidden_size_of_another_target_fails(exports, target_dir, tmp_path):
 
 def test_messages_name_the_causes(exports, target_dir, tmp_path):
     """The story's three bugs, as the report words them."""
-    names = run_doctor(planted(exports["sglang"], tmp_path / "n", tensors=_rename_layers), str(target_dir),
-                       engine="sglang")
+    names = run_doctor(
+        planted(exports["sglang"], tmp_path / "n", tensors=_rename_layers), str(target_dir), engine="sglang"
+    )
     check = next(c for c in names.checks if c.id == "names")
     assert "silently drop 10" in check.message and "midlayer" in check.hint
     d2t = run_doctor(planted(exports["vllm"], tmp_path / "d", tensors=_d2t_absolute), str(target_dir))
@@ -137,7 +139,7 @@ def test_cli_json_and_exit_status(exports, target_dir, tmp_path, capsys):
     assert main(["doctor", str(exports["vllm"]), "--target", str(target_dir), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] is True and out["probe"] is None
-    assert any(n.startswith("acceptance not measured") and "--probe" in n for n in out["notes"])   # static only
+    assert any(n.startswith("acceptance not measured") and "--probe" in n for n in out["notes"])  # static only
     assert {"id", "status", "message", "hint"} <= set(out["checks"][0])
     bad = planted(exports["vllm"], tmp_path / "bad", tensors=_d2t_absolute)
     assert main(["doctor", str(bad), "--target", str(target_dir), "--json"]) == 1
@@ -155,14 +157,17 @@ def test_cli_json_to_a_path_keeps_the_text_report(exports, target_dir, tmp_path,
     assert json.loads(path.read_text())["ok"] is True
     printed = capsys.readouterr().out
     assert "d2t" in printed and not printed.lstrip().startswith("{")
-    assert main(["doctor", "--json", str(exports["vllm"]), "--target", str(target_dir)]) != 0   # `--json DRAFT`
-    assert "took it as the JSON's path" in capsys.readouterr().err                            # said, not guessed
+    assert main(["doctor", "--json", str(exports["vllm"]), "--target", str(target_dir)]) != 0  # `--json DRAFT`
+    assert "took it as the JSON's path" in capsys.readouterr().err  # said, not guessed
+
 
 def test_aux_order_other_than_layer_order_fails(exports, target_dir, tmp_path):
     """Engines concatenate aux states in layer order; a draft trained on another order reads them permuted."""
+
     def permute(cfg):
         cfg["eaglekit"]["aux_layer_ids"] = [7, 1, 3]
         cfg["eagle_aux_hidden_state_layer_ids"] = [8, 2, 4]
+
     report = run_doctor(planted(exports["vllm"], tmp_path / "p", config=permute), str(target_dir))
     assert failed(report) == ["aux_layer_ids"]
     assert "layer order [1, 3, 7]" in next(c for c in report.checks if c.id == "aux_layer_ids").message
@@ -170,8 +175,10 @@ def test_aux_order_other_than_layer_order_fails(exports, target_dir, tmp_path):
 
 def test_vllm_ignores_unexpected_bias_silently(exports, target_dir, tmp_path):
     """vLLM's AutoWeightsLoader skips unexpected *.bias tensors (docs/notes/vllm-cpu.md): a drop, not a refusal."""
+
     def add_bias(state):
         state["fc.bias"] = torch.ones(64, dtype=torch.bfloat16)
+
     report = run_doctor(planted(exports["vllm"], tmp_path / "b", tensors=add_bias), str(target_dir))
     check = next(c for c in report.checks if c.id == "names")
     assert check.status == "fail" and "silently drops 1 tensors (fc.bias)" in check.message
@@ -181,8 +188,9 @@ def test_sglang_names_finding_says_which_versions_it_applies_to(exports, target_
     """SGLang 0.5.12+ loads layers.0.* as midlayer.*, 0.5.11 and older drop it (read in both wheels'
     llama_eagle3.py; tests/interop/test_interop_loaders.py loads layers.0.* through 0.5.23's own loader).
     Names no version maps are dropped by all of them, and the finding says so."""
-    layers0 = run_doctor(planted(exports["sglang"], tmp_path / "l", tensors=_rename_layers), str(target_dir),
-                         engine="sglang")
+    layers0 = run_doctor(
+        planted(exports["sglang"], tmp_path / "l", tensors=_rename_layers), str(target_dir), engine="sglang"
+    )
     check = next(c for c in layers0.checks if c.id == "names")
     assert check.status == "fail"
     assert "SGLang 0.5.11 and older silently drop 10 tensors" in check.message
@@ -192,25 +200,40 @@ def test_sglang_names_finding_says_which_versions_it_applies_to(exports, target_
 
     def prefixed(state):
         return {("draft." + k if k.startswith("midlayer.") else k): v for k, v in state.items()}
+
     other = run_doctor(planted(exports["sglang"], tmp_path / "p", tensors=prefixed), str(target_dir), engine="sglang")
     check = next(c for c in other.checks if c.id == "names")
-    assert check.status == "fail" and "every SGLang version read (0.5.11, 0.5.12, 0.5.23) silently drops 10" \
-        in check.message and "0.5.12 and later load" not in check.message
-    eagle = run_doctor(planted(exports["sglang"], tmp_path / "e", tensors=_rename_layers), str(target_dir),
-                       engine="eagle")
+    assert (
+        check.status == "fail"
+        and "every SGLang version read (0.5.11, 0.5.12, 0.5.23) silently drops 10" in check.message
+        and "0.5.12 and later load" not in check.message
+    )
+    eagle = run_doctor(
+        planted(exports["sglang"], tmp_path / "e", tensors=_rename_layers), str(target_dir), engine="eagle"
+    )
     assert "SGLang" not in next(c for c in eagle.checks if c.id == "names").message
 
 
 def test_a_manifest_and_config_of_different_runs_fail_aux_layer_ids(exports, target_dir, tmp_path):
     """The training manifest records the aux layers it ran on; a config saying others is a folder
     put together from two runs (a resume on recaptured features made one before 2026-12-04)."""
-    def other_layers(manifest):   # the training manifest the export carries, as the other run wrote it
+
+    def other_layers(manifest):  # the training manifest the export carries, as the other run wrote it
         manifest["source_manifest"]["aux_layer_ids"] = [i + 1 for i in manifest["aux_layer_ids"]["eaglekit"]]
 
-    clean = run_doctor(planted(exports["vllm"], tmp_path / "same", manifest=lambda m: m["source_manifest"].update(
-        aux_layer_ids=m["aux_layer_ids"]["eaglekit"])), str(target_dir), engine="vllm")
-    assert failed(clean) == []                                    # the same layers recorded: no finding
-    report = run_doctor(planted(exports["vllm"], tmp_path / "bad", manifest=other_layers), str(target_dir), engine="vllm")
+    clean = run_doctor(
+        planted(
+            exports["vllm"],
+            tmp_path / "same",
+            manifest=lambda m: m["source_manifest"].update(aux_layer_ids=m["aux_layer_ids"]["eaglekit"]),
+        ),
+        str(target_dir),
+        engine="vllm",
+    )
+    assert failed(clean) == []  # the same layers recorded: no finding
+    report = run_doctor(
+        planted(exports["vllm"], tmp_path / "bad", manifest=other_layers), str(target_dir), engine="vllm"
+    )
     assert failed(report) == ["aux_layer_ids"]
     check = next(c for c in report.checks if c.id == "aux_layer_ids")
     assert "the two come from different runs" in check.message and check.hint

@@ -47,13 +47,15 @@ def test_replay_counts_acceptance_by_hand():
     from eaglekit.draft import DraftConfig
 
     H, V = 8, 16
-    cfg = DraftConfig.for_target(LlamaConfig(hidden_size=H, num_attention_heads=2, num_hidden_layers=3,
-                                             vocab_size=V, intermediate_size=16), aux_layer_ids=[0, 1, 2],
-                                 draft_vocab_size=V)
+    cfg = DraftConfig.for_target(
+        LlamaConfig(hidden_size=H, num_attention_heads=2, num_hidden_layers=3, vocab_size=V, intermediate_size=16),
+        aux_layer_ids=[0, 1, 2],
+        draft_vocab_size=V,
+    )
     draft = Eagle3Draft(cfg)
     with torch.no_grad():
         draft.fc.weight.zero_()
-        draft.fc.weight[:, 2 * H:] = torch.eye(H)
+        draft.fc.weight[:, 2 * H :] = torch.eye(H)
         draft.midlayer.self_attn.o_proj.weight.zero_()
         draft.midlayer.mlp.down_proj.weight.zero_()
         draft.lm_head.weight.copy_(torch.eye(V, H) * 10)  # token t <- hidden direction t (t < H)
@@ -91,12 +93,15 @@ def test_the_probe_drafts_as_many_tokens_as_the_export_is_served_at(exports, tar
     assert len(five["per_position"]) == 5 and len(two["per_position"]) == 2
 
 
-@pytest.mark.parametrize("story,export,engine,edit,cause", [
-    ("weight names", "sglang", "sglang", dict(tensors=_rename_layers), "names"),
-    ("d2t absolute", "vllm", "vllm", dict(tensors=_d2t_absolute), "d2t"),
-    ("aux states off", "vllm", "vllm", dict(config=_aux_off), "aux_states"),
-    ("aux ids off by one", "vllm", "vllm", dict(config=_aux_off_by_one), "aux_ids_trained"),
-])
+@pytest.mark.parametrize(
+    "story,export,engine,edit,cause",
+    [
+        ("weight names", "sglang", "sglang", dict(tensors=_rename_layers), "names"),
+        ("d2t absolute", "vllm", "vllm", dict(tensors=_d2t_absolute), "d2t"),
+        ("aux states off", "vllm", "vllm", dict(config=_aux_off), "aux_states"),
+        ("aux ids off by one", "vllm", "vllm", dict(config=_aux_off_by_one), "aux_ids_trained"),
+    ],
+)
 def test_diagnosis_finds_the_cause(story, export, engine, edit, cause, exports, target_dir, tmp_path):
     good = run_doctor(exports[export], str(target_dir), engine=engine, **PROBE).probe["tau"]
     report = run_doctor(planted(exports[export], tmp_path / "bad", **edit), str(target_dir), engine=engine, **PROBE)
@@ -118,14 +123,30 @@ def test_random_weights_have_no_misreading_to_blame(exports, target_dir):
 
 def test_cli_probe_json(exports, target_dir, tmp_path, capsys):
     bad = planted(exports["vllm"], tmp_path / "bad", tensors=_d2t_absolute)
-    assert main(["doctor", str(bad), "--target", str(target_dir), "--probe", "--max-new-tokens", "32",
-                 "--num-prompts", "4", "--json"]) == 1
+    assert (
+        main(
+            [
+                "doctor",
+                str(bad),
+                "--target",
+                str(target_dir),
+                "--probe",
+                "--max-new-tokens",
+                "32",
+                "--num-prompts",
+                "4",
+                "--json",
+            ]
+        )
+        == 1
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["probe"]["diagnosis"]["cause"] == "d2t" and out["probe"]["k"] == 3
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"id": "1", "source": "t", "turns": ["Count from 1 to 20."]}) + "\n")
-    assert main(["doctor", str(exports["vllm"]), "--target", str(target_dir), "--probe", str(prompts),
-                 "--max-new-tokens", "48"]) in (0, 1)
+    assert main(
+        ["doctor", str(exports["vllm"]), "--target", str(target_dir), "--probe", str(prompts), "--max-new-tokens", "48"]
+    ) in (0, 1)
     assert "probe" in capsys.readouterr().out
 
 
@@ -143,15 +164,18 @@ def test_replay_matches_eaglekit_engine(exports, target_dir):
     embedding = target.model.get_input_embeddings().weight.detach()
     draft = load_draft(exports["native"], target_embedding=embedding).eval()
     spec = SpecConfig(mode="chain", k=3)
-    engine = Engine(make_target_runner(target.model, max_len=256, aux_layer_ids=list(draft.config.aux_layer_ids)),
-                    drafter=DraftRunner(draft, spec=spec, sampling=Sampling(), max_len=256), spec=spec,
-                    stop_token_ids=target.stop_token_ids)
+    engine = Engine(
+        make_target_runner(target.model, max_len=256, aux_layer_ids=list(draft.config.aux_layer_ids)),
+        drafter=DraftRunner(draft, spec=spec, sampling=Sampling(), max_len=256),
+        spec=spec,
+        stop_token_ids=target.stop_token_ids,
+    )
     setup = ProbeSetup("native", draft.config, draft.draft_state_dict())
     compared = 0
     for messages in load_prompts(None, 4):
         gen = engine.generate(prompt_ids(target.tokenizer, messages), 32)
         run = run_target(target.model, target.tokenizer, messages, max_new_tokens=32, stop_ids=target.stop_token_ids)
-        assert gen.tokens == run.tokens[run.prompt_len:].tolist()
+        assert gen.tokens == run.tokens[run.prompt_len :].tolist()
         mine = replay(draft, run, setup, k=3)
         # the engine counts the last cycle's drafts in full, the replay only up to the length limit
         assert mine[:-1] == gen.accept_lengths[:-1] and mine[-1] <= gen.accept_lengths[-1]
@@ -168,8 +192,9 @@ def test_random_draft_for_smollm2_is_caught(smollm2_dir, tmp_path):
     from eaglekit.targets.info import default_aux_layer_ids
 
     cfg = AutoConfig.from_pretrained(smollm2_dir)
-    draft_cfg = DraftConfig.for_target(cfg, aux_layer_ids=default_aux_layer_ids(cfg.num_hidden_layers),
-                                       draft_vocab_size=8192)
+    draft_cfg = DraftConfig.for_target(
+        cfg, aux_layer_ids=default_aux_layer_ids(cfg.num_hidden_layers), draft_vocab_size=8192
+    )
     torch.manual_seed(0)
     draft = Eagle3Draft(draft_cfg)
     ids = torch.arange(8192)  # the most frequent BPE tokens come first
@@ -211,9 +236,9 @@ def test_a_correction_restores_below_trainings_prediction_on_far_prompts():
         return ProbeResult(label="x", tau=tau, per_position=[], drafts=1)
 
     assert restores(r(1.644), r(1.024), 2.632)
-    assert restores(r(2.4), r(1.0), 2.632)                 # half of training's gain
-    assert not restores(r(1.15), r(1.0), 2.632)             # under MIN_GAIN
-    assert not restores(r(1.7), r(1.45), 2.632)             # a working reading, improved a little
+    assert restores(r(2.4), r(1.0), 2.632)  # half of training's gain
+    assert not restores(r(1.15), r(1.0), 2.632)  # under MIN_GAIN
+    assert not restores(r(1.7), r(1.45), 2.632)  # a working reading, improved a little
     assert restores(r(1.3), r(1.0), None)
 
 
@@ -228,8 +253,25 @@ def test_probe_runs_in_the_serving_dtype(exports, target_dir, capsys):
     assert "measured in bfloat16" in next(c for c in bf16.checks if c.id == "probe").message
     assert bf16.probe["tau"] != fp32.probe["tau"]  # the dtype really changed the computation
     assert bf16.probe["tau"] > 1.5 and fp32.probe["tau"] > 1.5
-    assert main(["doctor", str(exports["vllm"]), "--target", str(target_dir), "--probe", "--max-new-tokens", "32",
-                 "--num-prompts", "4", "--dtype", "float32", "--json"]) == 0
+    assert (
+        main(
+            [
+                "doctor",
+                str(exports["vllm"]),
+                "--target",
+                str(target_dir),
+                "--probe",
+                "--max-new-tokens",
+                "32",
+                "--num-prompts",
+                "4",
+                "--dtype",
+                "float32",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["probe"]["dtype"] == "float32" and out["probe"]["tau"] == fp32.probe["tau"]
     with pytest.raises(Exception, match="unknown probe dtype"):

@@ -11,10 +11,21 @@ from tiny import ARCHITECTURES, tiny_config
 torch.set_num_threads(1)
 
 SGLANG_NAMES = {
-    "fc.weight", "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight",
-    "midlayer.self_attn.q_proj.weight", "midlayer.self_attn.k_proj.weight", "midlayer.self_attn.v_proj.weight",
-    "midlayer.self_attn.o_proj.weight", "midlayer.post_attention_layernorm.weight", "midlayer.mlp.gate_proj.weight",
-    "midlayer.mlp.up_proj.weight", "midlayer.mlp.down_proj.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
+    "fc.weight",
+    "midlayer.input_layernorm.weight",
+    "midlayer.hidden_norm.weight",
+    "midlayer.self_attn.q_proj.weight",
+    "midlayer.self_attn.k_proj.weight",
+    "midlayer.self_attn.v_proj.weight",
+    "midlayer.self_attn.o_proj.weight",
+    "midlayer.post_attention_layernorm.weight",
+    "midlayer.mlp.gate_proj.weight",
+    "midlayer.mlp.up_proj.weight",
+    "midlayer.mlp.down_proj.weight",
+    "norm.weight",
+    "lm_head.weight",
+    "d2t",
+    "t2d",
 }
 
 
@@ -25,7 +36,11 @@ def test_draft_shapes_follow_the_target(arch):
     heads, kv = tc.num_attention_heads, tc.num_key_value_heads or tc.num_attention_heads
     head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // heads
     assert (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (
-        tc.hidden_size, heads, kv, head_dim)
+        tc.hidden_size,
+        heads,
+        kv,
+        head_dim,
+    )
     assert cfg.max_position_embeddings >= tc.max_position_embeddings
     assert cfg.rope_parameters["rope_theta"] == tc.rope_parameters["rope_theta"]
     draft = Eagle3Draft(cfg)
@@ -47,7 +62,7 @@ def test_draft_shapes_follow_the_target(arch):
 
 def test_head_dim_other_than_hidden_over_heads():
     tc = tiny_config("qwen3")
-    tc.head_dim = 32   # 4 heads x 32 = 128 != hidden 64
+    tc.head_dim = 32  # 4 heads x 32 = 128 != hidden 64
     cfg = DraftConfig.for_target(tc, aux_layer_ids=[1, 3, 5], draft_vocab_size=50)
     assert cfg.head_dim == 32
     draft = Eagle3Draft(cfg)
@@ -67,7 +82,7 @@ def test_scaled_rope_is_copied_and_pinned_to_the_target_length():
     again = DraftConfig.from_hf_dict(cfg.to_hf_dict())
     assert again.rope_parameters == cfg.rope_parameters
     assert cfg.to_hf_dict()["rope_scaling"]["rope_type"] == "yarn"
-    Eagle3Draft(cfg)   # the rotary embedding accepts it
+    Eagle3Draft(cfg)  # the rotary embedding accepts it
 
 
 def test_partial_rotary_factor_is_not_copied():

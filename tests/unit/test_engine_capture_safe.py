@@ -31,8 +31,11 @@ class HostTensors(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("spec", [SpecConfig(mode="chain", k=3), SpecConfig(mode="tree", depth=3, top_k=3, total_tokens=10)],
-                         ids=["chain", "tree"])
+@pytest.mark.parametrize(
+    "spec",
+    [SpecConfig(mode="chain", k=3), SpecConfig(mode="tree", depth=3, top_k=3, total_tokens=10)],
+    ids=["chain", "tree"],
+)
 def test_the_eager_cycle_builds_no_tensor_from_host_data(spec):
     model = peaked_model("llama")
     target = make_target_runner(model, max_len=L, aux_layer_ids=AUX)

@@ -64,8 +64,13 @@ def test_a_draft_that_recovers_is_probed_back_into_speculation(spec):
     target = make_target_runner(model, max_len=L, aux_layer_ids=AUX)
     prompt = PROMPTS[0]
     ref = plain_reference(target, prompt, 64)
-    oracle = OracleDrafter(wrong_middle(prompt, ref, 8, 24, target.vocab_size), spec=spec,
-                           vocab_size=target.vocab_size, max_len=L, device="cpu")
+    oracle = OracleDrafter(
+        wrong_middle(prompt, ref, 8, 24, target.vocab_size),
+        spec=spec,
+        vocab_size=target.vocab_size,
+        max_len=L,
+        device="cpu",
+    )
     gen = Engine(target, drafter=oracle, spec=spec, cycle_cost=2.0, fallback_window=4).generate(prompt, 64)
     assert gen.tokens == ref and gen.fallbacks >= 1 and 0 < gen.plain_tokens < 32
     # after the last fallback the probe passed: the answer ends speculating, whole paths accepted
@@ -83,13 +88,13 @@ def test_draft_cache_after_fallback_windows_equals_a_whole_catch_up(spec):
     engine = Engine(target, drafter=draft, spec=spec, cycle_cost=2.0, fallback_window=4)
     gen = engine.generate(prompt, NEW)
     assert gen.plain_tokens >= 16
-    n = int(engine.n)                                          # the draft holds entries for positions < n
+    n = int(engine.n)  # the draft holds entries for positions < n
     seq = torch.tensor(prompt + gen.tokens)
     assert n > len(prompt) + gen.plain_tokens // 2
     pos = torch.arange(n)
     _, aux = target(seq[None, :n], pos[None], pos, cache_mask(causal_block(n), 0, 0, L))
     fresh = DraftRunner(random_draft(model), spec=spec, sampling=Sampling(), max_len=L)
-    fresh.catch_up(seq[1:n + 1], aux[0], 0, n - 1)
+    fresh.catch_up(seq[1 : n + 1], aux[0], 0, n - 1)
     for got, want in ((draft.cache.k, fresh.cache.k), (draft.cache.v, fresh.cache.v)):
         torch.testing.assert_close(got[:, :, :n], want[:, :, :n], rtol=1e-4, atol=1e-4)
 
@@ -105,7 +110,7 @@ def test_timed_cost_and_stop_token_with_fallback(spec):
     gen = Engine(target, drafter=draft, spec=spec, fallback_window=4).generate(PROMPTS[0], NEW)
     assert gen.tokens == ref and gen.cycle_cost > 0
     stop = ref[30]
-    cut = ref[:ref.index(stop) + 1]
+    cut = ref[: ref.index(stop) + 1]
     engine = Engine(target, drafter=draft, spec=spec, cycle_cost=2.0, fallback_window=4, stop_token_ids=[stop])
     gen = engine.generate(PROMPTS[0], NEW)
     assert gen.tokens == cut and gen.finish_reason == "stop" and gen.plain_tokens > 0
@@ -133,10 +138,12 @@ def test_fallback_steps_build_no_tensor_from_host_data():
     engine = Engine(target, drafter=draft, spec=TREE, compile=False, cycle_cost=2.0, fallback_window=4)
     spy, calls = HostTensors(), {}
     for step in (engine.decode, engine.window_catch_up):
+
         def spied(fn=step.fn, name=step.name):
             calls[name] = calls.get(name, 0) + 1
             with spy:
                 fn()
+
         step.fn = spied
     engine.generate(PROMPTS[0], 24)
     assert calls.get("decode", 0) >= 8 and calls.get("window catch-up", 0) >= 2
@@ -175,13 +182,21 @@ def test_fallback_sampling_is_reproducible_and_keeps_the_distribution():
     sampling = Sampling(temperature=1.0)
     spec = SpecConfig(mode="chain", k=1, plain_fallback=True)
     draft = DraftRunner(random_draft(model, seed=1), spec=spec, sampling=sampling, max_len=48)
-    engine = Engine(target, drafter=draft, spec=spec, sampling=sampling, cycle_cost=9.0, fallback_window=2,
-                    probe_cycles=1, cycle_chunk=1)
+    engine = Engine(
+        target,
+        drafter=draft,
+        spec=spec,
+        sampling=sampling,
+        cycle_cost=9.0,
+        fallback_window=2,
+        probe_cycles=1,
+        cycle_chunk=1,
+    )
     prompt = [3, 1, 4]
     a, b = engine.generate(prompt, 12, seed=5), engine.generate(prompt, 12, seed=5)
     assert a.tokens == b.tokens and a.plain_tokens > 0
-    counts = torch.zeros(V ** 3, dtype=torch.float64)
-    third = 0                                                  # answers whose third token was a plain step's
+    counts = torch.zeros(V**3, dtype=torch.float64)
+    third = 0  # answers whose third token was a plain step's
     for seed in range(700):
         gen = engine.generate(prompt, 3, seed=seed)
         x = gen.tokens
@@ -205,7 +220,9 @@ def test_compiled_fallback_equals_plain_decoding(spec):
     target = make_target_runner(model, max_len=L, aux_layer_ids=AUX)
     ref = plain_reference(target)
     draft = DraftRunner(random_draft(model), spec=spec, sampling=Sampling(), max_len=L)
-    gen = Engine(target, drafter=draft, spec=spec, compile=True, cycle_cost=2.0, fallback_window=4).generate(PROMPTS[0], NEW)
+    gen = Engine(target, drafter=draft, spec=spec, compile=True, cycle_cost=2.0, fallback_window=4).generate(
+        PROMPTS[0], NEW
+    )
     assert gen.tokens == ref and gen.fallbacks >= 2
 
 

@@ -2,7 +2,6 @@
 (chain and tree, FAST and GENERIC runners, random / oracle / partly wrong drafts), stop tokens,
 KV compaction, and sampling (reproducible, and the target's distribution on a tiny vocabulary)."""
 
-
 import pytest
 import torch
 
@@ -27,7 +26,7 @@ def test_greedy_speculation_equals_plain_decoding(arch):
     target = make_target_runner(model, max_len=L, aux_layer_ids=AUX)
     reference = plain_outputs(Engine(target))
     hf = model.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=NEW, do_sample=False, pad_token_id=0)
-    assert reference[0] == hf[0, len(PROMPTS[0]):].tolist()
+    assert reference[0] == hf[0, len(PROMPTS[0]) :].tolist()
     V = target.vocab_size
     for spec in (CHAIN, TREE):
         draft = DraftRunner(random_draft(model, draft_vocab=V // 2), spec=spec, sampling=Sampling(), max_len=L)
@@ -39,8 +38,9 @@ def test_greedy_speculation_equals_plain_decoding(arch):
             gen = Engine(target, drafter=perfect, spec=spec).generate(prompt, NEW)
             assert gen.tokens == ref
             assert gen.accept_lengths[:-1] == [spec.max_depth] * (len(gen.accept_lengths) - 1)
-            partly = OracleDrafter(noisy(prompt + ref, len(prompt), 3, V), spec=spec, vocab_size=V, max_len=L,
-                                   device="cpu")
+            partly = OracleDrafter(
+                noisy(prompt + ref, len(prompt), 3, V), spec=spec, vocab_size=V, max_len=L, device="cpu"
+            )
             gen = Engine(target, drafter=partly, spec=spec).generate(prompt, NEW)
             assert gen.tokens == ref
             assert any(0 < a < spec.max_depth for a in gen.accept_lengths)
@@ -51,7 +51,7 @@ def test_stop_token_ends_both_modes_identically():
     target = make_target_runner(model, max_len=L, aux_layer_ids=AUX)
     ref = Engine(target).generate(PROMPTS[0], NEW, speculative=False).tokens
     stop = ref[6]
-    cut = ref[:ref.index(stop) + 1]
+    cut = ref[: ref.index(stop) + 1]
     plain = Engine(target, stop_token_ids=[stop]).generate(PROMPTS[0], NEW, speculative=False)
     assert plain.tokens == cut and plain.finish_reason == "stop"
     oracle = OracleDrafter(PROMPTS[0] + ref, spec=TREE, vocab_size=target.vocab_size, max_len=L, device="cpu")
@@ -66,24 +66,30 @@ def test_cache_after_compaction_equals_a_fresh_forward():
     target = make_target_runner(model, max_len=L, aux_layer_ids=AUX)
     prompt = PROMPTS[0]
     ref = Engine(target).generate(prompt, NEW, speculative=False).tokens
-    oracle = OracleDrafter(noisy(prompt + ref, len(prompt), 4, target.vocab_size), spec=TREE,
-                           vocab_size=target.vocab_size, max_len=L, device="cpu")
+    oracle = OracleDrafter(
+        noisy(prompt + ref, len(prompt), 4, target.vocab_size),
+        spec=TREE,
+        vocab_size=target.vocab_size,
+        max_len=L,
+        device="cpu",
+    )
     engine = Engine(target, drafter=oracle, spec=TREE)
     out = [int(engine._prefill_speculation(prompt))]
     moved = 0
-    for _ in range(4):                                   # drive the greedy cycles by hand
+    for _ in range(4):  # drive the greedy cycles by hand
         engine.cycle()
         count = int(engine.acc[0])
-        path = engine.acc[2:2 + count + 1].tolist()
-        moved += path != list(range(count + 1))          # the accepted path was not in place
-    assert moved                                         # compaction really moved KV
+        path = engine.acc[2 : 2 + count + 1].tolist()
+        moved += path != list(range(count + 1))  # the accepted path was not in place
+    assert moved  # compaction really moved KV
     n = int(engine.n)
-    out += engine.out[len(prompt):n].tolist()            # out[p] = the token after position p
+    out += engine.out[len(prompt) : n].tolist()  # out[p] = the token after position p
     assert engine.counts[:4].sum() + 4 == n - len(prompt)
-    committed = prompt + out[:-1]                         # the newest token is not cached yet
-    assert len(committed) == n and out == ref[:len(out)]
-    got, _ = target(torch.tensor([[out[-1]]]), torch.tensor([[n]]), torch.tensor([n]),
-                    cache_mask(causal_block(1), n, n, L))
+    committed = prompt + out[:-1]  # the newest token is not cached yet
+    assert len(committed) == n and out == ref[: len(out)]
+    got, _ = target(
+        torch.tensor([[out[-1]]]), torch.tensor([[n]]), torch.tensor([n]), cache_mask(causal_block(1), n, n, L)
+    )
     with torch.no_grad():
         fresh = model(input_ids=torch.tensor([committed + [out[-1]]])).logits[0, -1]
     torch.testing.assert_close(got[0, 0], fresh, rtol=1e-4, atol=5e-5 * float(fresh.abs().max()))
@@ -104,8 +110,11 @@ def test_sampling_runs_and_is_reproducible(spec):
     assert len(plain.tokens) == NEW
 
 
-@pytest.mark.parametrize("spec", [SpecConfig(mode="chain", k=2), SpecConfig(mode="tree", depth=2, top_k=3, total_tokens=8)],
-                         ids=["chain", "tree"])
+@pytest.mark.parametrize(
+    "spec",
+    [SpecConfig(mode="chain", k=2), SpecConfig(mode="tree", depth=2, top_k=3, total_tokens=8)],
+    ids=["chain", "tree"],
+)
 def test_engine_sampling_follows_the_target_distribution(spec):
     """Tiny vocabulary (8): the first two tokens of speculative sampling through the whole engine
     (prefill token, then one cycle) follow p(x1) p(x2 | x1) computed by the HF model."""
@@ -127,9 +136,9 @@ def test_engine_sampling_follows_the_target_distribution(spec):
     with torch.no_grad():
         p1 = model(input_ids=torch.tensor([prompt])).logits[0, -1].double().softmax(-1)
         rows = torch.tensor([prompt + [x] for x in range(V)])
-        p2 = model(input_ids=rows).logits[:, -1].double().softmax(-1)      # [V, V]
+        p2 = model(input_ids=rows).logits[:, -1].double().softmax(-1)  # [V, V]
     exact = (p1[:, None] * p2).flatten()
-    assert accepted > 40                                                   # drafts were accepted
+    assert accepted > 40  # drafts were accepted
     assert chi_square_pvalue(counts, exact) > 1e-3
 
 
@@ -146,15 +155,21 @@ def test_smollm2_greedy_speculation_equals_plain(smollm2_dir):
     assert runner.kind == "fast"
     ref = Engine(runner, stop_token_ids=target.stop_token_ids).generate(prompt, 16, speculative=False).tokens
     hf = target.model.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False)
-    assert ref == hf[0, len(prompt):len(prompt) + len(ref)].tolist()
+    assert ref == hf[0, len(prompt) : len(prompt) + len(ref)].tolist()
     for spec in (SpecConfig(mode="chain", k=4), SpecConfig(mode="tree", depth=4, top_k=4, total_tokens=16)):
-        oracle = OracleDrafter(noisy(prompt + ref, len(prompt), 5, runner.vocab_size), spec=spec,
-                               vocab_size=runner.vocab_size, max_len=L2, device="cpu")
+        oracle = OracleDrafter(
+            noisy(prompt + ref, len(prompt), 5, runner.vocab_size),
+            spec=spec,
+            vocab_size=runner.vocab_size,
+            max_len=L2,
+            device="cpu",
+        )
         gen = Engine(runner, drafter=oracle, spec=spec, stop_token_ids=target.stop_token_ids).generate(prompt, 16)
         assert gen.tokens == ref and gen.tau > 1.5
     spec = SpecConfig(mode="tree", depth=3, top_k=3, total_tokens=10)
-    draft = DraftRunner(random_draft(target.model, draft_vocab=4096, aux=[1, 14, 26]), spec=spec,
-                        sampling=Sampling(), max_len=L2)
+    draft = DraftRunner(
+        random_draft(target.model, draft_vocab=4096, aux=[1, 14, 26]), spec=spec, sampling=Sampling(), max_len=L2
+    )
     gen = Engine(runner, drafter=draft, spec=spec, stop_token_ids=target.stop_token_ids).generate(prompt, 16)
     assert gen.tokens == ref
 
@@ -174,11 +189,19 @@ def test_graph_mode_paths_with_a_fake_cuda_graph(monkeypatch):
         assert engine.generate(prompt, NEW, speculative=False).tokens == ref
         assert engine.generate(prompt, NEW).tokens == ref
     assert all(step.graph is not None for step in (engine.prefill, engine.decode, engine.proposal, engine.cycle))
-    sampling = Sampling(temperature=0.8)                 # sampling accepts on the device too
-    eager = Engine(target, drafter=DraftRunner(random_draft(model), spec=TREE, sampling=sampling, max_len=L),
-                   spec=TREE, sampling=sampling).generate(PROMPTS[0], NEW, seed=1)
-    engine = Engine(target, drafter=DraftRunner(random_draft(model), spec=TREE, sampling=sampling, max_len=L),
-                    spec=TREE, sampling=sampling)
+    sampling = Sampling(temperature=0.8)  # sampling accepts on the device too
+    eager = Engine(
+        target,
+        drafter=DraftRunner(random_draft(model), spec=TREE, sampling=sampling, max_len=L),
+        spec=TREE,
+        sampling=sampling,
+    ).generate(PROMPTS[0], NEW, seed=1)
+    engine = Engine(
+        target,
+        drafter=DraftRunner(random_draft(model), spec=TREE, sampling=sampling, max_len=L),
+        spec=TREE,
+        sampling=sampling,
+    )
     engine.graphs = True
     for step in engine.speculation_steps():
         step.use_graph = True
@@ -195,7 +218,7 @@ def test_settle_oracle_replays_the_engines_own_output():
     target = make_target_runner(model, max_len=L, aux_layer_ids=AUX)
     prompt = PROMPTS[0]
     ref = Engine(target).generate(prompt, NEW, speculative=False).tokens
-    wrong = noisy(prompt + ref, len(prompt), 4, target.vocab_size)[len(prompt):]
+    wrong = noisy(prompt + ref, len(prompt), 4, target.vocab_size)[len(prompt) :]
     oracle = OracleDrafter(prompt + wrong, spec=TREE, vocab_size=target.vocab_size, max_len=L, device="cpu")
     engine = Engine(target, drafter=oracle, spec=TREE)
     settled, rounds = settle_oracle(engine, oracle, prompt, wrong, NEW)
@@ -212,8 +235,13 @@ def test_compiled_tree_engine_equals_plain_decoding():
     model = peaked_model("llama")
     target = make_target_runner(model, max_len=L, aux_layer_ids=AUX)
     ref = Engine(target).generate(PROMPTS[0], NEW, speculative=False).tokens
-    oracle = OracleDrafter(noisy(PROMPTS[0] + ref, len(PROMPTS[0]), 4, target.vocab_size), spec=TREE,
-                           vocab_size=target.vocab_size, max_len=L, device="cpu")
+    oracle = OracleDrafter(
+        noisy(PROMPTS[0] + ref, len(PROMPTS[0]), 4, target.vocab_size),
+        spec=TREE,
+        vocab_size=target.vocab_size,
+        max_len=L,
+        device="cpu",
+    )
     gen = Engine(target, drafter=oracle, spec=TREE, compile=True).generate(PROMPTS[0], NEW)
     assert gen.tokens == ref and any(0 < a < TREE.max_depth for a in gen.accept_lengths)
 
@@ -242,8 +270,11 @@ def test_compiled_cycle_with_unrolled_matvec_for_every_row_equals_plain_decoding
     model = peaked_model("llama")
     rows = spec.k + 1 if spec.mode == "chain" else spec.total_tokens
     target = make_target_runner(model, max_len=L, aux_layer_ids=AUX, small_rows=rows)
-    ref = Engine(make_target_runner(model, max_len=L, aux_layer_ids=AUX)).generate(PROMPTS[0], NEW,
-                                                                                    speculative=False).tokens
+    ref = (
+        Engine(make_target_runner(model, max_len=L, aux_layer_ids=AUX))
+        .generate(PROMPTS[0], NEW, speculative=False)
+        .tokens
+    )
     draft = DraftRunner(random_draft(model), spec=spec, sampling=Sampling(), max_len=L, small_rows=rows)
     assert target.small_rows == rows and draft.linear.keywords["max_rows"] == rows
     gen = Engine(target, drafter=draft, spec=spec, compile=True).generate(PROMPTS[0], NEW)
@@ -265,9 +296,11 @@ def test_chunked_prefill_gives_the_same_answers(chunk):
         assert pieces.generate(prompt, NEW, speculative=False).tokens == ref
         spec = pieces.generate(prompt, NEW)
         assert spec.tokens == ref and spec.accept_lengths == whole.generate(prompt, NEW).accept_lengths
-    long_prompt = (PROMPTS[0] * 20)[:L - 4]
-    assert (pieces.generate(long_prompt, 3, speculative=False).tokens
-            == Engine(target).generate(long_prompt, 3, speculative=False).tokens)
+    long_prompt = (PROMPTS[0] * 20)[: L - 4]
+    assert (
+        pieces.generate(long_prompt, 3, speculative=False).tokens
+        == Engine(target).generate(long_prompt, 3, speculative=False).tokens
+    )
 
 
 @pytest.mark.slow
@@ -277,8 +310,11 @@ def test_compiled_tree_cycle_with_reduce_attention_for_every_row_equals_plain_de
     model = peaked_model("llama")
     target = make_target_runner(model, max_len=L, aux_layer_ids=AUX, attention_rows=64)
     assert target.attention_rows == 64 and target.layers[0].attention_rows == 64 and target.small_rows == 1
-    ref = Engine(make_target_runner(model, max_len=L, aux_layer_ids=AUX)).generate(PROMPTS[0], NEW,
-                                                                                    speculative=False).tokens
+    ref = (
+        Engine(make_target_runner(model, max_len=L, aux_layer_ids=AUX))
+        .generate(PROMPTS[0], NEW, speculative=False)
+        .tokens
+    )
     draft = DraftRunner(random_draft(model), spec=TREE, sampling=Sampling(), max_len=L, attention_rows=64)
     gen = Engine(target, drafter=draft, spec=TREE, compile=True).generate(PROMPTS[0], NEW)
     assert gen.tokens == ref

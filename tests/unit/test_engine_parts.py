@@ -4,7 +4,14 @@ acceptance, cache masks, and statistical tests that sampling verification is los
 import pytest
 import torch
 
-from eaglekit.engine.accept import accept, chain_sampling_accept, chain_sampling_tables, greedy_accept, tree_sampling_accept, tree_sampling_tables
+from eaglekit.engine.accept import (
+    accept,
+    chain_sampling_accept,
+    chain_sampling_tables,
+    greedy_accept,
+    tree_sampling_accept,
+    tree_sampling_tables,
+)
 from eaglekit.engine.spec import SpecConfig
 from eaglekit.engine.tree import chain_tree, select_tree, tree_from_parents
 from eaglekit.errors import EaglekitError
@@ -76,17 +83,17 @@ def test_top_k_matches_torch_topk(shape):
     """The two-pass top-k: torch.topk's values, largest first, indices that hold them (padding never picked)."""
     g = torch.Generator().manual_seed(sum(shape))
     x = torch.randn(*shape, generator=g).log_softmax(-1)
-    x[..., 7] = x.max() + 1                                      # a clear winner in the first chunk
+    x[..., 7] = x.max() + 1  # a clear winner in the first chunk
     for k in (1, 8, 10):
         values, indices = top_k(x, k)
         expected = torch.topk(x, k)
         assert torch.equal(values, expected.values)
         assert torch.equal(x.gather(-1, indices), values) and int(indices.max()) < shape[-1]
         assert bool((indices[..., 0] == 7).all())
-    x = torch.zeros(8, 512)                                      # all ties: k distinct real indices per row
+    x = torch.zeros(8, 512)  # all ties: k distinct real indices per row
     values, indices = top_k(x, 8)
     assert torch.equal(values, torch.zeros(8, 8)) and all(len(set(r.tolist())) == 8 for r in indices)
-    x = torch.full((300,), float("-inf"))                         # fewer finite values than k: indices stay in V
+    x = torch.full((300,), float("-inf"))  # fewer finite values than k: indices stay in V
     x[[5, 150, 299]] = torch.tensor([1.0, 3.0, 2.0])
     values, indices = top_k(x, 8)
     assert indices[:3].tolist() == [150, 299, 5] and int(indices.max()) < 300
@@ -95,16 +102,16 @@ def test_top_k_matches_torch_topk(shape):
 def test_greedy_accept_picks_the_deepest_matching_path():
     tree = tree_from_parents(torch.tensor([0, 11, 12, 13, 14, 15, 16, 17]), torch.tensor(PARENTS), 3)
     # target argmax at each node (predicts that node's child)
-    argmax = torch.tensor([11, 14, 16, 0, 99, 0, 0, 0])          # root->1 ok, 1->4 ok, 4->(99) != 7
+    argmax = torch.tensor([11, 14, 16, 0, 99, 0, 0, 0])  # root->1 ok, 1->4 ok, 4->(99) != 7
     count, path, bonus = greedy_accept(tree, argmax, max_depth=3)
     assert count.tolist() == [2] and path.tolist() == [0, 1, 4, 4] and bonus.tolist() == [99]
-    argmax = torch.tensor([12, 0, 16, 0, 0, 0, 5, 0])            # root->2, 2->6, bonus from node 6
+    argmax = torch.tensor([12, 0, 16, 0, 0, 0, 5, 0])  # root->2, 2->6, bonus from node 6
     count, path, bonus = greedy_accept(tree, argmax, max_depth=3)
     assert count.tolist() == [2] and path.tolist() == [0, 2, 6, 6] and bonus.tolist() == [5]
-    argmax = torch.tensor([40, 0, 0, 0, 0, 0, 0, 0])             # nothing matches
+    argmax = torch.tensor([40, 0, 0, 0, 0, 0, 0, 0])  # nothing matches
     count, path, bonus = greedy_accept(tree, argmax, max_depth=3)
     assert count.tolist() == [0] and path.tolist() == [0, 0, 0, 0] and bonus.tolist() == [40]
-    argmax = torch.tensor([11, 14, 0, 0, 17, 0, 0, 3])           # the whole deepest path
+    argmax = torch.tensor([11, 14, 0, 0, 17, 0, 0, 3])  # the whole deepest path
     count, path, bonus = greedy_accept(tree, argmax, max_depth=3)
     assert count.tolist() == [3] and path.tolist() == [0, 1, 4, 7] and bonus.tolist() == [3]
 
@@ -139,7 +146,7 @@ def test_target_probs_top_k_and_top_p():
     assert (p[0, 2:] == 0).all() and torch.allclose(p.sum(), torch.tensor(1.0))
     full = logits.softmax(-1)[0]
     p = target_probs(logits, Sampling(temperature=1.0, top_p=float(full[0] + 0.01)))
-    assert (p[0, :2] > 0).all() and (p[0, 2:] == 0).all()      # smallest set reaching top_p
+    assert (p[0, :2] > 0).all() and (p[0, 2:] == 0).all()  # smallest set reaching top_p
     with pytest.raises(EaglekitError):
         Sampling(temperature=-1)
 
@@ -155,13 +162,13 @@ def test_spec_config_shapes():
 
 # ---- lossless sampling: chi-square on a toy target and toy draft ------------------------------
 
-V = 4       # toy vocabulary
+V = 4  # toy vocabulary
 LENGTH = 3  # tokens compared jointly (V**LENGTH cells)
 
 
 def toy(context: tuple, salt: int, scale: float) -> torch.Tensor:
     """A fixed distribution over V tokens for every context (seeded by the context)."""
-    g = torch.Generator().manual_seed(hash((salt,) + context) % (2 ** 31))
+    g = torch.Generator().manual_seed(hash((salt,) + context) % (2**31))
     return (torch.randn(V, generator=g, dtype=torch.float64) * scale).softmax(-1)
 
 
@@ -175,8 +182,8 @@ def q_draft(context):
 
 def exact_joint() -> torch.Tensor:
     """P(first LENGTH tokens) under the target, [V ** LENGTH]."""
-    probs = torch.zeros(V ** LENGTH, dtype=torch.float64)
-    for cell in range(V ** LENGTH):
+    probs = torch.zeros(V**LENGTH, dtype=torch.float64)
+    for cell in range(V**LENGTH):
         seq = [(cell // V ** (LENGTH - 1 - i)) % V for i in range(LENGTH)]
         prob = 1.0
         for i, tok in enumerate(seq):
@@ -188,7 +195,7 @@ def exact_joint() -> torch.Tensor:
 def chi_square_pvalue(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:
     n = counts.sum()
     expected = expected_probs * n
-    keep = expected >= 5                                       # pool the rare cells
+    keep = expected >= 5  # pool the rare cells
     obs = torch.cat([counts[keep], counts[~keep].sum().view(1)])
     exp = torch.cat([expected[keep], expected[~keep].sum().view(1)])
     stat = ((obs - exp) ** 2 / exp.clamp(min=1e-12)).sum()
@@ -219,7 +226,7 @@ def toy_tree(context: tuple):
 
 def run_tree_trials(trials: int, seed: int) -> torch.Tensor:
     torch.manual_seed(seed)
-    counts = torch.zeros(V ** LENGTH, dtype=torch.float64)
+    counts = torch.zeros(V**LENGTH, dtype=torch.float64)
     for _ in range(trials):
         context: tuple = ()
         while len(context) < LENGTH:
@@ -230,8 +237,8 @@ def run_tree_trials(trials: int, seed: int) -> torch.Tensor:
             count, path, bonus = tree_sampling_accept(tree, p_node, residual, uniform, 3)
             count, path, bonus = int(count), path.tolist(), int(bonus)
             assert all(tree.parents[path[i + 1]] == path[i] for i in range(count))
-            assert path[count + 1:] == [path[count]] * (3 - count)             # padded with the last node
-            context = context + tuple(tree.tokens[path[1:count + 1]].tolist()) + (bonus,)
+            assert path[count + 1 :] == [path[count]] * (3 - count)  # padded with the last node
+            context = context + tuple(tree.tokens[path[1 : count + 1]].tolist()) + (bonus,)
         counts[sum(t * V ** (LENGTH - 1 - i) for i, t in enumerate(context[:LENGTH]))] += 1
     return counts
 
@@ -239,7 +246,7 @@ def run_tree_trials(trials: int, seed: int) -> torch.Tensor:
 def run_chain_trials(trials: int, seed: int, k: int = 3) -> torch.Tensor:
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
-    counts = torch.zeros(V ** LENGTH, dtype=torch.float64)
+    counts = torch.zeros(V**LENGTH, dtype=torch.float64)
     for _ in range(trials):
         context: tuple = ()
         while len(context) < LENGTH:
@@ -268,7 +275,7 @@ def test_sampling_verification_keeps_the_target_distribution(kind):
     assert chi_square_pvalue(counts, exact) > 1e-3
     # The test has power: the draft's own distribution is rejected by the same statistic.
     draft_joint = torch.zeros_like(exact)
-    for cell in range(V ** LENGTH):
+    for cell in range(V**LENGTH):
         seq = [(cell // V ** (LENGTH - 1 - i)) % V for i in range(LENGTH)]
         draft_joint[cell] = torch.tensor([float(q_draft(tuple(seq[:i]))[t]) for i, t in enumerate(seq)]).prod()
     assert chi_square_pvalue(counts, draft_joint) < 1e-6
@@ -291,10 +298,10 @@ def test_fused_draft_projections_and_top_logp_compute_the_unfused_math():
         assert a.shape == b.shape and torch.allclose(a, b, atol=1e-6)
     out = torch.randn(1, draft.config.num_attention_heads, 5, draft.config.head_dim, generator=g)
     assert torch.allclose(draft.finish(out, hidden), draft.finish(out, hidden, w13=w13), atol=1e-6)
-    assert draft.fused_weights()[0] is wqkv                  # one copy per draft, shared by its runners
+    assert draft.fused_weights()[0] is wqkv  # one copy per draft, shared by its runners
     with torch.no_grad():
-        draft.midlayer.mlp.up_proj.weight.mul_(2)              # a changed weight: made again
-    assert torch.equal(draft.fused_weights()[1][w13.shape[0] // 2:], draft.midlayer.mlp.up_proj.weight)
+        draft.midlayer.mlp.up_proj.weight.mul_(2)  # a changed weight: made again
+    assert torch.equal(draft.fused_weights()[1][w13.shape[0] // 2 :], draft.midlayer.mlp.up_proj.weight)
     logits = torch.randn(8, 3000, generator=g)
     values, indices = top_logp(logits, 8)
     expected = torch.topk(logits.log_softmax(-1), 8)

@@ -17,9 +17,11 @@ NEW, L = 40, 128
 
 def eager_target(model, aux_layer_ids):
     """The HF model over the whole sequence: its greedy token after each position, and its aux states."""
+
     def target(ids: torch.Tensor):
         cap = capture_aux_states(model, ids[None], list(aux_layer_ids))
         return cap.logits[0].argmax(-1), cap.aux_hidden[0]
+
     return target
 
 
@@ -36,9 +38,13 @@ def test_engine_accepts_what_the_reference_accepts(mode, monkeypatch):
     spec = SpecConfig(mode="chain", k=3)
     if mode == "graphs":
         fake_cuda_graphs(monkeypatch)
-    engine = Engine(make_target_runner(model, max_len=L, aux_layer_ids=aux),
-                    drafter=DraftRunner(draft, spec=spec, sampling=Sampling(), max_len=L), spec=spec,
-                    compile=mode == "compiled", prefill_chunk=8 if mode == "graphs" else None)
+    engine = Engine(
+        make_target_runner(model, max_len=L, aux_layer_ids=aux),
+        drafter=DraftRunner(draft, spec=spec, sampling=Sampling(), max_len=L),
+        spec=spec,
+        compile=mode == "compiled",
+        prefill_chunk=8 if mode == "graphs" else None,
+    )
     if mode == "graphs":
         engine.graphs = True
         for step in (engine.prefill, engine.decode, engine.proposal, engine.cycle):
@@ -51,7 +57,7 @@ def test_engine_accepts_what_the_reference_accepts(mode, monkeypatch):
         # the engine counts the last cycle's drafts in full, the reference only those within the limit
         assert gen.accept_lengths[:-1] == counts[:-1] and counts[-1] <= gen.accept_lengths[-1]
         accepted += sum(counts)
-    assert accepted > NEW // 2                             # the draft is accepted often: a real comparison
+    assert accepted > NEW // 2  # the draft is accepted often: a real comparison
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
@@ -67,4 +73,4 @@ def test_reference_decodes_the_target_greedily(arch):
         assert tokens == plain and len(tokens) == NEW and 1 + sum(c + 1 for c in counts) >= NEW
         stop = plain[NEW // 2]
         cut, _ = speculative_decode(eager_target(model, AUX), draft, prompt, NEW, k=4, stop_ids={stop})
-        assert cut == plain[:plain.index(stop) + 1]
+        assert cut == plain[: plain.index(stop) + 1]

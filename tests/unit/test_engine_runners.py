@@ -31,13 +31,17 @@ def run_prefix_then_decode(runner, x, split):
     logits, aux = runner(x[:, :split], pos[None], pos, cache_mask(causal_block(split), 0, 0, L))
     out = [logits]
     for t in range(split, x.shape[1]):
-        step, _ = runner(x[:, t:t + 1], torch.tensor([[t]]), torch.tensor([t]), cache_mask(causal_block(1), t, t, L))
+        step, _ = runner(x[:, t : t + 1], torch.tensor([[t]]), torch.tensor([t]), cache_mask(causal_block(1), t, t, L))
         out.append(step)
     return torch.cat(out, 1), aux
 
 
-KERNELS = {"fast": {}, "fast:sdpa": dict(attention="sdpa", matvec=False), "fast:matmul": dict(attention="matmul"),
-           "generic": {}}
+KERNELS = {
+    "fast": {},
+    "fast:sdpa": dict(attention="sdpa", matvec=False),
+    "fast:matmul": dict(attention="matmul"),
+    "generic": {},
+}
 
 
 @pytest.mark.parametrize("kind", list(KERNELS))
@@ -58,11 +62,12 @@ def test_runner_matches_hf_forward(arch, kind):
     close(got, ref.logits)
     H = model.config.hidden_size
     for slot, layer in enumerate(AUX):
-        close(aux[0, :, slot * H:(slot + 1) * H], ref.hidden_states[layer + 1][0, :8])
+        close(aux[0, :, slot * H : (slot + 1) * H], ref.hidden_states[layer + 1][0, :8])
 
 
-@pytest.mark.parametrize("arch,attention", [("llama", None), ("qwen3", None), ("mixtral", None),
-                                            ("llama", "sdpa"), ("llama", "matmul")])
+@pytest.mark.parametrize(
+    "arch,attention", [("llama", None), ("qwen3", None), ("mixtral", None), ("llama", "sdpa"), ("llama", "matmul")]
+)
 def test_tree_forward_and_compaction_match_a_fresh_forward(arch, attention):
     """Tree tokens at depth positions see only their ancestors; after compacting the accepted path
     the cache continues exactly like a fresh forward of the whole committed prefix."""
@@ -76,11 +81,11 @@ def test_tree_forward_and_compaction_match_a_fresh_forward(arch, attention):
     tree = tree_from_parents(tokens, parents, 3)
     slots = P + torch.arange(7)
     logits, _ = runner(tokens[None], (P + tree.depth)[None], slots, cache_mask(tree.anc, P, P, L))
-    for node in range(7):          # each node's logits = a plain forward of prefix + its root path
+    for node in range(7):  # each node's logits = a plain forward of prefix + its root path
         path = torch.nonzero(tree.anc[node]).flatten()
         ref = model(input_ids=torch.cat([prefix, tokens[path]])[None]).logits[0, -1]
         close(logits[0, node], ref)
-    accepted = torch.tensor([0, 1, 4, 6])                                  # root -> 1 -> 4 -> 6
+    accepted = torch.tensor([0, 1, 4, 6])  # root -> 1 -> 4 -> 6
     runner.move_kv(P + accepted, P + torch.arange(4))
     n = P + 4
     nxt = torch.tensor([[99]])
@@ -132,7 +137,7 @@ def test_unknown_attention_kind_and_attention_on_the_generic_runner_are_refused(
 
 
 def test_sliding_window_shorter_than_the_cache_is_refused():
-    model = peaked_model("mistral", seed=7)            # a model of its own: its config is changed
+    model = peaked_model("mistral", seed=7)  # a model of its own: its config is changed
     model.config.sliding_window = 16
     with pytest.raises(EaglekitError, match="sliding"):
         make_target_runner(model, max_len=L, runner="generic")
@@ -148,12 +153,12 @@ def test_kernel_forms_compute_the_same_math():
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(shape, generator=g) for shape in ((1, 2, 6, 8), (1, 2, 10, 8), (1, 2, 10, 8)))
     mask = torch.rand(1, 1, 6, 10, generator=g) > 0.4
-    mask[..., 0] = True                                                     # no empty row
+    mask[..., 0] = True  # no empty row
     ref = attend_sdpa(q, k, v, mask)
     torch.testing.assert_close(attend_matmul(q, k, v, mask), ref)
     torch.testing.assert_close(attend_reduce(q, k, v, mask), ref)
     w, b = torch.randn(24, 16, generator=g), torch.randn(24, generator=g)
-    for shape in ((1, 1, 16), (1, 6, 16), (2, 3, 16), (5, 16)):            # one row, and rows unrolled
+    for shape in ((1, 1, 16), (1, 6, 16), (2, 3, 16), (5, 16)):  # one row, and rows unrolled
         x = torch.randn(shape, generator=g)
         torch.testing.assert_close(matvec_linear(x, w, b), torch.nn.functional.linear(x, w, b))
         torch.testing.assert_close(matvec_linear(x, w, None), torch.nn.functional.linear(x, w))
@@ -174,8 +179,9 @@ def test_matvec_forms_fuse_at_most_sixteen_rows():
         with pytest.raises(EaglekitError, match="small_rows"):
             make_target_runner(model, max_len=L, small_rows=bad)
         with pytest.raises(EaglekitError, match="small_rows"):
-            DraftRunner(random_draft(model), spec=SpecConfig(mode="chain", k=3), sampling=Sampling(), max_len=L,
-                        small_rows=bad)
+            DraftRunner(
+                random_draft(model), spec=SpecConfig(mode="chain", k=3), sampling=Sampling(), max_len=L, small_rows=bad
+            )
 
 
 def test_few_rows_linear_is_f_linear():
@@ -218,7 +224,7 @@ def test_compiled_default_kernels_decode_like_eager():
     compiled on CPU (Inductor's C++ backend) the greedy tokens equal the eager run's."""
     from eaglekit.engine import Engine
 
-    model = peaked_model("qwen2")                                           # attention biases: matvec's bias path
+    model = peaked_model("qwen2")  # attention biases: matvec's bias path
     prompt = ids(6, seed=5)[0].tolist()
     eager = Engine(make_target_runner(model, max_len=L), compile=False).generate(prompt, 10, speculative=False)
     runner = make_target_runner(model, max_len=L)
@@ -230,8 +236,8 @@ def test_compiled_default_kernels_decode_like_eager():
 def test_default_kernels_follow_what_was_measured():
     from eaglekit.runtime.target_fast import default_kernels
 
-    assert default_kernels(1, 270 * 2**20) == ("reduce", True)            # SmolLM2: launch-bound
-    assert default_kernels(1, 16 * 2**30) == ("sdpa", False)              # 8B: bandwidth-bound
-    assert default_kernels(64, 270 * 2**20) == ("sdpa", False)            # batched generation
+    assert default_kernels(1, 270 * 2**20) == ("reduce", True)  # SmolLM2: launch-bound
+    assert default_kernels(1, 16 * 2**30) == ("sdpa", False)  # 8B: bandwidth-bound
+    assert default_kernels(64, 270 * 2**20) == ("sdpa", False)  # batched generation
     runner = make_target_runner(peaked_model("llama"), max_len=L, batch_size=2)
     assert (runner.attention, runner.matvec) == ("sdpa", False)

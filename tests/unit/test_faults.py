@@ -36,8 +36,22 @@ def prompt_file(folder: Path, lines: list[str] | None = None) -> Path:
 
 
 def generate(prompts: Path, target: Path, out: Path, *extra: str) -> int:
-    return main(["generate", "--prompts", str(prompts), "--target", str(target), "--out", str(out),
-                 "--backend", "hf", "--max-new-tokens", "4", *extra])
+    return main(
+        [
+            "generate",
+            "--prompts",
+            str(prompts),
+            "--target",
+            str(target),
+            "--out",
+            str(out),
+            "--backend",
+            "hf",
+            "--max-new-tokens",
+            "4",
+            *extra,
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +78,19 @@ KILLED = {"complete": False, "steps": {"done": 40, "total": 300}}  # what a kill
 def test_a_second_train_into_a_folder_in_use_is_refused(targets, tmp_path, capsys):
     out = tmp_path / "run"
     with writer_lock(out, stage="train"):  # the first run, still loading its data
-        code = main(["train", "--target", str(targets["base"]), "--features", str(tmp_path / "feat"),
-                     "--out", str(out), "--device", "cpu"])
+        code = main(
+            [
+                "train",
+                "--target",
+                str(targets["base"]),
+                "--features",
+                str(tmp_path / "feat"),
+                "--out",
+                str(out),
+                "--device",
+                "cpu",
+            ]
+        )
     assert code == 2 and "another `eaglekit train` is writing to" in capsys.readouterr().err
     assert not any(out.iterdir())
 
@@ -76,11 +101,37 @@ def test_a_finished_train_folder_needs_resume_or_overwrite(targets, tmp_path, ca
 
     target = load_target(targets["base"])
     feat = tmp_path / "feat"
-    capture_features(target, greedy_samples(target.model, target.tokenizer, 8, max_new_tokens=12), feat,
-                     aux_layer_ids=[1, 3, 4], topk=8, progress=False)
-    argv = ["train", "--target", str(targets["base"]), "--features", str(feat), "--out", str(tmp_path / "run"),
-            "--draft-vocab-size", "64", "--allow-smaller-vocab", "--ttt-steps", "2", "--max-steps", "2",
-            "--batch-tokens", "400", "--val-fraction", "0.25", "--device", "cpu", "--no-progress"]
+    capture_features(
+        target,
+        greedy_samples(target.model, target.tokenizer, 8, max_new_tokens=12),
+        feat,
+        aux_layer_ids=[1, 3, 4],
+        topk=8,
+        progress=False,
+    )
+    argv = [
+        "train",
+        "--target",
+        str(targets["base"]),
+        "--features",
+        str(feat),
+        "--out",
+        str(tmp_path / "run"),
+        "--draft-vocab-size",
+        "64",
+        "--allow-smaller-vocab",
+        "--ttt-steps",
+        "2",
+        "--max-steps",
+        "2",
+        "--batch-tokens",
+        "400",
+        "--val-fraction",
+        "0.25",
+        "--device",
+        "cpu",
+        "--no-progress",
+    ]
     assert main(argv) == 0
     first = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert main(argv) == 2 and "--overwrite to delete it and start over" in capsys.readouterr().err
@@ -140,7 +191,7 @@ def test_a_folder_without_manifest_says_it_is_unfinished_and_what_to_run(tmp_pat
 
     out = tmp_path / "gen"
     out.mkdir()
-    (out / "run.json").write_text("{}")                 # a generate that was killed: its run file first,
+    (out / "run.json").write_text("{}")  # a generate that was killed: its run file first,
     (out / "conversations-00000.jsonl").write_text("")  # then a shard
     with pytest.raises(EaglekitError, match="did not finish writing it") as err:
         read_conversations(out)
@@ -156,10 +207,12 @@ def test_an_unfinished_draft_is_refused_by_export_doctor_bench_and_speculate(tar
     draft = draft_folder(targets["base"], tmp_path / "draft", **KILLED)
     target = str(targets["base"])
     missing_target = str(tmp_path / "no-target")  # refused before the target is even looked at
-    for argv in (["export", str(draft), "--format", "vllm", "--out", str(tmp_path / "e")],
-                 ["doctor", str(draft), "--target", target],
-                 ["bench", "--draft", str(draft), "--target", missing_target, "--out", str(tmp_path / "b")],
-                 ["speculate", "hi", "--draft", str(draft), "--target", missing_target]):
+    for argv in (
+        ["export", str(draft), "--format", "vllm", "--out", str(tmp_path / "e")],
+        ["doctor", str(draft), "--target", target],
+        ["bench", "--draft", str(draft), "--target", missing_target, "--out", str(tmp_path / "b")],
+        ["speculate", "hi", "--draft", str(draft), "--target", missing_target],
+    ):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert "is unfinished: its `eaglekit train` run stopped at step 40 of 300" in err, argv
@@ -201,8 +254,12 @@ def test_train_refuses_to_init_from_an_unfinished_draft(targets, tmp_path):
     from eaglekit.train.setup import initial_draft
 
     draft = draft_folder(targets["base"], tmp_path / "draft", **KILLED)
-    cfg = dict(target=str(targets["base"]), data=str(tmp_path / "conversations"), out=str(tmp_path / "again"),
-               init_from=str(draft))
+    cfg = dict(
+        target=str(targets["base"]),
+        data=str(tmp_path / "conversations"),
+        out=str(tmp_path / "again"),
+        init_from=str(draft),
+    )
     with pytest.raises(EaglekitError, match="is unfinished: its `eaglekit train` run stopped at step 40") as err:
         initial_draft(TrainConfig(**cfg))
     assert "--resume" in err.value.hint and "--allow-unfinished" in err.value.hint
@@ -225,13 +282,54 @@ def test_allow_unfinished_marks_every_output(targets, tmp_path, capsys):
     assert report.checks[0].id == "finished" and report.checks[0].status == "warn"
     assert report.to_dict()["unfinished_draft"]
     prompts = prompt_file(tmp_path)
-    assert main(["bench", "--draft", str(draft), "--target", target, "--prompts", str(prompts), "--limit", "1",
-                 "--max-new-tokens", "4", "--mode", "chain", "--k", "2", "--no-hf", "--out", str(tmp_path / "b"),
-                 "--allow-unfinished"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--draft",
+                str(draft),
+                "--target",
+                target,
+                "--prompts",
+                str(prompts),
+                "--limit",
+                "1",
+                "--max-new-tokens",
+                "4",
+                "--mode",
+                "chain",
+                "--k",
+                "2",
+                "--no-hf",
+                "--out",
+                str(tmp_path / "b"),
+                "--allow-unfinished",
+            ]
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "b" / "manifest.json").read_text())["unfinished_draft"]
     assert (tmp_path / "b" / "report.md").read_text().startswith("**Unfinished draft**")
-    assert main(["speculate", "hi", "--draft", str(draft), "--target", target, "--mode", "chain", "--k", "2",
-                 "--max-new-tokens", "4", "--allow-unfinished"]) == 0
+    assert (
+        main(
+            [
+                "speculate",
+                "hi",
+                "--draft",
+                str(draft),
+                "--target",
+                target,
+                "--mode",
+                "chain",
+                "--k",
+                "2",
+                "--max-new-tokens",
+                "4",
+                "--allow-unfinished",
+            ]
+        )
+        == 0
+    )
     assert "[unfinished draft: its `eaglekit train` run stopped at step 40 of 300" in capsys.readouterr().out
 
 
@@ -245,8 +343,15 @@ def test_data_made_for_a_fine_tune_with_the_same_config_is_refused(targets, tmp_
     base, tuned = load_target(targets["base"]).fingerprint(), load_target(targets["tuned"]).fingerprint()
     assert base["config_hash"] == tuned["config_hash"] and base["tokenizer_hash"] == tuned["tokenizer_hash"]
     assert base["weights_hash"] != tuned["weights_hash"]
-    rows = [{"id": "a", "source": "s", "split": "train", "meta": {},
-             "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}]
+    rows = [
+        {
+            "id": "a",
+            "source": "s",
+            "split": "train",
+            "meta": {},
+            "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+        }
+    ]
     folder = write_generate_folder(tmp_path / "conv", rows, base)
     with pytest.raises(EaglekitError, match="was made for another target weights"):
         read_conversations(folder, target_fingerprint=tuned)
@@ -297,11 +402,15 @@ def test_the_gguf_and_its_prepared_folder_share_one_fingerprint(smollm2_dir):
 
 
 def test_a_lone_surrogate_is_a_malformed_record(targets, tmp_path, capsys):
-    lines = [json.dumps({"id": "ok", "turns": ["What is 2 + 2?"]}),
-             '{"id": "emoji", "turns": ["a broken emoji \\ud83d here"]}']
+    lines = [
+        json.dumps({"id": "ok", "turns": ["What is 2 + 2?"]}),
+        '{"id": "emoji", "turns": ["a broken emoji \\ud83d here"]}',
+    ]
     prompts = prompt_file(tmp_path, lines)
-    assert main(["prompts", "build", "--source", str(prompts), "--out", str(tmp_path / "p"),
-                 "--validation-fraction", "0"]) == 0
+    assert (
+        main(["prompts", "build", "--source", str(prompts), "--out", str(tmp_path / "p"), "--validation-fraction", "0"])
+        == 0
+    )
     manifest = json.loads((tmp_path / "p" / "manifest.json").read_text())
     assert manifest["counts"]["train"] == 1 and manifest["counts"]["malformed"] == 1
     assert "lone surrogate '\\ud83d'" in (tmp_path / "p" / "malformed.txt").read_text()
@@ -364,8 +473,21 @@ def test_target_prepare_writes_files_readable_by_others(targets, tmp_path):
 def test_a_misspelled_recipe_key_is_refused_before_anything_runs(targets, tmp_path, capsys):
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"name: r\ntarget: {targets['base']}\n")
-    assert main(["run", "--recipe", str(recipe), "--out", str(tmp_path / "runs"), "--stop-before", "prompts",
-                 "train.epochz=3"]) == 2
+    assert (
+        main(
+            [
+                "run",
+                "--recipe",
+                str(recipe),
+                "--out",
+                str(tmp_path / "runs"),
+                "--stop-before",
+                "prompts",
+                "train.epochz=3",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "train.epochz is not an option of `eaglekit train`" in err and "did you mean train.epochs?" in err
     assert not (tmp_path / "runs").exists()
@@ -382,20 +504,34 @@ def test_a_finished_conversations_folder_cut_short_or_missing_a_shard_is_refused
     shards = sorted(out.glob("conversations-*.jsonl"))
     assert len(shards) == 2
     first = shards[0].read_text().splitlines(keepends=True)
-    shards[0].write_text(first[0])                                  # cut at a line boundary: valid JSONL
-    features = ["features", "--target", str(targets["base"]), "--data", str(out), "--out", str(tmp_path / "feat"),
-                "--device", "cpu", "--no-progress", "--teacher-topk", "8"]
+    shards[0].write_text(first[0])  # cut at a line boundary: valid JSONL
+    features = [
+        "features",
+        "--target",
+        str(targets["base"]),
+        "--data",
+        str(out),
+        "--out",
+        str(tmp_path / "feat"),
+        "--device",
+        "cpu",
+        "--no-progress",
+        "--teacher-topk",
+        "8",
+    ]
     capsys.readouterr()
     assert main(features) == 2
     err = capsys.readouterr().err
     assert "holds 2 conversations, its manifest counted 3" in err and "eaglekit generate --overwrite" in err
-    assert generate(prompts, targets["base"], out, "--shard-size", "2") == 2   # not "already complete"
+    assert generate(prompts, targets["base"], out, "--shard-size", "2") == 2  # not "already complete"
     assert "holds 2 conversations, its manifest counted 3" in capsys.readouterr().err
     shards[0].write_text("".join(first))
     shards[1].unlink()
     assert main(features) == 2
-    assert "does not hold the shards its manifest lists (missing ['conversations-00001.jsonl']" in capsys.readouterr().err
-    assert generate(prompts, targets["base"], out, "--shard-size", "2", "--overwrite") == 0   # the fix it names
+    assert (
+        "does not hold the shards its manifest lists (missing ['conversations-00001.jsonl']" in capsys.readouterr().err
+    )
+    assert generate(prompts, targets["base"], out, "--shard-size", "2", "--overwrite") == 0  # the fix it names
     assert main(features) == 0
 
 
@@ -403,8 +539,21 @@ def test_a_prompts_split_emptied_after_the_build_is_refused(targets, tmp_path, c
     """An emptied train.jsonl (its manifest: 2 train prompts) gave a finished generate of the
     validation prompts alone."""
     folder = tmp_path / "prompts"
-    assert main(["prompts", "build", "--source", str(prompt_file(tmp_path)), "--validation-fraction", "0.34",
-                 "--out", str(folder)]) == 0
+    assert (
+        main(
+            [
+                "prompts",
+                "build",
+                "--source",
+                str(prompt_file(tmp_path)),
+                "--validation-fraction",
+                "0.34",
+                "--out",
+                str(folder),
+            ]
+        )
+        == 0
+    )
     (folder / "train.jsonl").write_text("")
     capsys.readouterr()
     assert generate(folder, targets["base"], tmp_path / "conv") == 2
@@ -416,9 +565,22 @@ def test_a_prompts_split_emptied_after_the_build_is_refused(targets, tmp_path, c
 def test_a_prompts_folder_without_its_manifest_is_unfinished_not_raw_files(targets, tmp_path, capsys):
     """Read as a folder of raw prompt files, its validation split was answered as training data."""
     folder = tmp_path / "prompts"
-    assert main(["prompts", "build", "--source", str(prompt_file(tmp_path)), "--validation-fraction", "0.34",
-                 "--out", str(folder)]) == 0
-    (folder / "manifest.json").unlink()                          # as a killed `prompts build` leaves it
+    assert (
+        main(
+            [
+                "prompts",
+                "build",
+                "--source",
+                str(prompt_file(tmp_path)),
+                "--validation-fraction",
+                "0.34",
+                "--out",
+                str(folder),
+            ]
+        )
+        == 0
+    )
+    (folder / "manifest.json").unlink()  # as a killed `prompts build` leaves it
     capsys.readouterr()
     assert generate(folder, targets["base"], tmp_path / "conv") == 2
     assert "rerun `eaglekit prompts` with the same --out" in capsys.readouterr().err
@@ -431,8 +593,23 @@ def test_a_manifest_of_the_wrong_shape_is_one_clear_error(text, targets, tmp_pat
     assert generate(prompt_file(tmp_path), targets["base"], out) == 0
     (out / "manifest.json").write_text(text)
     capsys.readouterr()
-    assert main(["features", "--target", str(targets["base"]), "--data", str(out), "--out", str(tmp_path / "f"),
-                 "--device", "cpu", "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "features",
+                "--target",
+                str(targets["base"]),
+                "--data",
+                str(out),
+                "--out",
+                str(tmp_path / "f"),
+                "--device",
+                "cpu",
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "manifest.json is not an eaglekit manifest" in err and "make the folder again" in err
 
@@ -448,8 +625,23 @@ def test_a_malformed_message_in_conversations_is_named_by_file_line_and_id(targe
     lines[1] = json.dumps(row) + "\n"
     shard.write_text("".join(lines))
     capsys.readouterr()
-    assert main(["features", "--target", str(targets["base"]), "--data", str(out), "--out", str(tmp_path / "f"),
-                 "--device", "cpu", "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "features",
+                "--target",
+                str(targets["base"]),
+                "--data",
+                str(out),
+                "--out",
+                str(tmp_path / "f"),
+                "--device",
+                "cpu",
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert f"{shard}:2, conversation {row['id']!r}: message 1 is malformed" in err
 
@@ -457,16 +649,22 @@ def test_a_malformed_message_in_conversations_is_named_by_file_line_and_id(targe
 # ---- numbers that measure nothing -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("argv, said", [
-    (["bench", "--draft", "random", "--limit", "0"], "--limit 0: no prompt to bench"),
-    (["bench", "--draft", "random", "--limit", "-2"], "--limit -2: no prompt to bench"),
-    (["bench", "--draft", "random", "--max-new-tokens", "0"], "--max-new-tokens 0: nothing to generate"),
-    (["speculate", "--draft", "random", "--max-new-tokens", "0", "hi"], "--max-new-tokens 0: nothing to generate"),
-    (["doctor", "DRAFT", "--probe", "--limit", "0"], "--limit 0: the probe would measure nothing"),
-    (["doctor", "DRAFT", "--probe", "--max-new-tokens", "0"], "--max-new-tokens 0: the probe would measure nothing"),
-    (["bench", "--draft", "random", "--k", "0"], "--k 0: a chain drafts at least one token"),      # ran k=2
-    (["speculate", "--draft", "random", "--k", "0", "hi"], "--k 0: a chain drafts at least one token"),
-])
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["bench", "--draft", "random", "--limit", "0"], "--limit 0: no prompt to bench"),
+        (["bench", "--draft", "random", "--limit", "-2"], "--limit -2: no prompt to bench"),
+        (["bench", "--draft", "random", "--max-new-tokens", "0"], "--max-new-tokens 0: nothing to generate"),
+        (["speculate", "--draft", "random", "--max-new-tokens", "0", "hi"], "--max-new-tokens 0: nothing to generate"),
+        (["doctor", "DRAFT", "--probe", "--limit", "0"], "--limit 0: the probe would measure nothing"),
+        (
+            ["doctor", "DRAFT", "--probe", "--max-new-tokens", "0"],
+            "--max-new-tokens 0: the probe would measure nothing",
+        ),
+        (["bench", "--draft", "random", "--k", "0"], "--k 0: a chain drafts at least one token"),  # ran k=2
+        (["speculate", "--draft", "random", "--k", "0", "hi"], "--k 0: a chain drafts at least one token"),
+    ],
+)
 def test_a_count_that_measures_nothing_is_refused(argv, said, targets, tmp_path, capsys):
     """Found 2026-12-04: bench --limit 0 benched every prompt (0 read as "all"), --limit -1 all but
     the last, and the doctor's --limit 0 probed nothing and still printed a verdict."""
@@ -482,8 +680,27 @@ def test_a_bench_whose_answers_end_at_the_first_token_is_refused_not_scored(targ
     """Found 2026-12-04: --max-new-tokens 1 ran no speculative cycle, and bench printed tau 1.00
     and a cycle cost made up from no cycle."""
     out = tmp_path / "bench"
-    assert main(["bench", "--target", str(targets["base"]), "--draft", "random", "--max-new-tokens", "1", "--no-hf",
-                 "--limit", "1", "--device", "cpu", "--out", str(out)]) == 2
+    assert (
+        main(
+            [
+                "bench",
+                "--target",
+                str(targets["base"]),
+                "--draft",
+                "random",
+                "--max-new-tokens",
+                "1",
+                "--no-hf",
+                "--limit",
+                "1",
+                "--device",
+                "cpu",
+                "--out",
+                str(out),
+            ]
+        )
+        == 2
+    )
     assert "no speculative cycle ran" in capsys.readouterr().err
     assert not (out / "results.json").exists()
 
@@ -493,8 +710,27 @@ def test_bench_and_doctor_out_on_another_stages_folder_are_refused(targets, tmp_
     with their own (exit 0); the draft then read as another stage's folder."""
     draft = draft_folder(targets["base"], tmp_path / "draft")
     before = (draft / "manifest.json").read_bytes()
-    assert main(["bench", "--target", str(targets["base"]), "--draft", str(draft), "--max-new-tokens", "4", "--no-hf",
-                 "--limit", "1", "--device", "cpu", "--out", str(draft)]) == 2
+    assert (
+        main(
+            [
+                "bench",
+                "--target",
+                str(targets["base"]),
+                "--draft",
+                str(draft),
+                "--max-new-tokens",
+                "4",
+                "--no-hf",
+                "--limit",
+                "1",
+                "--device",
+                "cpu",
+                "--out",
+                str(draft),
+            ]
+        )
+        == 2
+    )
     assert "holds the output of `eaglekit train`" in capsys.readouterr().err
     assert main(["doctor", str(draft), "--target", str(targets["base"]), "--out", str(draft)]) == 2
     assert "holds the output of `eaglekit train`" in capsys.readouterr().err
@@ -509,10 +745,12 @@ def test_export_and_import_refuse_a_d2t_of_absolute_ids(targets, tmp_path, capsy
     draft = draft_folder(targets["base"], tmp_path / "draft")
     weights = draft / "model.safetensors"
     tensors = load_file(str(weights))
-    tensors["d2t"] = torch.arange(tensors["d2t"].shape[0], dtype=torch.long)   # absolute ids, not offsets
+    tensors["d2t"] = torch.arange(tensors["d2t"].shape[0], dtype=torch.long)  # absolute ids, not offsets
     save_file(tensors, str(weights), metadata={"format": "pt"})
-    for argv in (["export", str(draft), "--format", "vllm", "--out", str(tmp_path / "vllm")],
-                 ["import", str(draft), "--out", str(tmp_path / "native")]):
+    for argv in (
+        ["export", str(draft), "--format", "vllm", "--out", str(tmp_path / "vllm")],
+        ["import", str(draft), "--out", str(tmp_path / "native")],
+    ):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert "d2t holds absolute target ids" in err and "d2t[i] = target_id[i] - i" in err
@@ -524,11 +762,17 @@ def test_export_with_target_checks_a_draft_that_records_none(targets, tmp_path, 
     unchecked, though its aux layers were past T's last layer."""
     draft = save_draft(random_draft(load_target(targets["base"]).model, aux=[1, 3, 4]), tmp_path / "bare")
     shallow = save_tiny_target(tmp_path / "shallow", num_layers=3)
-    assert main(["export", str(draft), "--format", "vllm", "--target", str(shallow), "--out", str(tmp_path / "out")]) == 2
+    assert (
+        main(["export", str(draft), "--format", "vllm", "--target", str(shallow), "--out", str(tmp_path / "out")]) == 2
+    )
     assert "aux" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
-    assert main(["export", str(draft), "--format", "vllm", "--target", str(targets["base"]),
-                 "--out", str(tmp_path / "ok")]) == 0     # the target it fits is stamped
+    assert (
+        main(
+            ["export", str(draft), "--format", "vllm", "--target", str(targets["base"]), "--out", str(tmp_path / "ok")]
+        )
+        == 0
+    )  # the target it fits is stamped
 
 
 def test_the_report_notes_a_bench_prompts_file_edited_into_bad_json(tmp_path):
@@ -581,13 +825,39 @@ def test_the_doctors_probe_given_a_folder_reads_a_prompts_folder_and_names_any_o
     assert "holds a 'train' artifact, expected 'prompts'" in capsys.readouterr().err
     source = tmp_path / "p.jsonl"
     source.write_text("".join(json.dumps({"id": f"q{i}", "turns": [f"Question {i}?"]}) + "\n" for i in range(8)))
-    assert main(["prompts", "build", "--source", str(source), "--validation-fraction", "0.5",
-                 "--out", str(tmp_path / "prompts")]) == 0
+    assert (
+        main(
+            [
+                "prompts",
+                "build",
+                "--source",
+                str(source),
+                "--validation-fraction",
+                "0.5",
+                "--out",
+                str(tmp_path / "prompts"),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
-    code = main(["doctor", str(draft), "--target", str(targets["base"]), "--probe", str(tmp_path / "prompts"),
-                 "--limit", "2", "--max-new-tokens", "4", "--json"])
+    code = main(
+        [
+            "doctor",
+            str(draft),
+            "--target",
+            str(targets["base"]),
+            "--probe",
+            str(tmp_path / "prompts"),
+            "--limit",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--json",
+        ]
+    )
     report = json.loads(capsys.readouterr().out)
-    assert code in (0, 1) and report["probe"]["prompts"] == 2          # read from the folder's validation split
+    assert code in (0, 1) and report["probe"]["prompts"] == 2  # read from the folder's validation split
 
 
 def test_the_reliability_table_counts_its_rows_and_names_tests_that_exist():
@@ -596,12 +866,15 @@ def test_the_reliability_table_counts_its_rows_and_names_tests_that_exist():
 
     tests = Path(__file__).resolve().parents[1]
     doc = (tests.parent / "docs" / "reliability.md").read_text()
-    rows = [line for line in doc.splitlines()
-            if line.startswith("| ") and not line.startswith(("| ---", "| fault |"))]
+    rows = [line for line in doc.splitlines() if line.startswith("| ") and not line.startswith(("| ---", "| fault |"))]
     counted = re.search(r"Counted: (\d+) cases; (\d+) handled", doc)
     assert counted and int(counted[1]) == int(counted[2]) == len(rows)
-    missing = [f"{file}::{name}" for row in rows for file, name in re.findall(r"(test_\w+\.py)::(\w+)", row)
-               if not any(f"def {name}(" in p.read_text() for p in tests.rglob(file))]
+    missing = [
+        f"{file}::{name}"
+        for row in rows
+        for file, name in re.findall(r"(test_\w+\.py)::(\w+)", row)
+        if not any(f"def {name}(" in p.read_text() for p in tests.rglob(file))
+    ]
     assert not missing
 
 
@@ -610,7 +883,18 @@ def test_generate_checks_its_counts_before_anything_loads(tmp_path, capsys):
     does for it (the target named here does not exist: the check comes first)."""
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"id": "a", "turns": ["hi"]}) + "\n")
-    code = main(["generate", "--prompts", str(prompts), "--target", str(tmp_path / "no-target"),
-                 "--max-new-tokens", "0", "--out", str(tmp_path / "g")])
+    code = main(
+        [
+            "generate",
+            "--prompts",
+            str(prompts),
+            "--target",
+            str(tmp_path / "no-target"),
+            "--max-new-tokens",
+            "0",
+            "--out",
+            str(tmp_path / "g"),
+        ]
+    )
     assert code == 2 and "--max-new-tokens 0 must be 1 or more" in capsys.readouterr().err
     assert not (tmp_path / "g").exists()

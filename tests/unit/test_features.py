@@ -25,8 +25,16 @@ def text_rows(n: int) -> list[dict]:
     rows = []
     for i in range(n):
         q, a = TRAIN_TEXT[i % len(TRAIN_TEXT)], TRAIN_TEXT[(3 * i + 1) % len(TRAIN_TEXT)]
-        rows.append({"id": f"t{i:04d}", "source": "test", "messages": [
-            {"role": "user", "content": f"{q} ({i})"}, {"role": "assistant", "content": " ".join([a] * (1 + i % 3))}]})
+        rows.append(
+            {
+                "id": f"t{i:04d}",
+                "source": "test",
+                "messages": [
+                    {"role": "user", "content": f"{q} ({i})"},
+                    {"role": "assistant", "content": " ".join([a] * (1 + i % 3))},
+                ],
+            }
+        )
     return rows
 
 
@@ -108,7 +116,7 @@ def test_index_is_readable_while_running_and_capture_resumes(target, samples, tm
     monkeypatch.setattr(capture_mod, "capture_shard", lambda *a, **k: calls.append(1) or real(*a, **k))
     capture(target, samples, tmp_path)
     full = FeatureStore(store_dir)
-    assert len(calls) == full.manifest["counts"]["shards"] - 2   # finished shards were skipped
+    assert len(calls) == full.manifest["counts"]["shards"] - 2  # finished shards were skipped
     resumed = FeatureStore(tmp_path)
     assert resumed.complete and resumed.ids == full.ids
     for i in range(len(full)):
@@ -171,8 +179,11 @@ def test_an_index_that_lost_shards_after_the_capture_is_refused(store_dir, tmp_p
     counted = json.loads((copy / "manifest.json").read_text())["counts"]
     index["shards"] = index["shards"][:1]
     (copy / "index.json").write_text(json.dumps(index))
-    with pytest.raises(EaglekitError, match=f"index 1 shards and .* samples, the finished capture counted "
-                                            f"{counted['shards']} and {counted['samples']}") as err:
+    with pytest.raises(
+        EaglekitError,
+        match=f"index 1 shards and .* samples, the finished capture counted "
+        f"{counted['shards']} and {counted['samples']}",
+    ) as err:
         FeatureStore(copy)
     assert "--overwrite" in err.value.hint
 
@@ -183,7 +194,7 @@ def test_shard_with_wrong_aux_width_is_refused(store_dir, tmp_path):
     copy = tmp_path / "f"
     shutil.copytree(store_dir, copy)
     manifest = json.loads((copy / "manifest.json").read_text())
-    manifest["config"]["aux_layer_ids"] = [1, 3]          # claims 2 layers, shards hold 3
+    manifest["config"]["aux_layer_ids"] = [1, 3]  # claims 2 layers, shards hold 3
     (copy / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(EaglekitError, match=r"aux states 192 wide, expected 2 aux layers x 64 = 128"):
         FeatureStore(copy)
@@ -200,12 +211,24 @@ def test_empty_data_is_refused(target, tmp_path):
 
 
 def test_a_conversation_cut_one_token_into_its_answer_is_dropped(target, tmp_path):
-    rows, _ = read_conversations(write_jsonl(tmp_path / "c.jsonl", [
-        {"id": "a", "messages": [{"role": "user", "content": "hello there"}, {"role": "assistant", "content": "hi, how are you"}]}]))
+    rows, _ = read_conversations(
+        write_jsonl(
+            tmp_path / "c.jsonl",
+            [
+                {
+                    "id": "a",
+                    "messages": [
+                        {"role": "user", "content": "hello there"},
+                        {"role": "assistant", "content": "hi, how are you"},
+                    ],
+                }
+            ],
+        )
+    )
     full, _ = tokenize_conversations(target.tokenizer, rows, max_length=256)
     first_answer = int(full[0].loss_mask.nonzero()[0])
     kept, _ = tokenize_conversations(target.tokenizer, rows, max_length=first_answer + 2)
-    assert [s.id for s in kept] == ["a"]                       # two answer tokens in a row: kept
+    assert [s.id for s in kept] == ["a"]  # two answer tokens in a row: kept
     # One answer token: no position to learn from (a batch of only such rows would train on nothing).
     with pytest.raises(EaglekitError, match="none of the 1 conversations has an answer to learn from"):
         tokenize_conversations(target.tokenizer, rows, max_length=first_answer + 1)
@@ -216,8 +239,10 @@ def test_conversations_of_another_target_are_refused(target, tmp_path):
     folder = write_generate_folder(tmp_path / "conv", text_rows(4), fp)
     with pytest.raises(EaglekitError, match="another tokenizer and chat template"):
         read_conversations(folder, target_fingerprint=target.fingerprint())
-    rows, _ = read_conversations(write_generate_folder(tmp_path / "ok", text_rows(4), target.fingerprint()),
-                                 target_fingerprint=target.fingerprint())
+    rows, _ = read_conversations(
+        write_generate_folder(tmp_path / "ok", text_rows(4), target.fingerprint()),
+        target_fingerprint=target.fingerprint(),
+    )
     assert len(rows) == 4
 
 
@@ -231,14 +256,38 @@ def test_features_and_vocab_cli(tiny_target_dir, tmp_path, capsys):
     from eaglekit.cli import main
 
     data = write_jsonl(tmp_path / "conv.jsonl", text_rows(10))
-    args = ["features", "--target", str(tiny_target_dir), "--data", str(data), "--out", str(tmp_path / "f"),
-            "--aux-layer-ids", "1,3,4", "--teacher-topk", "4", "--shard-tokens", "300", "--device-map", "auto",
-            "--no-progress"]
+    args = [
+        "features",
+        "--target",
+        str(tiny_target_dir),
+        "--data",
+        str(data),
+        "--out",
+        str(tmp_path / "f"),
+        "--aux-layer-ids",
+        "1,3,4",
+        "--teacher-topk",
+        "4",
+        "--shard-tokens",
+        "300",
+        "--device-map",
+        "auto",
+        "--no-progress",
+    ]
     assert main(args) == 0
     assert "bytes/token" in capsys.readouterr().out
-    assert main(args) == 0                      # a finished store is reused as it is
-    vocab_args = ["vocab", "--target", str(tiny_target_dir), "--features", str(tmp_path / "f"),
-                  "--draft-vocab-size", "300", "--out", str(tmp_path / "v")]
+    assert main(args) == 0  # a finished store is reused as it is
+    vocab_args = [
+        "vocab",
+        "--target",
+        str(tiny_target_dir),
+        "--features",
+        str(tmp_path / "f"),
+        "--draft-vocab-size",
+        "300",
+        "--out",
+        str(tmp_path / "v"),
+    ]
     assert main(vocab_args) == 2
     assert "distinct assistant tokens" in capsys.readouterr().err
     assert main(vocab_args + ["--allow-smaller-vocab"]) == 0

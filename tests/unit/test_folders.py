@@ -55,13 +55,16 @@ def hidden_beside(folder: Path) -> list[str]:
 # ---- 1. a stage writes only into an empty folder or one it made -----------------------------------
 
 
-@pytest.mark.parametrize("stage", ["target prepare", "prompts", "generate", "features", "train", "export", "doctor",
-                                   "run"])
+@pytest.mark.parametrize(
+    "stage", ["target prepare", "prompts", "generate", "features", "train", "export", "doctor", "run"]
+)
 def test_every_stage_refuses_a_folder_of_the_users_own_files(stage, tmp_path):
     out = users_folder(tmp_path / "out")
-    with pytest.raises(EaglekitError, match=r"holds files .* did not write \(important.txt, src\).*--overwrite included"):
+    with pytest.raises(
+        EaglekitError, match=r"holds files .* did not write \(important.txt, src\).*--overwrite included"
+    ):
         with writer_lock(out, stage=stage):
-            clear_folder(out)          # what --overwrite did: deleted both files, exit 0
+            clear_folder(out)  # what --overwrite did: deleted both files, exit 0
     with pytest.raises(EaglekitError, match="did not write"):
         with atomic_dir(out, overwrite=True, stage=stage):
             pass
@@ -74,7 +77,7 @@ def test_a_stage_writes_into_an_empty_folder_its_own_and_its_own_unfinished_one(
     check_owner(tmp_path / "empty", "train")
     check_owner(finished(tmp_path / "draft", "train", "w"), "train")
     check_owner(finished(tmp_path / "target", "target", "w"), "target prepare")
-    killed = tmp_path / "killed"                     # a train killed before its first manifest
+    killed = tmp_path / "killed"  # a train killed before its first manifest
     killed.mkdir()
     (killed / "log.jsonl").write_text("{}\n")
     check_owner(killed, "train")
@@ -112,7 +115,7 @@ def test_overwrite_in_place_deletes_the_old_result_only_once_the_new_one_is_comp
     draft = finished(tmp_path / "draft", "train", "old")
     with writer_lock(draft, stage="train"):
         clear_folder(draft)
-        assert not any(draft.iterdir())               # readers see no manifest meanwhile
+        assert not any(draft.iterdir())  # readers see no manifest meanwhile
         finished(draft, "train", "new")
     assert (draft / "model.safetensors").read_text() == "new" and hidden_beside(draft) == []
 
@@ -124,7 +127,7 @@ def test_a_failed_overwrite_in_place_puts_the_old_result_back(how, tmp_path):
     with pytest.raises(RuntimeError) if how == "fails" else contextlib.nullcontext():
         with writer_lock(draft, stage="train"):
             clear_folder(draft)
-            (draft / "log.jsonl").write_text("{}\n")     # the new run's first steps
+            (draft / "log.jsonl").write_text("{}\n")  # the new run's first steps
             if how == "fails":
                 raise RuntimeError("killed by a bad input")
     assert (draft / "model.safetensors").read_text() == "old" and (draft / MANIFEST).read_text() == before
@@ -138,7 +141,7 @@ def test_a_killed_overwrite_in_place_is_put_back_by_the_next_writer(tmp_path):
     aside = tmp_path / f".draft.old-{dead_pid()}"
     draft.rename(aside)
     draft.mkdir()
-    (draft / "log.jsonl").write_text("{}\n")             # what the killed run had written
+    (draft / "log.jsonl").write_text("{}\n")  # what the killed run had written
     with writer_lock(draft, stage="train"):
         assert (draft / "model.safetensors").read_text() == "old" and not (draft / "log.jsonl").exists()
     assert missing_outputs(draft) == [] and hidden_beside(draft) == []
@@ -150,14 +153,14 @@ def test_an_export_killed_between_its_two_renames_is_rolled_back_by_the_next_run
     pid = dead_pid()
     old = finished(tmp_path / f".vllm.old-{pid}", "export", "old")
     finished(tmp_path / f".vllm.{pid}-abcd1234.tmp", "export", "new")
-    finished(tmp_path / ".vllm.k2j4h5g6.tmp", "export", "older")     # named before the pid was in it
+    finished(tmp_path / ".vllm.k2j4h5g6.tmp", "export", "older")  # named before the pid was in it
     out = tmp_path / "vllm"
-    with pytest.raises(EaglekitError, match="already exists"):       # the rerun without --overwrite
+    with pytest.raises(EaglekitError, match="already exists"):  # the rerun without --overwrite
         with atomic_dir(out, stage="export"):
             pass
     assert (out / "model.safetensors").read_text() == "old" and not old.exists()
     assert hidden_beside(out) == [] and missing_outputs(out) == []
-    with atomic_dir(out, overwrite=True, stage="export") as tmp:     # and a replace completes
+    with atomic_dir(out, overwrite=True, stage="export") as tmp:  # and a replace completes
         finished(tmp, "export", "new")
     assert (out / "model.safetensors").read_text() == "new" and hidden_beside(out) == []
 
@@ -171,8 +174,8 @@ def test_a_replace_killed_after_its_new_result_was_in_place_keeps_the_new_one(tm
 
 
 def test_leftovers_of_a_live_writer_or_another_folder_are_left_alone(tmp_path):
-    live = finished(tmp_path / f".vllm.old-{os.getppid()}", "export", "x")   # a running process's
-    other = finished(tmp_path / f".vllm.b.{dead_pid()}-abcd1234.tmp", "export", "x")   # folder "vllm.b"'s
+    live = finished(tmp_path / f".vllm.old-{os.getppid()}", "export", "x")  # a running process's
+    other = finished(tmp_path / f".vllm.b.{dead_pid()}-abcd1234.tmp", "export", "x")  # folder "vllm.b"'s
     with writer_lock(tmp_path / "vllm", stage="export"):
         pass
     assert live.is_dir() and other.is_dir()
@@ -183,7 +186,7 @@ def test_leftovers_of_a_live_writer_or_another_folder_are_left_alone(tmp_path):
 
 def test_missing_outputs_names_a_deleted_or_resized_file(tmp_path):
     draft = finished(tmp_path / "draft", "train", "weights")
-    (draft / "log.jsonl").write_text("{}\n")                        # grows after the manifest: not listed
+    (draft / "log.jsonl").write_text("{}\n")  # grows after the manifest: not listed
     assert missing_outputs(draft) == []
     assert json.loads((draft / MANIFEST).read_text())["files"] == {"model.safetensors": 7}
     (draft / "log.jsonl").write_text("{}\n{}\n")
@@ -207,7 +210,7 @@ def test_eaglekit_run_settles_and_checks_every_stage_folder_before_the_first_sta
     assert main(["run", "--recipe", "quick", "--out", str(proj)]) == 2
     assert "holds files `eaglekit bench` did not write (important.txt, src)" in capsys.readouterr().err
     assert (proj / "export" / "vllm" / "model.safetensors").read_text() == "old" and not old.exists()
-    assert sorted(p.name for p in proj.iterdir()) == ["bench", "export", "pipeline.json"]   # no stage ran
+    assert sorted(p.name for p in proj.iterdir()) == ["bench", "export", "pipeline.json"]  # no stage ran
     assert (proj / "bench" / "important.txt").read_text() == "mine"
 
 
@@ -220,7 +223,7 @@ def test_an_out_that_is_a_file_a_link_loop_or_read_only_is_one_sentence(tmp_path
             with writer_lock(out, stage="generate"):
                 pass
     assert (tmp_path / "file").read_text() == "x"
-    if os.geteuid() != 0:                                  # root writes anywhere
+    if os.geteuid() != 0:  # root writes anywhere
         (tmp_path / "ro").mkdir(mode=0o555)
         with pytest.raises(EaglekitError, match="cannot make or open the folder"):
             with writer_lock(tmp_path / "ro" / "out", stage="generate"):

@@ -26,8 +26,9 @@ def native_ckpt(tiny_target_dir, tmp_path_factory) -> Path:
     """A random draft with a reduced vocab (d2t offsets, t2d mask) and the default aux layers."""
     from transformers import AutoConfig
 
-    cfg = DraftConfig.for_target(AutoConfig.from_pretrained(tiny_target_dir), aux_layer_ids=[1, 3, 4],
-                                 draft_vocab_size=200)
+    cfg = DraftConfig.for_target(
+        AutoConfig.from_pretrained(tiny_target_dir), aux_layer_ids=[1, 3, 4], draft_vocab_size=200
+    )
     torch.manual_seed(0)
     draft = Eagle3Draft(cfg)
     ids = torch.randperm(cfg.vocab_size)[:200].sort().values
@@ -44,8 +45,8 @@ def test_native_names_table_matches_the_model(native_ckpt):
 
 def test_each_format_converts_aux_ids_at_its_edge():
     ids = [1, 14, 26]
-    assert FORMATS["sglang"].engine_ids(ids) == [1, 14, 26]    # nested ids: output of layer k
-    assert FORMATS["vllm"].engine_ids(ids) == [2, 15, 27]      # top-level ids: input of layer k
+    assert FORMATS["sglang"].engine_ids(ids) == [1, 14, 26]  # nested ids: output of layer k
+    assert FORMATS["vllm"].engine_ids(ids) == [2, 15, 27]  # top-level ids: input of layer k
     for fmt in FORMATS.values():
         assert fmt.eaglekit_ids(fmt.engine_ids(ids)) == ids
 
@@ -102,8 +103,9 @@ def test_sglang_and_eagle_configs(native_ckpt, tiny_target_dir, tmp_path):
 def test_eagle_export_refuses_ids_eagle_cannot_capture(tiny_target_dir, tmp_path):
     from transformers import AutoConfig
 
-    cfg = DraftConfig.for_target(AutoConfig.from_pretrained(tiny_target_dir), aux_layer_ids=[0, 3, 6],
-                                 draft_vocab_size=384)
+    cfg = DraftConfig.for_target(
+        AutoConfig.from_pretrained(tiny_target_dir), aux_layer_ids=[0, 3, 6], draft_vocab_size=384
+    )
     save_draft(Eagle3Draft(cfg), tmp_path / "ckpt")
     with pytest.raises(EaglekitError, match="hard-coded"):
         export_draft(tmp_path / "ckpt", "eagle", tmp_path / "e", target=str(tiny_target_dir))
@@ -118,7 +120,7 @@ def test_export_refuses_existing_output_and_unknown_format(native_ckpt, tmp_path
             export_draft(native_ckpt, "sglang", tmp_path / "out", overwrite=overwrite)
     assert (tmp_path / "out" / "config.json").read_text() == "{}"
     export_draft(native_ckpt, "sglang", tmp_path / "own")
-    with pytest.raises(EaglekitError, match="already exists"):   # its own finished export: --overwrite replaces it
+    with pytest.raises(EaglekitError, match="already exists"):  # its own finished export: --overwrite replaces it
         export_draft(native_ckpt, "sglang", tmp_path / "own")
     with pytest.raises(EaglekitError, match="unknown format"):
         export_draft(native_ckpt, "trtllm", tmp_path / "x")
@@ -208,8 +210,21 @@ def test_import_refuses_unknown_and_conflicting(native_ckpt, tmp_path):
 
 
 def test_cli_export_then_import(native_ckpt, tiny_target_dir, tmp_path, capsys):
-    assert main(["export", str(native_ckpt), "--format", "vllm", "--out", str(tmp_path / "v"),
-                 "--target", str(tiny_target_dir)]) == 0
+    assert (
+        main(
+            [
+                "export",
+                str(native_ckpt),
+                "--format",
+                "vllm",
+                "--out",
+                str(tmp_path / "v"),
+                "--target",
+                str(tiny_target_dir),
+            ]
+        )
+        == 0
+    )
     assert "reload check passed" in capsys.readouterr().out
     assert main(["import", str(tmp_path / "v"), "--out", str(tmp_path / "n")]) == 0
     assert main(["export", str(native_ckpt), "--format", "vllm", "--out", str(tmp_path / "v")]) == 2

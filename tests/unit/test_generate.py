@@ -28,8 +28,15 @@ from eaglekit.targets import load_target
 from eaglekit.targets.chat import prompt_ids
 from engine_tiny import one_thread  # noqa: F401 (fixture)
 
-QUESTIONS = ["What is the capital of France?", "Count from one to ten.", "Hello!", "Solve 12 * 7.",
-             "Write a Python function that adds two numbers.", "The quick brown fox?", "How can I help you today?"]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Count from one to ten.",
+    "Hello!",
+    "Solve 12 * 7.",
+    "Write a Python function that adds two numbers.",
+    "The quick brown fox?",
+    "How can I help you today?",
+]
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +46,9 @@ def tiny(tiny_target_dir):
 
 def backend(target, batch_size=4, max_new_tokens=12, context_length=512, sampling=Sampling(), kind="hf", seed=0):
     gen = make_generator(kind, target.model, target.stop_token_ids, sampling, seed=seed, batch_size=batch_size)
-    return LocalBackend(target.tokenizer, gen, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                        context_length=context_length)
+    return LocalBackend(
+        target.tokenizer, gen, max_new_tokens=max_new_tokens, batch_size=batch_size, context_length=context_length
+    )
 
 
 def answer_all(b, prompts):
@@ -107,8 +115,13 @@ def test_sampling_follows_the_seed(tiny, kind):
 
 
 def make_prompts(tmp_path: Path, n: int, multi_every: int = 5) -> Path:
-    rows = [{"id": f"p{i}", "turns": [f"{QUESTIONS[i % len(QUESTIONS)]} ({i})"]
-             + ([f"And then {i}?"] if i % multi_every == 0 else [])} for i in range(n)]
+    rows = [
+        {
+            "id": f"p{i}",
+            "turns": [f"{QUESTIONS[i % len(QUESTIONS)]} ({i})"] + ([f"And then {i}?"] if i % multi_every == 0 else []),
+        }
+        for i in range(n)
+    ]
     src = tmp_path / "src.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "prompts"
@@ -117,14 +130,31 @@ def make_prompts(tmp_path: Path, n: int, multi_every: int = 5) -> Path:
 
 
 def read_rows(folder: Path) -> list[dict]:
-    return [json.loads(line) for p in sorted(folder.glob("conversations-*.jsonl")) for line in p.read_text().splitlines()]
+    return [
+        json.loads(line) for p in sorted(folder.glob("conversations-*.jsonl")) for line in p.read_text().splitlines()
+    ]
 
 
 def test_cli_writes_shards_and_manifest(tmp_path, tiny_target_dir, tiny):
     prompts = make_prompts(tmp_path, 12)
     out = tmp_path / "gen"
-    argv = ["generate", "--prompts", str(prompts), "--target", str(tiny_target_dir), "--out", str(out),
-            "--backend", "hf", "--max-new-tokens", "6", "--batch-size", "3", "--shard-size", "5"]
+    argv = [
+        "generate",
+        "--prompts",
+        str(prompts),
+        "--target",
+        str(tiny_target_dir),
+        "--out",
+        str(out),
+        "--backend",
+        "hf",
+        "--max-new-tokens",
+        "6",
+        "--batch-size",
+        "3",
+        "--shard-size",
+        "5",
+    ]
     assert main(argv) == 0
     assert sorted(p.name for p in out.glob("conversations-*")) == [f"conversations-0000{i}.jsonl" for i in range(3)]
     rows = read_rows(out)
@@ -139,7 +169,7 @@ def test_cli_writes_shards_and_manifest(tmp_path, tiny_target_dir, tiny):
     assert counts["answer_tokens"] == sum(r["meta"]["num_tokens"] for r in rows)
     assert counts["assistant_turns"] == 12 + 3  # p0, p5, p10 have two turns
     turns = [t for r in rows for t in r["meta"]["turns"]]
-    assert sum(counts["answer_finish_reason"].values()) == 15      # per answer, where finish_reason is per conversation
+    assert sum(counts["answer_finish_reason"].values()) == 15  # per answer, where finish_reason is per conversation
     assert counts["answer_tokens_cut_at_limit"] == sum(t["num_tokens"] for t in turns if t["finish_reason"] == "length")
     # A local backend looks for loops in every answer; only answers cut at the limit can hold one.
     assert counts["answer_tokens_checked_for_loops"] == counts["answer_tokens"]
@@ -169,9 +199,34 @@ def test_cli_sampling_flags_drive_the_engines_sampling(tmp_path, tiny_target_dir
 
     def answers(name: str, seed: int) -> list[list[dict]]:
         out = tmp_path / name
-        assert main(["generate", "--prompts", str(prompts), "--target", str(tiny_target_dir), "--out", str(out),
-                     "--backend", "hf", "--max-new-tokens", "8", "--batch-size", "3", "--temperature", "1.0",
-                     "--top-p", "0.9", "--top-k", "20", "--seed", str(seed)]) == 0
+        assert (
+            main(
+                [
+                    "generate",
+                    "--prompts",
+                    str(prompts),
+                    "--target",
+                    str(tiny_target_dir),
+                    "--out",
+                    str(out),
+                    "--backend",
+                    "hf",
+                    "--max-new-tokens",
+                    "8",
+                    "--batch-size",
+                    "3",
+                    "--temperature",
+                    "1.0",
+                    "--top-p",
+                    "0.9",
+                    "--top-k",
+                    "20",
+                    "--seed",
+                    str(seed),
+                ]
+            )
+            == 0
+        )
         manifest = json.loads((out / "manifest.json").read_text())
         assert manifest["config"]["sampling"] == {"temperature": 1.0, "top_p": 0.9, "top_k": 20, "seed": seed}
         return [r["messages"] for r in sorted(read_rows(out), key=lambda r: r["id"])]
@@ -183,11 +238,31 @@ def test_cli_sampling_flags_drive_the_engines_sampling(tmp_path, tiny_target_dir
 def test_context_limit_skips_or_stops_conversations(tmp_path, tiny_target_dir):
     src = tmp_path / "p.jsonl"
     long = "The quick brown fox jumps over the lazy dog. " * 6
-    src.write_text(json.dumps({"id": "short", "turns": ["Hello!", long]}) + "\n"
-                   + json.dumps({"id": "long", "turns": [long * 2]}) + "\n")
+    src.write_text(
+        json.dumps({"id": "short", "turns": ["Hello!", long]})
+        + "\n"
+        + json.dumps({"id": "long", "turns": [long * 2]})
+        + "\n"
+    )
     out = tmp_path / "gen"
-    assert main(["generate", "--prompts", str(src), "--target", str(tiny_target_dir), "--out", str(out),
-                 "--max-new-tokens", "8", "--context-length", "60"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--prompts",
+                str(src),
+                "--target",
+                str(tiny_target_dir),
+                "--out",
+                str(out),
+                "--max-new-tokens",
+                "8",
+                "--context-length",
+                "60",
+            ]
+        )
+        == 0
+    )
     (row,) = read_rows(out)
     assert row["id"] == "short" and row["meta"]["finish_reason"] == "context_length"
     assert row["meta"]["unanswered_turns"] == 1 and len(row["messages"]) == 2
@@ -223,8 +298,24 @@ def test_a_second_writer_is_refused(tmp_path, tiny_target_dir):
     fd = os.open(out, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        assert main(["generate", "--prompts", str(prompts), "--target", str(tiny_target_dir), "--out", str(out),
-                     "--backend", "hf", "--max-new-tokens", "4"]) == 2
+        assert (
+            main(
+                [
+                    "generate",
+                    "--prompts",
+                    str(prompts),
+                    "--target",
+                    str(tiny_target_dir),
+                    "--out",
+                    str(out),
+                    "--backend",
+                    "hf",
+                    "--max-new-tokens",
+                    "4",
+                ]
+            )
+            == 2
+        )
     finally:
         os.close(fd)
     assert not any(out.iterdir())
@@ -235,8 +326,21 @@ def test_resume_after_sigkill_loses_nothing_and_repeats_nothing(tmp_path, tiny_t
     n = 40
     prompts = make_prompts(tmp_path, n, multi_every=4)
     out = tmp_path / "gen"
-    argv = ["generate", "--prompts", str(prompts), "--target", str(tiny_target_dir), "--out", str(out),
-            "--max-new-tokens", "16", "--batch-size", "1", "--shard-size", "7"]
+    argv = [
+        "generate",
+        "--prompts",
+        str(prompts),
+        "--target",
+        str(tiny_target_dir),
+        "--out",
+        str(out),
+        "--max-new-tokens",
+        "16",
+        "--batch-size",
+        "1",
+        "--shard-size",
+        "7",
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "eaglekit", *argv]
     for kill_after in (4, 20):  # kill twice, at different points, with SIGKILL (no cleanup runs)
@@ -263,9 +367,15 @@ def test_resume_after_sigkill_loses_nothing_and_repeats_nothing(tmp_path, tiny_t
     # The engine accounts for its time: decode steps and refills (the prompts' prefills) apart.
     clean_manifest = json.loads((clean / "manifest.json").read_text())
     loop = clean_manifest["decoder"]["serve_loops"][0]
-    assert loop["steps"] > 0 and loop["refills"] == clean_manifest["counts"]["assistant_turns"] > n and loop["refill_tokens"] <= loop["refill_padded_tokens"]
-    assert loop["decode_s"] > 0 and loop["refill_s"] > 0 and loop["wall_s"] >= loop["decode_s"] + loop["refill_s"] - 1e-3
-    assert loop["resumed_tokens"] > 0     # later turns resumed their conversation's row (the same answers, above)
+    assert (
+        loop["steps"] > 0
+        and loop["refills"] == clean_manifest["counts"]["assistant_turns"] > n
+        and loop["refill_tokens"] <= loop["refill_padded_tokens"]
+    )
+    assert (
+        loop["decode_s"] > 0 and loop["refill_s"] > 0 and loop["wall_s"] >= loop["decode_s"] + loop["refill_s"] - 1e-3
+    )
+    assert loop["resumed_tokens"] > 0  # later turns resumed their conversation's row (the same answers, above)
 
 
 def read_lines(folder: Path) -> list[bytes]:
@@ -286,7 +396,7 @@ def test_attention_is_a_setting_of_the_engine_backend_only():
         make_generator("local", None, [1], Sampling(), engine=EngineSettings(stop_loops=1))
     with pytest.raises(EaglekitError, match="--refill-padding 2.0 is a setting of eaglekit's engine"):
         make_generator("hf", None, [1], Sampling(), engine=EngineSettings(refill_padding=2.0))
-    with pytest.raises(EaglekitError, match="--refill-padding 0.5 is below 1"):     # before any model loads
+    with pytest.raises(EaglekitError, match="--refill-padding 0.5 is below 1"):  # before any model loads
         make_generator("local", None, [1], Sampling(), engine=EngineSettings(refill_padding=0.5))
 
 
@@ -295,8 +405,24 @@ def test_engine_settings_for_a_server_backend_are_refused_before_anything_runs(t
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "a", "turns": ["hi"]}\n')
-    assert main(["generate", "--prompts", str(prompts), "--out", str(tmp_path / "o"), "--backend", "openai",
-                 "--server-url", "http://127.0.0.1:9", "--cache-slots", "4096"]) == 2
+    assert (
+        main(
+            [
+                "generate",
+                "--prompts",
+                str(prompts),
+                "--out",
+                str(tmp_path / "o"),
+                "--backend",
+                "openai",
+                "--server-url",
+                "http://127.0.0.1:9",
+                "--cache-slots",
+                "4096",
+            ]
+        )
+        == 2
+    )
     assert "--cache-slots 4096 is a setting of eaglekit's engine, not of backend 'openai'" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 

@@ -16,12 +16,31 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu" / "bench_genera
 @pytest.mark.slow
 def test_bench_generate_smoke(tmp_path, tiny_target_dir):
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"id": f"b{i}", "source": "bench", "turns": [f"Count from one to {i}."]}) + "\n"
-                               for i in range(16)))
+    prompts.write_text(
+        "".join(
+            json.dumps({"id": f"b{i}", "source": "bench", "turns": [f"Count from one to {i}."]}) + "\n"
+            for i in range(16)
+        )
+    )
     out = tmp_path / "out"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--target", str(tiny_target_dir), "--prompts",
-                           str(prompts), "--out", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--smoke",
+            "--target",
+            str(tiny_target_dir),
+            "--prompts",
+            str(prompts),
+            "--out",
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((out / "bench_generate.json").read_text())
     assert report["prompts"]["count"] == 12 and report["prompts"]["same_as_hf"] == 4 and not report["engine_errors"]
@@ -49,8 +68,10 @@ def test_bench_generate_reads_jsonl_with_unicode_line_separators(tmp_path):
     spec.loader.exec_module(module)
     from eaglekit.artifacts import write_manifest
 
-    rows = [{"id": "a", "messages": [{"role": "assistant", "content": "one\u2028two\x85three\x1cfour"}]},
-            {"id": "b", "messages": [{"role": "assistant", "content": "plain"}]}]
+    rows = [
+        {"id": "a", "messages": [{"role": "assistant", "content": "one\u2028two\x85three\x1cfour"}]},
+        {"id": "b", "messages": [{"role": "assistant", "content": "plain"}]},
+    ]
     path = tmp_path / "conversations-00000.jsonl"
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     write_manifest(tmp_path, stage="generate", config={}, target=None, counts={"conversations": 2})

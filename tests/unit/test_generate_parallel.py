@@ -45,8 +45,11 @@ def test_two_cpu_workers_answer_like_one_process(tmp_path, tiny_target_dir):
     assert by_id(rows) == by_id(read_rows(tmp_path / "one"))  # greedy fp32: the same answers
     # Round-robin within each split: worker i holds prompts i, i + 2, ... of the train and validation files.
     for i in (0, 1):
-        want = {json.loads(line)["id"] for split in ("train", "validation")
-                for line in (prompts / f"{split}.jsonl").read_text().splitlines()[i::2]}
+        want = {
+            json.loads(line)["id"]
+            for split in ("train", "validation")
+            for line in (prompts / f"{split}.jsonl").read_text().splitlines()[i::2]
+        }
         assert {r["id"] for r in read_rows(out / "workers" / str(i))} == want
     manifest = json.loads((out / "manifest.json").read_text())
     single = json.loads((tmp_path / "one" / "manifest.json").read_text())
@@ -70,12 +73,15 @@ def test_two_cpu_workers_answer_like_one_process(tmp_path, tiny_target_dir):
     assert main(argv[:-1] + ["cpu,cpu,cpu"]) == 2
 
 
-@pytest.mark.parametrize("devices, message", [
-    ("gpu0", "is not cpu or cuda:N"),
-    ("cpu,,cpu", "names an empty device"),
-    ("cuda:0,cuda:0", "names a GPU twice"),
-    ("cuda", "is not cpu or cuda:N"),
-])
+@pytest.mark.parametrize(
+    "devices, message",
+    [
+        ("gpu0", "is not cpu or cuda:N"),
+        ("cpu,,cpu", "names an empty device"),
+        ("cuda:0,cuda:0", "names a GPU twice"),
+        ("cuda", "is not cpu or cuda:N"),
+    ],
+)
 def test_bad_devices_are_refused_with_a_hint(tmp_path, tiny_target_dir, capsys, devices, message):
     argv = generate_argv(tmp_path / "no-prompts", tiny_target_dir, tmp_path / "out", "--devices", devices)
     assert main(argv) == 2
@@ -86,10 +92,12 @@ def test_bad_devices_are_refused_with_a_hint(tmp_path, tiny_target_dir, capsys, 
 
 def test_devices_refused_beside_other_settings(tmp_path, tiny_target_dir, capsys):
     base = generate_argv(tmp_path / "p", tiny_target_dir, tmp_path / "out")
-    cases = [(["--devices", "cpu,cpu", "--backend", "openai"], "raise --concurrency"),
-             (["--devices", "cpu,cpu", "--device", "cuda"], "drop --device"),
-             (["--devices", "cpu,cpu", "--worker", "0/2"], "starts the workers itself"),
-             (["--worker", "2/2"], "is not I/N with 0 <= I < N")]
+    cases = [
+        (["--devices", "cpu,cpu", "--backend", "openai"], "raise --concurrency"),
+        (["--devices", "cpu,cpu", "--device", "cuda"], "drop --device"),
+        (["--devices", "cpu,cpu", "--worker", "0/2"], "starts the workers itself"),
+        (["--worker", "2/2"], "is not I/N with 0 <= I < N"),
+    ]
     if not _has_cuda():
         cases.append((["--devices", "cuda:0"], "this host has 0 CUDA device(s)"))
     for extra, hint in cases:
@@ -101,8 +109,9 @@ def test_devices_refused_beside_other_settings(tmp_path, tiny_target_dir, capsys
 def test_every_content_flag_reaches_the_workers_and_recipes_can_set_devices():
     parser = build_parser()
     gen = parser._subparsers._group_actions[0].choices["generate"]
-    args = parser.parse_args(["generate", "--prompts", "p", "--out", "o", "--limit", "3", "--context-length", "64",
-                              "--cache-slots", "256"])
+    args = parser.parse_args(
+        ["generate", "--prompts", "p", "--out", "o", "--limit", "3", "--context-length", "64", "--cache-slots", "256"]
+    )
     passed = set(worker_argv(args))
     reached = {a.dest for a in gen._actions if set(a.option_strings) & passed}
     server = {"server_url", "model", "concurrency", "api_key_env", "timeout", "max_retries", "check_template"}
@@ -111,8 +120,9 @@ def test_every_content_flag_reaches_the_workers_and_recipes_can_set_devices():
     assert {a.dest for a in gen._actions} - server - vllm - parent == reached
     # A recipe's `generate.devices=cuda:0,cuda:1` (or a YAML list) beside its `device: cuda`.
     for value in ("cuda:0,cuda:1", ["cuda:0", "cuda:1"]):
-        args = parser.parse_args(["generate", "--prompts", "p", "--out", "o", *to_flags({"devices": value}),
-                                  "--device", "cuda"])
+        args = parser.parse_args(
+            ["generate", "--prompts", "p", "--out", "o", *to_flags({"devices": value}), "--device", "cuda"]
+        )
         assert sum((d.split(",") for d in args.devices), []) == ["cuda:0", "cuda:1"]
         check_device_flag(args.device, ["cuda:0", "cuda:1"])
     assert parse_devices(["cpu, cpu", "cpu"]) == ["cpu", "cpu", "cpu"]
@@ -178,11 +188,19 @@ def test_resume_after_sigkill_loses_nothing_and_repeats_nothing(tmp_path, tiny_t
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     # First the parent alone is killed (its workers notice and die), then the whole process group.
     for kill_after, whole_group in ((4, False), (16, True)):
-        proc = subprocess.Popen([sys.executable, "-m", "eaglekit", *argv], env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "eaglekit", *argv],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         deadline = time.time() + 120
-        while (not (out / "workers").is_dir() or _worker_lines(out) < kill_after) and proc.poll() is None \
-                and time.time() < deadline:
+        while (
+            (not (out / "workers").is_dir() or _worker_lines(out) < kill_after)
+            and proc.poll() is None
+            and time.time() < deadline
+        ):
             time.sleep(0.01)
         assert proc.poll() is None, f"finished before the kill: {proc.stderr.read().decode()[-2000:]}"
         if whole_group:
@@ -221,4 +239,4 @@ def test_generate_options_name_the_engine_kinds():
     from eaglekit.data.options import ATTENTIONS, REFILLS
     from eaglekit.runtime.kv import ATTENTION_KINDS
 
-    assert REFILLS == REFILL_KINDS and set(ATTENTIONS) - {"auto"} <= set(ATTENTION_KINDS)   # reduce: 1-row steps only
+    assert REFILLS == REFILL_KINDS and set(ATTENTIONS) - {"auto"} <= set(ATTENTION_KINDS)  # reduce: 1-row steps only

@@ -14,15 +14,23 @@ PACKAGE = Path(eaglekit.__file__).parent
 
 # Lower numbers are lower layers. Same-layer imports are not allowed either (no sideways coupling).
 LAYERS = {
-    "errors": 0, "progress": 0, "lazy": 0,         # lazy: names a package loads on first use
-    "metrics": 0,                                  # tau, acceptance, the serving walk: no imports
-    "artifacts": 1, "options": 1, "cli": 1,      # cli: the dispatcher imports stage CLIs by name only
+    "errors": 0,
+    "progress": 0,
+    "lazy": 0,  # lazy: names a package loads on first use
+    "metrics": 0,  # tau, acceptance, the serving walk: no imports
+    "artifacts": 1,
+    "options": 1,
+    "cli": 1,  # cli: the dispatcher imports stage CLIs by name only
     "targets": 2,
     "draft": 3,
-    "formats": 4,                                  # the draft's on-disk formats
-    "features": 5, "runtime": 5,                   # runtime: KV caches, CUDA graphs, sampling, target runners
-    "data": 6, "train": 6, "engine": 6,            # engine: speculative decoding on the runtime
-    "doctor": 7, "bench": 7,
+    "formats": 4,  # the draft's on-disk formats
+    "features": 5,
+    "runtime": 5,  # runtime: KV caches, CUDA graphs, sampling, target runners
+    "data": 6,
+    "train": 6,
+    "engine": 6,  # engine: speculative decoding on the runtime
+    "doctor": 7,
+    "bench": 7,
     "report": 8,
     "pipeline": 9,
 }
@@ -63,8 +71,10 @@ def test_imports_run_one_way():
             continue
         for other in imported_packages(path) - {pkg}:
             if other != "__version__" and LAYERS.get(other, -1) >= LAYERS[pkg]:
-                back.append(f"{path.relative_to(PACKAGE)} ({pkg}, layer {LAYERS[pkg]}) imports {other} "
-                            f"(layer {LAYERS.get(other)})")
+                back.append(
+                    f"{path.relative_to(PACKAGE)} ({pkg}, layer {LAYERS[pkg]}) imports {other} "
+                    f"(layer {LAYERS.get(other)})"
+                )
     assert not back, "imports that run back up or sideways:\n" + "\n".join(back)
 
 
@@ -82,6 +92,7 @@ def imported_modules(path: Path, modules: set[str]) -> set[str]:
 def test_no_two_modules_import_each_other():
     """Inside a package too: a module pair that imports each other (even inside a function) is one
     module in two files, and the lower one's reader needs the upper one."""
+
     def name(path: Path) -> str:
         parts = ("eaglekit", *path.relative_to(PACKAGE).with_suffix("").parts)
         return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)

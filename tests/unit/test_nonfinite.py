@@ -43,8 +43,9 @@ def samples(target):
 @pytest.fixture(scope="module")
 def store(target, samples, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("nonfinite") / "feat"
-    capture_features(target, samples, out, aux_layer_ids=AUX, topk=8, shard_tokens=300, batch_tokens=300,
-                     progress=False)
+    capture_features(
+        target, samples, out, aux_layer_ids=AUX, topk=8, shard_tokens=300, batch_tokens=300, progress=False
+    )
     return out
 
 
@@ -67,8 +68,10 @@ def poisoned_copy(store: Path, dest: Path, values: int = 10) -> Path:
 def test_capture_refuses_a_target_that_computes_nan(tiny_target_dir, samples, tmp_path):
     target = load_target(str(tiny_target_dir))
     with torch.no_grad():
-        target.model.model.layers[2].mlp.down_proj.weight[0, 0] = float("nan")   # reaches aux layer 3
-    with pytest.raises(EaglekitError, match="the target computed .* NaN/Inf aux values .*for conversation 't0000'") as err:
+        target.model.model.layers[2].mlp.down_proj.weight[0, 0] = float("nan")  # reaches aux layer 3
+    with pytest.raises(
+        EaglekitError, match="the target computed .* NaN/Inf aux values .*for conversation 't0000'"
+    ) as err:
         capture_features(target, samples, tmp_path / "feat", aux_layer_ids=AUX, topk=8, progress=False)
     assert "--dtype" in err.value.hint
     assert not list((tmp_path / "feat").glob("shard-*.safetensors"))
@@ -79,16 +82,38 @@ def test_a_store_holding_nan_is_refused_as_it_is_read(store, tmp_path):
     reader = FeatureStore(bad)
     with pytest.raises(EaglekitError, match=r"sample '.*' \(shard-00000.safetensors\) holds 10 NaN/Inf aux values"):
         reader.sample(0)
-    assert reader.sample(len(reader) - 1)["aux"].isfinite().all()   # the other shards read as before
+    assert reader.sample(len(reader) - 1)["aux"].isfinite().all()  # the other shards read as before
 
 
 def test_train_on_features_holding_nan_stops_and_marks_nothing_complete(tiny_target_dir, store, tmp_path, capsys):
     """Before: train finished, manifest `complete: true`, every weight NaN."""
     bad = poisoned_copy(store, tmp_path / "feat")
     out = tmp_path / "run"
-    code = main(["train", "--target", str(tiny_target_dir), "--features", str(bad), "--out", str(out),
-                 "--draft-vocab-size", "64", "--allow-smaller-vocab", "--ttt-steps", "2", "--batch-tokens", "300",
-                 "--max-steps", "12", "--val-fraction", "0", "--device", "cpu", "--no-progress"])
+    code = main(
+        [
+            "train",
+            "--target",
+            str(tiny_target_dir),
+            "--features",
+            str(bad),
+            "--out",
+            str(out),
+            "--draft-vocab-size",
+            "64",
+            "--allow-smaller-vocab",
+            "--ttt-steps",
+            "2",
+            "--batch-tokens",
+            "300",
+            "--max-steps",
+            "12",
+            "--val-fraction",
+            "0",
+            "--device",
+            "cpu",
+            "--no-progress",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "holds 10 NaN/Inf aux values" in err and "Traceback" not in err
     manifest = out / "manifest.json"
@@ -100,18 +125,30 @@ def test_train_on_features_holding_nan_stops_and_marks_nothing_complete(tiny_tar
 
 
 def test_training_stops_at_the_first_non_finite_step(tiny_target_dir, store, tmp_path):
-    cfg = TrainConfig(target=str(tiny_target_dir), features=str(store), out=str(tmp_path / "run"), draft_vocab_size=64,
-                      allow_smaller_vocab=True, ttt_steps=2, batch_tokens=300, max_steps=6, val_fraction=0.0,
-                      save_every=3, log_every=3, progress=False, device="cpu")
+    cfg = TrainConfig(
+        target=str(tiny_target_dir),
+        features=str(store),
+        out=str(tmp_path / "run"),
+        draft_vocab_size=64,
+        allow_smaller_vocab=True,
+        ttt_steps=2,
+        batch_tokens=300,
+        max_steps=6,
+        val_fraction=0.0,
+        save_every=3,
+        log_every=3,
+        progress=False,
+        device="cpu",
+    )
     trainer = Trainer(cfg)
     with torch.no_grad():
-        trainer.draft.fc.weight[0, 0] = float("inf")   # a diverged update: everything after it is NaN
+        trainer.draft.fc.weight[0, 0] = float("inf")  # a diverged update: everything after it is NaN
     with pytest.raises(RunFailed, match=r"training stopped at step 1 of 6: the loss is nan") as err:
         trainer.fit()
     assert err.value.exit_code == 1 and "Nothing is marked complete" in err.value.message
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["complete"] is False and manifest["stopped"].startswith("step 1: the loss is nan")
-    assert not (tmp_path / "run" / "model.safetensors").exists()   # no NaN weights written
+    assert not (tmp_path / "run" / "model.safetensors").exists()  # no NaN weights written
     assert not (tmp_path / "run" / "trainer_state").exists() or not any((tmp_path / "run" / "trainer_state").iterdir())
 
 
@@ -144,24 +181,58 @@ def test_load_draft_refuses_non_finite_weights(drafts, kind):
 
 @pytest.mark.parametrize("kind", ["nan", "inf"])
 @pytest.mark.parametrize("command", ["export", "bench", "speculate", "doctor"])
-def test_every_command_refuses_a_draft_with_non_finite_weights(drafts, tiny_target_dir, tmp_path, capsys, command, kind):
+def test_every_command_refuses_a_draft_with_non_finite_weights(
+    drafts, tiny_target_dir, tmp_path, capsys, command, kind
+):
     """Before: export of an Inf draft "reload check passed", of a NaN draft "a bug in eaglekit";
     bench exit 0 with tau 1.00 "1.13x faster"; speculate exit 0. (The doctor's `weights` check
     failed them already; kept here so every reader of a draft stays covered.)"""
     draft, target = str(drafts[kind]), str(tiny_target_dir)
-    if command in ("bench", "speculate"):   # refused before the target loads: a missing one is never reached
+    if command in ("bench", "speculate"):  # refused before the target loads: a missing one is never reached
         target = str(tmp_path / "no-such-target")
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"id": "a", "turns": ["hi"]}) + "\n")
-    argv = {"export": ["export", draft, "--format", "vllm", "--out", str(tmp_path / "e")],
-            "bench": ["bench", "--draft", draft, "--target", target, "--prompts", str(prompts), "--limit", "1",
-                      "--max-new-tokens", "4", "--mode", "chain", "--k", "2", "--no-hf", "--out", str(tmp_path / "b")],
-            "speculate": ["speculate", "hi", "--draft", draft, "--target", target, "--mode", "chain", "--k", "2",
-                          "--max-new-tokens", "4"],
-            "doctor": ["doctor", draft, "--target", target, "--json"]}[command]
+    argv = {
+        "export": ["export", draft, "--format", "vllm", "--out", str(tmp_path / "e")],
+        "bench": [
+            "bench",
+            "--draft",
+            draft,
+            "--target",
+            target,
+            "--prompts",
+            str(prompts),
+            "--limit",
+            "1",
+            "--max-new-tokens",
+            "4",
+            "--mode",
+            "chain",
+            "--k",
+            "2",
+            "--no-hf",
+            "--out",
+            str(tmp_path / "b"),
+        ],
+        "speculate": [
+            "speculate",
+            "hi",
+            "--draft",
+            draft,
+            "--target",
+            target,
+            "--mode",
+            "chain",
+            "--k",
+            "2",
+            "--max-new-tokens",
+            "4",
+        ],
+        "doctor": ["doctor", draft, "--target", target, "--json"],
+    }[command]
     code = main(argv)
     out, err = capsys.readouterr()
-    if command == "doctor":   # the doctor reports it as its failed `weights` check
+    if command == "doctor":  # the doctor reports it as its failed `weights` check
         weights = next(c for c in json.loads(out)["checks"] if c["id"] == "weights")
         assert code == 1 and weights["status"] == "fail"
         assert weights["message"] == "non-finite values in midlayer.mlp.down_proj.weight"

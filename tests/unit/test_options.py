@@ -21,19 +21,39 @@ def test_train_flags_are_the_config_fields():
     flags = stage_flags(("train",))
     declared = {f.name.replace("_", "-") for f in fields(TrainConfig) if f.metadata}
     assert flags == (declared - {"progress"}) | {"no-progress"}
-    assert "betas" not in flags and "extra" not in flags            # settings without a flag
+    assert "betas" not in flags and "extra" not in flags  # settings without a flag
 
 
 def test_parsed_flags_equal_the_dataclass_defaults_and_convert_types():
     assert parse("--out", "o", "--features", "f") == TrainConfig(target="smollm2", out="o", features="f")
-    cfg = parse("--out", "o", "--data", "d", "--no-progress", "--aux-layer-ids", "1,4,7", "--lr", "1e-3",
-                "--max-steps", "5", "--resume", "--schedule", "linear")
-    assert (cfg.progress, cfg.aux_layer_ids, cfg.lr, cfg.max_steps, cfg.resume, cfg.schedule) == \
-        (False, (1, 4, 7), 1e-3, 5, True, "linear")
+    cfg = parse(
+        "--out",
+        "o",
+        "--data",
+        "d",
+        "--no-progress",
+        "--aux-layer-ids",
+        "1,4,7",
+        "--lr",
+        "1e-3",
+        "--max-steps",
+        "5",
+        "--resume",
+        "--schedule",
+        "linear",
+    )
+    assert (cfg.progress, cfg.aux_layer_ids, cfg.lr, cfg.max_steps, cfg.resume, cfg.schedule) == (
+        False,
+        (1, 4, 7),
+        1e-3,
+        5,
+        True,
+        "linear",
+    )
     with pytest.raises(SystemExit):
-        parse("--out", "o", "--features", "f", "--schedule", "bogus")    # choices come from the field
+        parse("--out", "o", "--features", "f", "--schedule", "bogus")  # choices come from the field
     with pytest.raises(SystemExit):
-        parse("--features", "f")                                         # --out is required
+        parse("--features", "f")  # --out is required
 
 
 def test_an_option_of_an_unknown_type_needs_a_parser():
@@ -63,7 +83,7 @@ def test_bench_and_speculate_flags_are_their_options_fields():
     from eaglekit.bench.options import BenchOptions
     from eaglekit.engine.options import EngineOptions, SpeculateOptions
 
-    old_names = {"max-len"}                            # kept as aliases of --cache-slots
+    old_names = {"max-len"}  # kept as aliases of --cache-slots
     assert stage_flags(("bench",)) == switch_names(BenchOptions) | old_names
     assert stage_flags(("speculate",)) == switch_names(SpeculateOptions) | old_names
     assert build_parser().parse_args(["bench", "--draft", "d", "--max-len", "256"]).cache_slots == 256
@@ -78,20 +98,36 @@ def test_bench_options_parse_and_rebuild_their_command_line():
     from eaglekit.bench.options import BenchOptions
     from eaglekit.options import options_from_args
 
-    argv = ["bench", "--draft", "d", "--mode", "chain", "--k", "4", "--no-hf", "--hf-prompts", "3", "--no-graphs",
-            "--device", "cpu", "--limit", "2"]
+    argv = [
+        "bench",
+        "--draft",
+        "d",
+        "--mode",
+        "chain",
+        "--k",
+        "4",
+        "--no-hf",
+        "--hf-prompts",
+        "3",
+        "--no-graphs",
+        "--device",
+        "cpu",
+        "--limit",
+        "2",
+    ]
     opts = options_from_args(BenchOptions, build_parser().parse_args(argv))
-    assert opts == BenchOptions(draft="d", mode="chain", k=4, hf=False, hf_prompts=3, no_graphs=True, device="cpu",
-                                limit=2)
+    assert opts == BenchOptions(
+        draft="d", mode="chain", k=4, hf=False, hf_prompts=3, no_graphs=True, device="cpu", limit=2
+    )
     assert (opts.graphs, opts.compile, opts.spec_config().to_dict()) == (False, None, {"mode": "chain", "k": 4})
-    rebuilt = command_line(build_parser().parse_args(argv)).split()[1:]   # without "eaglekit"
+    rebuilt = command_line(build_parser().parse_args(argv)).split()[1:]  # without "eaglekit"
     assert options_from_args(BenchOptions, build_parser().parse_args(rebuilt)) == opts
 
 
 def test_doctor_flags_are_its_options_fields_and_keep_their_forms():
     from eaglekit.doctor.options import DoctorOptions
 
-    assert stage_flags(("doctor",)) == switch_names(DoctorOptions) | {"num-prompts"}   # the old name of --limit
+    assert stage_flags(("doctor",)) == switch_names(DoctorOptions) | {"num-prompts"}  # the old name of --limit
     assert build_parser().parse_args(["doctor", "d", "--num-prompts", "2"]).limit == 2
     args = build_parser().parse_args(["doctor", "d", "-k", "4", "--probe"])
     assert (args.draft, args.k, args.probe, args.dtype) == ("d", 4, "builtin", DoctorOptions.dtype)
@@ -104,8 +140,10 @@ def test_the_parser_loads_without_torch():
     import subprocess
     import sys
 
-    code = ("import sys; from eaglekit.cli import build_parser; build_parser(); "
-            "print(sorted(m for m in ('torch', 'transformers', 'safetensors') if m in sys.modules))")
+    code = (
+        "import sys; from eaglekit.cli import build_parser; build_parser(); "
+        "print(sorted(m for m in ('torch', 'transformers', 'safetensors') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert out.strip() == "[]"
 
@@ -136,10 +174,15 @@ def test_prompts_flags_are_their_options_fields():
     from eaglekit.data.options import GenerateOptions, PromptsBuildOptions, SynthesizeOptions
 
     assert stage_flags(("prompts", "build")) == switch_names(PromptsBuildOptions)
-    local = {f.name.replace("_", "-") for f in fields(GenerateOptions) if f.metadata.get("eaglekit_option", {}).get("group") == "local"}
+    local = {
+        f.name.replace("_", "-")
+        for f in fields(GenerateOptions)
+        if f.metadata.get("eaglekit_option", {}).get("group") == "local"
+    }
     assert stage_flags(("prompts", "synthesize")) == switch_names(SynthesizeOptions) | local | {"backend"}
-    args = build_parser().parse_args(["prompts", "build", "--source", "a.jsonl", "--source", "b.jsonl,weight=2",
-                                      "--out", "o"])
+    args = build_parser().parse_args(
+        ["prompts", "build", "--source", "a.jsonl", "--source", "b.jsonl,weight=2", "--out", "o"]
+    )
     assert (args.source, args.validation_fraction) == (["a.jsonl", "b.jsonl,weight=2"], 0.02)
 
 
@@ -147,16 +190,28 @@ def test_features_flags_are_its_options_fields():
     from eaglekit.features.options import FeaturesOptions
 
     assert stage_flags(("features",)) == switch_names(FeaturesOptions)
-    args = build_parser().parse_args(["features", "--data", "d", "--out", "o", "--aux-layer-ids", "1,2", "--no-progress"])
+    args = build_parser().parse_args(
+        ["features", "--data", "d", "--out", "o", "--aux-layer-ids", "1,2", "--no-progress"]
+    )
     assert (args.aux_layer_ids, args.progress, args.batch_tokens) == ((1, 2), False, FeaturesOptions.batch_tokens)
 
 
 def test_vocab_shares_trainings_options():
-    assert stage_flags(("vocab",)) == {"data", "features", "out", "target", "draft-vocab-size", "allow-smaller-vocab",
-                                       "max-length"}
+    assert stage_flags(("vocab",)) == {
+        "data",
+        "features",
+        "out",
+        "target",
+        "draft-vocab-size",
+        "allow-smaller-vocab",
+        "max-length",
+    }
     args = build_parser().parse_args(["vocab", "--data", "d", "--out", "o"])
-    assert (args.target, args.draft_vocab_size, args.max_length) == \
-        ("smollm2", TrainConfig.draft_vocab_size, TrainConfig.max_length)
+    assert (args.target, args.draft_vocab_size, args.max_length) == (
+        "smollm2",
+        TrainConfig.draft_vocab_size,
+        TrainConfig.max_length,
+    )
 
 
 def test_target_run_and_report_flags_are_their_options_fields():
@@ -173,7 +228,7 @@ def test_target_run_and_report_flags_are_their_options_fields():
     args = build_parser().parse_args(["target", "prepare", "--out", "o"])
     assert (args.target, args.dtype, args.overwrite) == ("smollm2", TargetPrepareOptions.dtype, False)
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["target", "prepare"])          # --out is required
+        build_parser().parse_args(["target", "prepare"])  # --out is required
 
 
 def test_every_flag_states_its_default_once_and_from_its_field():
@@ -187,7 +242,7 @@ def test_every_flag_states_its_default_once_and_from_its_field():
         yield p
         try:
             children = subcommands(p).values()
-        except KeyError:                                   # a leaf subcommand
+        except KeyError:  # a leaf subcommand
             return
         for child in children:
             yield from parsers(child)
@@ -200,7 +255,7 @@ def test_every_flag_states_its_default_once_and_from_its_field():
             if action.default not in (None, False, True, argparse.SUPPRESS, "") and text.count("(default"):
                 seen += 1
                 assert text.endswith(f"(default {action.default})".replace("%", "%%")), (p.prog, action.dest, text)
-    assert seen > 50                                      # the rule is exercised across the subcommands
+    assert seen > 50  # the rule is exercised across the subcommands
     args = build_parser().parse_args(["doctor", "d"])
-    assert args.max_new_tokens == 64 and args.target == "smollm2"   # defaults unchanged by the help text
-    assert args.k is None                                  # the folder's speculative_tokens (doctor.run)
+    assert args.max_new_tokens == 64 and args.target == "smollm2"  # defaults unchanged by the help text
+    assert args.k is None  # the folder's speculative_tokens (doctor.run)

@@ -29,11 +29,16 @@ def load_script():
 def rows(n: int) -> list[dict]:
     out = []
     for i in range(n):
-        row = {"id": f"c{i}", "source": "test", "messages": [
-            {"role": "user", "content": TRAIN_TEXT[i % len(TRAIN_TEXT)]},
-            {"role": "assistant", "content": TRAIN_TEXT[(i + 2) % len(TRAIN_TEXT)]}]}
+        row = {
+            "id": f"c{i}",
+            "source": "test",
+            "messages": [
+                {"role": "user", "content": TRAIN_TEXT[i % len(TRAIN_TEXT)]},
+                {"role": "assistant", "content": TRAIN_TEXT[(i + 2) % len(TRAIN_TEXT)]},
+            ],
+        }
         if i == 0:
-            row["split"] = "validation"   # held out by eaglekit's training, so by the peer's too
+            row["split"] = "validation"  # held out by eaglekit's training, so by the peer's too
         out.append(row)
     return out
 
@@ -60,15 +65,17 @@ def test_hidden_states_hold_aux_layers_then_the_prenorm_last_layer(tiny_target_d
     ids = [[5, 17, 42, 9, 11, 3], [7, 8, 100, 2]]
     # The layout `datasets.save_to_disk` writes: an Arrow IPC stream per shard.
     table = pa.table({"input_ids": ids, "seq_len": [len(x) for x in ids]})
-    with pa.OSFile(str(data / "data-00000-of-00001.arrow"), "wb") as sink, \
-            pa.ipc.new_stream(sink, table.schema) as writer:
+    with (
+        pa.OSFile(str(data / "data-00000-of-00001.arrow"), "wb") as sink,
+        pa.ipc.new_stream(sink, table.schema) as writer,
+    ):
         writer.write_table(table)
     assert load_script().main(["hidden", str(data), "--target", str(tiny_target_dir), "--aux-layer-ids", "1,3,4"]) == 0
 
     target = load_target(str(tiny_target_dir))
     for i, row in enumerate(ids):
         saved = load_file(str(data / "hidden_states" / f"hs_{i}.safetensors"))
-        hs = saved["hidden_states"]                                            # [T, 4, H] bf16
+        hs = saved["hidden_states"]  # [T, 4, H] bf16
         assert saved["token_ids"].tolist() == row
         assert hs.dtype == torch.bfloat16 and hs.shape == (len(row), 4, target.config.hidden_size)
         ref = capture_aux_states(target.model, torch.tensor([row]), [1, 3, 4])
@@ -88,8 +95,9 @@ def test_a_speculators_config_with_null_target_hidden_size_imports(tiny_target_d
     from eaglekit.draft.checkpoint import load_draft, save_draft
     from eaglekit.formats import export_draft, import_draft
 
-    cfg = DraftConfig.for_target(AutoConfig.from_pretrained(tiny_target_dir), aux_layer_ids=[1, 3, 4],
-                                 draft_vocab_size=VOCAB)
+    cfg = DraftConfig.for_target(
+        AutoConfig.from_pretrained(tiny_target_dir), aux_layer_ids=[1, 3, 4], draft_vocab_size=VOCAB
+    )
     torch.manual_seed(0)
     native = save_draft(Eagle3Draft(cfg), tmp_path / "native")
     export_draft(native, "vllm", tmp_path / "peer", target=str(tiny_target_dir))

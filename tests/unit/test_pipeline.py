@@ -14,21 +14,36 @@ from eaglekit.errors import EaglekitError
 from eaglekit.pipeline.recipe import apply_override, load_recipe, to_flags
 from eaglekit.pipeline.run import PlannedStage, StageTime, TimeLeft, known_stage_time, planned_stages, run_time_left
 
-PROMPTS = ["Count from one to ten.", "What is the capital of France?", "Write a function that adds two numbers.",
-           "Hello! How can I help you today?", "Solve 12 * 7.", "Tell me about the quick brown fox.",
-           "Name three colours.", "Why is the sky blue?"]
+PROMPTS = [
+    "Count from one to ten.",
+    "What is the capital of France?",
+    "Write a function that adds two numbers.",
+    "Hello! How can I help you today?",
+    "Solve 12 * 7.",
+    "Tell me about the quick brown fox.",
+    "Name three colours.",
+    "Why is the sky blue?",
+]
 
 
 def tiny_recipe(tmp_path, target) -> str:
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"p{i}", "turns": [p]}) + "\n" for i, p in enumerate(PROMPTS)))
     recipe = {
-        "name": "tiny", "target": str(target), "device": "cpu",
+        "name": "tiny",
+        "target": str(target),
+        "device": "cpu",
         "prompts": {"source": [str(prompts)], "validation-fraction": 0.25},
         "generate": {"max-new-tokens": 12, "batch-size": 4},
         "features": {"batch-tokens": 512},
-        "train": {"draft-vocab-size": 64, "allow-smaller-vocab": True, "ttt-steps": 2, "epochs": 1,
-                  "batch-tokens": 256, "val-every": 5},
+        "train": {
+            "draft-vocab-size": 64,
+            "allow-smaller-vocab": True,
+            "ttt-steps": 2,
+            "epochs": 1,
+            "batch-tokens": 256,
+            "val-every": 5,
+        },
         "export": {"formats": ["sglang", "vllm", "eagle"]},
         "doctor": {"engine": "vllm", "probe": "builtin", "limit": 2, "max-new-tokens": 8},
         "bench": {"mode": "chain", "k": 2, "max-new-tokens": 8, "limit": 2, "no-hf": True},
@@ -51,26 +66,39 @@ def test_run_chains_every_stage_and_resumes(tiny_target_dir, tmp_path, capsys, c
     printed = capsys.readouterr().out
     state = json.loads((out / "pipeline.json").read_text())
     assert "stopped_before" not in state
-    assert {k: state["stages"][k]["seconds"] for k in early["stages"]} == \
-        {k: v["seconds"] for k, v in early["stages"].items()}                    # not run again
-    stages = ["target", "prompts", "generate", "features", "train", "export-sglang", "export-vllm",
-              "export-eagle", "doctor", "bench"]
+    assert {k: state["stages"][k]["seconds"] for k in early["stages"]} == {
+        k: v["seconds"] for k, v in early["stages"].items()
+    }  # not run again
+    stages = [
+        "target",
+        "prompts",
+        "generate",
+        "features",
+        "train",
+        "export-sglang",
+        "export-vllm",
+        "export-eagle",
+        "doctor",
+        "bench",
+    ]
     assert list(state["stages"]) == stages
-    assert planned_stages(load_recipe(recipe), out) == stages      # the log's "stage k of N"
-    assert "[bench] time left for the run not known yet: bench" in caplog.text   # nothing times a bench
+    assert planned_stages(load_recipe(recipe), out) == stages  # the log's "stage k of N"
+    assert "[bench] time left for the run not known yet: bench" in caplog.text  # nothing times a bench
     assert all(s["status"] == "done" for s in state["stages"].values())
     for folder in ("prompts", "conversations", "features", "draft", "export/vllm", "doctor", "bench"):
         assert (out / folder / "manifest.json").is_file(), folder
     # A random tiny draft is not accepted: the doctor must say so, and the run's exit status too.
     assert state["doctor_ok"] is False and code == 1
     assert "doctor: FAILED" in printed and "bench: tau" in printed
-    manifest = json.loads((out / "draft" / "manifest.json").read_text())   # what it learned from, beside a bigram table
+    manifest = json.loads((out / "draft" / "manifest.json").read_text())  # what it learned from, beside a bigram table
     assert f"data: the draft learned from {manifest['counts']['train_assistant_tokens']:,} answer tokens" in printed
     assert "for a bigram table of the same data" in printed
     # Rerunning the same command skips every finished stage.
     main(["run", "--recipe", recipe, "--out", str(out)])
     again = json.loads((out / "pipeline.json").read_text())
-    assert {k: v["seconds"] for k, v in again["stages"].items()} == {k: v["seconds"] for k, v in state["stages"].items()}
+    assert {k: v["seconds"] for k, v in again["stages"].items()} == {
+        k: v["seconds"] for k, v in state["stages"].items()
+    }
 
 
 def test_a_stage_whose_input_was_made_again_is_made_again(tiny_target_dir, tmp_path, caplog):
@@ -95,13 +123,15 @@ def test_a_stage_whose_input_was_made_again_is_made_again(tiny_target_dir, tmp_p
     after = json.loads((out / "pipeline.json").read_text())["stages"]
     assert caplog.text.count("done earlier, skipped") == 1 and "[prompts] done earlier, skipped" in caplog.text
     assert all(after[name]["ran"] > before[name]["ran"] for name in before if name != "prompts"), after
-    assert after["prompts"]["ran"] == before["prompts"]["ran"]              # built without the target
+    assert after["prompts"]["ran"] == before["prompts"]["ran"]  # built without the target
     assert "[generate] target changed since this stage ran: its output is out of date" in caplog.text
-    hashes = {folder: json.loads((out / folder / "manifest.json").read_text())["target"]["weights_hash"]
-              for folder in ("target", "conversations", "features", "draft", "export/vllm")}
+    hashes = {
+        folder: json.loads((out / folder / "manifest.json").read_text())["target"]["weights_hash"]
+        for folder in ("target", "conversations", "features", "draft", "export/vllm")
+    }
     assert len(set(hashes.values())) == 1, hashes
     caplog.clear()
-    main(["run", "--recipe", str(second), "--out", str(out)])      # and nothing runs a third time
+    main(["run", "--recipe", str(second), "--out", str(out)])  # and nothing runs a third time
     assert caplog.text.count("done earlier, skipped") == len(after)
     assert overwrites(["prompts", "build"]) and overwrites(["target", "prepare"]) and not overwrites(["doctor"])
     # The user's prompts file edited in place: the prompts are built again, and what reads them.
@@ -144,11 +174,17 @@ def test_run_tops_prompts_up_with_magpie_and_trains_with_torchrun(tiny_target_di
     answers the workload's prompts for training to validate on; `gpus: 2` runs the train stage under
     torchrun (two gloo processes on CPU)."""
     recipe = yaml.safe_load(open(tiny_recipe(tmp_path, tiny_target_dir)))
-    recipe.update(gpus=2, synthesize={"add": 3, "batch-size": 64, "max-new-tokens": 24, "min-chars": 1,
-                                    "max-attempts": 640, "seed": 0})   # a random model rarely ends a turn
+    recipe.update(
+        gpus=2,
+        synthesize={"add": 3, "batch-size": 64, "max-new-tokens": 24, "min-chars": 1, "max-attempts": 640, "seed": 0},
+    )  # a random model rarely ends a turn
     workload = tmp_path / "workload.jsonl"
-    workload.write_text("".join(json.dumps({"id": f"w{i}", "turns": [p, "And why?"]}) + "\n"
-                                for i, p in enumerate(["Describe a sunset.", "Plan a trip to Rome."])))
+    workload.write_text(
+        "".join(
+            json.dumps({"id": f"w{i}", "turns": [p, "And why?"]}) + "\n"
+            for i, p in enumerate(["Describe a sunset.", "Plan a trip to Rome."])
+        )
+    )
     recipe["validation"] = {"source": [str(workload)]}
     recipe.pop("bench")
     path, out = tmp_path / "two.yaml", tmp_path / "run2"
@@ -178,8 +214,21 @@ def test_magpie_alone_takes_its_count_from_synthesize_add(tmp_path, monkeypatch)
     pipe = pipeline_run.Pipeline({}, tmp_path)
     recipe = {"prompts": {}, "synthesize": {"add": 7, "batch-size": 4}}
     pipeline_run.prompt_stages(pipe, recipe, tmp_path, ["--target", "T"], [])
-    assert calls == [["prompts", "synthesize", "--target", "T", "--num-prompts", "7", "--batch-size", "4",
-                      "--out", str(tmp_path / "prompts"), "--overwrite"]]
+    assert calls == [
+        [
+            "prompts",
+            "synthesize",
+            "--target",
+            "T",
+            "--num-prompts",
+            "7",
+            "--batch-size",
+            "4",
+            "--out",
+            str(tmp_path / "prompts"),
+            "--overwrite",
+        ]
+    ]
 
 
 def test_gpus_spread_generation_over_devices():
@@ -199,7 +248,14 @@ def test_overrides_and_flags():
     apply_override(recipe, "generate.batch-size=64")
     assert recipe == {"train": {"epochs": 3}, "generate": {"batch-size": 64}}
     assert to_flags({"max-new-tokens": 8, "no-hf": True, "skip": False, "source": ["a", "b"]}) == [
-        "--max-new-tokens", "8", "--no-hf", "--source", "a", "--source", "b"]
+        "--max-new-tokens",
+        "8",
+        "--no-hf",
+        "--source",
+        "a",
+        "--source",
+        "b",
+    ]
     with pytest.raises(EaglekitError, match="key=value"):
         apply_override(recipe, "train.epochs")
 
@@ -216,17 +272,22 @@ def test_builtin_recipes_parse_and_unknown_ones_are_refused(tmp_path):
 
 
 def test_time_left_is_about_only_when_every_stage_is_timed():
-    assert run_time_left([("train", StageTime(200)), ("bench", StageTime(70))]).text() == \
-        "about 4m30s left for the run"
+    assert run_time_left([("train", StageTime(200)), ("bench", StageTime(70))]).text() == "about 4m30s left for the run"
     # A time budget is a floor (start-up comes on top); a stage nothing times makes the sum a floor too.
     assert run_time_left([("train", StageTime(480, floor=True))]).text() == "at least 8m00s left for the run"
-    left = run_time_left([("generate", None), ("train", StageTime(480, floor=True)), ("bench", None)],
-                         "the scaling slices (planned once train is done)")
+    left = run_time_left(
+        [("generate", None), ("train", StageTime(480, floor=True)), ("bench", None)],
+        "the scaling slices (planned once train is done)",
+    )
     assert left == TimeLeft(480, True, ("generate", "bench", "the scaling slices (planned once train is done)"))
-    assert left.text() == ("at least 8m00s left for the run; not known yet: generate, bench, "
-                           "the scaling slices (planned once train is done)")
-    assert run_time_left([("generate", None), ("features", None)]).text() == \
-        "time left for the run not known yet: generate, features"
+    assert left.text() == (
+        "at least 8m00s left for the run; not known yet: generate, bench, "
+        "the scaling slices (planned once train is done)"
+    )
+    assert (
+        run_time_left([("generate", None), ("features", None)]).text()
+        == "time left for the run not known yet: generate, features"
+    )
 
 
 def test_known_stage_times_come_from_a_budget_or_a_like_stage_that_ran(tmp_path):
@@ -235,13 +296,16 @@ def test_known_stage_times_come_from_a_budget_or_a_like_stage_that_ran(tmp_path)
     slice_train = PlannedStage("scaling-0.5-train", ["train", "--max-steps", "100", "--out", "s"])
     slice_bench = PlannedStage("scaling-0.5-bench", ["bench", "--out", "b"])
     empty = {"stages": {}}
-    assert known_stage_time(slice_train, empty, tmp_path) is None and known_stage_time(slice_bench, empty, tmp_path) is None
+    assert (
+        known_stage_time(slice_train, empty, tmp_path) is None
+        and known_stage_time(slice_bench, empty, tmp_path) is None
+    )
     (tmp_path / "draft").mkdir()
     (tmp_path / "draft" / "manifest.json").write_text(json.dumps({"steps": {"done": 400}}))
     state = {"stages": {"train": {"status": "done", "seconds": 600.0}, "bench": {"status": "done", "seconds": 90.0}}}
-    assert known_stage_time(slice_train, state, tmp_path) == StageTime(150.0)   # 1.5 s a step, 100 steps
+    assert known_stage_time(slice_train, state, tmp_path) == StageTime(150.0)  # 1.5 s a step, 100 steps
     assert known_stage_time(slice_bench, state, tmp_path) == StageTime(90.0)
-    state["stages"]["train"]["resumed"] = True    # its seconds are only the part after the resume
+    state["stages"]["train"]["resumed"] = True  # its seconds are only the part after the resume
     assert known_stage_time(slice_train, state, tmp_path) is None
     assert known_stage_time(PlannedStage("doctor", ["doctor"]), state, tmp_path) is None
 
@@ -262,8 +326,15 @@ def test_run_logs_its_time_left_at_each_stage_and_in_progress_lines(tmp_path, mo
         return 0
 
     monkeypatch.setattr(pipeline_run, "run_eaglekit", fake_stage)
-    recipe = {"target": "T", "prepare": False, "prompts": {"source": ["p.jsonl"]}, "train": {"time-budget-s": 600},
-              "export": {"formats": ["vllm"]}, "bench": {"k": 2}, "scaling": {"fractions": [0.5, 1.0]}}
+    recipe = {
+        "target": "T",
+        "prepare": False,
+        "prompts": {"source": ["p.jsonl"]},
+        "train": {"time-budget-s": 600},
+        "export": {"formats": ["vllm"]},
+        "bench": {"k": 2},
+        "scaling": {"fractions": [0.5, 1.0]},
+    }
     caplog.set_level(logging.INFO)
     pipe = pipeline_run.Pipeline(recipe, tmp_path)
     pipe.whole_plan, pipe.plan_is_whole = pipeline_run.plan_so_far(recipe, tmp_path)
@@ -271,14 +342,16 @@ def test_run_logs_its_time_left_at_each_stage_and_in_progress_lines(tmp_path, mo
     pipeline_run.run_stages(pipe, recipe, tmp_path)
     lines = [r.getMessage() for r in caplog.records]
     at_start = {m.group(1): m.group(2) for m in (re.match(r"\[(\S+)\] (.*for the run.*)", line) for line in lines) if m}
-    assert at_start["prompts"] == ("at least 10m00s left for the run; not known yet: prompts, generate, features, "
-                                   "export-vllm, doctor, bench, the scaling slices (planned once train is done)")
+    assert at_start["prompts"] == (
+        "at least 10m00s left for the run; not known yet: prompts, generate, features, "
+        "export-vllm, doctor, bench, the scaling slices (planned once train is done)"
+    )
     progress = next(line for line in lines if line.startswith("generate: 2/4 prompts"))
     assert re.search(r" left \| at least 10m00s left for the run; not known yet: features, export-vllm", progress)
     assert at_start["train"].startswith("at least 10m00s left for the run; not known yet: export-vllm, doctor")
     # once the main draft is done the slices are planned: their trainings are timed by its seconds a step
     assert "scaling-0.5-train" not in at_start["export-vllm"] and "scaling-0.5-bench" in at_start["export-vllm"]
-    assert at_start["scaling-1-bench"].startswith("about ")     # the main bench's time times it
+    assert at_start["scaling-1-bench"].startswith("about ")  # the main bench's time times it
 
 
 def test_an_override_of_the_form_a_colon_b_stays_as_written():
@@ -302,7 +375,7 @@ def test_generation_past_training_s_max_length_is_said(caplog):
     caplog.set_level(logging.WARNING)
     for name in ("smollm2-h200", "moe-tp8", "quick"):
         warn_past_training(load_recipe(name))
-    assert "training reads the first" not in caplog.text          # the recipes generate what training reads
+    assert "training reads the first" not in caplog.text  # the recipes generate what training reads
     warn_past_training({"generate": {"context-length": 4096}, "features": False})
     assert "conversations of 4096 tokens, training reads the first 2048 of each (train.max-length)" in caplog.text
     caplog.clear()
@@ -335,11 +408,11 @@ def test_a_training_stopped_before_it_saved_a_state_starts_again(tiny_target_dir
     recipe, out = tiny_recipe(tmp_path, tiny_target_dir), tmp_path / "run"
     assert main(["run", "--recipe", recipe, "--out", str(out), "--stop-before", "export-sglang"]) == 0
     state = json.loads((out / "pipeline.json").read_text())
-    state["stages"]["train"]["status"] = "failed"                  # as an interruption leaves it
+    state["stages"]["train"]["status"] = "failed"  # as an interruption leaves it
     (out / "pipeline.json").write_text(json.dumps(state))
     (out / "draft" / "manifest.json").unlink()
     shutil.rmtree(out / "draft" / TRAINER_STATE, ignore_errors=True)
-    assert (out / "draft" / "log.jsonl").exists()                  # the partial log is all that is left
+    assert (out / "draft" / "log.jsonl").exists()  # the partial log is all that is left
     caplog.clear()
     assert main(["run", "--recipe", recipe, "--out", str(out), "--stop-before", "export-sglang"]) == 0
     assert "[train] stopped earlier before it saved a state to resume from: it starts again" in caplog.text
@@ -348,22 +421,23 @@ def test_a_training_stopped_before_it_saved_a_state_starts_again(tiny_target_dir
     assert load_recipe("quick")["train"]["save-every"] < 60
 
 
-def test_a_stage_that_refuses_its_options_or_crashes_is_recorded_as_failed(tiny_target_dir, tmp_path, capsys,
-                                                                            monkeypatch):
+def test_a_stage_that_refuses_its_options_or_crashes_is_recorded_as_failed(
+    tiny_target_dir, tmp_path, capsys, monkeypatch
+):
     """Found by a newcomer review, 2026-12-04: `train.lr=abc` ran 5 minutes of data stages, then
     argparse's exit (and any crash that is not an EaglekitError) left pipeline.json saying "running",
     with no "stage failed" line. Values a stage's parser refuses are now refused before the run."""
     from eaglekit.pipeline import run as pipeline_run
 
     recipe, out = tiny_recipe(tmp_path, tiny_target_dir), tmp_path / "run"
-    for value in ("train.lr=abc", "bench.mode=trie"):              # refused by their parsers before anything runs
+    for value in ("train.lr=abc", "bench.mode=trie"):  # refused by their parsers before anything runs
         assert main(["run", "--recipe", recipe, "--out", str(out), value]) == 2
         assert "would be refused" in capsys.readouterr().err and not (out / "prompts").exists()
         assert main(["run", "--recipe", recipe, "--out", str(out), "--plan", value]) == 2
         assert "would be refused" in capsys.readouterr().err
     real = pipeline_run.run_eaglekit
 
-    def refusing(argv, processes=1):                               # what only the stage itself can refuse
+    def refusing(argv, processes=1):  # what only the stage itself can refuse
         if argv[0] == "train":
             raise SystemExit(2)
         return real(argv, processes)
@@ -382,9 +456,11 @@ def test_a_stage_that_refuses_its_options_or_crashes_is_recorded_as_failed(tiny_
     assert main(["run", "--recipe", recipe, "--out", str(out), "--stop-before", "export-sglang"]) == 2
     assert "stage train failed (exit 1: RuntimeError: a bug)" in capsys.readouterr().err
     assert json.loads((out / "pipeline.json").read_text())["stages"]["train"]["status"] == "failed"
-    monkeypatch.setattr(pipeline_run, "run_eaglekit", lambda argv, processes=1: 130 if argv[0] == "train" else real(argv))
+    monkeypatch.setattr(
+        pipeline_run, "run_eaglekit", lambda argv, processes=1: 130 if argv[0] == "train" else real(argv)
+    )
     assert main(["run", "--recipe", recipe, "--out", str(out), "--stop-before", "export-sglang"]) == 2
-    err = capsys.readouterr().err                                  # Ctrl-C: rerun, not "fix the cause"
+    err = capsys.readouterr().err  # Ctrl-C: rerun, not "fix the cause"
     assert "interrupted in stage train" in err and "rerun the same `eaglekit run` command" in err
 
 
@@ -397,8 +473,23 @@ def test_the_quick_recipe_given_prompt_files_names_its_magpie_keys(tmp_path, cap
     assert main(["run", "--recipe", "quick", "--plan", "--out", str(tmp_path / "r"), f"prompts.source={source}"]) == 2
     err = capsys.readouterr().err
     assert "prompts.max-new-tokens is a Magpie option" in err and "synthesize.max-new-tokens" in err
-    assert main(["run", "--recipe", "quick", "--plan", "--out", str(tmp_path / "r"), f"prompts.source={source}",
-                 "prompts.max-new-tokens=null", "prompts.num-prompts=null", "prompts.batch-size=null"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--recipe",
+                "quick",
+                "--plan",
+                "--out",
+                str(tmp_path / "r"),
+                f"prompts.source={source}",
+                "prompts.max-new-tokens=null",
+                "prompts.num-prompts=null",
+                "prompts.batch-size=null",
+            ]
+        )
+        == 0
+    )
     assert f"eaglekit prompts build --source {source}" in capsys.readouterr().out
 
 
@@ -426,7 +517,7 @@ def test_a_run_folder_moved_elsewhere_goes_on_where_it_was(tiny_target_dir, tmp_
     moved.parent.mkdir()
     shutil.move(out, moved)
     stages = planned(load_recipe(recipe), moved)
-    state = Pipeline(load_recipe(recipe), moved).state       # what `eaglekit run` judges the stages on
+    state = Pipeline(load_recipe(recipe), moved).state  # what `eaglekit run` judges the stages on
     assert [s.name for s in stages] == list(before)
     assert all(finished(state, s.name, s.argv, moved) for s in stages)
     caplog.clear()
@@ -469,7 +560,7 @@ def test_an_interrupted_training_resumes_in_a_copied_run_folder(tiny_target_dir,
     shutil.copytree(out, copy)
     caplog.clear()
     assert main(["run", "--recipe", recipe, "--out", str(copy), *flags]) == 0
-    assert caplog.text.count("done earlier, skipped") == 4, caplog.text    # target, prompts, generate, features
+    assert caplog.text.count("done earlier, skipped") == 4, caplog.text  # target, prompts, generate, features
     assert f"--out {copy / 'draft'} --resume" in caplog.text
     resumed = re.search(r"resumed \S+ at step 2 of (\d+)", caplog.text)
     assert resumed and int(resumed[1]) > 2, caplog.text
@@ -480,22 +571,44 @@ def test_an_interrupted_training_resumes_in_a_copied_run_folder(tiny_target_dir,
 def test_moved_here_rewrites_only_paths_inside_the_old_run_folder():
     from eaglekit.pipeline.run import moved_here
 
-    argv = ["generate", "--prompts", "runs/a/prompts", "--target", "/models/t", "--extra", "runs/a-notes.jsonl",
-            "--out", "runs/a/conversations"]
+    argv = [
+        "generate",
+        "--prompts",
+        "runs/a/prompts",
+        "--target",
+        "/models/t",
+        "--extra",
+        "runs/a-notes.jsonl",
+        "--out",
+        "runs/a/conversations",
+    ]
     recorded = {"run_dir": "runs/a", "stages": {"generate": {"argv": argv}}}
-    assert moved_here(json.loads(json.dumps(recorded)), Path("/data/b"))["stages"]["generate"]["argv"] == \
-        ["generate", "--prompts", "/data/b/prompts", "--target", "/models/t", "--extra", "runs/a-notes.jsonl",
-         "--out", "/data/b/conversations"]
-    legacy = {"stages": {"target": {"argv": ["target", "prepare", "--out", "runs/a/target"]},
-                         "export-vllm": {"argv": ["export", "runs/a/draft", "--out", "runs/a/export/vllm"]}}}
-    state = moved_here(legacy, Path("/data/b"))                   # recorded before run_dir: found from the outputs
+    assert moved_here(json.loads(json.dumps(recorded)), Path("/data/b"))["stages"]["generate"]["argv"] == [
+        "generate",
+        "--prompts",
+        "/data/b/prompts",
+        "--target",
+        "/models/t",
+        "--extra",
+        "runs/a-notes.jsonl",
+        "--out",
+        "/data/b/conversations",
+    ]
+    legacy = {
+        "stages": {
+            "target": {"argv": ["target", "prepare", "--out", "runs/a/target"]},
+            "export-vllm": {"argv": ["export", "runs/a/draft", "--out", "runs/a/export/vllm"]},
+        }
+    }
+    state = moved_here(legacy, Path("/data/b"))  # recorded before run_dir: found from the outputs
     assert state["run_dir"] == "/data/b"
     assert state["stages"]["export-vllm"]["argv"] == ["export", "/data/b/draft", "--out", "/data/b/export/vllm"]
     assert state["stages"]["target"]["argv"][-1] == "/data/b/target"
 
 
-def test_a_refused_command_changes_nothing_and_a_deleted_output_is_made_again(tiny_target_dir, tmp_path, capsys,
-                                                                             caplog):
+def test_a_refused_command_changes_nothing_and_a_deleted_output_is_made_again(
+    tiny_target_dir, tmp_path, capsys, caplog
+):
     """Issue 41: a stage that refused its input (exit 2) was recorded with the refused command, so the
     next plain run said "settings changed" and its --overwrite emptied the finished draft; and a
     draft/model.safetensors or export/vllm deleted by hand still read "done earlier, skipped"."""
@@ -514,7 +627,7 @@ def test_a_refused_command_changes_nothing_and_a_deleted_output_is_made_again(ti
     assert "its earlier output and record are kept as they were" in capsys.readouterr().err
     assert json.loads((out / "pipeline.json").read_text())["stages"] == state
     assert (out / "draft" / "model.safetensors").read_bytes() == weights
-    assert not [p.name for p in out.rglob(".*") if p.is_dir()]            # nothing hidden left behind
+    assert not [p.name for p in out.rglob(".*") if p.is_dir()]  # nothing hidden left behind
     caplog.clear()
     assert main(args) == 0
     assert caplog.text.count("done earlier, skipped") == len(state) and "settings changed" not in caplog.text
@@ -523,8 +636,10 @@ def test_a_refused_command_changes_nothing_and_a_deleted_output_is_made_again(ti
     shutil.rmtree(out / "export" / "vllm")
     caplog.clear()
     assert main(args) == 0
-    assert f"[train] its output no longer matches its manifest ({out / 'draft' / 'model.safetensors'} is missing)" \
+    assert (
+        f"[train] its output no longer matches its manifest ({out / 'draft' / 'model.safetensors'} is missing)"
         in caplog.text
+    )
     assert "runs again (--overwrite)" in caplog.text
     after = json.loads((out / "pipeline.json").read_text())["stages"]
     assert after["train"]["ran"] > state["train"]["ran"] and after["export-vllm"]["ran"] > state["export-vllm"]["ran"]
@@ -540,7 +655,7 @@ def test_a_refused_command_changes_nothing_and_a_deleted_output_is_made_again(ti
     state["stages"]["train"].update(argv=argv, status="running", extra=["--overwrite"])
     (out / "pipeline.json").write_text(json.dumps(state))
     (out / "draft").rename(out / f".draft.old-{dead_pid()}")
-    (out / "draft" / "trainer_state").mkdir(parents=True)          # the killed run's own state
+    (out / "draft" / "trainer_state").mkdir(parents=True)  # the killed run's own state
     caplog.clear()
     assert main([*args, "train.lr=0.002"]) == 0
     assert "[train] an earlier run replacing its output stopped before the end" in caplog.text
@@ -550,11 +665,12 @@ def test_a_refused_command_changes_nothing_and_a_deleted_output_is_made_again(ti
 
 def test_a_recipe_with_a_duplicate_key_or_a_section_of_the_wrong_type_names_the_line(tmp_path):
     """Issue 41: a second `train:` replaced the first without a word; `train: 5` was an AttributeError."""
-    cases = {"name: x\ntrain:\n  lr: 0.1\ngenerate: {max-new-tokens: 4}\ntrain:\n  epochs: 2\n":
-             "line 5: 'train' is given twice (first at line 2)",
-             "name: x\ntrain:\n  lr: 0.1\n  lr: 0.2\n": "line 4: 'lr' is given twice (first at line 3)",
-             "name: x\ntrain: 5\n": "line 2: train must be a section, a mapping of its keys; got int 5",
-             "name: x\ntrain:\n  epochs: 1\n  lr: {a: 1}\n": "line 4: train.lr must be a value or a list of values"}
+    cases = {
+        "name: x\ntrain:\n  lr: 0.1\ngenerate: {max-new-tokens: 4}\ntrain:\n  epochs: 2\n": "line 5: 'train' is given twice (first at line 2)",
+        "name: x\ntrain:\n  lr: 0.1\n  lr: 0.2\n": "line 4: 'lr' is given twice (first at line 3)",
+        "name: x\ntrain: 5\n": "line 2: train must be a section, a mapping of its keys; got int 5",
+        "name: x\ntrain:\n  epochs: 1\n  lr: {a: 1}\n": "line 4: train.lr must be a value or a list of values",
+    }
     for text, said in cases.items():
         path = tmp_path / "recipe.yaml"
         path.write_text(text)
@@ -562,15 +678,21 @@ def test_a_recipe_with_a_duplicate_key_or_a_section_of_the_wrong_type_names_the_
             load_recipe(str(path))
     with pytest.raises(EaglekitError, match="generate must be a section"):
         load_recipe("quick", ["generate=5"])
-    assert load_recipe("quick", ["features=false"])["features"] is False     # online training stays a switch
+    assert load_recipe("quick", ["features=false"])["features"] is False  # online training stays a switch
 
 
-@pytest.mark.parametrize("override, said", [
-    ("train.batch-tokens=-5", "stage train would be refused: grad_accum, batch_tokens and max_length must be positive"),
-    ("generate.max-new-tokens=0", "stage generate would be refused: --max-new-tokens 0 must be 1 or more"),
-    ("generate.batch-size=0", "stage generate would be refused: --batch-size 0 must be 1 or more"),
-    ("doctor.limit=0", "stage doctor would be refused: --limit 0: the probe would measure nothing"),
-])
+@pytest.mark.parametrize(
+    "override, said",
+    [
+        (
+            "train.batch-tokens=-5",
+            "stage train would be refused: grad_accum, batch_tokens and max_length must be positive",
+        ),
+        ("generate.max-new-tokens=0", "stage generate would be refused: --max-new-tokens 0 must be 1 or more"),
+        ("generate.batch-size=0", "stage generate would be refused: --batch-size 0 must be 1 or more"),
+        ("doctor.limit=0", "stage doctor would be refused: --limit 0: the probe would measure nothing"),
+    ],
+)
 def test_plan_checks_every_value_as_its_stage_would(override, said, tmp_path, capsys):
     """Issue 41: `--plan` accepted values the stage refuses only when it runs (after the data stages)."""
     assert main(["run", "--recipe", "quick", "--plan", "--out", str(tmp_path / "r"), override]) == 2

@@ -33,14 +33,25 @@ def lines(folder: Path, split: str) -> list[dict]:
 
 def test_sharegpt(tmp_path):
     path = tmp_path / "sg.json"
-    path.write_text(json.dumps([
-        {"id": "a", "conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "Hi there"},
-                                      {"from": "gpt", "value": "Hello!"}, {"from": "human", "value": "And you?"},
-                                      {"from": "gpt", "value": "Fine."}]},
-        # A leading assistant greeting is dropped; role/content inside `conversations` is accepted too.
-        {"conversations": [{"from": "gpt", "value": "Welcome"}, {"from": "human", "value": "Question one"}]},
-        {"id": "c", "conversations": [{"role": "user", "content": "Role content variant"}]},
-    ]))
+    path.write_text(
+        json.dumps(
+            [
+                {
+                    "id": "a",
+                    "conversations": [
+                        {"from": "system", "value": "Be brief."},
+                        {"from": "human", "value": "Hi there"},
+                        {"from": "gpt", "value": "Hello!"},
+                        {"from": "human", "value": "And you?"},
+                        {"from": "gpt", "value": "Fine."},
+                    ],
+                },
+                # A leading assistant greeting is dropped; role/content inside `conversations` is accepted too.
+                {"conversations": [{"from": "gpt", "value": "Welcome"}, {"from": "human", "value": "Question one"}]},
+                {"id": "c", "conversations": [{"role": "user", "content": "Role content variant"}]},
+            ]
+        )
+    )
     report = read(str(path))
     assert not report.malformed
     a, b, c = report.prompts
@@ -50,11 +61,20 @@ def test_sharegpt(tmp_path):
 
 
 def test_openai_messages_jsonl(tmp_path):
-    path = write_jsonl(tmp_path / "chat.jsonl", [
-        {"messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "u1"},
-                      {"role": "assistant", "content": "a1"}, {"role": "user", "content": "u2"}]},
-        {"id": 7, "source": "mine", "messages": [{"role": "user", "content": "only"}]},
-    ])
+    path = write_jsonl(
+        tmp_path / "chat.jsonl",
+        [
+            {
+                "messages": [
+                    {"role": "system", "content": "sys"},
+                    {"role": "user", "content": "u1"},
+                    {"role": "assistant", "content": "a1"},
+                    {"role": "user", "content": "u2"},
+                ]
+            },
+            {"id": 7, "source": "mine", "messages": [{"role": "user", "content": "only"}]},
+        ],
+    )
     p, q = read(str(path)).prompts
     assert (p.turns, p.system, p.id, p.source) == (["u1", "u2"], "sys", "chat-0", "chat")
     assert (q.id, q.source) == ("7", "mine")
@@ -62,18 +82,27 @@ def test_openai_messages_jsonl(tmp_path):
 
 def test_alpaca_with_and_without_input(tmp_path):
     path = tmp_path / "alpaca.json"
-    path.write_text(json.dumps([{"instruction": "Translate to French.", "input": "Good morning", "output": "Bonjour"},
-                                {"instruction": "Name three colours.", "input": "", "output": "red"}]))
+    path.write_text(
+        json.dumps(
+            [
+                {"instruction": "Translate to French.", "input": "Good morning", "output": "Bonjour"},
+                {"instruction": "Name three colours.", "input": "", "output": "red"},
+            ]
+        )
+    )
     p, q = read(str(path)).prompts
     assert p.turns == ["Translate to French.\n\nGood morning"]
     assert q.turns == ["Name three colours."]
 
 
 def test_mt_bench_question_jsonl_and_eaglekit_turns(tmp_path):
-    path = write_jsonl(tmp_path / "question.jsonl", [
-        {"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Now shorter."]},
-        {"id": "x-1", "source": "x", "turns": ["Plain"], "system": "Sys"},
-    ])
+    path = write_jsonl(
+        tmp_path / "question.jsonl",
+        [
+            {"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Now shorter."]},
+            {"id": "x-1", "source": "x", "turns": ["Plain"], "system": "Sys"},
+        ],
+    )
     mt, own = read(str(path)).prompts
     assert (mt.id, mt.source, mt.turns) == ("81", "question", ["Write a poem.", "Now shorter."])
     assert (own.id, own.source, own.system) == ("x-1", "x", "Sys")
@@ -139,19 +168,24 @@ def test_hf_dataset_needs_datasets_or_network(monkeypatch):
 
 
 def test_malformed_lines_reported_with_file_and_line(tmp_path, caplog):
-    path = write_jsonl(tmp_path / "mixed.jsonl", [
-        {"turns": ["good one"]},
-        "{not json",
-        {"messages": [{"role": "tool", "content": "x"}]},
-        {"turns": []},
-        {"unknown": 1},
-        {"turns": ["good two"]},
-    ])
+    path = write_jsonl(
+        tmp_path / "mixed.jsonl",
+        [
+            {"turns": ["good one"]},
+            "{not json",
+            {"messages": [{"role": "tool", "content": "x"}]},
+            {"turns": []},
+            {"unknown": 1},
+            {"turns": ["good two"]},
+        ],
+    )
     out = tmp_path / "out"
     manifest = build_prompts([SourceSpec.parse(str(path))], out, validation_fraction=0.0)
     report = (out / "malformed.txt").read_text().splitlines()
     assert [r.split(": ")[0] for r in report] == [f"{path}:{n}" for n in (2, 3, 4, 5)]
-    assert "invalid JSON" in report[0] and "unsupported role 'tool'" in report[1] and "unknown record layout" in report[3]
+    assert (
+        "invalid JSON" in report[0] and "unsupported role 'tool'" in report[1] and "unknown record layout" in report[3]
+    )
     assert manifest["counts"]["malformed"] == 4 and len(lines(out, "train")) == 2
     assert f"{path}:2" in caplog.text
     with pytest.raises(EaglekitError, match=rf"{path}:2: invalid JSON"):
@@ -164,13 +198,25 @@ def test_malformed_lines_reported_with_file_and_line(tmp_path, caplog):
 
 
 def test_dedup_within_and_across_sources_and_length_filters(tmp_path):
-    a = write_jsonl(tmp_path / "a.jsonl", [{"turns": ["Hello   World"]}, {"turns": ["hello world"]},
-                                           {"turns": ["x"]}, {"turns": ["y" * 500]}, {"turns": ["keep me"]},
-                                           {"turns": ["one", "two", "three"]}])
+    a = write_jsonl(
+        tmp_path / "a.jsonl",
+        [
+            {"turns": ["Hello   World"]},
+            {"turns": ["hello world"]},
+            {"turns": ["x"]},
+            {"turns": ["y" * 500]},
+            {"turns": ["keep me"]},
+            {"turns": ["one", "two", "three"]},
+        ],
+    )
     b = write_jsonl(tmp_path / "b.jsonl", [{"turns": ["HELLO WORLD"]}, {"turns": ["other"]}])
     out = tmp_path / "out"
-    manifest = build_prompts([SourceSpec.parse(str(a)), SourceSpec.parse(str(b))], out,
-                             filters=Filters(min_chars=2, max_chars=100, max_turns=2), validation_fraction=0.0)
+    manifest = build_prompts(
+        [SourceSpec.parse(str(a)), SourceSpec.parse(str(b))],
+        out,
+        filters=Filters(min_chars=2, max_chars=100, max_turns=2),
+        validation_fraction=0.0,
+    )
     texts = sorted(p["turns"][0] for p in lines(out, "train"))
     assert texts == ["Hello   World", "keep me", "other"]
     sa, sb = manifest["counts"]["sources"]
@@ -180,30 +226,45 @@ def test_dedup_within_and_across_sources_and_length_filters(tmp_path):
 
 def test_a_source_of_a_files_long_prompts_alone_as_its_own_share(tmp_path):
     """`FILE,min-chars=N,name=long` first, then FILE again: the long prompts are one share, the rest the other."""
-    rows = [{"turns": [f"summarize {i}: " + "word " * 100]} for i in range(4)] + [{"turns": [f"short {i}"]} for i in range(8)]
+    rows = [{"turns": [f"summarize {i}: " + "word " * 100]} for i in range(4)] + [
+        {"turns": [f"short {i}"]} for i in range(8)
+    ]
     f = write_jsonl(tmp_path / "t0.jsonl", rows)
     long_spec = SourceSpec.parse(f"{f},min-chars=300,name=t0_long,weight=1")
     assert (long_spec.min_chars, long_spec.max_chars, long_spec.name) == (300, None, "t0_long")
-    manifest = build_prompts([long_spec, SourceSpec.parse(f"{f},weight=0.5,max-chars=5000")], tmp_path / "out",
-                             validation_fraction=0.0)
+    manifest = build_prompts(
+        [long_spec, SourceSpec.parse(f"{f},weight=0.5,max-chars=5000")], tmp_path / "out", validation_fraction=0.0
+    )
     first, rest = manifest["counts"]["sources"]
     assert (first["unique"], first["too_short"], first["taken"]) == (4, 8, 4)
-    assert (rest["duplicates"], rest["unique"], rest["taken"]) == (4, 8, 4)   # the long ones were the first share's
+    assert (rest["duplicates"], rest["unique"], rest["taken"]) == (4, 8, 4)  # the long ones were the first share's
     assert Filters(min_chars=5, max_chars=400).narrowed(long_spec) == Filters(min_chars=300, max_chars=400)
     for bad in ("lots", "-3", "²"):
         with pytest.raises(EaglekitError, match="whole number"):
             SourceSpec.parse(f"{f},min-chars={bad}")
     # A source without limits is recorded as before they existed: generate's resume hash is unchanged.
-    assert SourceSpec.parse(f"{f},weight=2").to_config() == {"location": str(f), "weight": 2.0, "format": "auto",
-                                                            "name": None, "column": None, "records": None,
-                                                            "split": "train", "subset": None}
+    assert SourceSpec.parse(f"{f},weight=2").to_config() == {
+        "location": str(f),
+        "weight": 2.0,
+        "format": "auto",
+        "name": None,
+        "column": None,
+        "records": None,
+        "split": "train",
+        "subset": None,
+    }
     assert [p.turns[0][:5] for p in read_source(long_spec).prompts if long_spec.keeps(p)] == ["summa"] * 4
 
 
 def test_max_tokens_filter_uses_the_target_tokenizer(tmp_path, tiny_tok):
     path = write_jsonl(tmp_path / "t.jsonl", [{"turns": ["Hello!"]}, {"turns": ["The quick brown fox " * 20]}])
-    build_prompts([SourceSpec.parse(str(path))], tmp_path / "out", filters=Filters(max_tokens=20),
-                  tokenizer=tiny_tok, validation_fraction=0.0)
+    build_prompts(
+        [SourceSpec.parse(str(path))],
+        tmp_path / "out",
+        filters=Filters(max_tokens=20),
+        tokenizer=tiny_tok,
+        validation_fraction=0.0,
+    )
     assert [p["turns"] for p in lines(tmp_path / "out", "train")] == [["Hello!"]]
     with pytest.raises(EaglekitError, match="needs the target's tokenizer"):
         build_prompts([SourceSpec.parse(str(path))], tmp_path / "o2", filters=Filters(max_tokens=20))
@@ -239,10 +300,13 @@ def test_a_sources_own_validation_fraction_holds_out_that_source_alone(tmp_path)
     chat = many(tmp_path / "chat.jsonl", "chat", 200)
     tasks = many(tmp_path / "tasks.jsonl", "task", 300)
     out = tmp_path / "out"
-    manifest = build_prompts([SourceSpec.parse(f"{chat},validation-fraction=0.25"), SourceSpec.parse(str(tasks))],
-                             out, validation_fraction=0.0)
+    manifest = build_prompts(
+        [SourceSpec.parse(f"{chat},validation-fraction=0.25"), SourceSpec.parse(str(tasks))],
+        out,
+        validation_fraction=0.0,
+    )
     val = lines(out, "validation")
-    assert val and {r["source"] for r in val} == {"chat"} and 30 <= len(val) <= 70   # ~25 % of 200
+    assert val and {r["source"] for r in val} == {"chat"} and 30 <= len(val) <= 70  # ~25 % of 200
     assert sum(r["source"] == "tasks" for r in lines(out, "train")) == 300
     assert [(s["name"], s["validation"]) for s in manifest["counts"]["sources"]] == [("chat", len(val)), ("tasks", 0)]
     # The source's share is the same hash split the build's share would give: the same prompts held out.
@@ -259,16 +323,21 @@ def test_weighted_mixing(tmp_path):
     b = many(tmp_path / "b.jsonl", "beta", 50)
     # num_prompts: shares follow the weights (3:1), the small source repeats its prompts.
     out = tmp_path / "mix"
-    manifest = build_prompts([SourceSpec.parse(f"{a},weight=3"), SourceSpec.parse(f"{b},weight=1")], out,
-                             num_prompts=200 + 1, validation_fraction=0.2)
+    manifest = build_prompts(
+        [SourceSpec.parse(f"{a},weight=3"), SourceSpec.parse(f"{b},weight=1")],
+        out,
+        num_prompts=200 + 1,
+        validation_fraction=0.2,
+    )
     rows = lines(out, "train") + lines(out, "validation")
     assert len(rows) == 201 and len({r["id"] for r in rows}) == 201
     assert sum(r["source"] == "a" for r in rows) == 151 and sum(r["source"] == "b" for r in rows) == 50
     assert [s["taken"] for s in manifest["counts"]["sources"]] == [151, 50]
     # Without num_prompts a weight scales the source: 0.5 keeps half, 2 repeats every prompt once.
     out2 = tmp_path / "scaled"
-    build_prompts([SourceSpec.parse(f"{a},weight=0.5"), SourceSpec.parse(f"{b},weight=2")], out2,
-                  validation_fraction=0.2)
+    build_prompts(
+        [SourceSpec.parse(f"{a},weight=0.5"), SourceSpec.parse(f"{b},weight=2")], out2, validation_fraction=0.2
+    )
     rows = lines(out2, "train") + lines(out2, "validation")
     assert sum(r["source"] == "a" for r in rows) == 150
     beta = [r for r in rows if r["source"] == "b"]
@@ -327,8 +396,23 @@ def test_cli_build(tmp_path, capsys):
     src = many(tmp_path / "a.jsonl", "alpha", 30)
     txt = tmp_path / "b.txt"
     txt.write_text("a line prompt\nanother line prompt\n")
-    assert main(["prompts", "build", "--source", str(src), "--source", f"{txt},weight=2", "--out",
-                 str(tmp_path / "out"), "--validation-fraction", "0.1"]) == 0
+    assert (
+        main(
+            [
+                "prompts",
+                "build",
+                "--source",
+                str(src),
+                "--source",
+                f"{txt},weight=2",
+                "--out",
+                str(tmp_path / "out"),
+                "--validation-fraction",
+                "0.1",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "a: 30 records, 0 malformed, 0 duplicates, 0 filtered, 30 taken" in printed
     assert "b: 2 records, 0 malformed, 0 duplicates, 0 filtered, 4 taken" in printed

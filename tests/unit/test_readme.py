@@ -12,7 +12,7 @@ README = PACKAGE.parents[1] / "README.md"
 def listed_modules() -> set[str]:
     """`pkg/file.py` for every file the tree's lines name (`  pkg/` opens a package, `    a.py, b.py  ...` lists)."""
     text = README.read_text()
-    block = text[text.index("src/eaglekit/\n"):]
+    block = text[text.index("src/eaglekit/\n") :]
     block = block[: block.index("```")]
     found, package = set(), ""
     for line in block.splitlines()[1:]:
@@ -20,7 +20,7 @@ def listed_modules() -> set[str]:
             package = m[1] + "/"
             continue
         if m := re.match(r"^( +)([\w.]+\.py(?:, [\w.]+\.py)*)", line):
-            top = len(m[1]) == 2                                   # a top-level module (2 spaces)
+            top = len(m[1]) == 2  # a top-level module (2 spaces)
             found |= {("" if top else package) + name for name in m[2].split(", ")}
     return found
 

@@ -24,8 +24,9 @@ def run_folder(tmp_path, monkeypatch):
     target_dir = save_tiny_target(tmp_path / "run" / "target", seed=0)
     target = load_target(target_dir)
     draft = save_draft(random_draft(target.model, aux=[1, 3, 4]), tmp_path / "run" / "draft")
-    write_manifest(draft, stage="train", config={"target": "run/target", "out": "run/draft"},
-                   target=target.fingerprint())
+    write_manifest(
+        draft, stage="train", config={"target": "run/target", "out": "run/draft"}, target=target.fingerprint()
+    )
     return tmp_path / "run"
 
 
@@ -41,11 +42,11 @@ def test_speculate_defaults_to_the_drafts_own_target(run_folder, tmp_path, monke
 
 
 def test_speculate_refuses_a_target_the_draft_was_not_made_for(run_folder, tmp_path, capsys):
-    other = save_tiny_target(tmp_path / "tuned", seed=1)          # same config and tokenizer, other weights
+    other = save_tiny_target(tmp_path / "tuned", seed=1)  # same config and tokenizer, other weights
     assert main(["speculate", "hi", "--draft", "run/draft", "--target", str(other), *SHORT]) == 2
     err = capsys.readouterr().err
     assert "was made for another target weights" in err and "pass the target it was made for" in err
-    assert main(["speculate", "hi", "--draft", "run/draft", "--target", "run/target", *SHORT]) == 0   # the same, named
+    assert main(["speculate", "hi", "--draft", "run/draft", "--target", "run/target", *SHORT]) == 0  # the same, named
 
 
 def test_speculate_says_so_when_the_recorded_target_is_gone(run_folder, capsys):
@@ -67,8 +68,12 @@ def test_the_recorded_target_of_each_kind_of_draft_folder(tmp_path):
         return DraftFolder(path=tmp_path, config=config or {}, tensors={}, manifest=manifest)
 
     assert recorded_target_spec(folder({"stage": "train", "config": {"target": "runs/q/target"}})) == "runs/q/target"
-    export = {"stage": "export", "config": {"source": "runs/q/draft"}, "target": {"name": "target"},
-              "source_manifest": {"stage": "train", "config": {"target": "/abs/target"}}}
+    export = {
+        "stage": "export",
+        "config": {"source": "runs/q/draft"},
+        "target": {"name": "target"},
+        "source_manifest": {"stage": "train", "config": {"target": "/abs/target"}},
+    }
     assert recorded_target_spec(folder(export)) == "/abs/target"
     assert recorded_target_spec(folder(None, {"eaglekit": {"target": {"name": "smollm2"}}})) == "smollm2"
     assert recorded_target_spec(folder(None, {"eaglekit": {"target": {"name": "my-model"}}})) is None

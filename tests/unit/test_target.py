@@ -22,7 +22,7 @@ def test_default_aux_ids_follow_eagle3():
 def test_info_of_tiny_target(tiny_target_dir):
     info = target_info(str(tiny_target_dir))
     assert (info.num_layers, info.hidden_size, info.vocab_size) == (8, 64, 384)
-    assert info.aux_layer_ids == [1, 3, 4]          # eaglekit's convention; the command adds the formats'
+    assert info.aux_layer_ids == [1, 3, 4]  # eaglekit's convention; the command adds the formats'
     assert info.has_chat_template and info.architecture == "LlamaForCausalLM"
 
 
@@ -42,9 +42,16 @@ def test_cli_info_json(tiny_target_dir, tmp_path, capsys):
     info = json.loads(capsys.readouterr().out)
     assert main(["target", "info", "--target", str(tiny_target_dir), "--json", str(tmp_path / "info.json")]) == 0
     assert json.loads((tmp_path / "info.json").read_text()) == info
-    assert "architecture" in capsys.readouterr().out          # the text form is printed beside the file
-    for key in ("architecture", "num_layers", "hidden_size", "vocab_size", "aux_layer_ids",
-                "aux_layer_ids_sglang", "aux_layer_ids_vllm"):
+    assert "architecture" in capsys.readouterr().out  # the text form is printed beside the file
+    for key in (
+        "architecture",
+        "num_layers",
+        "hidden_size",
+        "vocab_size",
+        "aux_layer_ids",
+        "aux_layer_ids_sglang",
+        "aux_layer_ids_vllm",
+    ):
         assert key in info
     # Each format's convention (docs/contracts.md): SGLang's nested ids are eaglekit's numbers, vLLM's one higher.
     assert info["aux_layer_ids_sglang"] == [1, 3, 4] and info["aux_layer_ids_vllm"] == [2, 4, 5]
@@ -108,8 +115,9 @@ def test_tokenizer_without_chat_template(tiny_target_dir, tmp_path):
     target = load_target(str(plain))
     assert not target_info(str(plain)).has_chat_template
     with pytest.raises(EaglekitError, match="no chat template"):
-        tokenize_conversation(target.tokenizer, [{"role": "user", "content": "hi"},
-                                                 {"role": "assistant", "content": "yo"}])
+        tokenize_conversation(
+            target.tokenizer, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+        )
 
 
 def test_pickle_only_folder_is_refused(tiny_target_dir, tmp_path):

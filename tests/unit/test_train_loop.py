@@ -25,8 +25,13 @@ from eaglekit.train.manifest import predicted_accept_length, validation_label
 from tiny_conversations import greedy_samples, write_generate_folder
 
 torch.set_num_threads(1)
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-       "HF_HUB_OFFLINE": "1"}
+ENV = {
+    **os.environ,
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "HF_HUB_OFFLINE": "1",
+}
 
 
 def peaked_tiny_target(folder: Path) -> Path:
@@ -51,25 +56,72 @@ def data(tmp_path_factory):
     conv = write_generate_folder(root / "conv", rows, target.fingerprint())
     # Offline features from the target's own greedy continuations (token space: exactly its choices).
     samples = greedy_samples(target.model, target.tokenizer, 64, max_new_tokens=40)
-    capture_features(target, samples, root / "feat", aux_layer_ids=[1, 3, 4], topk=16, shard_tokens=1500,
-                     batch_tokens=1024, progress=False)
+    capture_features(
+        target,
+        samples,
+        root / "feat",
+        aux_layer_ids=[1, 3, 4],
+        topk=16,
+        shard_tokens=1500,
+        batch_tokens=1024,
+        progress=False,
+    )
     return {"target": str(tiny_target_dir), "conv": str(conv), "feat": str(root / "feat"), "root": root}
 
 
 def config(fixture, out, **kw) -> TrainConfig:
-    base = dict(target=fixture["target"], features=fixture["feat"], out=str(out), draft_vocab_size=64,
-                allow_smaller_vocab=True, ttt_steps=3, batch_tokens=600, max_batch_size=8, max_steps=12,
-                val_fraction=0.15, val_every=6, save_every=4, log_every=2, lr=3e-3, warmup_steps=2,
-                progress=False, device="cpu")
+    base = dict(
+        target=fixture["target"],
+        features=fixture["feat"],
+        out=str(out),
+        draft_vocab_size=64,
+        allow_smaller_vocab=True,
+        ttt_steps=3,
+        batch_tokens=600,
+        max_batch_size=8,
+        max_steps=12,
+        val_fraction=0.15,
+        val_every=6,
+        save_every=4,
+        log_every=2,
+        lr=3e-3,
+        warmup_steps=2,
+        progress=False,
+        device="cpu",
+    )
     base.update(kw)
     return TrainConfig(**base)
 
 
 def train_args(fixture, out, *extra) -> list[str]:
-    return ["train", "--target", fixture["target"], "--features", fixture["feat"], "--out", str(out),
-            "--draft-vocab-size", "64", "--allow-smaller-vocab", "--ttt-steps", "3", "--batch-tokens", "600",
-            "--max-batch-size", "8", "--val-fraction", "0.15", "--lr", "3e-3", "--warmup-steps", "2",
-            "--device", "cpu", "--no-progress", *extra]
+    return [
+        "train",
+        "--target",
+        fixture["target"],
+        "--features",
+        fixture["feat"],
+        "--out",
+        str(out),
+        "--draft-vocab-size",
+        "64",
+        "--allow-smaller-vocab",
+        "--ttt-steps",
+        "3",
+        "--batch-tokens",
+        "600",
+        "--max-batch-size",
+        "8",
+        "--val-fraction",
+        "0.15",
+        "--lr",
+        "3e-3",
+        "--warmup-steps",
+        "2",
+        "--device",
+        "cpu",
+        "--no-progress",
+        *extra,
+    ]
 
 
 def test_offline_run_writes_a_loadable_draft_and_learns(data, tmp_path):
@@ -83,10 +135,13 @@ def test_offline_run_writes_a_loadable_draft_and_learns(data, tmp_path):
     assert len(best["acc"]) == len(best["cond_acc"]) == 3 and best["sim_accept_length"] >= 1.0
     assert [h["step"] for h in manifest["history"]] == [50, 100]
     baselines = manifest["counts"]["val_baselines"]
-    assert best["data_greedy_agreement"] > 0.99   # the data is the target's greedy output
+    assert best["data_greedy_agreement"] > 0.99  # the data is the target's greedy output
     assert best["acc"][0] > baselines["unigram_acc"] + 0.15, (best, baselines)
     draft = load_draft(out)
-    assert draft.config.aux_layer_ids == (1, 3, 4) and draft.config.draft_vocab_size == manifest["draft_vocab"]["draft_vocab_size"]
+    assert (
+        draft.config.aux_layer_ids == (1, 3, 4)
+        and draft.config.draft_vocab_size == manifest["draft_vocab"]["draft_vocab_size"]
+    )
     lines = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
     train_lines = [x for x in lines if x["event"] == "train"]
     assert train_lines and {"lr", "tokens_per_s", "acc", "sim_accept_length"} <= set(train_lines[0])
@@ -98,8 +153,17 @@ def test_online_run_from_conversations_with_a_given_vocab(data, tmp_path):
 
     ids = torch.tensor(sorted({2, *range(40, 140)}))
     DraftVocab(draft_ids=ids, vocab_size=384).save(tmp_path / "vocab")
-    manifest = train(config(data, tmp_path / "run", features=None, data=data["conv"], max_steps=4, val_every=4,
-                            vocab=str(tmp_path / "vocab")))
+    manifest = train(
+        config(
+            data,
+            tmp_path / "run",
+            features=None,
+            data=data["conv"],
+            max_steps=4,
+            val_every=4,
+            vocab=str(tmp_path / "vocab"),
+        )
+    )
     assert manifest["complete"] and manifest["inputs"]["data"]["conversations"] == 60
     assert manifest["best"]["step"] == 4
     assert manifest["draft_vocab"]["draft_vocab_size"] == len(ids)
@@ -115,31 +179,45 @@ def test_conversations_labelled_validation_are_never_trained_on(data, tmp_path):
     from eaglekit.train.setup import split_members
 
     target = load_target(data["target"])
-    rows = [{**r, "split": "validation" if i % 6 == 0 else "train", "source": "chat" if i % 6 == 0 else "tasks"}
-            for i, r in enumerate(text_rows(60))]
+    rows = [
+        {**r, "split": "validation" if i % 6 == 0 else "train", "source": "chat" if i % 6 == 0 else "tasks"}
+        for i, r in enumerate(text_rows(60))
+    ]
     labelled = {r["id"] for r in rows if r["split"] == "validation"}
     conv = write_generate_folder(tmp_path / "conv", rows, target.fingerprint())
-    manifest = train(config(data, tmp_path / "online", features=None, data=str(conv), max_steps=1, val_every=1,
-                            val_fraction=0.0))
+    manifest = train(
+        config(data, tmp_path / "online", features=None, data=str(conv), max_steps=1, val_every=1, val_fraction=0.0)
+    )
     assert manifest["counts"]["val_samples"] == len(labelled) == 10
     assert manifest["counts"]["train_samples"] == 50
     # The manifest says what the prediction is for: the held-out conversations, by their prompts' source.
     workload = manifest["counts"]["validation"]
     assert (workload["origin"], workload["by_source"]) == ("held_out", {"chat": 10})
     assert validation_label(manifest) == "held-out conversations: chat 10"
-    other = train(config(data, tmp_path / "with-val", features=None, data=str(conv), val_data=data["conv"],
-                         max_steps=1, val_every=1))                     # a validation set of its own
+    other = train(
+        config(
+            data, tmp_path / "with-val", features=None, data=str(conv), val_data=data["conv"], max_steps=1, val_every=1
+        )
+    )  # a validation set of its own
     assert other["counts"]["train_samples"] == 50 and other["counts"]["val_samples"] == 60
     assert other["counts"]["validation"]["by_source"] == {"test": 60}
     assert validation_label(other) == "--val-data conversations: test 60"
     samples, _ = tokenize_conversations(target.tokenizer, read_conversations(conv)[0], max_length=256)
-    capture_features(target, samples, tmp_path / "feat", aux_layer_ids=[1, 3, 4], topk=16, shard_tokens=800,
-                     batch_tokens=1024, progress=False)
+    capture_features(
+        target,
+        samples,
+        tmp_path / "feat",
+        aux_layer_ids=[1, 3, 4],
+        topk=16,
+        shard_tokens=800,
+        batch_tokens=1024,
+        progress=False,
+    )
     store = FeatureStore(tmp_path / "feat")
     assert store.held_out == labelled
     train_idx, val_idx = split_members(store.ids, 0.15, store.held_out)
     assert labelled <= {store.ids[i] for i in val_idx} and not labelled & {store.ids[i] for i in train_idx}
-    assert len(val_idx) > len(labelled)                                    # and the hash share besides
+    assert len(val_idx) > len(labelled)  # and the hash share besides
 
 
 def final_weights(out: Path) -> dict[str, torch.Tensor]:
@@ -153,8 +231,12 @@ def test_resume_after_sigkill_is_bit_identical(data, tmp_path):
     reference = tmp_path / "ref"
     train(config(data, reference, max_steps=steps))
     out = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "eaglekit", *train_args(data, out, "--max-steps", str(steps), "--save-every", "4",
-                                                           "--val-every", "6", "--log-every", "2")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "eaglekit",
+        *train_args(data, out, "--max-steps", str(steps), "--save-every", "4", "--val-every", "6", "--log-every", "2"),
+    ]
     proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     latest = out / "trainer_state" / "latest.json"
     deadline = time.time() + 120
@@ -167,9 +249,29 @@ def test_resume_after_sigkill_is_bit_identical(data, tmp_path):
     assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
     killed_at = json.loads(latest.read_text())["step"]
     assert 8 <= killed_at < steps
-    done = subprocess.run([sys.executable, "-m", "eaglekit", *train_args(data, out, "--max-steps", str(steps),
-                           "--save-every", "4", "--val-every", "6", "--log-every", "2", "--resume")],
-                          env=ENV, capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "eaglekit",
+            *train_args(
+                data,
+                out,
+                "--max-steps",
+                str(steps),
+                "--save-every",
+                "4",
+                "--val-every",
+                "6",
+                "--log-every",
+                "2",
+                "--resume",
+            ),
+        ],
+        env=ENV,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     a, b = final_weights(reference), final_weights(out)
     assert set(a) == set(b)
@@ -190,9 +292,20 @@ def test_ddp_two_processes_equal_one_process_with_accumulation(data, tmp_path):
     single = tmp_path / "single"
     train(config(data, single, max_steps=6, grad_accum=2, val_every=6, save_every=6))
     ddp = tmp_path / "ddp"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), "-m", "eaglekit",
-           *train_args(data, ddp, "--max-steps", "6", "--val-every", "6", "--save-every", "6", "--log-every", "2")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "eaglekit",
+        *train_args(data, ddp, "--max-steps", "6", "--val-every", "6", "--save-every", "6", "--log-every", "2"),
+    ]
     run = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     a, b = final_weights(single), final_weights(ddp)
@@ -201,7 +314,7 @@ def test_ddp_two_processes_equal_one_process_with_accumulation(data, tmp_path):
     m = json.loads((ddp / "manifest.json").read_text())
     assert m["world_size"] == 2
     single_val = json.loads((single / "manifest.json").read_text())["history"][-1]
-    assert m["history"][-1]["positions"] == single_val["positions"]   # all validation data seen once
+    assert m["history"][-1]["positions"] == single_val["positions"]  # all validation data seen once
 
 
 def test_cli_refuses_non_empty_out_and_resume_with_other_settings(data, tmp_path, capsys):
@@ -229,13 +342,22 @@ def test_resume_on_features_captured_again_is_refused(data, tmp_path, capsys):
     assert main(run) == 0
     target = load_target(data["target"])
     samples = greedy_samples(target.model, target.tokenizer, 16, max_new_tokens=24)
-    capture_features(target, samples, feat, aux_layer_ids=[2, 3, 4], topk=16, shard_tokens=1500,
-                     batch_tokens=1024, progress=False, overwrite=True)
+    capture_features(
+        target,
+        samples,
+        feat,
+        aux_layer_ids=[2, 3, 4],
+        topk=16,
+        shard_tokens=1500,
+        batch_tokens=1024,
+        progress=False,
+        overwrite=True,
+    )
     capsys.readouterr()
     assert main(run + ["--resume"]) == 2
     err = capsys.readouterr().err
     assert "--resume on other data than the run in" in err and "inputs" in err and "--overwrite" in err
-    assert main(run + ["--overwrite"]) == 0                                   # the fix the hint names
+    assert main(run + ["--overwrite"]) == 0  # the fix the hint names
     assert json.loads((tmp_path / "run" / "manifest.json").read_text())["aux_layer_ids"] == [2, 3, 4]
 
 
@@ -257,8 +379,9 @@ def test_config_errors_are_clear():
 
 
 def test_time_budget_stops_the_run_and_keeps_the_best(data, tmp_path):
-    manifest = train(config(data, tmp_path / "run", max_steps=None, epochs=10000, time_budget_s=3.0, val_every=20,
-                            save_every=20))
+    manifest = train(
+        config(data, tmp_path / "run", max_steps=None, epochs=10000, time_budget_s=3.0, val_every=20, save_every=20)
+    )
     assert manifest["complete"] and manifest["best"] is not None
     assert 10 <= manifest["steps"]["done"] == manifest["steps"]["total"] < 100000
     assert manifest["history"][-1]["step"] == manifest["steps"]["done"]
@@ -275,12 +398,15 @@ def test_a_slow_first_step_does_not_cut_the_time_budget_short(data, tmp_path, mo
     def first_step_slow(self):
         calls.append(1)
         if len(calls) == 1:
-            time.sleep(2.0)          # the start-up (a compile) in step 1
+            time.sleep(2.0)  # the start-up (a compile) in step 1
         return real_step(self)
 
     monkeypatch.setattr(loop.Trainer, "train_step", first_step_slow)
-    manifest = train(config(data, tmp_path / "run", max_steps=None, epochs=10000, time_budget_s=4.0, val_every=10000,
-                            save_every=10000))
+    manifest = train(
+        config(
+            data, tmp_path / "run", max_steps=None, epochs=10000, time_budget_s=4.0, val_every=10000, save_every=10000
+        )
+    )
     events = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     elapsed = max(e.get("elapsed_s", 0.0) for e in events)
     assert manifest["complete"] and elapsed > 0.75 * 4.0, (manifest["steps"], elapsed)
@@ -295,7 +421,9 @@ def test_walk_accept_length_predicts_the_engine(data, tmp_path):
     from eaglekit.targets.chat import prompt_ids
     from tiny_conversations import prompts
 
-    manifest = train(config(data, tmp_path / "run", max_steps=80, val_every=80, val_data=data["feat"], val_fraction=0.0))
+    manifest = train(
+        config(data, tmp_path / "run", max_steps=80, val_every=80, val_data=data["feat"], val_fraction=0.0)
+    )
     val = manifest["history"][-1]
     target = load_target(data["target"])
     draft = load_draft_for(tmp_path / "run", target, "cpu")
@@ -303,17 +431,24 @@ def test_walk_accept_length_predicts_the_engine(data, tmp_path):
 
     def engine_tau(k: int) -> float:
         spec, sampling = SpecConfig(mode="chain", k=k), Sampling()
-        engine = Engine(runner, drafter=DraftRunner(draft, spec=spec, sampling=sampling, max_len=128), spec=spec,
-                        sampling=sampling, stop_token_ids=[], graphs=False, compile=False)
+        engine = Engine(
+            runner,
+            drafter=DraftRunner(draft, spec=spec, sampling=sampling, max_len=128),
+            spec=spec,
+            sampling=sampling,
+            stop_token_ids=[],
+            graphs=False,
+            compile=False,
+        )
         tokens = cycles = 0
-        for text in prompts(64, 0):   # the prompts of the greedy samples behind data["feat"]
+        for text in prompts(64, 0):  # the prompts of the greedy samples behind data["feat"]
             gen = engine.generate(prompt_ids(target.tokenizer, [{"role": "user", "content": text}]), 40)
             tokens += sum(a + 1 for a in gen.accept_lengths)
             cycles += len(gen.accept_lengths)
         return tokens / cycles
 
     measured = engine_tau(3)
-    assert measured > 1.1                                     # the draft is accepted at all
+    assert measured > 1.1  # the draft is accepted at all
     assert abs(val["walk_accept_length"] - measured) < 0.03, (val, measured)
     assert val["walk_accept_length_by_k"][2] == val["walk_accept_length"]
     # the per-position formula overstates it: cycles start more often where drafts fail
@@ -334,7 +469,10 @@ def test_init_from_with_no_steps_validates_the_draft_as_trained(data, tmp_path):
     assert measured["sim_accept_length"] == pytest.approx(best["sim_accept_length"], abs=1e-6)
     # A prediction for a served chain of k is the walk capped at k; none past the unrolled steps (3).
     assert predicted_accept_length(again, 2) == measured["walk_accept_length_by_k"][1] <= predicted_accept_length(again)
-    assert predicted_accept_length(again, 3) == measured["walk_accept_length"] and predicted_accept_length(again, 5) is None
+    assert (
+        predicted_accept_length(again, 3) == measured["walk_accept_length"]
+        and predicted_accept_length(again, 5) is None
+    )
     # Features captured without a conversations folder in their manifest: the sources are unknown, and said so.
     assert again["counts"]["validation"]["by_source"] == {"unknown": again["counts"]["val_samples"]}
     with pytest.raises(EaglekitError, match="brings its own vocab"):
@@ -344,8 +482,12 @@ def test_init_from_with_no_steps_validates_the_draft_as_trained(data, tmp_path):
 # Golden values (torchtune style): 12 steps on the tiny seeded target, CPU fp32, one thread. A change
 # that moves them changed what training computes; if that was meant, say why in the commit and pin
 # the new values. Printed by the test on a mismatch.
-GOLDEN = {"ce": [4.62891, 4.4626, 4.42216], "acc": [0.12821, 0.1352, 0.1352], "sim_accept_length": 1.27582,
-          "walk_accept_length": 1.1224}
+GOLDEN = {
+    "ce": [4.62891, 4.4626, 4.42216],
+    "acc": [0.12821, 0.1352, 0.1352],
+    "sim_accept_length": 1.27582,
+    "walk_accept_length": 1.1224,
+}
 
 
 def test_golden_values_of_a_short_run(data, tmp_path):
@@ -362,7 +504,7 @@ def test_the_time_budget_is_refit_while_the_pace_settles():
     from eaglekit.train.loop import budget_refits
 
     assert budget_refits(0, 1000) == [10, 50, 200, 400, 600, 800]
-    assert budget_refits(300, 700) == [310, 350, 500]          # a resumed run starts anew, within the cap
+    assert budget_refits(300, 700) == [310, 350, 500]  # a resumed run starts anew, within the cap
     assert budget_refits(0, 30) == [10]
 
 
@@ -384,7 +526,8 @@ def test_training_runs_without_cudnn_attention_and_restores_it(data, tmp_path):
     step (~90 ms of a 261 ms H200 step): training turns that backend off, and only for itself."""
     seen = []
     hook = torch.nn.modules.module.register_module_forward_hook(
-        lambda module, args, out: seen.append(torch.backends.cuda.cudnn_sdp_enabled()))
+        lambda module, args, out: seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+    )
     try:
         assert torch.backends.cuda.cudnn_sdp_enabled()
         manifest = train(config(data, tmp_path / "run", max_steps=2, val_every=2))

@@ -28,7 +28,7 @@ def attention_inputs(B=2, nh=6, nkv=2, L=13, hd=16, j=3, seed=0):
 def test_merged_attention_equals_dense_forward_and_gradients(j, nkv):
     q, k0, v0, dk, dv = attention_inputs(nkv=nkv, j=j)
     inputs = [q, k0, v0, *dk, *dv]
-    weight = torch.randn(q.shape, generator=torch.Generator().manual_seed(9))   # a loss that weights every output
+    weight = torch.randn(q.shape, generator=torch.Generator().manual_seed(9))  # a loss that weights every output
     new = merged_ttt_attention(q, k0, v0, dk, dv)
     old = dense_ttt_attention(q, k0, v0, dk, dv)
     torch.testing.assert_close(new, old, atol=1e-5, rtol=1e-5)
@@ -53,17 +53,19 @@ def teachers(B, L, V, seed=0):
     dense = Teacher(argmax=torch.zeros(B, L, dtype=torch.long), probs=torch.randn(B, L, V, generator=g).softmax(-1))
     k = 5
     probs = torch.randn(B, L, k, generator=g).softmax(-1)
-    probs[0, 1] = 0.0                                   # a position with no teacher entry in the draft vocab
+    probs[0, 1] = 0.0  # a position with no teacher entry in the draft vocab
     sparse = Teacher(argmax=dense.argmax, probs=probs, index=torch.randint(0, V, (B, L, k), generator=g))
     return {"dense": dense, "sparse": sparse}
 
 
 @pytest.mark.parametrize("kind", ["dense", "sparse"])
-@pytest.mark.parametrize("chunk_elements", [7, 2 ** 27])   # many small position chunks, one chunk
+@pytest.mark.parametrize("chunk_elements", [7, 2**27])  # many small position chunks, one chunk
 def test_fused_soft_ce_equals_log_softmax_formula(kind, chunk_elements):
     B, L, V = 2, 9, 31
-    full = teachers(B, L + 2, V)[kind]                                 # strided views of its positions 1..L
-    teacher = Teacher(full.argmax[:, 1:1 + L], full.probs[:, 1:1 + L], None if full.index is None else full.index[:, 1:1 + L])
+    full = teachers(B, L + 2, V)[kind]  # strided views of its positions 1..L
+    teacher = Teacher(
+        full.argmax[:, 1 : 1 + L], full.probs[:, 1 : 1 + L], None if full.index is None else full.index[:, 1 : 1 + L]
+    )
     logits_full = (torch.randn(B, L + 3, V, generator=torch.Generator().manual_seed(1)) * 3).requires_grad_()
     logits = logits_full[:, :L]
     weight = torch.rand(B, L, generator=torch.Generator().manual_seed(2))
@@ -84,7 +86,7 @@ def test_fused_soft_ce_keeps_bf16_logits_and_matches_fp32():
     new = soft_cross_entropy(logits, teacher, soft_ce="fused")
     old = plain_soft_ce(logits, teacher)
     assert new.dtype == torch.float32
-    torch.testing.assert_close(new, old, atol=1e-5, rtol=1e-5)     # same bf16 inputs, both fp32 inside
+    torch.testing.assert_close(new, old, atol=1e-5, rtol=1e-5)  # same bf16 inputs, both fp32 inside
     (g,) = torch.autograd.grad(new.sum(), logits)
     assert g.dtype == torch.bfloat16
 
@@ -93,8 +95,15 @@ def unrolled_loss(draft, batch, steps, **kw):
     attention = kw.pop("attention", "merged")
     kw.setdefault("soft_ce", "fused" if attention == "merged" else "plain")
     logits = ttt_unroll(draft, batch.aux, batch.input_ids, steps, attention)
-    return ttt_loss(logits, batch, draft.d2t, draft.t2d, weights=[0.8 ** j for j in range(steps)],
-                    denominators=step_counts(batch.loss_mask, steps), **kw)
+    return ttt_loss(
+        logits,
+        batch,
+        draft.d2t,
+        draft.t2d,
+        weights=[0.8**j for j in range(steps)],
+        denominators=step_counts(batch.loss_mask, steps),
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("kind", ["dense", "sparse"])
@@ -148,8 +157,8 @@ def test_compiled_steps_share_four_graphs_over_every_step_and_shape():
     draft = make_draft()
     steps = 4
     model = TTTModel(draft, steps, "merged")
-    compiled = compiled_unrolled_loss("eager")          # dynamo's graphs, no AOT or codegen: fast
-    kw = dict(d2t=draft.d2t, t2d=draft.t2d, weights=[0.8 ** j for j in range(steps)])
+    compiled = compiled_unrolled_loss("eager")  # dynamo's graphs, no AOT or codegen: fast
+    kw = dict(d2t=draft.d2t, t2d=draft.t2d, weights=[0.8**j for j in range(steps)])
     for T, B in [(11, 2), (9, 1), (13, 3)]:
         batch, _ = batch_for(draft, T=T, B=B)
         den = step_counts(batch.loss_mask, steps)
@@ -194,7 +203,7 @@ def test_compiled_target_layers_share_one_graph_and_capture_the_same_states(arch
 def test_compiled_step_traces_to_the_eager_numbers():
     """Dynamo + AOTAutograd (the merged attention's Function, the plain CE), without inductor's codegen
     (~1-2 minutes of tracing on 2 cores)."""
-    compiled_vs_eager("aot_eager", [(11, 2), (9, 3)])   # the second shape runs the dynamic graph
+    compiled_vs_eager("aot_eager", [(11, 2), (9, 3)])  # the second shape runs the dynamic graph
 
 
 @pytest.mark.slow
@@ -258,7 +267,7 @@ def test_merged_attention_runs_its_kernels_in_the_autocast_dtype():
         out = merged_ttt_attention(q, k0, v0, dk, dv)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), dense_ttt_attention(q, k0, v0, dk, dv), atol=3e-2, rtol=3e-2)
-    assert merged_ttt_attention(q, k0, v0, dk, dv).dtype == torch.float32     # no autocast: the inputs' dtype
+    assert merged_ttt_attention(q, k0, v0, dk, dv).dtype == torch.float32  # no autocast: the inputs' dtype
 
 
 @pytest.mark.slow

@@ -32,13 +32,13 @@ def naive_chains(draft, aux, input_ids, steps):
     L = T - 1
     out = {}
     for t in range(L):
-        logits, hidden, kv = draft(tokens[:, :t + 1], fused[:, :t + 1])   # true prefix 0..t
+        logits, hidden, kv = draft(tokens[:, : t + 1], fused[:, : t + 1])  # true prefix 0..t
         out[(0, t)] = logits[:, t]
-        h = hidden[:, t:t + 1]
+        h = hidden[:, t : t + 1]
         for j in range(1, steps):
             if t + j >= L:
                 break
-            logits, h, kv = draft(tokens[:, t + j:t + j + 1], h, position_ids=torch.full((B, 1), t + j), past_kv=kv)
+            logits, h, kv = draft(tokens[:, t + j : t + j + 1], h, position_ids=torch.full((B, 1), t + j), past_kv=kv)
             out[(j, t)] = logits[:, 0]
     return out
 
@@ -46,11 +46,11 @@ def naive_chains(draft, aux, input_ids, steps):
 def grid_unroll(draft, aux, input_ids, ttt_steps, attention="dense"):
     """The reference unroll: every step on the whole [B, L] grid, the next step's tokens shifted in by
     padding (`ttt_unroll` runs steps 1.. at gathered positions instead). [B, L, Vd] a step."""
-    hidden = draft.fuse(aux[:, :-1])                                          # [B, L, H]: g_t
-    tokens = input_ids[:, 1:]                                                 # [B, L]: x_{t+1}
+    hidden = draft.fuse(aux[:, :-1])  # [B, L, H]: g_t
+    tokens = input_ids[:, 1:]  # [B, L]: x_{t+1}
     B, L = tokens.shape
     grid = torch.arange(L).expand(B, L)
-    q, k0, v0, residual = draft.attention_pieces(tokens, hidden, grid)       # step 0: the true prefix
+    q, k0, v0, residual = draft.attention_pieces(tokens, hidden, grid)  # step 0: the true prefix
     hidden = draft.finish(ttt_attention(q, k0, v0, [], [], attention), residual)
     logits = [draft.logits(hidden)]
     diag_k, diag_v = [], []
@@ -90,12 +90,12 @@ def test_ttt_attention_sees_only_prefix_and_own_chain():
     base = ttt_attention(q, k0, v0, dk, dv)
     t = 2
     k0b, v0b = k0.clone(), v0.clone()
-    k0b[:, :, t + 1:] += 5.0   # later prefix positions
-    v0b[:, :, t + 1:] += 5.0
+    k0b[:, :, t + 1 :] += 5.0  # later prefix positions
+    v0b[:, :, t + 1 :] += 5.0
     dkb = [x.clone() for x in dk]
     dvb = [x.clone() for x in dv]
     for x in dkb + dvb:
-        x[:, :, t + 1] += 5.0   # another position's chain
+        x[:, :, t + 1] += 5.0  # another position's chain
     other = ttt_attention(q, k0b, v0b, dkb, dvb)
     torch.testing.assert_close(other[:, :, t], base[:, :, t])
     # ... but its own chain does matter
@@ -158,7 +158,7 @@ def test_loss_is_weighted_soft_ce_over_counted_in_vocab_positions():
                     continue
                 p = logits_t[b, s, draft_ids].softmax(-1)
                 total += -(p * logits[j][b, t].log_softmax(-1)).sum()
-        expected += 0.8 ** j * total / den[j]
+        expected += 0.8**j * total / den[j]
     torch.testing.assert_close(out.loss, torch.as_tensor(expected, dtype=torch.float32), rtol=1e-4, atol=1e-5)
 
 
@@ -172,7 +172,7 @@ def test_sparse_teacher_with_full_topk_equals_dense():
     den = step_counts(dense.loss_mask, 2)
     a = ttt_loss(logits, dense, draft.d2t, draft.t2d, weights=[1, 0.8], denominators=den)
     b = ttt_loss(logits, sparse, draft.d2t, draft.t2d, weights=[1, 0.8], denominators=den)
-    torch.testing.assert_close(a.loss, b.loss, rtol=2e-3, atol=1e-4)   # float16 log-probs
+    torch.testing.assert_close(a.loss, b.loss, rtol=2e-3, atol=1e-4)  # float16 log-probs
     torch.testing.assert_close(a.stats, b.stats, rtol=2e-3, atol=1e-3)
 
 
@@ -182,10 +182,15 @@ def test_oov_positions_get_no_loss_but_count_as_misses():
     B, T = 1, 6
     oov = int((~draft.t2d).nonzero()[0])
     logits_t = torch.zeros(B, T, V)
-    logits_t[..., oov] = 20.0          # the target always picks a token the draft cannot propose
+    logits_t[..., oov] = 20.0  # the target always picks a token the draft cannot propose
     teacher = dense_teacher(logits_t, draft.t2d.nonzero().squeeze(1))
-    batch = Batch(torch.randint(3, 300, (B, T)), torch.ones(B, T, dtype=torch.bool),
-                  torch.randn(B, T, draft.config.fused_width), teacher, torch.tensor([T]))
+    batch = Batch(
+        torch.randint(3, 300, (B, T)),
+        torch.ones(B, T, dtype=torch.bool),
+        torch.randn(B, T, draft.config.fused_width),
+        teacher,
+        torch.tensor([T]),
+    )
     logits = ttt_unroll(draft, batch.aux, batch.input_ids, 2)
     out = ttt_loss(logits, batch, draft.d2t, draft.t2d, weights=[1, 0.8], denominators=step_counts(batch.loss_mask, 2))
     assert float(out.loss.detach()) == 0.0
@@ -219,8 +224,9 @@ def test_optimizer_state_round_trips_exactly_without_pickle():
     batch, _ = batch_for(draft)
     for _ in range(2):
         logits = ttt_unroll(draft, batch.aux, batch.input_ids, 2)
-        ttt_loss(logits, batch, draft.d2t, draft.t2d, weights=[1, 0.8],
-                 denominators=step_counts(batch.loss_mask, 2)).loss.backward()
+        ttt_loss(
+            logits, batch, draft.d2t, draft.t2d, weights=[1, 0.8], denominators=step_counts(batch.loss_mask, 2)
+        ).loss.backward()
         opt.step()
         opt.zero_grad()
     tensors, meta = optimizer_tensors(opt, names)
@@ -256,11 +262,11 @@ def spans_batch(draft, seed=3):
     mask[2, 4:7] = True
     aux = torch.randn(B, T, draft.config.fused_width, generator=g)
     with torch.no_grad():
-        guesses = [x.argmax(-1) for x in ttt_unroll(draft, aux, ids, 2)]          # [B, L] draft ids
+        guesses = [x.argmax(-1) for x in ttt_unroll(draft, aux, ids, 2)]  # [B, L] draft ids
     logits = torch.randn(B, T, V, generator=g)
     rows, pos = every_position(B, T - 1, "cpu")
     for b, t in zip(rows.tolist(), pos.tolist()):
-        for j in range(2 if t % 2 else 0):    # odd t: step 0 (raw t+1) and step 1 (raw t+2) are right
+        for j in range(2 if t % 2 else 0):  # odd t: step 0 (raw t+1) and step 1 (raw t+2) are right
             if t + 1 + j < T:
                 guess = int(guesses[j][b, t])
                 logits[b, t + 1 + j, guess + int(draft.d2t[guess])] += 30.0
@@ -291,6 +297,7 @@ def naive_step_stats(logits, batch, d2t, steps):
 @pytest.mark.parametrize("teacher_kind", ["dense", "sparse"])
 def test_the_head_at_counted_positions_gives_the_whole_grids_loss_metrics_and_gradients(teacher_kind):
     from eaglekit.train.loop import TTTModel, unrolled_loss
+
     draft = make_draft()
     steps = 3
     batch = spans_batch(draft)
@@ -300,13 +307,14 @@ def test_the_head_at_counted_positions_gives_the_whole_grids_loss_metrics_and_gr
         full[..., draft.t2d] = batch.teacher.probs.log()
         tids, tlogp = topk_from_logits(full.view(-1, full.shape[-1]), k)
         vocab = DraftVocab(draft_ids=draft.t2d.nonzero().squeeze(1), vocab_size=draft.config.vocab_size)
-        batch.teacher = sparse_teacher(tids.view(*full.shape[:2], k), tlogp.view(*full.shape[:2], k),
-                                       vocab.target_to_draft)
+        batch.teacher = sparse_teacher(
+            tids.view(*full.shape[:2], k), tlogp.view(*full.shape[:2], k), vocab.target_to_draft
+        )
     rows, pos = ttt_positions(batch.loss_mask, steps)
     held = set(zip(rows.tolist(), pos.tolist()))
     for m in step_masks(batch.loss_mask, steps):
-        assert {(b, t) for b, t in m.nonzero().tolist()} <= held            # every counted position is there
-    assert len(held) < batch.input_ids.shape[0] * (batch.input_ids.shape[1] - 1)   # and not the whole grid
+        assert {(b, t) for b, t in m.nonzero().tolist()} <= held  # every counted position is there
+    assert len(held) < batch.input_ids.shape[0] * (batch.input_ids.shape[1] - 1)  # and not the whole grid
     model = TTTModel(draft, steps, "merged")
     params = [p for p in draft.parameters() if p.requires_grad]
     den = step_counts(batch.loss_mask, steps)
@@ -320,10 +328,18 @@ def test_the_head_at_counted_positions_gives_the_whole_grids_loss_metrics_and_gr
     with torch.no_grad():
         logits = ttt_unroll(draft, batch.aux, batch.input_ids, steps, "merged")
     naive = naive_step_stats(logits, batch, draft.d2t, steps)
-    assert naive[1, 2] > 0                                                   # chains of two drafts happen
+    assert naive[1, 2] > 0  # chains of two drafts happen
     assert torch.equal(counted.stats[:, :4], naive)
-    walked = ttt_loss([x[rows, pos] for x in logits], batch, draft.d2t, draft.t2d, weights=kw["weights"],
-                      denominators=den, walk=True, positions=(rows, pos))
+    walked = ttt_loss(
+        [x[rows, pos] for x in logits],
+        batch,
+        draft.d2t,
+        draft.t2d,
+        weights=kw["weights"],
+        denominators=den,
+        walk=True,
+        positions=(rows, pos),
+    )
     reference = ttt_loss(logits, batch, draft.d2t, draft.t2d, weights=kw["weights"], denominators=den, walk=True)
     assert torch.equal(walked.stats[:, 7:], reference.stats[:, 7:]) and walked.stats[:, 7].min() > 0
 
@@ -342,10 +358,10 @@ def test_steps_after_the_first_at_the_positions_equal_the_grids(attention):
     weight = torch.randn(len(rows), gathered[0].shape[-1], generator=torch.Generator().manual_seed(5))
     for a, b in zip(gathered, grid):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-    with torch.no_grad():                                                    # positions None: every position
+    with torch.no_grad():  # positions None: every position
         whole, reference = (f(draft, batch.aux, batch.input_ids, steps, attention) for f in (ttt_unroll, grid_unroll))
     for a, b in zip(whole, reference):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-    total = lambda xs: sum(((x * weight).sum() * (j + 1)) for j, x in enumerate(xs))   # noqa: E731
+    total = lambda xs: sum(((x * weight).sum() * (j + 1)) for j, x in enumerate(xs))  # noqa: E731
     for a, b in zip(torch.autograd.grad(total(gathered), params), torch.autograd.grad(total(grid), params)):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

@@ -33,7 +33,7 @@ def test_top_n_sorted_ascending_with_offsets_and_mask():
     counts[[15, 3, 9, 11, 4]] = torch.tensor([50, 40, 30, 20, 10])
     vocab = build_draft_vocab(counts, 3)
     assert vocab.draft_ids.tolist() == [3, 9, 15]
-    assert vocab.d2t.dtype == torch.int64 and vocab.d2t.tolist() == [3, 8, 13]   # offsets, not ids
+    assert vocab.d2t.dtype == torch.int64 and vocab.d2t.tolist() == [3, 8, 13]  # offsets, not ids
     draft = torch.arange(3)
     assert (draft + vocab.d2t[draft]).tolist() == [3, 9, 15]
     assert vocab.t2d.dtype == torch.bool and vocab.t2d.nonzero().squeeze(1).tolist() == [3, 9, 15]

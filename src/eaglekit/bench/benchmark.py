@@ -1,10 +1,10 @@
 """`eaglekit bench` from start to finish: load, measure, summarize, write the output folder.
 
-    out/manifest.json   stage "bench": config, target fingerprint, inputs, counts
-    out/results.json    summary + per prompt + per turn (+ sweep: each shape on the first --sweep-prompts
-                        prompts; the summary is the chosen shape's on all, and says why: `shape_choice`)
-    out/report.md       the markdown table
-    out/acceptance.png  acceptance per position and tau per prompt (needs matplotlib)
+out/manifest.json   stage "bench": config, target fingerprint, inputs, counts
+out/results.json    summary + per prompt + per turn (+ sweep: each shape on the first --sweep-prompts
+                    prompts; the summary is the chosen shape's on all, and says why: `shape_choice`)
+out/report.md       the markdown table
+out/acceptance.png  acceptance per position and tau per prompt (needs matplotlib)
 """
 
 from __future__ import annotations
@@ -19,7 +19,17 @@ from pathlib import Path
 
 import torch
 
-from eaglekit.artifacts import BENCH_RESULTS, atomic_path, clear_folder, has_content, refuse_existing, sha256_file, write_json, write_manifest, writer_lock
+from eaglekit.artifacts import (
+    BENCH_RESULTS,
+    atomic_path,
+    clear_folder,
+    has_content,
+    refuse_existing,
+    sha256_file,
+    write_json,
+    write_manifest,
+    writer_lock,
+)
 from eaglekit.bench.options import BenchOptions
 from eaglekit.bench.prompts import load_bench_prompts, prompt_categories
 from eaglekit.bench.report import greedy_match_note, markdown, plot, shape_choice, summarize, turn_records, verdict
@@ -34,19 +44,26 @@ from eaglekit.targets.load import load_target, resolve_device
 
 log = logging.getLogger(__name__)
 
-STAND_INS = ("oracle", "random")   # --draft values that are not a folder
+STAND_INS = ("oracle", "random")  # --draft values that are not a folder
 
 # Shapes tried by --sweep (EAGLE-2/3 use trees of depth 6-8, top-k 10, 60 tokens on 7-8B targets). Four:
 # on a GPU each costs one compile of its cycle (~40-60 s for SmolLM2), and they run on the first
 # --sweep-prompts prompts only (the chosen one then on all), so a sweep stays within a few minutes;
 # any other shape is one `--mode/--k/--depth/--tree-top-k/--total-tokens` run away.
-SWEEP = (SpecConfig(mode="chain", k=3), SpecConfig(mode="chain", k=5),
-         SpecConfig(mode="tree", depth=4, top_k=4, total_tokens=16),
-         SpecConfig(mode="tree", depth=6, top_k=8, total_tokens=32))
+SWEEP = (
+    SpecConfig(mode="chain", k=3),
+    SpecConfig(mode="chain", k=5),
+    SpecConfig(mode="tree", depth=4, top_k=4, total_tokens=16),
+    SpecConfig(mode="tree", depth=6, top_k=8, total_tokens=32),
+)
 # On a CPU every verified row is compute, and the fastest shapes were short chains (2026-12-04, an
 # H200 draft: chains of 1 / 2 / 3 at 1.32x / 1.34x / 1.03x, docs/results/2026-12-04-cpu-chain-length).
-CPU_SWEEP = (SpecConfig(mode="chain", k=1), SpecConfig(mode="chain", k=2), SpecConfig(mode="chain", k=3),
-             SpecConfig(mode="tree", depth=2, top_k=2, total_tokens=4))
+CPU_SWEEP = (
+    SpecConfig(mode="chain", k=1),
+    SpecConfig(mode="chain", k=2),
+    SpecConfig(mode="chain", k=3),
+    SpecConfig(mode="tree", depth=2, top_k=2, total_tokens=4),
+)
 
 
 def device_name(device: str) -> str:
@@ -87,7 +104,7 @@ def bench_out(cfg: BenchOptions) -> Iterator[Path]:
 
 def benchmark(cfg: BenchOptions, command: str = "") -> dict:
     """Run the benchmark and return the results (see module docstring for the files)."""
-    spec, sampling = cfg.spec_config(), cfg.sampling()    # bad options fail first
+    spec, sampling = cfg.spec_config(), cfg.sampling()  # bad options fail first
     if cfg.draft in STAND_INS and spec.plain_fallback:
         # `random` measures the draft's cost with no acceptance and `oracle` the engine at full
         # acceptance: both are about the cycle, and with the fallback a random draft's run would be
@@ -95,8 +112,10 @@ def benchmark(cfg: BenchOptions, command: str = "") -> dict:
         log.info("bench: --draft %s speculates throughout (no plain fallback): it measures the cycle", cfg.draft)
         spec = replace(spec, plain_fallback=False)
     if cfg.hf_prompts < 0:
-        raise EaglekitError(f"--hf-prompts {cfg.hf_prompts}: a number of prompts is >= 0",
-                            hint="0 runs HF generate on every prompt, --no-hf on none")
+        raise EaglekitError(
+            f"--hf-prompts {cfg.hf_prompts}: a number of prompts is >= 0",
+            hint="0 runs HF generate on every prompt, --no-hf on none",
+        )
     folder = None
     if cfg.draft not in STAND_INS:  # a wrong path or an unfinished draft fails before the target loads
         folder = read_draft_folder(cfg.draft, allow_unfinished=cfg.allow_unfinished)
@@ -104,7 +123,7 @@ def benchmark(cfg: BenchOptions, command: str = "") -> dict:
     device = resolve_device(cfg.device)
     target = load_target(cfg.target, device=device, dtype=cfg.dtype)
     shapes = (SWEEP if device.startswith("cuda") else CPU_SWEEP) if cfg.sweep else (spec,)
-    if spec.label() not in {shape.label() for shape in shapes}:   # the shape asked for (--mode, --k, ...) is tried too
+    if spec.label() not in {shape.label() for shape in shapes}:  # the shape asked for (--mode, --k, ...) is tried too
         shapes = (*shapes, spec)
     # The sweep's shapes take the run's fallback setting (a SpecConfig built in code has it off).
     specs = [replace(shape, plain_fallback=spec.plain_fallback) for shape in shapes]
@@ -123,8 +142,15 @@ def benchmark(cfg: BenchOptions, command: str = "") -> dict:
             drafter = OracleDrafter([], spec=spec, vocab_size=runner.vocab_size, max_len=max_len, device=device)
         else:
             drafter = DraftRunner(draft, spec=spec, sampling=sampling, max_len=max_len)
-        engine = Engine(runner, drafter=drafter, spec=spec, sampling=sampling,
-                        stop_token_ids=target.stop_token_ids, graphs=cfg.graphs, compile=cfg.compile)
+        engine = Engine(
+            runner,
+            drafter=drafter,
+            spec=spec,
+            sampling=sampling,
+            stop_token_ids=target.stop_token_ids,
+            graphs=cfg.graphs,
+            compile=cfg.compile,
+        )
         return engine, (drafter if draft is None else None)
 
     start = time.time()
@@ -137,13 +163,19 @@ def benchmark(cfg: BenchOptions, command: str = "") -> dict:
         # Every shape on the first few prompts; then the chosen one on all of them, in the same engines
         # (the target loads once, each shape's cycle compiles once). Where the few are all the prompts,
         # the sweep's own runs are the bench (HF generate then runs in them).
-        tried = prompts[:cfg.sweep_prompt_count]
+        tried = prompts[: cfg.sweep_prompt_count]
         whole = len(tried) == len(prompts)
         log.info("bench: sweep of %d shapes on %d of %d prompts", len(specs), len(tried), len(prompts))
-        sweep_turns, sweep_timing = run_turns(engines[0], methods, target, tried, hf=cfg.hf and whole,
-                                              warmup=cfg.warmup, **run)
-        sweep = [{**summarize(sweep_turns, spec.label(), spec.max_depth, sampling.greedy, categories)["summary"],
-                  "config": spec.to_dict()} for spec in specs]
+        sweep_turns, sweep_timing = run_turns(
+            engines[0], methods, target, tried, hf=cfg.hf and whole, warmup=cfg.warmup, **run
+        )
+        sweep = [
+            {
+                **summarize(sweep_turns, spec.label(), spec.max_depth, sampling.greedy, categories)["summary"],
+                "config": spec.to_dict(),
+            }
+            for spec in specs
+        ]
         best = max(range(len(specs)), key=lambda i: sweep[i]["spec_tok_s"])
         choice = shape_choice(sweep, best, sweep_timing)
         log.info("bench: chose %s", choice["why"])
@@ -151,8 +183,9 @@ def benchmark(cfg: BenchOptions, command: str = "") -> dict:
             turns, timing = sweep_turns, sweep_timing
         else:
             log.info("bench: %s on all %d prompts", specs[best].label(), len(prompts))
-            turns, timing = run_turns(engines[0], [methods[best]], target, prompts, hf=cfg.hf,
-                                      warmup=cfg.warmup if cfg.hf else 0, **run)   # the engines are warm
+            turns, timing = run_turns(
+                engines[0], [methods[best]], target, prompts, hf=cfg.hf, warmup=cfg.warmup if cfg.hf else 0, **run
+            )  # the engines are warm
     else:
         turns, timing = run_turns(engines[0], methods, target, prompts, hf=cfg.hf, warmup=cfg.warmup, **run)
     result = summarize(turns, specs[best].label(), specs[best].max_depth, sampling.greedy, categories)
@@ -163,17 +196,33 @@ def benchmark(cfg: BenchOptions, command: str = "") -> dict:
     result["cycle_profile"] = profile
     log.info(result["summary"]["verdict"])
     result["summary"].update(
-        device=device_name(device), date=time.strftime("%Y-%m-%d %H:%M:%S"), command=command,
-        config={**cfg.to_dict(), "plain_fallback": spec.plain_fallback, "spec": specs[best].to_dict(),
-                "runner": runner.kind, "cache_slots": max_len,
-                "graphs": engines[best].graphs, "compile": engines[best].compile, "dtype": str(runner_dtype(runner))},
-        torch=torch.__version__, seconds=round(time.time() - start, 1))
+        device=device_name(device),
+        date=time.strftime("%Y-%m-%d %H:%M:%S"),
+        command=command,
+        config={
+            **cfg.to_dict(),
+            "plain_fallback": spec.plain_fallback,
+            "spec": specs[best].to_dict(),
+            "runner": runner.kind,
+            "cache_slots": max_len,
+            "graphs": engines[best].graphs,
+            "compile": engines[best].compile,
+            "dtype": str(runner_dtype(runner)),
+        },
+        torch=torch.__version__,
+        seconds=round(time.time() - start, 1),
+    )
     result["summary"]["timing"] = timing
     result["summary"]["draft_format"] = FORMAT_LABELS[detect_format(folder.config)] if folder else cfg.draft
     result["summary"]["unfinished_draft"] = folder.unfinished if folder else None
-    result["config"] = {"target": cfg.target, "draft": cfg.draft, "sampling": "greedy" if sampling.greedy
-                        else f"T={sampling.temperature} top_p={sampling.top_p} top_k={sampling.top_k}",
-                        "max_new_tokens": cfg.max_new_tokens}
+    result["config"] = {
+        "target": cfg.target,
+        "draft": cfg.draft,
+        "sampling": "greedy"
+        if sampling.greedy
+        else f"T={sampling.temperature} top_p={sampling.top_p} top_k={sampling.top_k}",
+        "max_new_tokens": cfg.max_new_tokens,
+    }
     if cfg.sweep:
         result["sweep"] = sweep
     result["turns"] = turn_records(turns)
@@ -208,7 +257,7 @@ def write_outputs(result: dict, cfg: BenchOptions, out: str | Path) -> dict:
     result["plot"] = None if why_no_plot else "acceptance.png"
     result["plot_note"] = why_no_plot
     write_json(out / BENCH_RESULTS, result)
-    text = markdown(result)   # the drift warning, if any, heads it
+    text = markdown(result)  # the drift warning, if any, heads it
     unfinished = result["summary"].get("unfinished_draft")
     if unfinished:  # first of all: what was measured is not a finished draft
         text = f"**Unfinished draft** (benched with --allow-unfinished): {unfinished}\n\n" + text
@@ -219,11 +268,34 @@ def write_outputs(result: dict, cfg: BenchOptions, out: str | Path) -> dict:
     if cfg.prompts and Path(cfg.prompts).is_file():
         inputs["prompts"] = {"path": str(cfg.prompts), "sha256": sha256_file(cfg.prompts)}
     if cfg.draft not in STAND_INS:
-        inputs["draft"] = {"path": str(cfg.draft), "format": s["draft_format"],
-                           "sha256": {f.name: sha256_file(f) for f in sorted(Path(cfg.draft).glob("*.safetensors"))}}
-    return write_manifest(out, stage="bench", config=s["config"], target=result["target_fingerprint"], inputs=inputs,
-                          counts={"prompts": s["prompts"], "turns": s["turns"], "cycles": s["cycles"]},
-                          extra={"summary": {k: s[k] for k in ("tau", "speedup", "per_prompt_speedup", "baseline_tok_s",
-                                                               "spec_tok_s", "hf_tok_s", "greedy_match", "device", "date",
-                                                               "timing")},
-                                 "unfinished_draft": s.get("unfinished_draft")})
+        inputs["draft"] = {
+            "path": str(cfg.draft),
+            "format": s["draft_format"],
+            "sha256": {f.name: sha256_file(f) for f in sorted(Path(cfg.draft).glob("*.safetensors"))},
+        }
+    return write_manifest(
+        out,
+        stage="bench",
+        config=s["config"],
+        target=result["target_fingerprint"],
+        inputs=inputs,
+        counts={"prompts": s["prompts"], "turns": s["turns"], "cycles": s["cycles"]},
+        extra={
+            "summary": {
+                k: s[k]
+                for k in (
+                    "tau",
+                    "speedup",
+                    "per_prompt_speedup",
+                    "baseline_tok_s",
+                    "spec_tok_s",
+                    "hf_tok_s",
+                    "greedy_match",
+                    "device",
+                    "date",
+                    "timing",
+                )
+            },
+            "unfinished_draft": s.get("unfinished_draft"),
+        },
+    )

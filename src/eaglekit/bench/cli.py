@@ -13,8 +13,7 @@ from eaglekit.options import add_options, options_argv, options_from_args
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench", help="measure tau, per-position acceptance and speedup of a draft",
-                       description=__doc__)
+    p = sub.add_parser("bench", help="measure tau, per-position acceptance and speedup of a draft", description=__doc__)
     add_options(p, BenchOptions, GROUPS)
     p.set_defaults(func=run)
 
@@ -31,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from eaglekit.bench.report import markdown
 
     cfg = options_from_args(BenchOptions, args)
-    with bench_out(cfg) as out:   # --out is this bench's alone from here to its last file
+    with bench_out(cfg) as out:  # --out is this bench's alone from here to its last file
         result = benchmark(cfg, command=command_line(args))
         write_outputs(result, cfg, out)
     if emit_json(result, cfg.json):

@@ -12,48 +12,72 @@ from eaglekit.options import json_option, option
 
 __all__ = ["GROUPS", "SWEEP_PROMPTS", "BenchOptions"]
 
-SWEEP_PROMPTS = 4   # --sweep tries its shapes on this many prompts unless --sweep-prompts says otherwise
+SWEEP_PROMPTS = 4  # --sweep tries its shapes on this many prompts unless --sweep-prompts says otherwise
 
 
 @dataclass(frozen=True, kw_only=True)
 class BenchOptions(EngineOptions):
-    draft: str = option(help="a draft folder (eaglekit, SGLang, speculators or EAGLE), `oracle` (replays the target's "
-                             "greedy answer: engine overhead) or `random` (random weights: draft cost, no acceptance); "
-                             "these two speculate throughout, without the plain fallback",
-                        group="main", required=True)
-    prompts: str | None = option(None, "JSONL ({id, turns} / {messages} / {prompt}) or an `eaglekit prompts` folder "
-                                       "(default: a small built-in set)", group="main")
+    draft: str = option(
+        help="a draft folder (eaglekit, SGLang, speculators or EAGLE), `oracle` (replays the target's "
+        "greedy answer: engine overhead) or `random` (random weights: draft cost, no acceptance); "
+        "these two speculate throughout, without the plain fallback",
+        group="main",
+        required=True,
+    )
+    prompts: str | None = option(
+        None,
+        "JSONL ({id, turns} / {messages} / {prompt}) or an `eaglekit prompts` folder (default: a small built-in set)",
+        group="main",
+    )
     limit: int | None = option(None, "only the first N prompts", group="main")
-    sweep: bool = option(False, "try several chain lengths and tree shapes (on a CPU: chains of 1-3 and a 4-node tree), "
-                                "and the shape --mode/--k/--depth/... give, on the first --sweep-prompts prompts; pick "
-                                "the fastest, say why, and bench it on all prompts", group="main")
-    sweep_prompts: int | None = option(None, f"with --sweep: the prompts the shapes are tried on (the first N; "
-                                             f"default {SWEEP_PROMPTS}); the chosen shape then runs on all of them",
-                                       group="main")
+    sweep: bool = option(
+        False,
+        "try several chain lengths and tree shapes (on a CPU: chains of 1-3 and a 4-node tree), "
+        "and the shape --mode/--k/--depth/... give, on the first --sweep-prompts prompts; pick "
+        "the fastest, say why, and bench it on all prompts",
+        group="main",
+    )
+    sweep_prompts: int | None = option(
+        None,
+        f"with --sweep: the prompts the shapes are tried on (the first N; "
+        f"default {SWEEP_PROMPTS}); the chosen shape then runs on all of them",
+        group="main",
+    )
     hf: bool = option(True, "skip HF generate", group="main")
-    hf_prompts: int = option(8, "HF generate on the first N prompts only (all their turns), compared with plain and "
-                                "speculative decoding on the same prompts; HF ran ~30x slower than the engine for "
-                                "SmolLM2 on an H200, so all of MT-bench costs minutes (0: all prompts)", group="main")
+    hf_prompts: int = option(
+        8,
+        "HF generate on the first N prompts only (all their turns), compared with plain and "
+        "speculative decoding on the same prompts; HF ran ~30x slower than the engine for "
+        "SmolLM2 on an H200, so all of MT-bench costs minutes (0: all prompts)",
+        group="main",
+    )
     warmup: int = option(1, "untimed warm-up generations per method", group="main")
-    allow_unfinished: bool = option(False, "bench a draft whose training did not finish (refused otherwise; the "
-                                           "results say so)", group="main")
+    allow_unfinished: bool = option(
+        False, "bench a draft whose training did not finish (refused otherwise; the results say so)", group="main"
+    )
     json: str | None = json_option("the results")
     out: str = option("runs/bench", "output folder (results.json, report.md, plot, manifest)", group="main")
-    overwrite: bool = option(False, "replace an existing output folder (a finished bench is refused otherwise)",
-                             group="main")
+    overwrite: bool = option(
+        False, "replace an existing output folder (a finished bench is refused otherwise)", group="main"
+    )
 
     def __post_init__(self):
         super().__post_init__()
-        if self.limit is not None and self.limit < 1:   # 0 once read as "all prompts"
-            raise EaglekitError(f"--limit {self.limit}: no prompt to bench", hint="pass --limit 1 or more, or leave it out for all")
+        if self.limit is not None and self.limit < 1:  # 0 once read as "all prompts"
+            raise EaglekitError(
+                f"--limit {self.limit}: no prompt to bench", hint="pass --limit 1 or more, or leave it out for all"
+            )
         if self.sweep_prompts is not None:
             if not self.sweep:
-                raise EaglekitError(f"--sweep-prompts {self.sweep_prompts} without --sweep: there is no sweep to run "
-                                    "on those prompts", hint="add --sweep, or leave --sweep-prompts out")
+                raise EaglekitError(
+                    f"--sweep-prompts {self.sweep_prompts} without --sweep: there is no sweep to run on those prompts",
+                    hint="add --sweep, or leave --sweep-prompts out",
+                )
             if self.sweep_prompts < 1:
-                raise EaglekitError(f"--sweep-prompts {self.sweep_prompts}: the sweep needs a prompt to try its shapes "
-                                    "on", hint=f"pass --sweep-prompts 1 or more (default {SWEEP_PROMPTS}), or leave "
-                                               "it out")
+                raise EaglekitError(
+                    f"--sweep-prompts {self.sweep_prompts}: the sweep needs a prompt to try its shapes on",
+                    hint=f"pass --sweep-prompts 1 or more (default {SWEEP_PROMPTS}), or leave it out",
+                )
 
     @property
     def sweep_prompt_count(self) -> int:

@@ -46,7 +46,9 @@ def load_bench_prompts(path: str | Path | None, limit: int | None = None) -> lis
         elif path.is_file():
             prompts = read_records(path)
         else:
-            raise EaglekitError(f"no such prompts file: {path}", hint="pass a JSONL file or an `eaglekit prompts` folder")
+            raise EaglekitError(
+                f"no such prompts file: {path}", hint="pass a JSONL file or an `eaglekit prompts` folder"
+            )
     if not prompts:
         raise EaglekitError(f"{path} holds no prompts", hint="check the file")
     return prompts[:limit] if limit else prompts
@@ -62,19 +64,23 @@ def read_records(path: Path) -> list[Prompt]:
         records = records if isinstance(records, list) else [records]
     else:
         records = []
-        for lineno, line in enumerate(text.split("\n"), start=1):   # not splitlines: U+2028 may sit in a string
+        for lineno, line in enumerate(text.split("\n"), start=1):  # not splitlines: U+2028 may sit in a string
             if line.strip():
                 try:
                     records.append(json.loads(line))
                 except json.JSONDecodeError as err:
-                    raise EaglekitError(f"{path}:{lineno}: not JSON ({err.msg})", hint="one JSON object per line") from err
+                    raise EaglekitError(
+                        f"{path}:{lineno}: not JSON ({err.msg})", hint="one JSON object per line"
+                    ) from err
     prompts = []
     for i, record in enumerate(records):
         try:
             prompts.append(to_prompt(record, fmt="auto", source=path.stem, index=i))
         except MalformedRecord as err:
-            raise EaglekitError(f"{path}: record {i + 1}: {err}",
-                                hint='use {"id", "turns": [...]}, {"messages": [...]} or {"prompt": ...}') from err
+            raise EaglekitError(
+                f"{path}: record {i + 1}: {err}",
+                hint='use {"id", "turns": [...]}, {"messages": [...]} or {"prompt": ...}',
+            ) from err
     return prompts
 
 
@@ -97,7 +103,7 @@ def prompt_categories(path: str | Path | None) -> tuple[dict[str, str], str]:
             records = loaded if isinstance(loaded, list) else [loaded]
         else:
             records = [json.loads(line) for line in p.read_text(encoding="utf-8").split("\n") if line.strip()]
-    except (ValueError, OSError) as err:   # JSONDecodeError and UnicodeDecodeError are ValueErrors
+    except (ValueError, OSError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         return {}, f"the bench prompts {path} no longer read as JSON ({err}): categories unknown"
     out = {}
     for i, r in enumerate(records):

@@ -31,7 +31,7 @@ class Turn:
     ids: list[int]
     plain: Generation
     hf: Generation | None = None
-    spec: dict[str, Generation] = field(default_factory=dict)   # by speculation label
+    spec: dict[str, Generation] = field(default_factory=dict)  # by speculation label
 
 
 def conversation_ids(tokenizer, prompt: Prompt, answers: list[str]) -> list[list[int]]:
@@ -62,15 +62,21 @@ def hf_generate(model, ids: list[int], max_new_tokens: int, stop_ids: list[int])
     x = torch.tensor([ids], device=device)
     sync(device)
     start = time.perf_counter()
-    out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, do_sample=False,
-                         eos_token_id=list(stop_ids) or None, pad_token_id=(list(stop_ids) or [0])[0])
+    out = model.generate(
+        x,
+        attention_mask=torch.ones_like(x),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=list(stop_ids) or None,
+        pad_token_id=(list(stop_ids) or [0])[0],
+    )
     sync(device)
     seconds = time.perf_counter() - start
-    tokens = out[0, len(ids):].tolist()
+    tokens = out[0, len(ids) :].tolist()
     stops = set(stop_ids)
     for i, t in enumerate(tokens):
         if t in stops:
-            return Generation(tokens=tokens[:i + 1], finish_reason="stop", seconds=seconds)
+            return Generation(tokens=tokens[: i + 1], finish_reason="stop", seconds=seconds)
     return Generation(tokens=tokens, finish_reason="length", seconds=seconds)
 
 
@@ -84,8 +90,18 @@ class Method:
     oracle: object | None = None
 
 
-def run_turns(plain: Engine, methods: list[Method], target, prompts: list[Prompt], *, max_new_tokens: int,
-              hf: bool, hf_prompts: int, seed: int | None, warmup: int = 1) -> tuple[list[Turn], dict]:
+def run_turns(
+    plain: Engine,
+    methods: list[Method],
+    target,
+    prompts: list[Prompt],
+    *,
+    max_new_tokens: int,
+    hf: bool,
+    hf_prompts: int,
+    seed: int | None,
+    warmup: int = 1,
+) -> tuple[list[Turn], dict]:
     """Every turn by every method, interleaved turn by turn: HF generate (the first `hf_prompts`
     prompts only, 0: all; it is tens of times slower), plain decoding, each speculation setting, plain again.
     Turn k+1 follows the plain turn-k answer. Interleaved, a machine whose speed drifts during the
@@ -93,8 +109,16 @@ def run_turns(plain: Engine, methods: list[Method], target, prompts: list[Prompt
     0.89x and 0.60x when whole passes ran one after another); the plain run after the speculative ones
     brackets them, and how far the two plain runs of a turn differ is reported (`bracket`)."""
     tokenizer, stops = target.tokenizer, target.stop_token_ids
-    warm_up(plain, methods, target, conversation_ids(tokenizer, prompts[0], [])[0], max_new_tokens=max_new_tokens,
-            hf=hf, seed=seed, warmup=warmup)
+    warm_up(
+        plain,
+        methods,
+        target,
+        conversation_ids(tokenizer, prompts[0], [])[0],
+        max_new_tokens=max_new_tokens,
+        hf=hf,
+        seed=seed,
+        warmup=warmup,
+    )
     turns: list[Turn] = []
     again: list[Generation] = []
     for n, prompt in enumerate(prompts):
@@ -102,24 +126,44 @@ def run_turns(plain: Engine, methods: list[Method], target, prompts: list[Prompt
         with_hf = hf and (not hf_prompts or n < hf_prompts)
         for k in range(len(prompt.turns)):
             ids = conversation_ids(tokenizer, prompt, answers)[k]
-            turn = Turn(prompt_id=prompt.id, turn=k, ids=ids,
-                        hf=hf_generate(target.model, ids, max_new_tokens, stops) if with_hf else None,
-                        plain=plain.generate(ids, max_new_tokens, speculative=False, seed=seed))
+            turn = Turn(
+                prompt_id=prompt.id,
+                turn=k,
+                ids=ids,
+                hf=hf_generate(target.model, ids, max_new_tokens, stops) if with_hf else None,
+                plain=plain.generate(ids, max_new_tokens, speculative=False, seed=seed),
+            )
             for method in methods:
                 speculate(method, turn, max_new_tokens=max_new_tokens, seed=seed)
             again.append(plain.generate(ids, max_new_tokens, speculative=False, seed=seed))
             turns.append(turn)
             answers.append(answer_text(tokenizer, turn.plain.tokens, set(stops)))
-            log.info("%s turn %d: %d tokens, plain %.1f tok/s%s%s", prompt.id, k, len(turn.plain.tokens),
-                     len(turn.plain.tokens) / turn.plain.seconds,
-                     f", HF generate {len(turn.hf.tokens) / turn.hf.seconds:.1f} tok/s" if turn.hf else "",
-                     "".join(f", [{label}] tau {g.tau:.2f} {len(g.tokens) / g.seconds:.1f} tok/s"
-                             for label, g in turn.spec.items()))
+            log.info(
+                "%s turn %d: %d tokens, plain %.1f tok/s%s%s",
+                prompt.id,
+                k,
+                len(turn.plain.tokens),
+                len(turn.plain.tokens) / turn.plain.seconds,
+                f", HF generate {len(turn.hf.tokens) / turn.hf.seconds:.1f} tok/s" if turn.hf else "",
+                "".join(
+                    f", [{label}] tau {g.tau:.2f} {len(g.tokens) / g.seconds:.1f} tok/s"
+                    for label, g in turn.spec.items()
+                ),
+            )
     return turns, bracket(turns, again)
 
 
-def warm_up(plain: Engine, methods: list[Method], target, ids: list[int], *, max_new_tokens: int, hf: bool,
-            seed: int | None, warmup: int) -> None:
+def warm_up(
+    plain: Engine,
+    methods: list[Method],
+    target,
+    ids: list[int],
+    *,
+    max_new_tokens: int,
+    hf: bool,
+    seed: int | None,
+    warmup: int,
+) -> None:
     """Untimed runs of every method first (compiles, graph captures, allocator)."""
     reference: list[int] = []
     for _ in range(warmup):
@@ -135,8 +179,9 @@ def warm_up(plain: Engine, methods: list[Method], target, ids: list[int], *, max
 ORACLE_ROUNDS = 3
 
 
-def settle_oracle(engine: Engine, oracle, ids: list[int], reference: list[int], max_new_tokens: int,
-                  seed: int | None = None) -> tuple[list[int], int]:
+def settle_oracle(
+    engine: Engine, oracle, ids: list[int], reference: list[int], max_new_tokens: int, seed: int | None = None
+) -> tuple[list[int], int]:
     """The continuation the oracle must replay to be accepted in full, and the rounds it took.
 
     In bf16 the verify forward (many tokens) can round a near-tie differently from plain decoding
@@ -158,8 +203,9 @@ def settle_oracle(engine: Engine, oracle, ids: list[int], reference: list[int], 
 def speculate(method: Method, turn: Turn, *, max_new_tokens: int, seed: int | None) -> None:
     """One turn with speculative decoding (the oracle replays the settled plain answer)."""
     if method.oracle is not None:
-        reference, rounds = settle_oracle(method.engine, method.oracle, turn.ids, turn.plain.tokens, max_new_tokens,
-                                          seed)
+        reference, rounds = settle_oracle(
+            method.engine, method.oracle, turn.ids, turn.plain.tokens, max_new_tokens, seed
+        )
         method.oracle.set_reference(turn.ids + reference)
         if rounds > 1:
             log.info("%s turn %d: oracle settled after %d rounds", turn.prompt_id, turn.turn, rounds)
@@ -185,13 +231,19 @@ def bracket(turns: list[Turn], again: list[Generation]) -> dict:
     for turn, run in zip(turns, again):
         turn.plain = replace(turn.plain, seconds=(turn.plain.seconds + run.seconds) / 2)
     drift = max(statistics.median(gaps) if gaps else 0.0, abs(after - before) / max(min(before, after), 1e-9))
-    timing = {"plain_tok_s_before": round(before, 2), "plain_tok_s_after": round(after, 2), "drift": round(drift, 3),
-              "baseline": "each turn: the mean of its plain run before and the one after its speculative runs, "
-                          "all interleaved turn by turn"}
+    timing = {
+        "plain_tok_s_before": round(before, 2),
+        "plain_tok_s_after": round(after, 2),
+        "drift": round(drift, 3),
+        "baseline": "each turn: the mean of its plain run before and the one after its speculative runs, "
+        "all interleaved turn by turn",
+    }
     if drift > DRIFT_WARN:
-        timing["warning"] = (f"a turn's two plain runs (before and after its speculative ones) differ by "
-                             f"{drift:.0%} (median; {before:.1f} against {after:.1f} tok/s over all turns): the "
-                             "machine's speed changed during the bench, so its speedups are not trustworthy; "
-                             "rerun on a quiet machine")
+        timing["warning"] = (
+            f"a turn's two plain runs (before and after its speculative ones) differ by "
+            f"{drift:.0%} (median; {before:.1f} against {after:.1f} tok/s over all turns): the "
+            "machine's speed changed during the bench, so its speedups are not trustworthy; "
+            "rerun on a quiet machine"
+        )
         log.warning(timing["warning"])
     return timing

@@ -28,8 +28,15 @@ def spread(rows: list[dict]) -> dict | None:
     values = [r["speedup"] for r in rows]
     low, high = min(rows, key=lambda r: r["speedup"]), max(rows, key=lambda r: r["speedup"])
     q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else values * 3
-    return {"median": round(statistics.median(values), 3), "q1": round(q1, 3), "q3": round(q3, 3),
-            "min": low["speedup"], "max": high["speedup"], "min_id": low["id"], "max_id": high["id"]}
+    return {
+        "median": round(statistics.median(values), 3),
+        "q1": round(q1, 3),
+        "q3": round(q3, 3),
+        "min": low["speedup"],
+        "max": high["speedup"],
+        "min_id": low["id"],
+        "max_id": high["id"],
+    }
 
 
 def group_stats(rows: list[dict]) -> dict:
@@ -37,9 +44,16 @@ def group_stats(rows: list[dict]) -> dict:
     cycles = sum(r["cycles"] for r in rows)
     accepted = sum((r["tau"] - 1) * r["cycles"] for r in rows)
     plain, spec = total_rate(rows, "plain"), total_rate(rows, "spec")
-    return {"prompts": len(rows), "cycles": cycles, "tau": round(1 + accepted / cycles, 3) if cycles else None,
-            "plain_tok_s": round(plain, 2), "spec_tok_s": round(spec, 2), "speedup": round(rate(spec, plain), 3),
-            "per_prompt_speedup": spread(rows), "plain_share": plain_share(rows)}
+    return {
+        "prompts": len(rows),
+        "cycles": cycles,
+        "tau": round(1 + accepted / cycles, 3) if cycles else None,
+        "plain_tok_s": round(plain, 2),
+        "spec_tok_s": round(spec, 2),
+        "speedup": round(rate(spec, plain), 3),
+        "per_prompt_speedup": spread(rows),
+        "plain_share": plain_share(rows),
+    }
 
 
 def plain_share(rows: list[dict]) -> float:

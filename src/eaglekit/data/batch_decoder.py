@@ -53,28 +53,33 @@ from eaglekit.targets.chat import common_prefix
 from eaglekit.targets.load import Target
 
 log = logging.getLogger(__name__)
-MAX_STOP_IDS = 8          # stop ids the device compares against (padded with -1)
-PREFILL_TOKENS = 16384    # prompt tokens (padding included) per refill forward
+MAX_STOP_IDS = 8  # stop ids the device compares against (padded with -1)
+PREFILL_TOKENS = 16384  # prompt tokens (padding included) per refill forward
 REFILL_KINDS = ("eager", "graphs", "compiled")
-REFILL_MIN = 64           # graphed refills pad prompts to a `bucket` at least this long
-SPAN_ALIGN = 64           # eager CPU steps attend to the used slots, rounded up to this
-RESUME_SLOTS = 1 << 18    # rows x cached slots one resuming refill reads (64 rows of 4096 slots)
-RESUME_MIN = 16           # cached tokens worth resuming (fewer: a shared header, not the session's history)
+REFILL_MIN = 64  # graphed refills pad prompts to a `bucket` at least this long
+SPAN_ALIGN = 64  # eager CPU steps attend to the used slots, rounded up to this
+RESUME_SLOTS = 1 << 18  # rows x cached slots one resuming refill reads (64 rows of 4096 slots)
+RESUME_MIN = 16  # cached tokens worth resuming (fewer: a shared header, not the session's history)
 
 
 def check_stop_loops(window: int, slots: int | None = None) -> None:
     """A loop check's window: 0 (off), or at least 2 tokens (a block of p <= W / 2) and at most a row's slots."""
     if window < 0 or window == 1 or (slots is not None and window > slots):
-        raise EaglekitError(f"--stop-loops {window}" + (f" with {slots} slots a row" if slots is not None else "")
-                            + " is not a loop check's window (stop_loops)",
-                            hint="give a window of at least 2 tokens (e.g. 128), at most the slots, or 0 for off")
+        raise EaglekitError(
+            f"--stop-loops {window}"
+            + (f" with {slots} slots a row" if slots is not None else "")
+            + " is not a loop check's window (stop_loops)",
+            hint="give a window of at least 2 tokens (e.g. 128), at most the slots, or 0 for off",
+        )
 
 
 def check_refill_padding(ratio: float) -> None:
     """A refill's padding cap: 0 (the default) or at least 1 (a forward holds its own tokens)."""
     if ratio and ratio < 1:
-        raise EaglekitError(f"--refill-padding {ratio} is below 1: a refill forward holds its own tokens at least",
-                            hint="give a ratio of at least 1 (e.g. 2), or 0 for the default")
+        raise EaglekitError(
+            f"--refill-padding {ratio} is below 1: a refill forward holds its own tokens at least",
+            hint="give a ratio of at least 1 (e.g. 2), or 0 for the default",
+        )
 
 
 @dataclass
@@ -92,8 +97,8 @@ class Request:
     ids: list[int]
     max_new_tokens: int
     key: object = None
-    session: Hashable | None = None   # a conversation's turns share one: the next resumes in the last one's row
-    session_ends: bool = False        # its session's last request: nothing waits for its row after it
+    session: Hashable | None = None  # a conversation's turns share one: the next resumes in the last one's row
+    session_ends: bool = False  # its session's last request: nothing waits for its row after it
 
 
 def batch_attention(model, max_len: int, runner: str = "auto", attention: str | None = None) -> str | None:
@@ -139,6 +144,7 @@ def bucket(n: int) -> int:
 class Ending:
     """Rows found ended at a round's sync, and their (end slot [E], looped [E], tokens [E, <= L]) copies
     on their way to the host; `event` marks when the copies are done (CUDA), None elsewhere."""
+
     rows: list[int]
     copies: list[torch.Tensor]
     event: object | None
@@ -147,7 +153,7 @@ class Ending:
 def to_host(t: torch.Tensor) -> torch.Tensor:
     """A device tensor copied to (pinned) host memory without waiting for the queued work."""
     if t.device.type != "cuda":
-        return t                                  # an indexed copy already
+        return t  # an indexed copy already
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     return host.copy_(t, non_blocking=True)
 
@@ -241,39 +247,55 @@ class BatchDecoder:
             row), checked on the device after every `chunk` steps; 0: answers run to a stop or their limit.
     """
 
-    def __init__(self, runner, *, sampling: Sampling, graphs: bool, compile: bool, chunk: int = 16,
-                 compile_mode: str = COMPILE_MODE, prefill_tokens: int = PREFILL_TOKENS, refill: str = "eager",
-                 refill_padding: float = 0.0, stop_loops: int = 0):
+    def __init__(
+        self,
+        runner,
+        *,
+        sampling: Sampling,
+        graphs: bool,
+        compile: bool,
+        chunk: int = 16,
+        compile_mode: str = COMPILE_MODE,
+        prefill_tokens: int = PREFILL_TOKENS,
+        refill: str = "eager",
+        refill_padding: float = 0.0,
+        stop_loops: int = 0,
+    ):
         self.runner, self.sampling, self.chunk, self.prefill_tokens = runner, sampling, chunk, prefill_tokens
         if refill not in REFILL_KINDS:
             raise EaglekitError(f"unknown refill kind {refill!r}", hint=f"use one of {REFILL_KINDS}")
         if refill != "eager" and getattr(runner, "kind", None) != "fast":
-            raise EaglekitError(f"{refill} refills need the fast runner (the generic one runs the HF model's own "
-                                "code, which may sync with the host)", hint="use --refill eager")
+            raise EaglekitError(
+                f"{refill} refills need the fast runner (the generic one runs the HF model's own "
+                "code, which may sync with the host)",
+                hint="use --refill eager",
+            )
         if refill == "compiled":
             check_inductor(next(runner.parameters()).device, "--refill compiled")
         B, L = runner.batch_size, runner.max_len
         self.B, self.L = B, L
         self.device = next(runner.parameters()).device
         long = dict(dtype=torch.long, device=self.device)
-        self.tok = torch.zeros(B, 1, **long)       # the token each row feeds next (its last chosen one)
-        self.pos = torch.zeros(B, **long)          # its slot = its position
-        self.last = torch.zeros(B, **long)         # the slot of the row's last allowed token
-        self.live = torch.zeros(B, dtype=torch.bool, device=self.device)   # False: ended or empty
-        self.start = torch.zeros(B, **long)        # the slot of the row's first answer token (its prompt length)
+        self.tok = torch.zeros(B, 1, **long)  # the token each row feeds next (its last chosen one)
+        self.pos = torch.zeros(B, **long)  # its slot = its position
+        self.last = torch.zeros(B, **long)  # the slot of the row's last allowed token
+        self.live = torch.zeros(B, dtype=torch.bool, device=self.device)  # False: ended or empty
+        self.start = torch.zeros(B, **long)  # the slot of the row's first answer token (its prompt length)
         self.looped = torch.zeros(B, dtype=torch.bool, device=self.device)  # ended by the loop check
-        self.out = torch.zeros(B, L, **long)       # out[b, s] = the token at slot s of row b
+        self.out = torch.zeros(B, L, **long)  # out[b, s] = the token at slot s of row b
         self.stops = torch.full((MAX_STOP_IDS,), -1, **long)
         self.cols = torch.arange(L, **long)
         self.stop_set: set[int] = set()
-        self.steps = self.refills = self.tokens = self.loop_stops = 0   # counters since the last `serve` started (`stats`)
+        self.steps = self.refills = self.tokens = self.loop_stops = (
+            0  # counters since the last `serve` started (`stats`)
+        )
         self.refill_tokens = self.refill_padded_tokens = self.resumed_tokens = 0
-        self.refill_forwards = self.captures = 0        # refill forwards; refill graphs captured (first uses)
-        self.capture_s = 0.0                            # host seconds of those captures
+        self.refill_forwards = self.captures = 0  # refill forwards; refill graphs captured (first uses)
+        self.capture_s = 0.0  # host seconds of those captures
         # A free row whose cache a session's next turn can resume: session -> (row, tokens at its slots 0..)
         self.kept: dict[Hashable, tuple[int, list[int]]] = {}
         self.kept_by_row: dict[int, Hashable] = {}
-        self.clock = PhaseClock(self.device)          # device time of the decode steps and of the refills
+        self.clock = PhaseClock(self.device)  # device time of the decode steps and of the refills
         self.step = Step(self._compiled_step(compile, compile_mode), use_graph=graphs, name="batch decode")
         self.refill_kind, self.graphs = refill, graphs
         # On a CPU, attention over all L slots was ~a fifth of a batch-16 step (SmolLM2, 512 slots,
@@ -297,7 +319,7 @@ class BatchDecoder:
         check_stop_loops(stop_loops, L)
         self.stop_loops = stop_loops
         self.loop_check = Step(self._loop_check, use_graph=graphs, name="loop check") if stop_loops else None
-        self.step.capture()                        # on dummy state: every row empty
+        self.step.capture()  # on dummy state: every row empty
         if self.loop_check:
             self.loop_check.capture()
         if self.refill_layers:
@@ -310,9 +332,9 @@ class BatchDecoder:
         that compiles: Inductor takes its size hints from the first call."""
         start = time.perf_counter()
         rows = list(range(min(self.B, 16)))
-        rows += rows[:1] * (2 - len(rows))         # one row: sent twice, as `_prefill` pads
+        rows += rows[:1] * (2 - len(rows))  # one row: sent twice, as `_prefill` pads
         n = max(3, min(256, self.L - 1))
-        for cached in (0, n // 2):                 # prompts alone; prompts reading their rows' cached slots
+        for cached in (0, n // 2):  # prompts alone; prompts reading their rows' cached slots
             self._prefill(rows, [Request([0] * n, 1)] * len(rows), [cached] * len(rows))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -329,16 +351,17 @@ class BatchDecoder:
             def step() -> None:
                 with self.runner.using(layers):
                     self._step()
+
             return step
         return compiled(self._step, compile, mode)
 
     def _step(self) -> None:
         B, pos, live = self.B, self.pos, self.live
-        L = self._span() if self.trim and not torch.compiler.is_compiling() else self.L   # traced: the fixed shape
-        mask = (self.cols[:L].view(1, L) <= pos.view(B, 1)).view(B, 1, 1, L)       # each row: its slots 0..pos
-        logits, _ = self.runner(self.tok, pos.view(B, 1), pos.view(B, 1), mask)      # writes slot pos of each row
-        chosen = torch.where(live, next_token(logits[:, -1], self.sampling), self.tok.view(B))   # [B]
-        nxt = pos + live.long()                                                      # ended rows stay put
+        L = self._span() if self.trim and not torch.compiler.is_compiling() else self.L  # traced: the fixed shape
+        mask = (self.cols[:L].view(1, L) <= pos.view(B, 1)).view(B, 1, 1, L)  # each row: its slots 0..pos
+        logits, _ = self.runner(self.tok, pos.view(B, 1), pos.view(B, 1), mask)  # writes slot pos of each row
+        chosen = torch.where(live, next_token(logits[:, -1], self.sampling), self.tok.view(B))  # [B]
+        nxt = pos + live.long()  # ended rows stay put
         self.out.scatter_(1, nxt.view(B, 1), chosen.view(B, 1))
         ended = (chosen.view(B, 1) == self.stops.view(1, -1)).any(-1) | (nxt >= self.last)
         self.live.copy_(live & ~ended)
@@ -349,13 +372,13 @@ class BatchDecoder:
         """End the live rows whose last W answer tokens repeat a block of p tokens (p <= W / 2):
         out[b, s] == out[b, s - p] for every slot s of the window, all inside the answer."""
         B, W = self.B, self.stop_loops
-        periods = torch.arange(1, min(W // 2, MAX_PERIOD) + 1, device=self.device)             # [P]
-        window = self.pos.view(B, 1) - W + 1 + torch.arange(W, device=self.device).view(1, W)   # [B, W]
-        before = window.view(B, 1, W) - periods.view(1, -1, 1)                                 # [B, P, W]
+        periods = torch.arange(1, min(W // 2, MAX_PERIOD) + 1, device=self.device)  # [P]
+        window = self.pos.view(B, 1) - W + 1 + torch.arange(W, device=self.device).view(1, W)  # [B, W]
+        before = window.view(B, 1, W) - periods.view(1, -1, 1)  # [B, P, W]
         now = self.out.gather(1, window.clamp(min=0))
         then = self.out.gather(1, before.clamp(min=0).view(B, -1)).view(before.shape)
-        inside = before[:, :, 0] >= self.start.view(B, 1)                                      # [B, P]
-        looped = ((now.view(B, 1, W) == then).all(-1) & inside).any(-1) & self.live           # [B]
+        inside = before[:, :, 0] >= self.start.view(B, 1)  # [B, P]
+        looped = ((now.view(B, 1, W) == then).all(-1) & inside).any(-1) & self.live  # [B]
         self.looped.logical_or_(looped)
         self.live.logical_and_(~looped)
 
@@ -403,10 +426,16 @@ class BatchDecoder:
         self.resumed_tokens += sum(cached)
         P = self._padded_length(max(len(r.ids) - c for r, c in zip(requests, cached)))
         span = self._span_read(max(len(r.ids) for r in requests)) if any(cached) else 0
-        extra = self._padded_rows(len(rows)) - len(rows)     # graphed, compiled: the last request again (same values, same places)
-        rows, requests, cached = rows + rows[-1:] * extra, requests + requests[-1:] * extra, cached + cached[-1:] * extra
+        extra = self._padded_rows(len(rows)) - len(
+            rows
+        )  # graphed, compiled: the last request again (same values, same places)
+        rows, requests, cached = (
+            rows + rows[-1:] * extra,
+            requests + requests[-1:] * extra,
+            cached + cached[-1:] * extra,
+        )
         self.refill_padded_tokens += len(rows) * P
-        ids = self._upload([[0] * (P - len(r.ids) + c) + r.ids[c:] for r, c in zip(requests, cached)])   # [R, P]
+        ids = self._upload([[0] * (P - len(r.ids) + c) + r.ids[c:] for r, c in zip(requests, cached)])  # [R, P]
         lists = ([len(r.ids) for r in requests], [r.max_new_tokens for r in requests], rows, cached)
         inputs = (ids, *(self._upload(x) for x in lists))
         if self.refill_kind == "graphs":
@@ -426,7 +455,9 @@ class BatchDecoder:
         return max(longest, 2) if self.refill_kind == "compiled" else longest
 
     def _padded_rows(self, rows: int) -> int:
-        return bucket(rows) if self.refill_kind == "graphs" else max(rows, 2) if self.refill_kind == "compiled" else rows
+        return (
+            bucket(rows) if self.refill_kind == "graphs" else max(rows, 2) if self.refill_kind == "compiled" else rows
+        )
 
     def _span_read(self, longest: int) -> int:
         """The cached slots a resuming refill reads: its longest prompt's; graphed, a power of two. It is
@@ -445,8 +476,12 @@ class BatchDecoder:
         first_use = (R, P, span) not in self.refill_steps
         if first_use:
             buffers = tuple(torch.empty_like(t) for t in inputs)
-            step = Step(lambda: self._refill_rows(*buffers, span=span), use_graph=self.graphs,
-                        name=f"refill {R}x{P}" + (f" reading {span} slots" if span else ""), pool=self.refill_pool)
+            step = Step(
+                lambda: self._refill_rows(*buffers, span=span),
+                use_graph=self.graphs,
+                name=f"refill {R}x{P}" + (f" reading {span} slots" if span else ""),
+                pool=self.refill_pool,
+            )
             self.refill_steps[(R, P, span)] = step, buffers
         step, buffers = self.refill_steps[(R, P, span)]
         for buffer, t in zip(buffers, inputs):
@@ -458,32 +493,39 @@ class BatchDecoder:
             self.captures += 1
         step()
 
-    def _refill_rows(self, ids: torch.Tensor, n: torch.Tensor, budget: torch.Tensor, rows: torch.Tensor,
-                     cached: torch.Tensor, span: int = 0) -> None:
+    def _refill_rows(
+        self,
+        ids: torch.Tensor,
+        n: torch.Tensor,
+        budget: torch.Tensor,
+        rows: torch.Tensor,
+        cached: torch.Tensor,
+        span: int = 0,
+    ) -> None:
         """ids [R, P] the left-padded new tokens of prompts of lengths n [R] whose first cached [R]
         tokens the rows hold, token budgets [R], cache rows [R]: the forward and the rows' new state,
         tensors only (so that it is captured in a graph). span C > 0: the new tokens attend to their
         rows' slots 0..C-1 (cached and new); 0: nothing is cached, they attend to themselves only."""
         R, P = ids.shape
-        pad = P - (n - cached)                                                          # [R]
+        pad = P - (n - cached)  # [R]
         cols = torch.arange(P, device=ids.device).view(1, P)
-        k = cols - pad.view(R, 1)                               # the index among the new tokens; < 0: padding
+        k = cols - pad.view(R, 1)  # the index among the new tokens; < 0: padding
         # Padding goes to slots after the prompt (the row writes them later, before it reads them).
-        slots = torch.where(k >= 0, cached.view(R, 1) + k, (n.view(R, 1) + cols).clamp(max=self.L - 1))   # [R, P]
+        slots = torch.where(k >= 0, cached.view(R, 1) + k, (n.view(R, 1) + cols).clamp(max=self.L - 1))  # [R, P]
         positions = (cached.view(R, 1) + k).clamp(min=0)
-        if span:    # each token sees its row's slots up to its own: a padding token's is past the prompt
+        if span:  # each token sees its row's slots up to its own: a padding token's is past the prompt
             mask = (torch.arange(span, device=ids.device).view(1, 1, span) <= slots.view(R, P, 1)).unsqueeze(1)
         else:
             mask = padded_mask(pad, cols.view(P), P)
         logits, _ = self.runner(ids, positions, Refill(rows, slots, span), mask, last_only=True)
-        first = next_token(logits[:, -1], self.sampling)                                # [R]
+        first = next_token(logits[:, -1], self.sampling)  # [R]
         # A row sent twice (a graphed refill's padding) keeps its first copy's token: sampled, the copies may
         # differ, and an index_put from two sources leaves tok / out / live each with either one.
         first = first[(rows.view(-1, 1) == rows.view(1, -1)).int().argmax(1)]
         self.tok[rows] = first.view(-1, 1)
         self.pos[rows] = n
         self.start[rows] = n
-        self.looped.index_fill_(0, rows, False)                                         # a scalar fill: no host tensor in a captured graph
+        self.looped.index_fill_(0, rows, False)  # a scalar fill: no host tensor in a captured graph
         self.last[rows] = n + budget - 1
         self.out[rows, n] = first
         stopped = (first.view(-1, 1) == self.stops.view(1, -1)).any(-1)
@@ -505,18 +547,22 @@ class BatchDecoder:
         if request.max_new_tokens < 1:
             raise EaglekitError(f"max_new_tokens is {request.max_new_tokens}", hint="ask for at least one token")
         if len(request.ids) + request.max_new_tokens > self.L:
-            raise EaglekitError(f"a prompt of {len(request.ids)} tokens + max_new_tokens {request.max_new_tokens} "
-                                f"exceeds the decoder's {self.L} slots per row",
-                                hint="build the decoder with a larger max_len, or shorten the prompt")
+            raise EaglekitError(
+                f"a prompt of {len(request.ids)} tokens + max_new_tokens {request.max_new_tokens} "
+                f"exceeds the decoder's {self.L} slots per row",
+                hint="build the decoder with a larger max_len, or shorten the prompt",
+            )
 
     def set_stop_ids(self, stop_ids) -> None:
         ids = sorted(set(int(t) for t in stop_ids))
         if len(ids) > MAX_STOP_IDS:
-            raise EaglekitError(f"{len(ids)} stop ids, the batch decoder compares at most {MAX_STOP_IDS}",
-                                hint="pass fewer stop token ids")
-        self.stop_set = set(ids)                                # the host's copy: reading the device's would sync
+            raise EaglekitError(
+                f"{len(ids)} stop ids, the batch decoder compares at most {MAX_STOP_IDS}",
+                hint="pass fewer stop token ids",
+            )
+        self.stop_set = set(ids)  # the host's copy: reading the device's would sync
         self.stops.fill_(-1)
-        self.stops[:len(ids)] = torch.tensor(ids, dtype=torch.long, device=self.device)
+        self.stops[: len(ids)] = torch.tensor(ids, dtype=torch.long, device=self.device)
 
     @torch.no_grad()
     def serve(self, take: Callable[[], Request | None], stop_ids) -> Iterator[tuple[Request, Completion]]:
@@ -541,11 +587,11 @@ class BatchDecoder:
         self.kept.clear()
         self.kept_by_row.clear()
         self.clock.reset()
-        self.host = dict.fromkeys(("wait", "ended", "answers", "take"), 0.0)   # host seconds by part (`stats`)
+        self.host = dict.fromkeys(("wait", "ended", "answers", "take"), 0.0)  # host seconds by part (`stats`)
         self.cover_rounds = self.cover_total = 0
-        held: list[Request | None] = [None] * self.B          # the request each row answers
-        free = list(range(self.B))                             # the longest free first (its cache the least likely resumed)
-        cover = base = max(1, self.chunk // 4)                 # steps queued ahead of the host's work
+        held: list[Request | None] = [None] * self.B  # the request each row answers
+        free = list(range(self.B))  # the longest free first (its cache the least likely resumed)
+        cover = base = max(1, self.chunk // 4)  # steps queued ahead of the host's work
         ending: Ending | None = None
         while True:
             ending_rows = set(ending.rows) if ending else set()
@@ -553,15 +599,15 @@ class BatchDecoder:
             covered = None
             if busy:
                 self._decode(cover)
-                covered = self._mark()                         # the device reaches it when the cover steps end
+                covered = self._mark()  # the device reaches it when the cover steps end
                 self.cover_rounds, self.cover_total = self.cover_rounds + 1, self.cover_total + cover
             host = time.perf_counter()
-            ended = self._ended(ending, held, free)           # the ended rows' answers, freed
+            ended = self._ended(ending, held, free)  # the ended rows' answers, freed
             handed = time.perf_counter()
-            yield from self._answers(ended)                    # the caller's work on them runs here
+            yield from self._answers(ended)  # the caller's work on them runs here
             answered = time.perf_counter()
             taken = self._take(take, free)
-            queued = self._mark()                              # reached when the host has queued the work after it
+            queued = self._mark()  # reached when the host has queued the work after it
             if taken:
                 with self.clock.phase("refill"):
                     self.refill(*(list(x) for x in zip(*taken)))
@@ -571,8 +617,8 @@ class BatchDecoder:
             if not taken and not busy:
                 return
             self._decode(self.chunk - cover if busy else self.chunk, check=True)
-            ending = self._ending(held)                        # sync; the ended rows' copies start
-            self.clock.collect()                               # the round's events have completed
+            ending = self._ending(held)  # sync; the ended rows' copies start
+            self.clock.collect()  # the round's events have completed
             if covered is not None and queued is not None:
                 step_ms = 1000 * self.clock.seconds.get("decode", 0.0) / max(self.steps, 1)
                 cover = next_cover(cover, covered.elapsed_time(queued), step_ms, base, self.chunk)
@@ -610,10 +656,10 @@ class BatchDecoder:
         """A free row for the request: the one its session's last turn ended in (resumed where its cache
         begins the prompt: only the rest is prefilled), else one no session waits for."""
         row, tokens = self.kept.get(request.session, (None, [])) if request.session is not None else (None, [])
-        cached = min(common_prefix(tokens, request.ids), len(request.ids) - 1)   # the last token's logits are needed
+        cached = min(common_prefix(tokens, request.ids), len(request.ids) - 1)  # the last token's logits are needed
         if cached < RESUME_MIN:
             cached = 0
-        if row is None:           # a row no session waits for, else the longest free
+        if row is None:  # a row no session waits for, else the longest free
             row = next((r for r in free if r not in self.kept_by_row), free[0])
         free.remove(row)
         self._forget(row)
@@ -635,13 +681,15 @@ class BatchDecoder:
         """Which rows ended since the last look (the round's sync), and their end slots, loop flags and
         tokens on their way to the host: copied before the next steps are queued, read after (`_ended`)."""
         wait = time.perf_counter()
-        live = self.live.cpu().tolist()                        # the sync of the round (the GIL is released)
+        live = self.live.cpu().tolist()  # the sync of the round (the GIL is released)
         self._add_host(wait=time.perf_counter() - wait)
         rows = [b for b in range(self.B) if held[b] is not None and not live[b]]
         if not rows:
             return None
         index = torch.tensor(rows, device=self.device)
-        longest = min(self.L, max(len(held[b].ids) + held[b].max_new_tokens for b in rows))   # a row's last slot + 1, at most
+        longest = min(
+            self.L, max(len(held[b].ids) + held[b].max_new_tokens for b in rows)
+        )  # a row's last slot + 1, at most
         copies = [to_host(t) for t in (self.pos[index], self.looped[index], self.out[index, :longest])]
         return Ending(rows, copies, self._mark())
 
@@ -651,15 +699,17 @@ class BatchDecoder:
         if ending is None:
             return []
         if ending.event is not None:
-            ending.event.synchronize()                         # the copies only, not the steps queued after them
+            ending.event.synchronize()  # the copies only, not the steps queued after them
         ends, looped, outs = ending.copies
         ends, looped = ends.tolist(), looped.tolist()
         ended = []
         for i, b in enumerate(ending.rows):
             request = held[b]
-            answer = outs[i, len(request.ids):ends[i] + 1].tolist()   # the answer starts at the prompt's length
+            answer = outs[i, len(request.ids) : ends[i] + 1].tolist()  # the answer starts at the prompt's length
             ended.append((request, answer, looped[i]))
-            if request.session is not None and not request.session_ends:   # slots 0..end-1: the prompt and the answer but its last token
+            if (
+                request.session is not None and not request.session_ends
+            ):  # slots 0..end-1: the prompt and the answer but its last token
                 self._keep(b, request.session, request.ids + answer[:-1])
             held[b] = None
             free.append(b)
@@ -675,17 +725,27 @@ class BatchDecoder:
     def stats(self) -> dict:
         """Steps, refills and answer tokens of the last `serve`; occupancy = the share of row-steps that
         made a token (the rest: rows that ended or wait for their prefill, computed and ignored)."""
-        made = self.tokens - self.refills                      # a refill's first token comes from its prefill
+        made = self.tokens - self.refills  # a refill's first token comes from its prefill
         self.clock.collect()
-        return {"rows": self.B, "slots": self.L, "chunk": self.chunk, "steps": self.steps, "refills": self.refills,
-                "answer_tokens": self.tokens, "occupancy": round(made / max(self.steps * self.B, 1), 4),
-                "refill_tokens": self.refill_tokens, "refill_padded_tokens": self.refill_padded_tokens,
-                "resumed_tokens": self.resumed_tokens, "refill_forwards": self.refill_forwards,
-                "refill_graphs": self.captures, "refill_capture_s": round(self.capture_s, 3),
-                "loop_stops": self.loop_stops,
-                **{f"host_{part}_s": round(seconds, 3) for part, seconds in getattr(self, "host", {}).items()},
-                "cover_steps": round(self.cover_total / self.cover_rounds, 2) if getattr(self, "cover_rounds", 0) else None,
-                **self.clock.summary(steps=self.steps)}
+        return {
+            "rows": self.B,
+            "slots": self.L,
+            "chunk": self.chunk,
+            "steps": self.steps,
+            "refills": self.refills,
+            "answer_tokens": self.tokens,
+            "occupancy": round(made / max(self.steps * self.B, 1), 4),
+            "refill_tokens": self.refill_tokens,
+            "refill_padded_tokens": self.refill_padded_tokens,
+            "resumed_tokens": self.resumed_tokens,
+            "refill_forwards": self.refill_forwards,
+            "refill_graphs": self.captures,
+            "refill_capture_s": round(self.capture_s, 3),
+            "loop_stops": self.loop_stops,
+            **{f"host_{part}_s": round(seconds, 3) for part, seconds in getattr(self, "host", {}).items()},
+            "cover_steps": round(self.cover_total / self.cover_rounds, 2) if getattr(self, "cover_rounds", 0) else None,
+            **self.clock.summary(steps=self.steps),
+        }
 
     def run(self, prompts: list[list[int]], max_new_tokens: int, stop_ids) -> list[Completion]:
         """Answer every prompt (any number of them); completions in the order given."""
@@ -697,10 +757,22 @@ class BatchDecoder:
 
 
 @torch.no_grad()
-def generate_batch(target, prompts: list[list[int]], *, max_new_tokens: int, sampling: Sampling = Sampling(),
-                   stop_token_ids=None, batch_size: int = 32, runner: str = "auto", graphs: bool | None = None,
-                   compile: bool | None = None, seed: int | None = None, max_len: int | None = None,
-                   attention: str | None = None, progress: bool = False) -> list[Completion]:
+def generate_batch(
+    target,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int,
+    sampling: Sampling = Sampling(),
+    stop_token_ids=None,
+    batch_size: int = 32,
+    runner: str = "auto",
+    graphs: bool | None = None,
+    compile: bool | None = None,
+    seed: int | None = None,
+    max_len: int | None = None,
+    attention: str | None = None,
+    progress: bool = False,
+) -> list[Completion]:
     """Generate an answer for every prompt with continuous batching (the fast path for data).
 
     Args:
@@ -736,8 +808,9 @@ def generate_batch(target, prompts: list[list[int]], *, max_new_tokens: int, sam
     compile = cuda if compile is None else compile
     if seed is not None:
         torch.manual_seed(seed)
-    built = batch_runner(model, max_len=max_len, batch_size=min(batch_size, len(prompts)), runner=runner,
-                         attention=attention)
+    built = batch_runner(
+        model, max_len=max_len, batch_size=min(batch_size, len(prompts)), runner=runner, attention=attention
+    )
     decoder = BatchDecoder(built, sampling=sampling, graphs=graphs, compile=compile)
     requests = iter([Request(list(p), max_new_tokens, key=i) for i, p in enumerate(prompts)])
     results: list[Completion | None] = [None] * len(prompts)

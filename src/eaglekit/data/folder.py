@@ -27,7 +27,9 @@ def write_jsonl(path: Path, rows) -> int:
     return n
 
 
-def read_prompt_folder(folder: str | os.PathLike, splits: tuple[str, ...] = SPLITS) -> tuple[dict, dict[str, list[Prompt]]]:
+def read_prompt_folder(
+    folder: str | os.PathLike, splits: tuple[str, ...] = SPLITS
+) -> tuple[dict, dict[str, list[Prompt]]]:
     """The manifest and prompts (by split) of an `eaglekit prompts` output folder."""
     folder = Path(folder)
     manifest = read_manifest(folder, stage="prompts")
@@ -42,11 +44,15 @@ def read_prompt_folder(folder: str | os.PathLike, splits: tuple[str, ...] = SPLI
                 try:
                     prompts.append(Prompt.from_json(json.loads(line)))
                 except (json.JSONDecodeError, MalformedRecord) as err:
-                    raise EaglekitError(f"{path}:{lineno}: {err}", hint="the prompts folder is corrupt; rebuild it") from err
+                    raise EaglekitError(
+                        f"{path}:{lineno}: {err}", hint="the prompts folder is corrupt; rebuild it"
+                    ) from err
         counted = (manifest.get("counts") or {}).get(split)
-        if isinstance(counted, int) and counted != len(prompts):   # cut or emptied after the fact
-            raise EaglekitError(f"{path} holds {len(prompts)} prompts, the folder's manifest counted {counted}",
-                                hint="the prompts folder was changed after it was built; rebuild it (--overwrite)")
+        if isinstance(counted, int) and counted != len(prompts):  # cut or emptied after the fact
+            raise EaglekitError(
+                f"{path} holds {len(prompts)} prompts, the folder's manifest counted {counted}",
+                hint="the prompts folder was changed after it was built; rebuild it (--overwrite)",
+            )
         out[split] = prompts
     return manifest, out
 
@@ -102,11 +108,15 @@ class JsonlShards:
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError as err:
-                    raise EaglekitError(f"{path}:{lineno} is not valid JSON ({err.msg})",
-                                        hint="the shard is corrupt; delete the output folder and rerun") from err
+                    raise EaglekitError(
+                        f"{path}:{lineno} is not valid JSON ({err.msg})",
+                        hint="the shard is corrupt; delete the output folder and rerun",
+                    ) from err
                 if row["id"] in self.ids:
-                    raise EaglekitError(f"{path}:{lineno}: id {row['id']!r} appears twice",
-                                        hint="the output is corrupt; delete the output folder and rerun")
+                    raise EaglekitError(
+                        f"{path}:{lineno}: id {row['id']!r} appears twice",
+                        hint="the output is corrupt; delete the output folder and rerun",
+                    )
                 self.ids.add(row["id"])
                 rows.append(row)
             self.counts.append(len(lines))

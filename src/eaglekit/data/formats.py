@@ -22,21 +22,36 @@ from eaglekit.errors import EaglekitError
 
 FORMATS = ("auto", "turns", "sharegpt", "openai", "alpaca", "prompt", "text")
 # ShareGPT speaker names seen in the wild, mapped to chat roles.
-SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                  "chatgpt": "assistant", "bard": "assistant", "bing": "assistant", "model": "assistant",
-                  "system": "system"}
+SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bard": "assistant",
+    "bing": "assistant",
+    "model": "assistant",
+    "system": "system",
+}
 
 
 def detect_format(record: Any) -> str:
     """The format of one record, from the keys it has."""
     if not isinstance(record, dict):
         raise MalformedRecord(f"expected a JSON object, got {type(record).__name__}")
-    for key, fmt in (("turns", "turns"), ("conversations", "sharegpt"), ("messages", "openai"),
-                     ("instruction", "alpaca"), ("prompt", "prompt")):
+    for key, fmt in (
+        ("turns", "turns"),
+        ("conversations", "sharegpt"),
+        ("messages", "openai"),
+        ("instruction", "alpaca"),
+        ("prompt", "prompt"),
+    ):
         if key in record:
             return fmt
-    raise MalformedRecord(f"unknown record layout (keys {sorted(record)[:8]}); expected one of "
-                          "turns / conversations / messages / instruction / prompt")
+    raise MalformedRecord(
+        f"unknown record layout (keys {sorted(record)[:8]}); expected one of "
+        "turns / conversations / messages / instruction / prompt"
+    )
 
 
 def to_prompt(record: Any, *, fmt: str, source: str, index: int, column: str | None = None) -> Prompt:
@@ -62,8 +77,7 @@ def to_prompt(record: Any, *, fmt: str, source: str, index: int, column: str | N
         fmt = detect_format(record)
     if not isinstance(record, dict):
         raise MalformedRecord(f"expected a JSON object, got {type(record).__name__}")
-    parse = {"turns": _turns, "sharegpt": _sharegpt, "openai": _openai, "alpaca": _alpaca,
-             "prompt": _prompt}.get(fmt)
+    parse = {"turns": _turns, "sharegpt": _sharegpt, "openai": _openai, "alpaca": _alpaca, "prompt": _prompt}.get(fmt)
     if parse is None:
         raise EaglekitError(f"unknown prompt format {fmt!r}", hint=f"use one of {', '.join(FORMATS)}")
     turns, system = parse(record, column or "prompt")
@@ -87,12 +101,15 @@ def _turns(record: dict, _column: str) -> tuple[list[str], str | None]:
     if not isinstance(turns, list) or not turns:
         raise MalformedRecord("'turns' must be a non-empty list of strings")
     system = record.get("system")
-    return ([_text(t, f"turns[{i}]") for i, t in enumerate(turns)],
-            None if system is None else _text(system, "'system'"))
+    return (
+        [_text(t, f"turns[{i}]") for i, t in enumerate(turns)],
+        None if system is None else _text(system, "'system'"),
+    )
 
 
-def _chat(messages: Any, role_key: str, content_key: str, roles: dict[str, str] | None,
-          field: str) -> tuple[list[str], str | None]:
+def _chat(
+    messages: Any, role_key: str, content_key: str, roles: dict[str, str] | None, field: str
+) -> tuple[list[str], str | None]:
     """User turns and system prompt of a chat; leading assistant turns (greetings) are dropped."""
     if not isinstance(messages, list) or not messages:
         raise MalformedRecord(f"'{field}' must be a non-empty list")

@@ -67,7 +67,7 @@ class HFGenerator:
     """
 
     name = "hf"
-    continuous = False   # answers a batch at a time (`generate`), as a user of HF would
+    continuous = False  # answers a batch at a time (`generate`), as a user of HF would
 
     def __init__(self, model, stop_ids: list[int], sampling: Sampling, *, seed: int = 0):
         if not stop_ids:
@@ -84,15 +84,22 @@ class HFGenerator:
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)  # [B, P]
         attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)  # [B, P]
         for row, ids in enumerate(prompts):
-            input_ids[row, width - len(ids):] = torch.tensor(ids)
-            attention_mask[row, width - len(ids):] = 1
+            input_ids[row, width - len(ids) :] = torch.tensor(ids)
+            attention_mask[row, width - len(ids) :] = 1
         s = self.sampling
-        kwargs = dict(do_sample=False) if s.greedy else dict(
-            do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)  # top_k 0: off
+        kwargs = (
+            dict(do_sample=False)
+            if s.greedy
+            else dict(do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
+        )  # top_k 0: off
         out = self.model.generate(
-            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-            max_new_tokens=max_new_tokens, eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
-            **kwargs)  # [B, P + T]
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            max_new_tokens=max_new_tokens,
+            eos_token_id=self.stop_ids,
+            pad_token_id=self.pad_id,
+            **kwargs,
+        )  # [B, P + T]
         new = out[:, width:].tolist()
         stops = set(self.stop_ids)
         return [cut_at_stop(row, stops, max_new_tokens) for row in new]
@@ -102,7 +109,7 @@ class Streaming:
     """A generator that serves requests as rows free up (`serve(take)` yields (request, completion) as
     answers end); `generate` answers a fixed list through it, in the order given."""
 
-    continuous = True    # LocalBackend streams a conversation's next turn to `serve` as its answer ends
+    continuous = True  # LocalBackend streams a conversation's next turn to `serve` as its answer ends
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[Completion]:
         requests = iter([Request(list(p), max_new_tokens, key=i) for i, p in enumerate(prompts)])
@@ -139,13 +146,27 @@ class EngineGenerator(Streaming):
     """
 
     name = "engine"
-    SLOTS = 512          # cache slots are rounded up to a multiple of this, so few rebuilds happen
-    MIN_SLOTS = 2048     # with flex attention: room for longer later prompts (a next turn) without a rebuild
+    SLOTS = 512  # cache slots are rounded up to a multiple of this, so few rebuilds happen
+    MIN_SLOTS = 2048  # with flex attention: room for longer later prompts (a next turn) without a rebuild
 
-    def __init__(self, model, stop_ids: list[int], sampling: Sampling, *, seed: int = 0, batch_size: int = 32,
-                 runner: str = "auto", graphs: bool | None = None, compile: bool | None = None,
-                 attention: str | None = None, chunk: int = 16, max_len: int | None = None, refill: str = "eager",
-                 refill_padding: float = 0.0, stop_loops: int = 0):
+    def __init__(
+        self,
+        model,
+        stop_ids: list[int],
+        sampling: Sampling,
+        *,
+        seed: int = 0,
+        batch_size: int = 32,
+        runner: str = "auto",
+        graphs: bool | None = None,
+        compile: bool | None = None,
+        attention: str | None = None,
+        chunk: int = 16,
+        max_len: int | None = None,
+        refill: str = "eager",
+        refill_padding: float = 0.0,
+        stop_loops: int = 0,
+    ):
         if not stop_ids:
             raise EaglekitError("the target has no stop token", hint="set eos_token_id in generation_config.json")
         cuda = next(model.parameters()).device.type == "cuda"
@@ -156,7 +177,7 @@ class EngineGenerator(Streaming):
         self.compile = cuda if compile is None else compile
         self.context = getattr(text_config(model.config), "max_position_embeddings", None)
         self._decoder, self.max_len, self.builds = None, 0, 0
-        self.decoder_runs: list[dict] = []   # the decoder's `stats()` after each of its serve loops
+        self.decoder_runs: list[dict] = []  # the decoder's `stats()` after each of its serve loops
         torch.manual_seed(seed)
 
     def prepare(self, max_prompt_tokens: int, max_new_tokens: int) -> float:
@@ -174,32 +195,48 @@ class EngineGenerator(Streaming):
         floor = self.MIN_SLOTS if batch_attention(self.model, needed, self.runner, self.attention) == "flex" else 0
         rounded = -(-max(needed, floor) // self.SLOTS) * self.SLOTS
         grown = max(rounded, int(self.max_len * 1.5) // self.SLOTS * self.SLOTS)
-        return max(needed, min(grown, self.context or grown))   # no slots past the target's context
+        return max(needed, min(grown, self.context or grown))  # no slots past the target's context
 
     def _decoder_for(self, needed: int):
         if self._decoder is None or needed > self.max_len:
             max_len = self._slots_for(needed)
             self._decoder = None  # free the old cache before the new one is allocated: its steps (bound
-            gc.collect()          # methods, graphs) refer back to it, so only the collector frees it
+            gc.collect()  # methods, graphs) refer back to it, so only the collector frees it
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
             start = time.perf_counter()
-            runner = batch_runner(self.model, max_len=max_len, batch_size=self.batch_size, runner=self.runner,
-                                  attention=self.attention)
-            self._decoder = BatchDecoder(runner, sampling=self.sampling, graphs=self.graphs, compile=self.compile,
-                                         chunk=self.chunk, refill=self.refill, refill_padding=self.refill_padding,
-                                         stop_loops=self.stop_loops)
+            runner = batch_runner(
+                self.model, max_len=max_len, batch_size=self.batch_size, runner=self.runner, attention=self.attention
+            )
+            self._decoder = BatchDecoder(
+                runner,
+                sampling=self.sampling,
+                graphs=self.graphs,
+                compile=self.compile,
+                chunk=self.chunk,
+                refill=self.refill,
+                refill_padding=self.refill_padding,
+                stop_loops=self.stop_loops,
+            )
             self.max_len, self.builds = runner.max_len, self.builds + 1
-            log.info("engine batch decoder: %d rows x %d slots, %s runner (%s attention), graphs=%s, compile=%s "
-                     "(built in %.1f s)", self.batch_size, runner.max_len, runner.kind,
-                     getattr(runner, "attention", "the model's"), self.graphs, self.compile, time.perf_counter() - start)
+            log.info(
+                "engine batch decoder: %d rows x %d slots, %s runner (%s attention), graphs=%s, compile=%s "
+                "(built in %.1f s)",
+                self.batch_size,
+                runner.max_len,
+                runner.kind,
+                getattr(runner, "attention", "the model's"),
+                self.graphs,
+                self.compile,
+                time.perf_counter() - start,
+            )
         return self._decoder
 
     def serve(self, take) -> Iterator[tuple[Request, Completion]]:
         """Answer the requests `take()` returns (None: no more now) as rows free up; yields
         (request, completion) as answers end. Requests longer than the rows wait for a larger decoder."""
-        ready: deque[Request] = deque()       # taken, and fit the rows
-        later: list[Request] = []             # taken, too long for the rows: after the rebuild
+        ready: deque[Request] = deque()  # taken, and fit the rows
+        later: list[Request] = []  # taken, too long for the rows: after the rebuild
 
         def fitting() -> Request | None:
             while True:
@@ -217,7 +254,7 @@ class EngineGenerator(Streaming):
         while True:
             for request, done in self._decoder.serve(fitting, self.stop_ids):
                 completion = cut_at_stop(done.tokens, stops, request.max_new_tokens)
-                if done.finish_reason == "loop":          # the decoder's loop check ended it (no stop token in it)
+                if done.finish_reason == "loop":  # the decoder's loop check ended it (no stop token in it)
                     completion.finish_reason = "loop"
                 yield request, completion
             self.decoder_runs.append(self._decoder.stats())
@@ -227,7 +264,6 @@ class EngineGenerator(Streaming):
             self._decoder_for(max(len(r.ids) + r.max_new_tokens for r in later))
             ready.extend(later)
             later.clear()
-
 
     def run_stats(self) -> dict:
         """Where the decoder's time went, per serve loop (a rebuild starts a new one): steps, refills,
@@ -271,20 +307,38 @@ class EngineSettings:
             value = getattr(self, f.name)
             if value != f.default:
                 flag = "--" + f.name.replace("_", "-")
-                raise EaglekitError(f"{flag} {value} is a setting of eaglekit's engine, not of backend {backend!r}",
-                                    hint=f"drop {flag}, or use --backend local")
+                raise EaglekitError(
+                    f"{flag} {value} is a setting of eaglekit's engine, not of backend {backend!r}",
+                    hint=f"drop {flag}, or use --backend local",
+                )
 
 
-def make_generator(backend: str, model, stop_ids: list[int], sampling: Sampling, *, seed: int = 0,
-                   batch_size: int = 32, engine: EngineSettings = EngineSettings()):
+def make_generator(
+    backend: str,
+    model,
+    stop_ids: list[int],
+    sampling: Sampling,
+    *,
+    seed: int = 0,
+    batch_size: int = 32,
+    engine: EngineSettings = EngineSettings(),
+):
     """A token-level generator: `local` and `engine` are eaglekit's batch decoder (with `engine`'s
     settings), `hf` is HF generate."""
     engine.check(backend)
     if backend in ("local", "engine"):
-        return EngineGenerator(model, stop_ids, sampling, seed=seed, batch_size=batch_size,
-                               attention=None if engine.attention == "auto" else engine.attention,
-                               max_len=engine.cache_slots, refill=engine.refill, refill_padding=engine.refill_padding,
-                               stop_loops=engine.stop_loops)
+        return EngineGenerator(
+            model,
+            stop_ids,
+            sampling,
+            seed=seed,
+            batch_size=batch_size,
+            attention=None if engine.attention == "auto" else engine.attention,
+            max_len=engine.cache_slots,
+            refill=engine.refill,
+            refill_padding=engine.refill_padding,
+            stop_loops=engine.stop_loops,
+        )
     if backend == "hf":
         return HFGenerator(model, stop_ids, sampling, seed=seed)
     raise EaglekitError(f"unknown local backend {backend!r}", hint="use local, engine or hf")

@@ -43,8 +43,16 @@ class LocalBackend:
         template_kwargs: passed to the chat template (e.g. enable_thinking=False).
     """
 
-    def __init__(self, tokenizer, generator, *, max_new_tokens: int, batch_size: int, context_length: int,
-                 template_kwargs: dict | None = None):
+    def __init__(
+        self,
+        tokenizer,
+        generator,
+        *,
+        max_new_tokens: int,
+        batch_size: int,
+        context_length: int,
+        template_kwargs: dict | None = None,
+    ):
         if batch_size < 1 or max_new_tokens < 1:
             raise EaglekitError("batch size and max new tokens must be >= 1", hint="e.g. --batch-size 64")
         self.tokenizer, self.generator = tokenizer, generator
@@ -75,8 +83,10 @@ class LocalBackend:
                 budget = self._budget(conv, ids)
                 if budget:
                     last = len(conv.answers) + 1 == len(conv.prompt.turns)
-                    return Request(ids, budget, key=conv, session=id(conv), session_ends=last)   # the next turn resumes its row
-                finished.append(conv)          # skipped: no room left in the context
+                    return Request(
+                        ids, budget, key=conv, session=id(conv), session_ends=last
+                    )  # the next turn resumes its row
+                finished.append(conv)  # skipped: no room left in the context
             return None
 
         for request, completion in self.generator.serve(take):
@@ -131,9 +141,19 @@ class LocalBackend:
         tokens = completion.token_ids
         body = tokens[:-1] if completion.finish_reason == "stop" else tokens
         text = self.tokenizer.decode(body, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-        loops = loop_tail(tokens) if completion.finish_reason in ("length", "loop") else 0   # a loop runs until it is cut
-        conv.answers.append(Answer(text=text, finish_reason=completion.finish_reason, num_tokens=len(tokens),
-                                   counted_by="generator", prompt_tokens=len(ids), loop_tokens=loops))
+        loops = (
+            loop_tail(tokens) if completion.finish_reason in ("length", "loop") else 0
+        )  # a loop runs until it is cut
+        conv.answers.append(
+            Answer(
+                text=text,
+                finish_reason=completion.finish_reason,
+                num_tokens=len(tokens),
+                counted_by="generator",
+                prompt_tokens=len(ids),
+                loop_tokens=loops,
+            )
+        )
 
     def _answer(self, batch: list[tuple[Conversation, list[int]]]) -> list[tuple[Conversation, bool]]:
         """Generate the next turn of each conversation; True where more turns remain."""

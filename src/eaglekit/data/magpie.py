@@ -37,32 +37,50 @@ class PreQuery:
 def pre_query_template(tokenizer, system: str | None = None, **template_kwargs) -> PreQuery:
     """Derive the pre-query template from the target's own chat template (no per-model table)."""
     messages = ([{"role": "system", "content": system}] if system is not None else []) + [
-        {"role": "user", "content": SENTINEL}]
+        {"role": "user", "content": SENTINEL}
+    ]
     text = render(tokenizer, messages, add_generation_prompt=False, **template_kwargs)
     if text.count(SENTINEL) != 1:
-        raise EaglekitError("the chat template does not render the user's message verbatim",
-                            hint="this template cannot be used for synthesis; provide prompts instead")
+        raise EaglekitError(
+            "the chat template does not render the user's message verbatim",
+            hint="this template cannot be used for synthesis; provide prompts instead",
+        )
     prefix, suffix = text.split(SENTINEL)
     try:
         start, end = find_end_of_turn(suffix, 0, special_tokens(tokenizer))
     except EaglekitError:
-        raise EaglekitError("no special token ends the user's turn in the chat template, so the end of a "
-                            "synthesized question cannot be recognised",
-                            hint="this template cannot be used for synthesis; provide prompts instead") from None
+        raise EaglekitError(
+            "no special token ends the user's turn in the chat template, so the end of a "
+            "synthesized question cannot be recognised",
+            hint="this template cannot be used for synthesis; provide prompts instead",
+        ) from None
     if suffix[:start].strip():
-        raise EaglekitError(f"the chat template writes {suffix[:start]!r} between the user's text and "
-                            f"{suffix[start:end]!r}", hint="this template cannot be used for synthesis")
+        raise EaglekitError(
+            f"the chat template writes {suffix[:start]!r} between the user's text and {suffix[start:end]!r}",
+            hint="this template cannot be used for synthesis",
+        )
     token = suffix[start:end]
     token_id = tokenizer.convert_tokens_to_ids(token)
     if token_id is None or token_id == tokenizer.unk_token_id:
-        raise EaglekitError(f"end-of-turn {token!r} is not a single token", hint="this template cannot be used for synthesis")
+        raise EaglekitError(
+            f"end-of-turn {token!r} is not a single token", hint="this template cannot be used for synthesis"
+        )
     return PreQuery(text=prefix, end_of_turn=token, end_of_turn_id=int(token_id))
 
 
-def synthesize(tokenizer, generator, pre_query: PreQuery, num_prompts: int, *, existing: list[Prompt] = (),
-               batch_size: int = GenerateOptions.batch_size, max_new_tokens: int = SynthesizeOptions.max_new_tokens,
-               min_chars: int = SynthesizeOptions.min_chars, max_attempts: int | None = None,
-               system: str | None = None) -> tuple[list[Prompt], dict]:
+def synthesize(
+    tokenizer,
+    generator,
+    pre_query: PreQuery,
+    num_prompts: int,
+    *,
+    existing: list[Prompt] = (),
+    batch_size: int = GenerateOptions.batch_size,
+    max_new_tokens: int = SynthesizeOptions.max_new_tokens,
+    min_chars: int = SynthesizeOptions.min_chars,
+    max_attempts: int | None = None,
+    system: str | None = None,
+) -> tuple[list[Prompt], dict]:
     """Sample questions from the target until `num_prompts` new unique ones are found.
 
     Args:
@@ -82,8 +100,10 @@ def synthesize(tokenizer, generator, pre_query: PreQuery, num_prompts: int, *, e
         The new prompts and counts of what was dropped and why.
     """
     if pre_query.end_of_turn_id not in generator.stop_ids:
-        raise EaglekitError("the generator does not stop at the end of the user's turn",
-                            hint="build it with the pre-query end-of-turn id among its stop ids")
+        raise EaglekitError(
+            "the generator does not stop at the end of the user's turn",
+            hint="build it with the pre-query end-of-turn id among its stop ids",
+        )
     ids = tokenizer.encode(pre_query.text, add_special_tokens=False)
     seen = {p.dedup_key() for p in existing}
     max_attempts = max_attempts or 4 * num_prompts + batch_size
@@ -96,8 +116,9 @@ def synthesize(tokenizer, generator, pre_query: PreQuery, num_prompts: int, *, e
             if completion.finish_reason != "stop":
                 stats["unfinished"] += 1
                 continue
-            text = tokenizer.decode(completion.token_ids[:-1], skip_special_tokens=True,
-                                    clean_up_tokenization_spaces=False).strip()
+            text = tokenizer.decode(
+                completion.token_ids[:-1], skip_special_tokens=True, clean_up_tokenization_spaces=False
+            ).strip()
             prompt = Prompt(id="", source="magpie", turns=[text], system=system)
             if len(text) < min_chars:
                 stats["too_short"] += 1
@@ -110,19 +131,47 @@ def synthesize(tokenizer, generator, pre_query: PreQuery, num_prompts: int, *, e
         log.info("synthesized %d/%d prompts (%d samples drawn)", len(found), num_prompts, stats["attempts"])
     stats["synthesized"] = len(found)
     if len(found) < num_prompts:
-        log.warning("only %d of %d prompts after %d samples (%s); raise --temperature or --max-attempts",
-                    len(found), num_prompts, stats["attempts"], dict(stats))
+        log.warning(
+            "only %d of %d prompts after %d samples (%s); raise --temperature or --max-attempts",
+            len(found),
+            num_prompts,
+            stats["attempts"],
+            dict(stats),
+        )
     return found, dict(stats)
 
 
-def write_synthesized(out, new: list[Prompt], *, existing: dict[str, list[Prompt]] | None, stats: dict,
-                      config: dict, target_fp: dict, inputs: dict, validation_fraction: float, seed: int,
-                      overwrite: bool) -> dict:
+def write_synthesized(
+    out,
+    new: list[Prompt],
+    *,
+    existing: dict[str, list[Prompt]] | None,
+    stats: dict,
+    config: dict,
+    target_fp: dict,
+    inputs: dict,
+    validation_fraction: float,
+    seed: int,
+    overwrite: bool,
+) -> dict:
     """Write the new prompts (plus the existing ones when topping up) as a prompts folder."""
     by_split = {s: list((existing or {}).get(s, [])) for s in SPLITS}
     for prompt in new:
         by_split[split_of(prompt, validation_fraction, seed)].append(prompt)
-    counts = {"train": len(by_split["train"]), "validation": len(by_split["validation"]),
-              "existing": sum(len(v) for v in (existing or {}).values()), "synthesis": stats, "malformed": 0}
-    return write_prompt_folder(out, by_split, config=config, inputs=inputs, counts=counts, target=target_fp,
-                               overwrite=overwrite, extra={"synthesized_by": target_fp})
+    counts = {
+        "train": len(by_split["train"]),
+        "validation": len(by_split["validation"]),
+        "existing": sum(len(v) for v in (existing or {}).values()),
+        "synthesis": stats,
+        "malformed": 0,
+    }
+    return write_prompt_folder(
+        out,
+        by_split,
+        config=config,
+        inputs=inputs,
+        counts=counts,
+        target=target_fp,
+        overwrite=overwrite,
+        extra={"synthesized_by": target_fp},
+    )

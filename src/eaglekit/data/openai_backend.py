@@ -35,8 +35,15 @@ log = logging.getLogger(__name__)
 # Servers' finish reasons: a stop token / stop string, or the max_tokens limit.
 FINISH_REASONS = {"stop": "stop", "eos": "stop", "eos_token": "stop", "length": "length"}
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
-CONTEXT_WORDS = ("context length", "maximum context", "context_length", "too long", "max_model_len",
-                 "exceeds", "maximum model length")
+CONTEXT_WORDS = (
+    "context length",
+    "maximum context",
+    "context_length",
+    "too long",
+    "max_model_len",
+    "exceeds",
+    "maximum model length",
+)
 
 
 def redact_url(url: str) -> str:
@@ -65,8 +72,15 @@ class OpenAIClient:
         backoff: seconds before the first retry; doubled for each next one (at most 10 s).
     """
 
-    def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = 600.0, max_retries: int = 5,
-                 backoff: float = 0.5):
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = 600.0,
+        max_retries: int = 5,
+        backoff: float = 0.5,
+    ):
         url = urllib.parse.urlsplit(base_url.rstrip("/"))
         if url.scheme not in ("http", "https") or not url.hostname:
             raise EaglekitError(f"bad server URL {redact_url(base_url)!r}", hint="e.g. http://127.0.0.1:8000")
@@ -74,9 +88,13 @@ class OpenAIClient:
         self.prefix = url.path[:-3] if url.path.endswith("/v1") else url.path
         self.api_key, self.timeout, self.max_retries, self.backoff = api_key, timeout, max_retries, backoff
         # Credentials in the URL are sent as HTTP basic auth (an API key wins) and never printed.
-        self.basic_auth = (base64.b64encode(f"{urllib.parse.unquote(url.username)}:"
-                                            f"{urllib.parse.unquote(url.password or '')}".encode()).decode()
-                           if url.username else None)
+        self.basic_auth = (
+            base64.b64encode(
+                f"{urllib.parse.unquote(url.username)}:{urllib.parse.unquote(url.password or '')}".encode()
+            ).decode()
+            if url.username
+            else None
+        )
         self.base_url = redact_url(base_url)  # for messages only
         self._local = threading.local()
 
@@ -117,18 +135,29 @@ class OpenAIClient:
                 problem = f"{type(err).__name__}: {err}"
             if attempt < self.max_retries:
                 delay = min(self.backoff * 2**attempt, 10.0)
-                log.warning("%s %s failed (%s); retry %d/%d in %.1f s", method, path, problem,
-                            attempt + 1, self.max_retries, delay)
+                log.warning(
+                    "%s %s failed (%s); retry %d/%d in %.1f s",
+                    method,
+                    path,
+                    problem,
+                    attempt + 1,
+                    self.max_retries,
+                    delay,
+                )
                 time.sleep(delay)
-        raise EaglekitError(f"the server at {self.base_url} failed {self.max_retries + 1} times: {problem}",
-                            hint="is the server up and reachable? (check its log; --max-retries, --timeout)")
+        raise EaglekitError(
+            f"the server at {self.base_url} failed {self.max_retries + 1} times: {problem}",
+            hint="is the server up and reachable? (check its log; --max-retries, --timeout)",
+        )
 
     def models(self) -> list[dict]:
         try:
             return self.request("GET", "/v1/models").get("data", [])
         except ServerError as err:
-            raise EaglekitError(f"the server at {self.base_url} refused GET /v1/models: {err}",
-                                hint="is it an OpenAI-compatible server? pass --model NAME") from err
+            raise EaglekitError(
+                f"the server at {self.base_url} refused GET /v1/models: {err}",
+                hint="is it an OpenAI-compatible server? pass --model NAME",
+            ) from err
 
 
 class OpenAIBackend:
@@ -146,9 +175,20 @@ class OpenAIBackend:
         check_template: compare the server's prompt token counts with the local template's.
     """
 
-    def __init__(self, client: OpenAIClient, *, model: str | None, tokenizer, max_new_tokens: int,
-                 sampling: Sampling, seed: int = 0, concurrency: int = 32, context_length: int | None = None,
-                 check_template: bool = True, template_kwargs: dict | None = None):
+    def __init__(
+        self,
+        client: OpenAIClient,
+        *,
+        model: str | None,
+        tokenizer,
+        max_new_tokens: int,
+        sampling: Sampling,
+        seed: int = 0,
+        concurrency: int = 32,
+        context_length: int | None = None,
+        check_template: bool = True,
+        template_kwargs: dict | None = None,
+    ):
         if concurrency < 1:
             raise EaglekitError(f"concurrency {concurrency} < 1", hint="e.g. --concurrency 64")
         self.client, self.tokenizer, self.sampling, self.seed = client, tokenizer, sampling, seed
@@ -160,8 +200,9 @@ class OpenAIBackend:
         names = [m.get("id") for m in served]
         if model is None:
             if len(names) != 1:
-                raise EaglekitError(f"the server lists models {names}; which one is the target?",
-                                    hint="pass --model NAME")
+                raise EaglekitError(
+                    f"the server lists models {names}; which one is the target?", hint="pass --model NAME"
+                )
             model = names[0]
         elif names and model not in names:
             raise EaglekitError(f"the server does not serve {model!r} (it lists {names})", hint="fix --model")
@@ -212,14 +253,17 @@ class OpenAIBackend:
                 if err.status == 400 and any(w in err.body.lower() for w in CONTEXT_WORDS):
                     conv.skipped = f"server refused the prompt: {err.body[:300]}"
                     break
-                raise EaglekitError(f"the server refused a request for prompt {conv.prompt.id!r}: {err}",
-                                    hint="check --model and the server's log") from err
+                raise EaglekitError(
+                    f"the server refused a request for prompt {conv.prompt.id!r}: {err}",
+                    hint="check --model and the server's log",
+                ) from err
             if self.check_template and answer.prompt_tokens is not None and answer.prompt_tokens != n_prompt:
                 raise EaglekitError(
                     f"the server counts {answer.prompt_tokens} prompt tokens for {conv.prompt.id!r} where the "
                     f"target's own chat template gives {n_prompt}: it serves another tokenizer or chat template",
                     hint="serve the same model folder as --target (or pass --no-check-template if the "
-                         "difference is known, e.g. a BOS token added by llama.cpp)")
+                    "difference is known, e.g. a BOS token added by llama.cpp)",
+                )
             answer.prompt_tokens = n_prompt
             conv.answers.append(answer)
         return conv
@@ -228,9 +272,16 @@ class OpenAIBackend:
         s = self.sampling
         # One seed per (conversation, turn): repeats of a prompt still get different samples.
         seed_src = f"{self.seed}:{conv.prompt.id}:{len(conv.answers)}".encode()
-        body = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
-                "temperature": s.temperature, "top_p": s.top_p,
-                "seed": int.from_bytes(hashlib.sha256(seed_src).digest()[:4], "big"), "n": 1, "stream": False}
+        body = {
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "seed": int.from_bytes(hashlib.sha256(seed_src).digest()[:4], "big"),
+            "n": 1,
+            "stream": False,
+        }
         if s.top_k:
             body["top_k"] = s.top_k  # an extension vLLM, SGLang and llama.cpp all accept
         data = self.client.request("POST", "/v1/chat/completions", body)
@@ -239,26 +290,43 @@ class OpenAIBackend:
             text = choice["message"].get("content") or ""
             finish = choice.get("finish_reason")
         except (KeyError, IndexError, TypeError, AttributeError) as err:
-            raise EaglekitError(f"unexpected chat completion response: {str(data)[:300]}",
-                                hint="is it an OpenAI-compatible chat completions endpoint?") from err
+            raise EaglekitError(
+                f"unexpected chat completion response: {str(data)[:300]}",
+                hint="is it an OpenAI-compatible chat completions endpoint?",
+            ) from err
         if finish not in FINISH_REASONS:
-            raise EaglekitError(f"the server ended an answer to {conv.prompt.id!r} with finish_reason {finish!r}",
-                                hint="an aborted request: check the server's log, then rerun (finished prompts are kept)")
+            raise EaglekitError(
+                f"the server ended an answer to {conv.prompt.id!r} with finish_reason {finish!r}",
+                hint="an aborted request: check the server's log, then rerun (finished prompts are kept)",
+            )
         finish = FINISH_REASONS[finish]
         usage = data.get("usage") or {}
         if self.check_template and usage.get("prompt_tokens") is None:
-            self._warn_once("prompt_tokens", "the server at %s reports no usage.prompt_tokens: its chat template "
-                            "cannot be checked against the target's", self.client.base_url)
+            self._warn_once(
+                "prompt_tokens",
+                "the server at %s reports no usage.prompt_tokens: its chat template "
+                "cannot be checked against the target's",
+                self.client.base_url,
+            )
         num_tokens, counted_by = usage.get("completion_tokens"), "server"
         if num_tokens is None:
-            self._warn_once("completion_tokens", "the server at %s reports no usage.completion_tokens: answer token "
-                            "counts are estimated by re-encoding the text with the target's tokenizer (recorded as "
-                            "counted_by 'tokenizer' in the conversations and the manifest)", self.client.base_url)
+            self._warn_once(
+                "completion_tokens",
+                "the server at %s reports no usage.completion_tokens: answer token "
+                "counts are estimated by re-encoding the text with the target's tokenizer (recorded as "
+                "counted_by 'tokenizer' in the conversations and the manifest)",
+                self.client.base_url,
+            )
             # The text lacks the end-of-turn token, which num_tokens counts.
             num_tokens = len(self.tokenizer.encode(text, add_special_tokens=False)) + (finish == "stop")
             counted_by = "tokenizer"
-        return Answer(text=text, finish_reason=finish, num_tokens=int(num_tokens), counted_by=counted_by,
-                      prompt_tokens=usage.get("prompt_tokens"))
+        return Answer(
+            text=text,
+            finish_reason=finish,
+            num_tokens=int(num_tokens),
+            counted_by=counted_by,
+            prompt_tokens=usage.get("prompt_tokens"),
+        )
 
     def _warn_once(self, key: str, message: str, *args) -> None:
         with self._warn_lock:

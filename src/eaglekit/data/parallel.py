@@ -37,7 +37,15 @@ from pathlib import Path
 
 import torch
 
-from eaglekit.artifacts import CONVERSATION_SHARDS, MANIFEST, atomic_path, read_json, read_manifest, write_json, write_manifest
+from eaglekit.artifacts import (
+    CONVERSATION_SHARDS,
+    MANIFEST,
+    atomic_path,
+    read_json,
+    read_manifest,
+    write_json,
+    write_manifest,
+)
 from eaglekit.data.options import GenerateOptions
 from eaglekit.data.regenerate import GenerateConfig, conversation_counts, generate_folder, load_prompts
 from eaglekit.errors import EaglekitError
@@ -64,14 +72,18 @@ def parse_devices(values: list[str]) -> list[str]:
         raise EaglekitError(f"--devices: {bad[0]!r} is not cpu or cuda:N", hint=DEVICES_HINT)
     gpus = [d for d in devices if d != "cpu"]
     if len(set(gpus)) < len(gpus):
-        raise EaglekitError(f"--devices names a GPU twice: {','.join(devices)}",
-                            hint="one worker per GPU; raise --batch-size to use a GPU more")
+        raise EaglekitError(
+            f"--devices names a GPU twice: {','.join(devices)}",
+            hint="one worker per GPU; raise --batch-size to use a GPU more",
+        )
     if gpus:
         available = torch.cuda.device_count() if torch.cuda.is_available() else 0
         missing = [d for d in gpus if int(d.split(":")[1]) >= available]
         if missing:
-            raise EaglekitError(f"--devices {missing[0]}: this host has {available} CUDA device(s)",
-                                hint=f"name GPUs from cuda:0 to cuda:{available - 1}" if available else DEVICES_HINT)
+            raise EaglekitError(
+                f"--devices {missing[0]}: this host has {available} CUDA device(s)",
+                hint=f"name GPUs from cuda:0 to cuda:{available - 1}" if available else DEVICES_HINT,
+            )
     return devices
 
 
@@ -79,16 +91,20 @@ def parse_worker(value: str) -> tuple[int, int]:
     """`--worker I/N` -> (I, N) with 0 <= I < N."""
     match = re.fullmatch(r"(\d+)/(\d+)", value.strip())
     if not match or not int(match[1]) < int(match[2]):
-        raise EaglekitError(f"--worker {value!r} is not I/N with 0 <= I < N",
-                            hint="e.g. --worker 0/2; `--devices` starts the workers for you")
+        raise EaglekitError(
+            f"--worker {value!r} is not I/N with 0 <= I < N",
+            hint="e.g. --worker 0/2; `--devices` starts the workers for you",
+        )
     return int(match[1]), int(match[2])
 
 
 def check_device_flag(device: str, devices: list[str]) -> None:
     """`--device` beside `--devices` may only repeat their kind (a recipe passes `--device cuda`)."""
     if device != "auto" and any(d.split(":")[0] != device for d in devices):
-        raise EaglekitError(f"--device {device} disagrees with --devices {','.join(devices)}",
-                            hint="drop --device: each worker runs on its own device from --devices")
+        raise EaglekitError(
+            f"--device {device} disagrees with --devices {','.join(devices)}",
+            hint="drop --device: each worker runs on its own device from --devices",
+        )
 
 
 def worker_dir(out: Path, index: int) -> Path:
@@ -112,9 +128,17 @@ class Worker:
         return f"worker {self.index} on {self.device} {how}; its last lines:\n    " + "\n    ".join(lines)
 
 
-def generate_parallel(prompts: str, out: str | Path, *, devices: list[str], worker_argv: list[str],
-                      target_fp: dict, config: GenerateConfig, shard_size: int = GenerateOptions.shard_size,
-                      overwrite: bool = False) -> dict:
+def generate_parallel(
+    prompts: str,
+    out: str | Path,
+    *,
+    devices: list[str],
+    worker_argv: list[str],
+    target_fp: dict,
+    config: GenerateConfig,
+    shard_size: int = GenerateOptions.shard_size,
+    overwrite: bool = False,
+) -> dict:
     """Answer every prompt with one worker process per device; return the merged manifest.
 
     Args:
@@ -133,8 +157,12 @@ def generate_parallel(prompts: str, out: str | Path, *, devices: list[str], work
     """
     out = Path(out)
     _, inputs = load_prompts(prompts, config.splits, config.limit)  # bad prompts fail here, before any worker
-    identity = {"target": target_fp, "config": config.to_json(), "inputs": inputs,
-                "data_parallel": {"workers": len(devices)}}
+    identity = {
+        "target": target_fp,
+        "config": config.to_json(),
+        "inputs": inputs,
+        "data_parallel": {"workers": len(devices)},
+    }
     with generate_folder(out, identity, overwrite) as finished:
         if finished is not None:
             return finished
@@ -167,10 +195,11 @@ def run_workers(out: Path, jobs: list[tuple[int, str]], worker_argv: list[str], 
                 w.proc.wait()
     failed = [w for w in workers if w.proc.returncode != 0]
     if failed:
-        raise EaglekitError(f"{len(failed)} of {len(workers)} generate workers failed:\n  "
-                            + "\n  ".join(w.describe() for w in failed),
-                            hint="fix the cause and rerun the same command: finished workers are kept, "
-                                 "the others resume where they stopped")
+        raise EaglekitError(
+            f"{len(failed)} of {len(workers)} generate workers failed:\n  " + "\n  ".join(w.describe() for w in failed),
+            hint="fix the cause and rerun the same command: finished workers are kept, "
+            "the others resume where they stopped",
+        )
 
 
 def start_worker(out: Path, index: int, device: str, worker_argv: list[str], num_workers: int) -> Worker:
@@ -186,11 +215,20 @@ def start_worker(out: Path, index: int, device: str, worker_argv: list[str], num
         gpu = int(device.split(":")[1])
         env["CUDA_VISIBLE_DEVICES"] = visible.split(",")[gpu].strip() if visible else str(gpu)
         flag = "cuda"
-    cmd = [sys.executable, "-m", "eaglekit", *worker_argv, "--device", flag, "--worker", f"{index}/{num_workers}",
-           "--out", str(worker_dir(out, index))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "eaglekit",
+        *worker_argv,
+        "--device",
+        flag,
+        "--worker",
+        f"{index}/{num_workers}",
+        "--out",
+        str(worker_dir(out, index)),
+    ]
     log.info("worker %d on %s: %s", index, device, " ".join(cmd[3:]))
-    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     worker = Worker(index, device, proc)
     worker.reader = threading.Thread(target=forward_output, args=(worker,), daemon=True)
     worker.reader.start()
@@ -215,14 +253,17 @@ def record_launches(out: Path, jobs: list[tuple[int, str]]) -> None:
     write_json(path, launches)
 
 
-def merge_workers(out: Path, identity: dict, devices: list[str], shard_size: int, seconds: float, *,
-                  launched: list[int]) -> dict:
+def merge_workers(
+    out: Path, identity: dict, devices: list[str], shard_size: int, seconds: float, *, launched: list[int]
+) -> dict:
     """Copy the finished workers' shards into `out` (renumbered, worker order) and write its manifest."""
     manifests = [read_manifest(worker_dir(out, i), stage="generate") for i in range(len(devices))]
     for i, manifest in enumerate(manifests):
         if manifest["target"] != identity["target"]:
-            raise EaglekitError(f"worker {i} recorded target {manifest['target']}, not {identity['target']}",
-                                hint="the target changed during the run: pass --overwrite to start over")
+            raise EaglekitError(
+                f"worker {i} recorded target {manifest['target']}, not {identity['target']}",
+                hint="the target changed during the run: pass --overwrite to start over",
+            )
     num_shards = 0
     skipped: list[bytes] = []
     for i in range(len(devices)):
@@ -237,24 +278,54 @@ def merge_workers(out: Path, identity: dict, devices: list[str], shard_size: int
             tmp.write_bytes(b"".join(skipped))
     counts = conversation_counts(out, shard_size)  # reads every shard: ids unique across workers
     launches = read_json(out / "workers" / "launches.json", what="launch record")
-    counts["workers"] = [{"worker": i, "devices": launches.get(str(i), []),
-                          **{k: m["counts"][k] for k in ("conversations", "skipped", "answer_tokens")}}
-                         for i, m in enumerate(manifests)]
+    counts["workers"] = [
+        {
+            "worker": i,
+            "devices": launches.get(str(i), []),
+            **{k: m["counts"][k] for k in ("conversations", "skipped", "answer_tokens")},
+        }
+        for i, m in enumerate(manifests)
+    ]
     this_run = [manifests[i]["throughput_last_run"] for i in launched]
     prompts, tokens = sum(t["prompts"] for t in this_run), sum(t["tokens"] for t in this_run)
-    speed = {"seconds": round(seconds, 3), "prompts": prompts, "tokens": tokens,
-             "prompts_per_s": round(prompts / max(seconds, 1e-9), 3),
-             "tokens_per_s": round(tokens / max(seconds, 1e-9), 1)}
-    config = identity["config"] | {"backend": manifests[0]["config"]["backend"], "model": None,
-                                   "resumed_from": sum(m["config"]["resumed_from"] for m in manifests),
-                                   "data_parallel": {"workers": len(devices), "devices": devices,
-                                                     "split": "round-robin: prompt k of a split to worker k mod N"}}
-    manifest = write_manifest(out, stage="generate", config=config, target=identity["target"],
-                              inputs=identity["inputs"], counts=counts, extra={"throughput_last_run": speed})
-    log.info("wrote %s: %d conversations from %d workers (%s), %d skipped, %d answer tokens; "
-             "this run %.1f prompts/s, %.0f tokens/s", out, counts["conversations"], len(devices),
-             ", ".join(f"{w['conversations']} on {'/'.join(w['devices'])}" for w in counts["workers"]),
-             counts["skipped"], counts["answer_tokens"], speed["prompts_per_s"], speed["tokens_per_s"])
+    speed = {
+        "seconds": round(seconds, 3),
+        "prompts": prompts,
+        "tokens": tokens,
+        "prompts_per_s": round(prompts / max(seconds, 1e-9), 3),
+        "tokens_per_s": round(tokens / max(seconds, 1e-9), 1),
+    }
+    config = identity["config"] | {
+        "backend": manifests[0]["config"]["backend"],
+        "model": None,
+        "resumed_from": sum(m["config"]["resumed_from"] for m in manifests),
+        "data_parallel": {
+            "workers": len(devices),
+            "devices": devices,
+            "split": "round-robin: prompt k of a split to worker k mod N",
+        },
+    }
+    manifest = write_manifest(
+        out,
+        stage="generate",
+        config=config,
+        target=identity["target"],
+        inputs=identity["inputs"],
+        counts=counts,
+        extra={"throughput_last_run": speed},
+    )
+    log.info(
+        "wrote %s: %d conversations from %d workers (%s), %d skipped, %d answer tokens; "
+        "this run %.1f prompts/s, %.0f tokens/s",
+        out,
+        counts["conversations"],
+        len(devices),
+        ", ".join(f"{w['conversations']} on {'/'.join(w['devices'])}" for w in counts["workers"]),
+        counts["skipped"],
+        counts["answer_tokens"],
+        speed["prompts_per_s"],
+        speed["tokens_per_s"],
+    )
     return manifest
 
 

@@ -46,14 +46,23 @@ class Filters:
     def narrowed(self, spec: SourceSpec) -> "Filters":
         """These limits and a source's own (`min-chars=`, `max-chars=`), the tighter of each."""
         longest = [x for x in (self.max_chars, spec.max_chars) if x is not None]
-        return replace(self, min_chars=max(self.min_chars, spec.min_chars or 0),
-                       max_chars=min(longest) if longest else None)
+        return replace(
+            self, min_chars=max(self.min_chars, spec.min_chars or 0), max_chars=min(longest) if longest else None
+        )
 
 
-def build_prompts(sources: list[SourceSpec], out: str | Path, *, filters: Filters = Filters(),
-                  validation_fraction: float = PromptsBuildOptions.validation_fraction, num_prompts: int | None = None,
-                  seed: int = 0,
-                  tokenizer=None, strict: bool = False, overwrite: bool = False) -> dict:
+def build_prompts(
+    sources: list[SourceSpec],
+    out: str | Path,
+    *,
+    filters: Filters = Filters(),
+    validation_fraction: float = PromptsBuildOptions.validation_fraction,
+    num_prompts: int | None = None,
+    seed: int = 0,
+    tokenizer=None,
+    strict: bool = False,
+    overwrite: bool = False,
+) -> dict:
     """Build a prompts folder from several sources and return its manifest.
 
     Args:
@@ -79,21 +88,35 @@ def build_prompts(sources: list[SourceSpec], out: str | Path, *, filters: Filter
     for spec in sources:
         report = read_source(spec)
         if report.records == 0:
-            raise EaglekitError(f"{spec.location} holds no records (empty or whitespace only)",
-                                hint="pass a file with prompt records, or drop the source")
+            raise EaglekitError(
+                f"{spec.location} holds no records (empty or whitespace only)",
+                hint="pass a file with prompt records, or drop the source",
+            )
         check_malformed(spec, report, strict)
         malformed += report.malformed
         kept, stats = filter_and_dedup(report, filters.narrowed(spec), tokenizer, seen)
         pools.append(kept)
-        per_source.append({"source": spec.location, "name": spec.display_name(), "weight": spec.weight,
-                           "records": report.records, "malformed": len(report.malformed), **stats})
+        per_source.append(
+            {
+                "source": spec.location,
+                "name": spec.display_name(),
+                "weight": spec.weight,
+                "records": report.records,
+                "malformed": len(report.malformed),
+                **stats,
+            }
+        )
     wanted = source_counts(sources, [len(p) for p in pools], num_prompts)
     chosen: list[Prompt] = []
-    split: dict[int, str] = {}   # id(prompt) -> its split, decided by its own source's held-out share
+    split: dict[int, str] = {}  # id(prompt) -> its split, decided by its own source's held-out share
     for spec, pool, count, stats in zip(sources, pools, wanted, per_source):
         if count > len(pool) and pool:
-            log.warning("source %s holds %d unique prompts but its weight asks for %d: repeating prompts",
-                        stats["name"], len(pool), count)
+            log.warning(
+                "source %s holds %d unique prompts but its weight asks for %d: repeating prompts",
+                stats["name"],
+                len(pool),
+                count,
+            )
         share = validation_fraction if spec.validation_fraction is None else spec.validation_fraction
         taken = take(pool, count, seed)
         for prompt in taken:
@@ -108,25 +131,51 @@ def build_prompts(sources: list[SourceSpec], out: str | Path, *, filters: Filter
         by_split[split[id(prompt)]].append(prompt)
     if not chosen:
         raise EaglekitError("no prompt left after filtering", hint="check the sources and the length limits")
-    config = {"sources": [s.to_config() for s in sources], "filters": filters.__dict__,
-              "validation_fraction": validation_fraction, "num_prompts": num_prompts, "seed": seed}
+    config = {
+        "sources": [s.to_config() for s in sources],
+        "filters": filters.__dict__,
+        "validation_fraction": validation_fraction,
+        "num_prompts": num_prompts,
+        "seed": seed,
+    }
     inputs = {s.location: s.fingerprint() for s in sources}
-    counts = {"train": len(by_split["train"]), "validation": len(by_split["validation"]),
-              "malformed": len(malformed), "sources": per_source}
-    return write_prompt_folder(out, by_split, config=config, inputs=inputs, counts=counts,
-                               malformed=malformed, overwrite=overwrite)
+    counts = {
+        "train": len(by_split["train"]),
+        "validation": len(by_split["validation"]),
+        "malformed": len(malformed),
+        "sources": per_source,
+    }
+    return write_prompt_folder(
+        out, by_split, config=config, inputs=inputs, counts=counts, malformed=malformed, overwrite=overwrite
+    )
 
 
-def write_prompt_folder(out: str | Path, by_split: dict[str, list[Prompt]], *, config: dict, inputs: dict,
-                        counts: dict, malformed: list[str] = (), target: dict | None = None,
-                        overwrite: bool = False, extra: dict | None = None) -> dict:
+def write_prompt_folder(
+    out: str | Path,
+    by_split: dict[str, list[Prompt]],
+    *,
+    config: dict,
+    inputs: dict,
+    counts: dict,
+    malformed: list[str] = (),
+    target: dict | None = None,
+    overwrite: bool = False,
+    extra: dict | None = None,
+) -> dict:
     """Write train/validation JSONL, malformed.txt and the manifest into `out`, atomically."""
     with atomic_dir(out, overwrite=overwrite, stage="prompts") as tmp:
         for split in SPLITS:
             write_jsonl(tmp / f"{split}.jsonl", (p.to_json() for p in by_split.get(split, [])))
         (tmp / "malformed.txt").write_text("".join(line + "\n" for line in malformed), encoding="utf-8")
-        manifest = write_manifest(tmp, stage="prompts", config=config, target=target, inputs=inputs,
-                                  counts=counts, extra=(extra or {}) | {"malformed_examples": list(malformed[:100])})
+        manifest = write_manifest(
+            tmp,
+            stage="prompts",
+            config=config,
+            target=target,
+            inputs=inputs,
+            counts=counts,
+            extra=(extra or {}) | {"malformed_examples": list(malformed[:100])},
+        )
     log.info("wrote %s: %d train, %d validation prompts", out, counts.get("train", 0), counts.get("validation", 0))
     return manifest
 
@@ -140,11 +189,18 @@ def check_malformed(spec: SourceSpec, report: ReadReport, strict: bool) -> None:
     listing = shown + (f"\n  ... and {more} more" if more > 0 else "")
     if strict or not report.prompts:
         why = "no record could be read" if not report.prompts else "malformed records (--strict)"
-        raise EaglekitError(f"{spec.location}: {why}:\n  {listing}",
-                            hint="fix the records, or name the format: FILE,format=sharegpt|openai|alpaca|turns|prompt|text"
-                                 + ("" if not strict else "; without --strict they are skipped and reported"))
-    log.warning("%s: skipped %d malformed of %d records (all listed in malformed.txt):\n  %s",
-                spec.location, len(report.malformed), report.records, listing)
+        raise EaglekitError(
+            f"{spec.location}: {why}:\n  {listing}",
+            hint="fix the records, or name the format: FILE,format=sharegpt|openai|alpaca|turns|prompt|text"
+            + ("" if not strict else "; without --strict they are skipped and reported"),
+        )
+    log.warning(
+        "%s: skipped %d malformed of %d records (all listed in malformed.txt):\n  %s",
+        spec.location,
+        len(report.malformed),
+        report.records,
+        listing,
+    )
 
 
 def filter_and_dedup(report: ReadReport, filters: Filters, tokenizer, seen: set[str]) -> tuple[list[Prompt], dict]:
@@ -188,8 +244,10 @@ def source_counts(sources: list[SourceSpec], sizes: list[int], num_prompts: int 
         counts[i] += 1
     for spec, size, count in zip(sources, sizes, counts):
         if count and not size:
-            raise EaglekitError(f"source {spec.location} has no prompt left but its weight asks for {count}",
-                                hint="check its length limits, or drop it")
+            raise EaglekitError(
+                f"source {spec.location} has no prompt left but its weight asks for {count}",
+                hint="check its length limits, or drop it",
+            )
     return counts
 
 
@@ -202,8 +260,11 @@ def take(pool: list[Prompt], count: int, seed: int) -> list[Prompt]:
     for n in range(count):
         prompt = ordered[n % len(ordered)]
         rep = n // len(ordered)
-        out.append(prompt if rep == 0 else Prompt(id=f"{prompt.id}#r{rep}", source=prompt.source,
-                                                  turns=prompt.turns, system=prompt.system))
+        out.append(
+            prompt
+            if rep == 0
+            else Prompt(id=f"{prompt.id}#r{rep}", source=prompt.source, turns=prompt.turns, system=prompt.system)
+        )
     return out
 
 

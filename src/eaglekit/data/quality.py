@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-MAX_PERIOD = 64      # longest repeated block looked for, in tokens
-MIN_REPEATS = 3      # a tail counts as a loop when its block occurs at least this often
+MAX_PERIOD = 64  # longest repeated block looked for, in tokens
+MIN_REPEATS = 3  # a tail counts as a loop when its block occurs at least this often
 
 
 def loop_tail(tokens: list[int], max_period: int = MAX_PERIOD, min_repeats: int = MIN_REPEATS) -> int:
@@ -24,9 +24,9 @@ def loop_tail(tokens: list[int], max_period: int = MAX_PERIOD, min_repeats: int 
     ids = np.asarray(tokens, dtype=np.int64)
     best = 0
     for p in range(1, min(max_period, len(ids) // min_repeats) + 1):
-        same = ids[p:] == ids[:-p]                         # [n - p]: token i + p repeats token i
+        same = ids[p:] == ids[:-p]  # [n - p]: token i + p repeats token i
         breaks = np.flatnonzero(~same)
-        run = len(same) - 1 - (int(breaks[-1]) if len(breaks) else -1)   # trailing repeats
+        run = len(same) - 1 - (int(breaks[-1]) if len(breaks) else -1)  # trailing repeats
         if run and run + p >= min_repeats * p:
             best = max(best, run + p)
     return best

@@ -24,8 +24,18 @@ from eaglekit.errors import EaglekitError
 log = logging.getLogger(__name__)
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt")
-OPTIONS = ("weight", "format", "name", "column", "records", "split", "subset", "min-chars", "max-chars",
-           "validation-fraction")
+OPTIONS = (
+    "weight",
+    "format",
+    "name",
+    "column",
+    "records",
+    "split",
+    "subset",
+    "min-chars",
+    "max-chars",
+    "validation-fraction",
+)
 INT_OPTIONS = ("min-chars", "max-chars")
 
 
@@ -69,8 +79,10 @@ class SourceSpec:
         for option in options:
             key, eq, value = option.partition("=")
             if not eq or key.strip() not in OPTIONS:
-                raise EaglekitError(f"bad source option {option!r} in {text!r}",
-                                    hint=f"write LOCATION[,key=value...] with keys {', '.join(OPTIONS)}")
+                raise EaglekitError(
+                    f"bad source option {option!r} in {text!r}",
+                    hint=f"write LOCATION[,key=value...] with keys {', '.join(OPTIONS)}",
+                )
             kwargs[key.strip()] = value.strip()
         for key in INT_OPTIONS:
             if key in kwargs:
@@ -80,14 +92,17 @@ class SourceSpec:
                 except ValueError:
                     number = -1
                 if number < 0:
-                    raise EaglekitError(f"{key} {value!r} in {text!r} is not a whole number >= 0", hint=f"e.g. {key}=2000")
+                    raise EaglekitError(
+                        f"{key} {value!r} in {text!r} is not a whole number >= 0", hint=f"e.g. {key}=2000"
+                    )
                 kwargs[key.replace("-", "_")] = number
         if "weight" in kwargs:
             try:
                 kwargs["weight"] = float(kwargs["weight"])
             except ValueError:
-                raise EaglekitError(f"weight {kwargs['weight']!r} in {text!r} is not a number",
-                                    hint="e.g. data.jsonl,weight=0.5") from None
+                raise EaglekitError(
+                    f"weight {kwargs['weight']!r} in {text!r} is not a number", hint="e.g. data.jsonl,weight=0.5"
+                ) from None
             if not kwargs["weight"] > 0:
                 raise EaglekitError(f"weight must be > 0 in {text!r}", hint="drop the source instead of weight 0")
         if "validation-fraction" in kwargs:
@@ -97,24 +112,32 @@ class SourceSpec:
             except ValueError:
                 share = -1.0
             if not 0 <= share < 1:
-                raise EaglekitError(f"validation-fraction {value!r} in {text!r} is not a share in [0, 1)",
-                                    hint="e.g. chat.jsonl,validation-fraction=0.05")
+                raise EaglekitError(
+                    f"validation-fraction {value!r} in {text!r} is not a share in [0, 1)",
+                    hint="e.g. chat.jsonl,validation-fraction=0.05",
+                )
             kwargs["validation_fraction"] = share
         if kwargs.get("format", "auto") not in FORMATS:
-            raise EaglekitError(f"unknown format {kwargs['format']!r} in {text!r}",
-                                hint=f"use one of {', '.join(FORMATS)}")
+            raise EaglekitError(
+                f"unknown format {kwargs['format']!r} in {text!r}", hint=f"use one of {', '.join(FORMATS)}"
+            )
         return cls(location=location.strip(), **kwargs)
 
     def to_config(self) -> dict:
         """The spec as the prompts manifest records it; the length limits and the held-out share only
         when set, so that a folder built before they existed hashes the same (generate's resume check
         reads that hash)."""
-        return {k: v for k, v in self.__dict__.items()
-                if not (k in ("min_chars", "max_chars", "validation_fraction") and v is None)}
+        return {
+            k: v
+            for k, v in self.__dict__.items()
+            if not (k in ("min_chars", "max_chars", "validation_fraction") and v is None)
+        }
 
     def keeps(self, prompt) -> bool:
         """Within this source's own length limits."""
-        return (self.min_chars or 0) <= prompt.num_chars and (self.max_chars is None or prompt.num_chars <= self.max_chars)
+        return (self.min_chars or 0) <= prompt.num_chars and (
+            self.max_chars is None or prompt.num_chars <= self.max_chars
+        )
 
     @property
     def is_hf(self) -> bool:
@@ -136,8 +159,9 @@ class SourceSpec:
                 raise EaglekitError(f"no prompt files in {path}", hint=f"expected files ending in {FILE_SUFFIXES}")
             return found
         if not path.is_file():
-            raise EaglekitError(f"prompt source not found: {path}",
-                                hint="pass a file, a folder of files, or hf:<dataset name>")
+            raise EaglekitError(
+                f"prompt source not found: {path}", hint="pass a file, a folder of files, or hf:<dataset name>"
+            )
         return [path]
 
     def fingerprint(self) -> dict:
@@ -166,8 +190,7 @@ def read_source(spec: SourceSpec) -> ReadReport:
             try:
                 if isinstance(raw, MalformedRecord):
                     raise raw
-                report.prompts.append(to_prompt(raw, fmt=fmt, source=default_name, index=index,
-                                                column=spec.column))
+                report.prompts.append(to_prompt(raw, fmt=fmt, source=default_name, index=index, column=spec.column))
             except MalformedRecord as err:
                 report.malformed.append(f"{where}: {err}")
     return report
@@ -182,8 +205,9 @@ def _raw_records(spec: SourceSpec) -> Iterator[tuple[str, Iterator[tuple[str, An
         yield spec.location, _read_hf(spec)
         return
     for path in spec.files():
-        reader = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet,
-                  ".txt": _read_text}.get(path.suffix, _read_jsonl)
+        reader = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet, ".txt": _read_text}.get(
+            path.suffix, _read_jsonl
+        )
         yield str(path), reader(path, spec)
 
 
@@ -195,15 +219,19 @@ def _read_jsonl(path: Path, _spec: SourceSpec) -> Iterator[tuple[str, Any]]:
             try:
                 yield f"{path}:{lineno}", json.loads(line)
             except json.JSONDecodeError as err:
-                yield f"{path}:{lineno}", MalformedRecord(f"invalid JSON ({err.msg.removesuffix(' at')} at column {err.colno})")
+                yield (
+                    f"{path}:{lineno}",
+                    MalformedRecord(f"invalid JSON ({err.msg.removesuffix(' at')} at column {err.colno})"),
+                )
 
 
 def _lines(f, path: Path) -> Iterator[str]:
     try:
         yield from f
     except UnicodeDecodeError as err:
-        raise EaglekitError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start})",
-                            hint="convert the file to UTF-8") from err
+        raise EaglekitError(
+            f"{path} is not UTF-8 text ({err.reason} at byte {err.start})", hint="convert the file to UTF-8"
+        ) from err
 
 
 def _read_text(path: Path, _spec: SourceSpec) -> Iterator[tuple[str, Any]]:
@@ -217,8 +245,10 @@ def _read_json(path: Path, spec: SourceSpec) -> Iterator[tuple[str, Any]]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
-        raise EaglekitError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})",
-                            hint="a file with one JSON object per line must end in .jsonl") from err
+        raise EaglekitError(
+            f"{path} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})",
+            hint="a file with one JSON object per line must end in .jsonl",
+        ) from err
     except UnicodeDecodeError as err:
         raise EaglekitError(f"{path} is not UTF-8 text", hint="convert the file to UTF-8") from err
     if isinstance(data, dict):
@@ -226,15 +256,19 @@ def _read_json(path: Path, spec: SourceSpec) -> Iterator[tuple[str, Any]]:
         if key is None:
             lists = [k for k, v in data.items() if isinstance(v, list)]
             if len(lists) != 1:
-                raise EaglekitError(f"{path} holds a JSON object, not a list of records",
-                                    hint=f"name the key holding the records: {path},records=KEY")
+                raise EaglekitError(
+                    f"{path} holds a JSON object, not a list of records",
+                    hint=f"name the key holding the records: {path},records=KEY",
+                )
             key = lists[0]
         if not isinstance(data.get(key), list):
             raise EaglekitError(f"{path} has no list of records under {key!r}", hint="check records=KEY")
         data = data[key]
     elif not isinstance(data, list):
-        raise EaglekitError(f"{path} holds a JSON {type(data).__name__}, expected a list of records",
-                            hint="a list of objects, or one object per line in a .jsonl file")
+        raise EaglekitError(
+            f"{path} holds a JSON {type(data).__name__}, expected a list of records",
+            hint="a list of objects, or one object per line in a .jsonl file",
+        )
     for n, record in enumerate(data):
         yield f"{path}: record {n}", record
 
@@ -243,8 +277,10 @@ def _read_parquet(path: Path, _spec: SourceSpec) -> Iterator[tuple[str, Any]]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise EaglekitError(f"reading {path} needs pyarrow, which is not installed",
-                            hint="pip install 'eaglekit[parquet]' (or pip install pyarrow)") from None
+        raise EaglekitError(
+            f"reading {path} needs pyarrow, which is not installed",
+            hint="pip install 'eaglekit[parquet]' (or pip install pyarrow)",
+        ) from None
     try:
         table = pq.read_table(path)
     except Exception as err:  # pyarrow raises ArrowInvalid / OSError for broken files
@@ -258,13 +294,16 @@ def _read_hf(spec: SourceSpec) -> Iterator[tuple[str, Any]]:
     try:
         import datasets
     except ImportError:
-        raise EaglekitError(f"reading the Hugging Face dataset {name!r} needs the `datasets` package",
-                            hint="pip install datasets, or download the data and pass the file") from None
+        raise EaglekitError(
+            f"reading the Hugging Face dataset {name!r} needs the `datasets` package",
+            hint="pip install datasets, or download the data and pass the file",
+        ) from None
     try:
         dataset = datasets.load_dataset(name, spec.subset, split=spec.split)
     except Exception as err:  # offline, unknown name, gated ...: datasets raises many types
-        raise EaglekitError(f"could not load the Hugging Face dataset {name!r} (split {spec.split!r}): "
-                            f"{type(err).__name__}: {err}",
-                            hint="check the name and the network (HF_HUB_OFFLINE), or pass a local file") from err
+        raise EaglekitError(
+            f"could not load the Hugging Face dataset {name!r} (split {spec.split!r}): {type(err).__name__}: {err}",
+            hint="check the name and the network (HF_HUB_OFFLINE), or pass a local file",
+        ) from err
     for n, record in enumerate(dataset):
         yield f"hf:{name}[{spec.split}] row {n}", record

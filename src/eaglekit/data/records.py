@@ -36,8 +36,10 @@ def check_unicode(text: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as err:
-        raise MalformedRecord(f"invalid Unicode: a lone surrogate {text[err.start]!r} at character {err.start} "
-                              "(half of an escaped emoji or other character)") from None
+        raise MalformedRecord(
+            f"invalid Unicode: a lone surrogate {text[err.start]!r} at character {err.start} "
+            "(half of an escaped emoji or other character)"
+        ) from None
 
 
 @dataclass
@@ -126,17 +128,26 @@ class Conversation:
 
     def to_json(self) -> dict:
         n = len(self.answers)
-        turns = [{"finish_reason": a.finish_reason, "num_tokens": a.num_tokens, "counted_by": a.counted_by}
-                 | ({} if a.loop_tokens is None else {"loop_tokens": a.loop_tokens}) for a in self.answers]
+        turns = [
+            {"finish_reason": a.finish_reason, "num_tokens": a.num_tokens, "counted_by": a.counted_by}
+            | ({} if a.loop_tokens is None else {"loop_tokens": a.loop_tokens})
+            for a in self.answers
+        ]
         finish = next((r for r in ("length", "loop") if any(a.finish_reason == r for a in self.answers)), "stop")
         if self.skipped is not None:
             finish = "context_length"
         meta = {"finish_reason": finish, "num_tokens": sum(a.num_tokens for a in self.answers), "turns": turns}
         if n < len(self.prompt.turns):
             meta["unanswered_turns"] = len(self.prompt.turns) - n
-        return {"id": self.prompt.id, "source": self.prompt.source, "split": self.split,
-                "messages": self.prompt.messages([a.text for a in self.answers])[: n * 2 + (self.prompt.system is not None)],
-                "meta": meta}
+        return {
+            "id": self.prompt.id,
+            "source": self.prompt.source,
+            "split": self.split,
+            "messages": self.prompt.messages([a.text for a in self.answers])[
+                : n * 2 + (self.prompt.system is not None)
+            ],
+            "meta": meta,
+        }
 
 
 _SPACE = re.compile(r"\s+")
@@ -149,8 +160,10 @@ def normalize(text: str) -> str:
 def split_of(prompt: Prompt, validation_fraction: float, seed: int = 0) -> str:
     """'train' or 'validation' from a hash of the prompt's content: stable across reruns and mixes."""
     if not 0.0 <= validation_fraction < 1.0:
-        raise EaglekitError(f"validation fraction {validation_fraction} is outside [0, 1)",
-                            hint="use e.g. 0.02 for 2 % validation prompts")
+        raise EaglekitError(
+            f"validation fraction {validation_fraction} is outside [0, 1)",
+            hint="use e.g. 0.02 for 2 % validation prompts",
+        )
     return "validation" if hash_share(f"split:{seed}:{prompt.dedup_key()}", validation_fraction) else "train"
 
 

@@ -44,7 +44,7 @@ from eaglekit.runtime.sampling import Sampling
 
 log = logging.getLogger(__name__)
 RUN_FILE = "run.json"
-LOOP_WARN = 0.10          # warn when more of the answer tokens than this are loops (`data.quality`)
+LOOP_WARN = 0.10  # warn when more of the answer tokens than this are loops (`data.quality`)
 
 
 @dataclass(frozen=True)
@@ -57,14 +57,20 @@ class GenerateConfig:
     seed: int = GenerateOptions.seed  # the backend's seed (a generator's torch seed, or the base of per-request seeds)
     splits: tuple[str, ...] = tuple(GenerateOptions.splits.split(","))
     limit: int | None = GenerateOptions.limit  # first N prompts of each split (smoke runs, benchmarks)
-    stop_loops: int = GenerateOptions.stop_loops  # the engine's loop check (`data.batch_decoder.BatchDecoder`): it cuts answers
+    stop_loops: int = (
+        GenerateOptions.stop_loops
+    )  # the engine's loop check (`data.batch_decoder.BatchDecoder`): it cuts answers
 
     def to_json(self) -> dict:
         # The seed stays inside "sampling", where folders written before it moved out of Sampling have
         # it: their run.json still matches, so they resume. stop_loops is written only when set, for
         # the same reason.
-        return {"max_new_tokens": self.max_new_tokens, "sampling": self.sampling.to_dict() | {"seed": self.seed},
-                "splits": list(self.splits), "limit": self.limit} | ({"stop_loops": self.stop_loops} if self.stop_loops else {})
+        return {
+            "max_new_tokens": self.max_new_tokens,
+            "sampling": self.sampling.to_dict() | {"seed": self.seed},
+            "splits": list(self.splits),
+            "limit": self.limit,
+        } | ({"stop_loops": self.stop_loops} if self.stop_loops else {})
 
 
 def load_prompts(location: str, splits: tuple[str, ...], limit: int | None) -> tuple[dict[str, list[Prompt]], dict]:
@@ -73,28 +79,38 @@ def load_prompts(location: str, splits: tuple[str, ...], limit: int | None) -> t
     # A folder holding every split's file is an `eaglekit prompts` folder, finished (a manifest) or
     # not: read as raw files, its validation prompts would be answered as training data.
     if path.is_dir() and ((path / MANIFEST).is_file() or all((path / f"{s}.jsonl").is_file() for s in SPLITS)):
-        manifest, by_split = read_prompt_folder(path, splits)   # without a manifest: says what to run
+        manifest, by_split = read_prompt_folder(path, splits)  # without a manifest: says what to run
         # Content hashes only: the folder may be moved between a kill and the resume.
-        inputs = {"prompts": {"manifest_config": sha256_json(manifest.get("config")),
-                              **{s: sha256_file(path / f"{s}.jsonl") for s in splits}}}
+        inputs = {
+            "prompts": {
+                "manifest_config": sha256_json(manifest.get("config")),
+                **{s: sha256_file(path / f"{s}.jsonl") for s in splits},
+            }
+        }
     else:
         spec = SourceSpec.parse(location)
         report = read_source(spec)
         report.prompts = [p for p in report.prompts if spec.keeps(p)]
         if report.malformed:
-            raise EaglekitError(f"{location}: {len(report.malformed)} malformed records, e.g. {report.malformed[0]}",
-                                hint="clean the prompts with `eaglekit prompts build` first")
+            raise EaglekitError(
+                f"{location}: {len(report.malformed)} malformed records, e.g. {report.malformed[0]}",
+                hint="clean the prompts with `eaglekit prompts build` first",
+            )
         ids = Counter(p.id for p in report.prompts)
         if any(n > 1 for n in ids.values()):
-            raise EaglekitError(f"{location}: ids repeat (e.g. {next(i for i, n in ids.items() if n > 1)!r})",
-                                hint="build a prompts folder with `eaglekit prompts build` (it makes ids unique)")
+            raise EaglekitError(
+                f"{location}: ids repeat (e.g. {next(i for i, n in ids.items() if n > 1)!r})",
+                hint="build a prompts folder with `eaglekit prompts build` (it makes ids unique)",
+            )
         by_split = {"train": report.prompts}
         inputs = {"prompts": spec.fingerprint()}
     if limit is not None:
         by_split = {s: p[:limit] for s, p in by_split.items()}
     if not any(by_split.values()):
-        raise EaglekitError(f"{location} holds no prompts (splits {', '.join(by_split)})",
-                            hint="the file is empty or whitespace only: pass prompts, one record a line")
+        raise EaglekitError(
+            f"{location} holds no prompts (splits {', '.join(by_split)})",
+            hint="the file is empty or whitespace only: pass prompts, one record a line",
+        )
     return by_split, inputs
 
 
@@ -114,13 +130,26 @@ class Progress:
     def close(self) -> dict:
         elapsed = max(self.meter.close(), 1e-9)
         prompts = self.meter.counted
-        return {"seconds": round(elapsed, 3), "prompts": prompts, "tokens": self.tokens,
-                "prompts_per_s": round(prompts / elapsed, 3), "tokens_per_s": round(self.tokens / elapsed, 1)}
+        return {
+            "seconds": round(elapsed, 3),
+            "prompts": prompts,
+            "tokens": self.tokens,
+            "prompts_per_s": round(prompts / elapsed, 3),
+            "tokens_per_s": round(self.tokens / elapsed, 1),
+        }
 
 
-def generate_conversations(prompts: str, out: str | Path, *, backend, target_fp: dict, config: GenerateConfig,
-                           shard_size: int = GenerateOptions.shard_size, overwrite: bool = False,
-                           worker: tuple[int, int] | None = None) -> dict:
+def generate_conversations(
+    prompts: str,
+    out: str | Path,
+    *,
+    backend,
+    target_fp: dict,
+    config: GenerateConfig,
+    shard_size: int = GenerateOptions.shard_size,
+    overwrite: bool = False,
+    worker: tuple[int, int] | None = None,
+) -> dict:
     """Answer every prompt with `backend`, appending to `out`; return the manifest when done.
 
     Args:
@@ -165,7 +194,7 @@ def finished_manifest(out: Path, identity: dict) -> dict | None:
         return None
     # Rerunning a finished command is a no-op (a pipeline killed right after this stage reruns it).
     check_resume(out, identity, finished=True)
-    conversation_files(out)   # what it holds is what the manifest counted (else: make it again)
+    conversation_files(out)  # what it holds is what the manifest counted (else: make it again)
     log.info("%s is already complete: nothing to do", out)
     return read_manifest(out, stage="generate")
 
@@ -180,18 +209,21 @@ def check_resume(out: Path, identity: dict, finished: bool = False) -> None:
             raise EaglekitError(
                 f"{out} holds {state} run made by {describe_split(before.get('data_parallel'))}; "
                 f"this run is {describe_split(identity.get('data_parallel'))}",
-                hint="pass --overwrite to start over, or another --out" if finished
+                hint="pass --overwrite to start over, or another --out"
+                if finished
                 else "rerun with as many --devices as before (which ones does not matter: the prompts are split "
-                     "by count) to resume, or pass --overwrite to start over")
+                "by count) to resume, or pass --overwrite to start over",
+            )
         for key in ("target", "config", "inputs"):
             if before.get(key) != identity[key]:
                 raise EaglekitError(
                     f"{out} holds {state} run with another {key}: {before.get(key)} != {identity[key]}",
-                    hint="pass --overwrite to start over, or another --out" if finished
-                    else "rerun with the same settings to resume, or pass --overwrite to start over")
+                    hint="pass --overwrite to start over, or another --out"
+                    if finished
+                    else "rerun with the same settings to resume, or pass --overwrite to start over",
+                )
     elif any(out.iterdir()):
-        raise EaglekitError(f"{out} is not empty and holds no eaglekit generate run",
-                            hint="use an empty or new --out")
+        raise EaglekitError(f"{out} is not empty and holds no eaglekit generate run", hint="use an empty or new --out")
     else:
         write_json(run_file, identity)
 
@@ -205,8 +237,9 @@ def describe_split(data_parallel: dict | None) -> str:
     return f"{data_parallel['workers']} workers (--devices with {data_parallel['workers']} devices)"
 
 
-def _run(out: Path, by_split: dict[str, list[Prompt]], backend, identity: dict, config: GenerateConfig,
-         shard_size: int) -> dict:
+def _run(
+    out: Path, by_split: dict[str, list[Prompt]], backend, identity: dict, config: GenerateConfig, shard_size: int
+) -> dict:
     shards = JsonlShards(out, CONVERSATION_SHARDS, shard_size)
     skipped = JsonlShards(out, "skipped", None)  # one file, same append-and-recover rules
     rows = shards.recover()
@@ -217,8 +250,10 @@ def _run(out: Path, by_split: dict[str, list[Prompt]], backend, identity: dict, 
     done = shards.ids | skipped.ids
     stray = [i for i in done if i not in split_of]
     if stray:
-        raise EaglekitError(f"{out} holds answers to prompts that are not in the input (e.g. {stray[0]!r})",
-                            hint="pass the same prompts to resume, or --overwrite")
+        raise EaglekitError(
+            f"{out} holds answers to prompts that are not in the input (e.g. {stray[0]!r})",
+            hint="pass the same prompts to resume, or --overwrite",
+        )
     pending = [Conversation(p, s) for s, prompts in by_split.items() for p in prompts if p.id not in done]
     if done:
         log.info("resuming %s: %d of %d prompts done, %d to go", out, len(done), len(split_of), len(pending))
@@ -227,64 +262,123 @@ def _run(out: Path, by_split: dict[str, list[Prompt]], backend, identity: dict, 
         for finished in backend.run(pending):
             answered = [c for c in finished if c.answers]
             shards.append([c.to_json() for c in answered])
-            skipped.append([{"id": c.prompt.id, "source": c.prompt.source, "split": c.split, "reason": c.skipped}
-                            for c in finished if not c.answers])
+            skipped.append(
+                [
+                    {"id": c.prompt.id, "source": c.prompt.source, "split": c.split, "reason": c.skipped}
+                    for c in finished
+                    if not c.answers
+                ]
+            )
             progress.update(len(finished), sum(a.num_tokens for c in finished for a in c.answers))
     except OSError as err:
         if not isinstance(from_os_error(err), DiskFull):
             raise
-        raise DiskFull(f"the disk is full: {out} could not take more answers (the answers written before, about "
-                       f"{len(shards.ids | skipped.ids)} of {len(split_of)} prompts, are kept)",
-                       hint="free space on that disk and run the same command again: it resumes with the prompts "
-                            "not answered yet (a line cut off by the full disk is dropped)") from err
+        raise DiskFull(
+            f"the disk is full: {out} could not take more answers (the answers written before, about "
+            f"{len(shards.ids | skipped.ids)} of {len(split_of)} prompts, are kept)",
+            hint="free space on that disk and run the same command again: it resumes with the prompts "
+            "not answered yet (a line cut off by the full disk is dropped)",
+        ) from err
     finally:
         shards.close()
         skipped.close()
         speed = progress.close()
     missing = set(split_of) - shards.ids - skipped.ids
     if missing:
-        raise EaglekitError(f"{len(missing)} prompts were not answered (e.g. {sorted(missing)[0]!r})",
-                            hint="rerun the same command to finish them")
+        raise EaglekitError(
+            f"{len(missing)} prompts were not answered (e.g. {sorted(missing)[0]!r})",
+            hint="rerun the same command to finish them",
+        )
     return _finish(out, shards, identity, config, speed, backend, rows, skipped_rows)
 
 
-def _finish(out: Path, shards: JsonlShards, identity: dict, config: GenerateConfig, speed: dict, backend,
-            earlier: list[dict], earlier_skipped: list[dict]) -> dict:
+def _finish(
+    out: Path,
+    shards: JsonlShards,
+    identity: dict,
+    config: GenerateConfig,
+    speed: dict,
+    backend,
+    earlier: list[dict],
+    earlier_skipped: list[dict],
+) -> dict:
     """Count what is on disk (this run and earlier ones) and write the manifest."""
     counts = conversation_counts(out, shards.shard_size)
-    resolved = identity["config"] | {"backend": backend.name, "model": getattr(backend, "model", None)
-                                     if isinstance(getattr(backend, "model", None), str) else None,
-                                     "resumed_from": len(earlier) + len(earlier_skipped)}
+    resolved = identity["config"] | {
+        "backend": backend.name,
+        "model": getattr(backend, "model", None) if isinstance(getattr(backend, "model", None), str) else None,
+        "resumed_from": len(earlier) + len(earlier_skipped),
+    }
     extra = {"throughput_last_run": speed}
     decoder = backend.run_stats() if hasattr(backend, "run_stats") else None
     if decoder:
         extra["decoder"] = decoder
         for loop in decoder["serve_loops"]:
-            log.info("decoder: %d rows x %d slots, %d steps (%s ms each), occupancy %.2f; device seconds: "
-                     "decode %s, refill %s (%d forwards, %d prompt tokens, %d padded, %d resumed from the rows' "
-                     "caches; %d graphs captured in %s s of it), other %s of %s wall",
-                     loop["rows"], loop["slots"], loop["steps"], loop.get("step_ms"), loop["occupancy"],
-                     loop.get("decode_s", 0), loop.get("refill_s", 0), loop.get("refill_forwards", 0),
-                     loop["refill_tokens"], loop["refill_padded_tokens"], loop.get("resumed_tokens", 0),
-                     loop.get("refill_graphs", 0), loop.get("refill_capture_s", 0), loop["other_s"], loop["wall_s"])
+            log.info(
+                "decoder: %d rows x %d slots, %d steps (%s ms each), occupancy %.2f; device seconds: "
+                "decode %s, refill %s (%d forwards, %d prompt tokens, %d padded, %d resumed from the rows' "
+                "caches; %d graphs captured in %s s of it), other %s of %s wall",
+                loop["rows"],
+                loop["slots"],
+                loop["steps"],
+                loop.get("step_ms"),
+                loop["occupancy"],
+                loop.get("decode_s", 0),
+                loop.get("refill_s", 0),
+                loop.get("refill_forwards", 0),
+                loop["refill_tokens"],
+                loop["refill_padded_tokens"],
+                loop.get("resumed_tokens", 0),
+                loop.get("refill_graphs", 0),
+                loop.get("refill_capture_s", 0),
+                loop["other_s"],
+                loop["wall_s"],
+            )
             if "host_wait_s" in loop:
-                log.info("decoder host seconds: waiting at the sync %s, ended rows %s, answers handed out %s, "
-                         "requests taken and refills queued %s; %s steps queued ahead of that work a round",
-                         loop["host_wait_s"], loop["host_ended_s"], loop["host_answers_s"], loop["host_take_s"],
-                         loop.get("cover_steps"))
-    manifest = write_manifest(out, stage="generate", config=resolved, target=identity["target"],
-                              inputs=identity["inputs"], counts=counts, extra=extra)
+                log.info(
+                    "decoder host seconds: waiting at the sync %s, ended rows %s, answers handed out %s, "
+                    "requests taken and refills queued %s; %s steps queued ahead of that work a round",
+                    loop["host_wait_s"],
+                    loop["host_ended_s"],
+                    loop["host_answers_s"],
+                    loop["host_take_s"],
+                    loop.get("cover_steps"),
+                )
+    manifest = write_manifest(
+        out,
+        stage="generate",
+        config=resolved,
+        target=identity["target"],
+        inputs=identity["inputs"],
+        counts=counts,
+        extra=extra,
+    )
     loops = (counts["answer_tokens_in_loops"] or 0) / max(counts["answer_tokens_checked_for_loops"], 1)
     if loops > LOOP_WARN and not config.stop_loops:
-        log.warning("%.0f %% of the answer tokens are loops at the end of answers (the target repeats itself until "
-                    "cut): cheap to draft, little to learn from; --stop-loops 128 (the engine) ends an answer once "
-                    "it loops, a lower --max-new-tokens cuts every answer", 100 * loops)
+        log.warning(
+            "%.0f %% of the answer tokens are loops at the end of answers (the target repeats itself until "
+            "cut): cheap to draft, little to learn from; --stop-loops 128 (the engine) ends an answer once "
+            "it loops, a lower --max-new-tokens cuts every answer",
+            100 * loops,
+        )
     elif loops > LOOP_WARN:
-        log.info("%.0f %% of the answer tokens are the starts of loops that --stop-loops %d ended (each keeps its "
-                 "last %d tokens and the block they repeat)", 100 * loops, config.stop_loops, config.stop_loops)
-    log.info("wrote %s: %d conversations (%s), %d skipped, %d answer tokens; last run %.1f prompts/s, %.0f tokens/s",
-             out, counts["conversations"], counts["by_split"], counts["skipped"], counts["answer_tokens"],
-             speed["prompts_per_s"], speed["tokens_per_s"])
+        log.info(
+            "%.0f %% of the answer tokens are the starts of loops that --stop-loops %d ended (each keeps its "
+            "last %d tokens and the block they repeat)",
+            100 * loops,
+            config.stop_loops,
+            config.stop_loops,
+        )
+    log.info(
+        "wrote %s: %d conversations (%s), %d skipped, %d answer tokens; last run %.1f prompts/s, %.0f tokens/s",
+        out,
+        counts["conversations"],
+        counts["by_split"],
+        counts["skipped"],
+        counts["answer_tokens"],
+        speed["prompts_per_s"],
+        speed["tokens_per_s"],
+    )
     return manifest
 
 
@@ -303,11 +397,18 @@ def conversation_counts(out: Path, shard_size: int) -> dict:
     by_answer = Counter(t["finish_reason"] for t in turns)
     cut = sum(t["num_tokens"] for t in turns if t["finish_reason"] == "length")
     checked = [t for t in turns if "loop_tokens" in t]
-    return {"conversations": len(rows), "by_split": dict(by_split), "skipped": len(skipped),
-            "assistant_turns": len(turns),
-            "answer_tokens": sum(r["meta"]["num_tokens"] for r in rows), "counted_by": dict(counted_by),
-            "finish_reason": dict(finish), "answer_finish_reason": dict(by_answer), "answer_tokens_cut_at_limit": cut,
-            # Over the answers whose loops were looked for (eaglekit's own backends); None: none were.
-            "answer_tokens_in_loops": (sum(t["loop_tokens"] for t in checked) if checked else None),
-            "answer_tokens_checked_for_loops": sum(t["num_tokens"] for t in checked),
-            "shards": [p.name for p in shards.paths()]}
+    return {
+        "conversations": len(rows),
+        "by_split": dict(by_split),
+        "skipped": len(skipped),
+        "assistant_turns": len(turns),
+        "answer_tokens": sum(r["meta"]["num_tokens"] for r in rows),
+        "counted_by": dict(counted_by),
+        "finish_reason": dict(finish),
+        "answer_finish_reason": dict(by_answer),
+        "answer_tokens_cut_at_limit": cut,
+        # Over the answers whose loops were looked for (eaglekit's own backends); None: none were.
+        "answer_tokens_in_loops": (sum(t["loop_tokens"] for t in checked) if checked else None),
+        "answer_tokens_checked_for_loops": sum(t["num_tokens"] for t in checked),
+        "shards": [p.name for p in shards.paths()],
+    }

@@ -44,16 +44,33 @@ class VllmGenerator(Streaming):
 
     name = "vllm"
 
-    def __init__(self, target, stop_ids: list[int], sampling: Sampling, *, seed: int = 0, batch_size: int = 256,
-                 max_model_len: int, tensor_parallel_size: int = 1, dtype: str = "auto",
-                 engine_args: dict | None = None):
+    def __init__(
+        self,
+        target,
+        stop_ids: list[int],
+        sampling: Sampling,
+        *,
+        seed: int = 0,
+        batch_size: int = 256,
+        max_model_len: int,
+        tensor_parallel_size: int = 1,
+        dtype: str = "auto",
+        engine_args: dict | None = None,
+    ):
         if not stop_ids:
             raise EaglekitError("the target has no stop token", hint="set eos_token_id in generation_config.json")
         import_vllm()
         self.stop_ids, self.sampling, self.batch_size = list(stop_ids), sampling, batch_size
-        self.engine_args = dict(model=str(target), tensor_parallel_size=tensor_parallel_size, dtype=dtype, seed=seed,
-                                max_model_len=max_model_len, max_num_seqs=batch_size, **(engine_args or {}))
-        self.llm = None   # started by the first request: a finished folder starts no engine
+        self.engine_args = dict(
+            model=str(target),
+            tensor_parallel_size=tensor_parallel_size,
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            max_num_seqs=batch_size,
+            **(engine_args or {}),
+        )
+        self.llm = None  # started by the first request: a finished folder starts no engine
         self._ids = count()
 
     def _engine(self):
@@ -69,10 +86,19 @@ class VllmGenerator(Streaming):
 
         s = self.sampling
         # vLLM's own defaults from generation_config.json must not change what the stage asked for.
-        sample = dict(temperature=0.0) if s.greedy else dict(temperature=s.temperature, top_p=s.top_p,
-                                                              top_k=s.top_k if s.top_k > 0 else -1)
-        return SamplingParams(max_tokens=max_new_tokens, stop_token_ids=self.stop_ids, detokenize=False,
-                              repetition_penalty=1.0, min_p=0.0, **sample)
+        sample = (
+            dict(temperature=0.0)
+            if s.greedy
+            else dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k if s.top_k > 0 else -1)
+        )
+        return SamplingParams(
+            max_tokens=max_new_tokens,
+            stop_token_ids=self.stop_ids,
+            detokenize=False,
+            repetition_penalty=1.0,
+            min_p=0.0,
+            **sample,
+        )
 
     def serve(self, take) -> Iterator[tuple[Request, Completion]]:
         """Answer the requests `take()` returns (None: none now) with up to `batch_size` in vLLM;
@@ -85,8 +111,9 @@ class VllmGenerator(Streaming):
             while len(inflight) < self.batch_size and (request := take()) is not None:
                 engine = self._engine()
                 rid = f"eaglekit-{next(self._ids)}"
-                engine.add_request(rid, TokensPrompt(prompt_token_ids=list(request.ids)),
-                                   self._params(request.max_new_tokens))
+                engine.add_request(
+                    rid, TokensPrompt(prompt_token_ids=list(request.ids)), self._params(request.max_new_tokens)
+                )
                 inflight[rid] = request
             if not inflight:
                 return
@@ -106,10 +133,23 @@ def vllm_local_backend(args, sampling: Sampling):
         engine_args["gpu_memory_utilization"] = args.gpu_memory_utilization
     if args.enforce_eager:
         engine_args["enforce_eager"] = True
-    dtype = engine_dtype_name(args.dtype)   # "auto" resolved as the HF path does
-    generator = VllmGenerator(target.source.path, target.stop_token_ids, sampling, seed=args.seed,
-                              batch_size=args.batch_size, max_model_len=context,
-                              tensor_parallel_size=args.tensor_parallel_size, dtype=dtype, engine_args=engine_args)
-    backend = LocalBackend(target.tokenizer, generator, max_new_tokens=args.max_new_tokens,
-                           batch_size=args.batch_size, context_length=context)
+    dtype = engine_dtype_name(args.dtype)  # "auto" resolved as the HF path does
+    generator = VllmGenerator(
+        target.source.path,
+        target.stop_token_ids,
+        sampling,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        max_model_len=context,
+        tensor_parallel_size=args.tensor_parallel_size,
+        dtype=dtype,
+        engine_args=engine_args,
+    )
+    backend = LocalBackend(
+        target.tokenizer,
+        generator,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        context_length=context,
+    )
     return backend, target.fingerprint()

@@ -23,15 +23,18 @@ from eaglekit.formats.registry import FORMATS, aux_configurable
 # A corrected setup must reach this tau and gain this much over the engine's reading to count.
 MIN_TAU = 1.10
 MIN_GAIN = 0.20
-FOLD, MIN_ACCEPTED = 4.0, 0.05   # or: accepted drafts per cycle (tau - 1) x4 over the engine's reading
+FOLD, MIN_ACCEPTED = 4.0, 0.05  # or: accepted drafts per cycle (tau - 1) x4 over the engine's reading
 
 
 def engine_setup(ctx: Context) -> ProbeSetup:
     """The draft exactly as the engine reads it."""
     interp, r = ctx.interp, ctx.reading
     tensors = {nat: interp.folder.tensors[name] for name, nat in r.loads.items() if nat != EMBED}
-    config = replace(interp.config, aux_layer_ids=tuple(r.aux_layer_ids or interp.config.aux_layer_ids),
-                     norm_before_residual=r.norm_before_residual)
+    config = replace(
+        interp.config,
+        aux_layer_ids=tuple(r.aux_layer_ids or interp.config.aux_layer_ids),
+        norm_before_residual=r.norm_before_residual,
+    )
     embedding = None
     if r.embedding == "draft":
         if interp.embed is not None:
@@ -45,7 +48,7 @@ def engine_setup(ctx: Context) -> ProbeSetup:
 class Hypothesis:
     id: str
     cause: str
-    apply: Callable[[ProbeSetup, Context], ProbeSetup | None]   # None: not applicable
+    apply: Callable[[ProbeSetup, Context], ProbeSetup | None]  # None: not applicable
     fix: Callable[[ProbeSetup, Context], str]
 
 
@@ -55,6 +58,7 @@ def _shift(delta: int):
         if setup.single_state or not all(0 <= i < ctx.facts.num_layers for i in ids):
             return None
         return with_aux(setup, ids, f"aux ids {delta:+d}")
+
     return apply
 
 
@@ -76,8 +80,13 @@ def _concat(setup: ProbeSetup, ctx: Context):
     if not setup.single_state:
         return None
     fc = {"fc.weight": ctx.interp.native["fc.weight"]} if "fc.weight" in ctx.interp.native else {}
-    return replace(setup, label="aux states concatenated", single_state=False, tensors={**setup.tensors, **fc},
-                   config=replace(setup.config, aux_layer_ids=ctx.interp.config.aux_layer_ids))
+    return replace(
+        setup,
+        label="aux states concatenated",
+        single_state=False,
+        tensors={**setup.tensors, **fc},
+        config=replace(setup.config, aux_layer_ids=ctx.interp.config.aux_layer_ids),
+    )
 
 
 def _d2t(setup: ProbeSetup, ctx: Context):
@@ -86,15 +95,20 @@ def _d2t(setup: ProbeSetup, ctx: Context):
         return None
     if not d2t_problems(d2t, None, d2t.shape[0], ctx.facts.vocab_size)[0]:
         return None  # already valid offsets
-    return replace(setup, label="d2t as offsets", tensors={**setup.tensors, "d2t": d2t.long() - torch.arange(d2t.shape[0])})
+    return replace(
+        setup, label="d2t as offsets", tensors={**setup.tensors, "d2t": d2t.long() - torch.arange(d2t.shape[0])}
+    )
 
 
 def _names(setup: ProbeSetup, ctx: Context):
     r = ctx.reading
     if not (r.dropped or r.refused or r.missing):
         return None
-    return replace(setup, label="all tensors loaded by name", tensors={**ctx.interp.native, **{
-        k: v for k, v in setup.tensors.items() if k == "d2t"}})
+    return replace(
+        setup,
+        label="all tensors loaded by name",
+        tensors={**ctx.interp.native, **{k: v for k, v in setup.tensors.items() if k == "d2t"}},
+    )
 
 
 def _embedding(setup: ProbeSetup, ctx: Context):
@@ -106,28 +120,54 @@ def _embedding(setup: ProbeSetup, ctx: Context):
 def _residual(setup: ProbeSetup, ctx: Context):
     if setup.config.norm_before_residual == ctx.interp.config.norm_before_residual:
         return None
-    return replace(setup, label="norm_before_residual as trained",
-                   config=replace(setup.config, norm_before_residual=ctx.interp.config.norm_before_residual))
+    return replace(
+        setup,
+        label="norm_before_residual as trained",
+        config=replace(setup.config, norm_before_residual=ctx.interp.config.norm_before_residual),
+    )
 
 
 HYPOTHESES = (
-    Hypothesis("names", "tensors the engine drops or refuses because of their names (layers.0.* vs midlayer.*, "
-               "model.*) leave the draft with random weights", _names,
-               lambda s, c: f"re-export with `eaglekit export --format {c.engine}` (names the engine loads)"),
-    Hypothesis("aux_states", "the engine feeds one final hidden state instead of the aux states concatenated "
-               "(fc skipped)", _concat, lambda s, c: "set eagle_config.use_aux_hidden_state to true"),
-    Hypothesis("aux_ids_trained", "the engine captures other aux layers than the draft was trained on",
-               _trained_ids, _aux_fix),
-    Hypothesis("aux_ids_plus1", "aux layer ids off by one (the draft was trained one layer later)", _shift(+1),
-               _aux_fix),
-    Hypothesis("aux_ids_minus1", "aux layer ids off by one (the draft was trained one layer earlier)", _shift(-1),
-               _aux_fix),
-    Hypothesis("d2t", "d2t holds absolute target ids where engines expect offsets", _d2t,
-               lambda s, c: "store d2t[i] = target_id[i] - i (offsets)"),
-    Hypothesis("embedding", "the engine uses the draft's own embedding instead of the target's", _embedding,
-               lambda s, c: "remove embed_tokens.weight from the folder"),
-    Hypothesis("norm_before_residual", "the engine takes the residual after hidden_norm (norm_before_residual)",
-               _residual, lambda s, c: f"write norm_before_residual: {str(c.interp.config.norm_before_residual).lower()}"),
+    Hypothesis(
+        "names",
+        "tensors the engine drops or refuses because of their names (layers.0.* vs midlayer.*, "
+        "model.*) leave the draft with random weights",
+        _names,
+        lambda s, c: f"re-export with `eaglekit export --format {c.engine}` (names the engine loads)",
+    ),
+    Hypothesis(
+        "aux_states",
+        "the engine feeds one final hidden state instead of the aux states concatenated (fc skipped)",
+        _concat,
+        lambda s, c: "set eagle_config.use_aux_hidden_state to true",
+    ),
+    Hypothesis(
+        "aux_ids_trained", "the engine captures other aux layers than the draft was trained on", _trained_ids, _aux_fix
+    ),
+    Hypothesis(
+        "aux_ids_plus1", "aux layer ids off by one (the draft was trained one layer later)", _shift(+1), _aux_fix
+    ),
+    Hypothesis(
+        "aux_ids_minus1", "aux layer ids off by one (the draft was trained one layer earlier)", _shift(-1), _aux_fix
+    ),
+    Hypothesis(
+        "d2t",
+        "d2t holds absolute target ids where engines expect offsets",
+        _d2t,
+        lambda s, c: "store d2t[i] = target_id[i] - i (offsets)",
+    ),
+    Hypothesis(
+        "embedding",
+        "the engine uses the draft's own embedding instead of the target's",
+        _embedding,
+        lambda s, c: "remove embed_tokens.weight from the folder",
+    ),
+    Hypothesis(
+        "norm_before_residual",
+        "the engine takes the residual after hidden_norm (norm_before_residual)",
+        _residual,
+        lambda s, c: f"write norm_before_residual: {str(c.interp.config.norm_before_residual).lower()}",
+    ),
 )
 
 
@@ -156,8 +196,15 @@ def restores(result: ProbeResult, baseline: ProbeResult, expected: float | None)
     return result.tau - 1 >= FOLD * max((baseline.tau or 1.0) - 1, MIN_ACCEPTED)
 
 
-def diagnose(ctx: Context, read: ProbeSetup, read_result: ProbeResult, runs: list[TargetRun],
-             target_embedding: torch.Tensor, k: int, expected: float | None) -> dict:
+def diagnose(
+    ctx: Context,
+    read: ProbeSetup,
+    read_result: ProbeResult,
+    runs: list[TargetRun],
+    target_embedding: torch.Tensor,
+    k: int,
+    expected: float | None,
+) -> dict:
     """Try each applicable hypothesis; report which correction restores acceptance and its fix."""
     tried, fixes = [], {}
     for hyp in HYPOTHESES:
@@ -165,31 +212,51 @@ def diagnose(ctx: Context, read: ProbeSetup, read_result: ProbeResult, runs: lis
         if setup is None:
             continue
         result = probe(setup, runs, target_embedding, k)
-        tried.append({"id": hyp.id, "cause": hyp.cause, **result.to_dict(),
-                      "restores": restores(result, read_result, expected)})
+        tried.append(
+            {"id": hyp.id, "cause": hyp.cause, **result.to_dict(), "restores": restores(result, read_result, expected)}
+        )
         fixes[hyp.id] = hyp.fix(setup, ctx)
     both = combined(read, ctx)
     if both is not None:
         result = probe(both, runs, target_embedding, k)
-        tried.append({"id": "combined", "cause": "several misreadings at once", **result.to_dict(),
-                      "restores": restores(result, read_result, expected)})
-    random_result = probe(ProbeSetup("random weights", read.config, {n: read.tensors[n] for n in ("d2t", "t2d")
-                                                                    if n in read.tensors}), runs, target_embedding, k)
+        tried.append(
+            {
+                "id": "combined",
+                "cause": "several misreadings at once",
+                **result.to_dict(),
+                "restores": restores(result, read_result, expected),
+            }
+        )
+    random_result = probe(
+        ProbeSetup("random weights", read.config, {n: read.tensors[n] for n in ("d2t", "t2d") if n in read.tensors}),
+        runs,
+        target_embedding,
+        k,
+    )
     winners = sorted((t for t in tried if t["restores"]), key=lambda t: -(t["tau"] or 0))
     out = {"tried": tried, "random_weights_tau": random_result.tau, "cause": None, "fix": None}
     if winners and winners[0]["id"] != "combined":
         best = winners[0]
-        out.update(cause=best["id"], fix=fixes[best["id"]],
-                   message=f"{best['cause']}: correcting it gives tau {best['tau']} (engine reading: {read_result.tau})")
+        out.update(
+            cause=best["id"],
+            fix=fixes[best["id"]],
+            message=f"{best['cause']}: correcting it gives tau {best['tau']} (engine reading: {read_result.tau})",
+        )
     elif winners:
         singles = [t["id"] for t in tried if t["id"] != "combined" and (t["tau"] or 0) > (read_result.tau or 1) + 0.02]
-        out.update(cause="combined", fix="; ".join(fixes[i] for i in fixes),
-                   message=f"several misreadings at once ({', '.join(singles) or 'see tried'}): correcting all gives "
-                           f"tau {winners[0]['tau']}")
+        out.update(
+            cause="combined",
+            fix="; ".join(fixes[i] for i in fixes),
+            message=f"several misreadings at once ({', '.join(singles) or 'see tried'}): correcting all gives "
+            f"tau {winners[0]['tau']}",
+        )
     else:
         near_random = random_result.tau is not None and (read_result.tau or 1) <= random_result.tau + 0.05
-        out["message"] = ("no misreading restores acceptance" + (
+        out["message"] = "no misreading restores acceptance" + (
             f"; the draft accepts like random weights (tau {random_result.tau}): it is untrained, or trained for "
-            "another target or template" if near_random else ""))
+            "another target or template"
+            if near_random
+            else ""
+        )
         out["fix"] = "retrain the draft, or pass the checkpoint and target it was trained with"
     return out

@@ -34,20 +34,20 @@ class ProbeSetup:
     """A runnable version of the draft: the weights and inputs an engine would give it."""
 
     label: str
-    config: DraftConfig                       # aux_layer_ids = layers captured; norm_before_residual as read
-    tensors: dict[str, torch.Tensor]          # native names; anything absent keeps a seeded random init
-    single_state: bool = False                # feed the target's final (post-norm) state and skip fc
-    embedding: torch.Tensor | None = None     # None: the target's input embedding
+    config: DraftConfig  # aux_layer_ids = layers captured; norm_before_residual as read
+    tensors: dict[str, torch.Tensor]  # native names; anything absent keeps a seeded random init
+    single_state: bool = False  # feed the target's final (post-norm) state and skip fc
+    embedding: torch.Tensor | None = None  # None: the target's input embedding
 
 
 @dataclass
 class TargetRun:
     """One prompt and the target's greedy continuation, with every layer's output kept."""
 
-    tokens: torch.Tensor        # [T] prompt + continuation
+    tokens: torch.Tensor  # [T] prompt + continuation
     prompt_len: int
     layer_states: torch.Tensor  # [N, T, H] output of each decoder layer (pre final norm)
-    final_state: torch.Tensor   # [T, H] after the final norm (what a target returns without aux capture)
+    final_state: torch.Tensor  # [T, H] after the final norm (what a target returns without aux capture)
 
 
 @dataclass
@@ -59,8 +59,13 @@ class ProbeResult:
     error: str | None = None
 
     def to_dict(self) -> dict:
-        return {"label": self.label, "tau": self.tau, "per_position": self.per_position, "drafts": self.drafts,
-                "error": self.error}
+        return {
+            "label": self.label,
+            "tau": self.tau,
+            "per_position": self.per_position,
+            "drafts": self.drafts,
+            "error": self.error,
+        }
 
 
 @torch.no_grad()
@@ -68,15 +73,22 @@ def run_target(model, tokenizer, messages: list[dict], *, max_new_tokens: int, s
     """Greedy continuation of one chat prompt, then one forward capturing every layer's output."""
     ids = torch.tensor([prompt_ids(tokenizer, messages)], device=next(model.parameters()).device)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stop_ids or [0])[0]
-    out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=stop_ids or None,
-                         pad_token_id=pad, attention_mask=torch.ones_like(ids))
+    out = model.generate(
+        ids,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=stop_ids or None,
+        pad_token_id=pad,
+        attention_mask=torch.ones_like(ids),
+    )
     N, H = text_config(model.config).num_hidden_layers, text_config(model.config).hidden_size
     cap = capture_aux_states(model, out, list(range(N)), return_logits=False)
     T = out.shape[1]
     # Kept in the target's dtype: the draft is replayed in the dtype the target ran in (the serving dtype).
     states = cap.aux_hidden[0].view(T, N, H).transpose(0, 1).cpu()  # [N, T, H]
-    return TargetRun(tokens=out[0].cpu(), prompt_len=ids.shape[1], layer_states=states,
-                     final_state=cap.last_hidden[0].cpu())
+    return TargetRun(
+        tokens=out[0].cpu(), prompt_len=ids.shape[1], layer_states=states, final_state=cap.last_hidden[0].cpu()
+    )
 
 
 def build_draft(setup: ProbeSetup, target_embedding: torch.Tensor) -> Eagle3Draft:
@@ -89,8 +101,10 @@ def build_draft(setup: ProbeSetup, target_embedding: torch.Tensor) -> Eagle3Draf
         if name not in own:
             continue
         if tuple(tensor.shape) != tuple(own[name].shape):
-            raise EaglekitError(f"{name} is {tuple(tensor.shape)}, the engine builds {tuple(own[name].shape)}",
-                                hint="the engine would refuse to load this draft")
+            raise EaglekitError(
+                f"{name} is {tuple(tensor.shape)}, the engine builds {tuple(own[name].shape)}",
+                hint="the engine would refuse to load this draft",
+            )
     draft.load_state_dict({k: v for k, v in setup.tensors.items() if k in own}, strict=False)
     draft.set_target_embedding(setup.embedding if setup.embedding is not None else target_embedding)
     return draft.to(target_embedding.dtype).eval()
@@ -102,7 +116,7 @@ def replay(draft: Eagle3Draft, run: TargetRun, setup: ProbeSetup, k: int) -> lis
     reference speculative decode (engine/reference.py) with the recorded run as the target."""
     tokens, T = run.tokens, run.tokens.shape[0]
     if setup.single_state:
-        states, fuse = run.final_state, (lambda h: h)                           # [T, H], fc skipped
+        states, fuse = run.final_state, (lambda h: h)  # [T, H], fc skipped
     else:
         ids = list(setup.config.aux_layer_ids)
         N = run.layer_states.shape[0]
@@ -113,10 +127,11 @@ def replay(draft: Eagle3Draft, run: TargetRun, setup: ProbeSetup, k: int) -> lis
     chosen = torch.cat([tokens[1:], tokens[-1:]])
 
     def recorded(ids: torch.Tensor):
-        return chosen[:ids.shape[0]], states[:ids.shape[0]]
+        return chosen[: ids.shape[0]], states[: ids.shape[0]]
 
-    _, accepted = speculative_decode(recorded, draft, tokens[:run.prompt_len].tolist(), T - run.prompt_len, k,
-                                     fuse=fuse)
+    _, accepted = speculative_decode(
+        recorded, draft, tokens[: run.prompt_len].tolist(), T - run.prompt_len, k, fuse=fuse
+    )
     return accepted
 
 
@@ -129,8 +144,12 @@ def probe(setup: ProbeSetup, runs: list[TargetRun], target_embedding: torch.Tens
         return ProbeResult(setup.label, None, error=str(err).splitlines()[0])
     if not counts:
         return ProbeResult(setup.label, None, error=f"the continuations are shorter than k={k} tokens")
-    return ProbeResult(setup.label, tau=round(accept_length(counts), 3),
-                       per_position=[round(x, 3) for x in acceptance_by_position(counts, k)], drafts=len(counts))
+    return ProbeResult(
+        setup.label,
+        tau=round(accept_length(counts), 3),
+        per_position=[round(x, 3) for x in acceptance_by_position(counts, k)],
+        drafts=len(counts),
+    )
 
 
 def with_aux(setup: ProbeSetup, ids: list[int], label: str) -> ProbeSetup:

@@ -25,7 +25,7 @@ from eaglekit.targets.load import DTYPES, dtype_name, load_target, resolve_devic
 
 log = logging.getLogger(__name__)
 
-NATIVE_ENGINE = "sglang"   # the native checkpoint has SGLang's names and config
+NATIVE_ENGINE = "sglang"  # the native checkpoint has SGLang's names and config
 BUILTIN_PROMPTS = (
     "What is the capital of France? Answer in one sentence.",
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -45,16 +45,24 @@ class Report:
     checks: list[Check]
     probe: dict | None = None
     notes: list[str] = field(default_factory=list)
-    unfinished: str | None = None       # why the draft is unfinished, when checked with --allow-unfinished
+    unfinished: str | None = None  # why the draft is unfinished, when checked with --allow-unfinished
 
     @property
     def ok(self) -> bool:
         return all(c.status != FAIL for c in self.checks)
 
     def to_dict(self) -> dict:
-        return {"ok": self.ok, "draft": self.draft, "target": self.target, "engine": self.engine,
-                "format": self.format, "checks": [c.to_dict() for c in self.checks], "probe": self.probe,
-                "notes": self.notes, "unfinished_draft": self.unfinished}
+        return {
+            "ok": self.ok,
+            "draft": self.draft,
+            "target": self.target,
+            "engine": self.engine,
+            "format": self.format,
+            "checks": [c.to_dict() for c in self.checks],
+            "probe": self.probe,
+            "notes": self.notes,
+            "unfinished_draft": self.unfinished,
+        }
 
 
 def load_prompts(spec: str | None, limit: int) -> list[list[dict]]:
@@ -75,10 +83,12 @@ def folder_prompts(spec: str) -> list:
 def file_prompts(spec: str) -> list:
     source = SourceSpec.parse(spec)
     report = read_source(source)
-    if report.malformed:    # once skipped without a word, where bench refuses the same file
-        raise EaglekitError(f"{len(report.malformed)} malformed record(s) in the probe's prompts {spec}: "
-                            + "; ".join(report.malformed[:3]),
-                            hint="fix or remove those lines (`eaglekit bench` refuses them too)")
+    if report.malformed:  # once skipped without a word, where bench refuses the same file
+        raise EaglekitError(
+            f"{len(report.malformed)} malformed record(s) in the probe's prompts {spec}: "
+            + "; ".join(report.malformed[:3]),
+            hint="fix or remove those lines (`eaglekit bench` refuses them too)",
+        )
     prompts = [p for p in report.prompts if source.keeps(p)]
     if not prompts:
         raise EaglekitError(f"no prompts read from {spec}", hint="pass a JSONL/JSON/text file of prompts")
@@ -103,8 +113,9 @@ def training_tau(manifest: dict | None, k: int) -> tuple[float | None, str]:
             return float(walk), f"training's walk accept length (chain of {k})"
         cond = best.get("cond_acc")
         if isinstance(cond, list) and cond:
-            return round(1.0 + sum(cumulative_acceptance(cond[:k])), 3), \
-                f"training's conditional acceptance over {min(k, len(cond))} steps"
+            return round(
+                1.0 + sum(cumulative_acceptance(cond[:k])), 3
+            ), f"training's conditional acceptance over {min(k, len(cond))} steps"
         if best.get("sim_accept_length") is not None:
             return float(best["sim_accept_length"]), "training's simulated accept length"
     return None, "no training metrics recorded"
@@ -119,11 +130,21 @@ def speculative_tokens(folder) -> int:
     return int(named or config.get("speculative_tokens") or ExportOptions.speculative_tokens)
 
 
-def run_doctor(draft: str | Path, target: str = DoctorOptions.target, *, engine: str | None = None,
-               prompts: str | None = None, run_probe: bool = False, k: int | None = DoctorOptions.k,
-               max_new_tokens: int = DoctorOptions.max_new_tokens, num_prompts: int = DoctorOptions.limit,
-               diagnose_always: bool = False, device: str = DoctorOptions.device, dtype: str = DoctorOptions.dtype,
-               allow_unfinished: bool = False) -> Report:
+def run_doctor(
+    draft: str | Path,
+    target: str = DoctorOptions.target,
+    *,
+    engine: str | None = None,
+    prompts: str | None = None,
+    run_probe: bool = False,
+    k: int | None = DoctorOptions.k,
+    max_new_tokens: int = DoctorOptions.max_new_tokens,
+    num_prompts: int = DoctorOptions.limit,
+    diagnose_always: bool = False,
+    device: str = DoctorOptions.device,
+    dtype: str = DoctorOptions.dtype,
+    allow_unfinished: bool = False,
+) -> Report:
     """Check a draft folder against a target as `engine` would serve it.
 
     Args:
@@ -161,23 +182,44 @@ def run_doctor(draft: str | Path, target: str = DoctorOptions.target, *, engine:
     def loaded():
         return load_target(facts.source, device=device, dtype=dtype)
 
-    ctx = Context(interp=interp, reading=reading, facts=facts,
-                  target_embedding=lambda: loaded().model.get_input_embeddings().weight.detach().cpu())
-    report = Report(draft=str(draft), target=str(target), engine=engine, format=interp.label,
-                    checks=run_checks(ctx), notes=list(interp.notes), unfinished=unfinished)
+    ctx = Context(
+        interp=interp,
+        reading=reading,
+        facts=facts,
+        target_embedding=lambda: loaded().model.get_input_embeddings().weight.detach().cpu(),
+    )
+    report = Report(
+        draft=str(draft),
+        target=str(target),
+        engine=engine,
+        format=interp.label,
+        checks=run_checks(ctx),
+        notes=list(interp.notes),
+        unfinished=unfinished,
+    )
     if unfinished:
-        report.checks.insert(0, Check("finished", WARN, f"the draft is unfinished: {unfinished}; checked anyway "
-                                      "(--allow-unfinished)", "finish training (--resume) before serving it"))
+        report.checks.insert(
+            0,
+            Check(
+                "finished",
+                WARN,
+                f"the draft is unfinished: {unfinished}; checked anyway (--allow-unfinished)",
+                "finish training (--resume) before serving it",
+            ),
+        )
     if run_probe:
         report.probe = live_probe(ctx, loaded(), prompts, k, max_new_tokens, num_prompts, diagnose_always)
         report.probe.update(dtype=dtype, device=device)
         report.probe["message"] += f" [measured in {dtype} on {device}]"
-        report.checks.append(Check("probe", report.probe["status"], report.probe["message"],
-                                   report.probe.get("fix") or ""))
-    else:   # a draft of random weights passes every static check (found by a newcomer review, 2026-12-04)
-        report.notes.append("acceptance not measured: these are the static checks only, which a draft of random "
-                            "weights passes too; `--probe` runs the draft against the target and measures its "
-                            "accept length (`--probe builtin`, or a prompts file of your workload)")
+        report.checks.append(
+            Check("probe", report.probe["status"], report.probe["message"], report.probe.get("fix") or "")
+        )
+    else:  # a draft of random weights passes every static check (found by a newcomer review, 2026-12-04)
+        report.notes.append(
+            "acceptance not measured: these are the static checks only, which a draft of random "
+            "weights passes too; `--probe` runs the draft against the target and measures its "
+            "accept length (`--probe builtin`, or a prompts file of your workload)"
+        )
     return report
 
 
@@ -185,37 +227,55 @@ def probe_dtype(dtype: str) -> str:
     """The probe's dtype, by its full name ("bf16"/"fp32"/"fp16" accepted); never "auto": the probe
     measures in the dtype the user serves in."""
     if str(dtype) not in DTYPES:
-        raise EaglekitError(f"unknown probe dtype {dtype!r}",
-                            hint="use the dtype you serve in: bfloat16, float32 or float16")
+        raise EaglekitError(
+            f"unknown probe dtype {dtype!r}", hint="use the dtype you serve in: bfloat16, float32 or float16"
+        )
     return dtype_name(dtype)
 
 
-def live_probe(ctx: Context, target, prompts: str | None, k: int, max_new_tokens: int, num_prompts: int,
-               diagnose_always: bool) -> dict:
+def live_probe(
+    ctx: Context, target, prompts: str | None, k: int, max_new_tokens: int, num_prompts: int, diagnose_always: bool
+) -> dict:
     messages = load_prompts(prompts, num_prompts)
-    runs = [run_target(target.model, target.tokenizer, m, max_new_tokens=max_new_tokens,
-                       stop_ids=target.stop_token_ids) for m in messages]
+    runs = [
+        run_target(target.model, target.tokenizer, m, max_new_tokens=max_new_tokens, stop_ids=target.stop_token_ids)
+        for m in messages
+    ]
     # In the target's dtype (the serving dtype): the replay runs the draft in the same dtype.
     embedding = target.model.get_input_embeddings().weight.detach().cpu()
     read = engine_setup(ctx)
     result = probe(read, runs, embedding, k)
     expected, expected_from = training_tau(ctx.interp.folder.manifest, k)
-    out = {"k": k, "prompts": len(runs), "max_new_tokens": max_new_tokens, "method": "greedy chain replay",
-           **result.to_dict(), "expected_tau": expected, "expected_from": expected_from}
+    out = {
+        "k": k,
+        "prompts": len(runs),
+        "max_new_tokens": max_new_tokens,
+        "method": "greedy chain replay",
+        **result.to_dict(),
+        "expected_tau": expected,
+        "expected_from": expected_from,
+    }
     tau = result.tau
     if tau is None:
         out.update(status=FAIL, message=f"the draft cannot run as {ctx.engine} reads it: {result.error}")
     elif tau < 1.10:
-        out.update(status=FAIL, message=f"accept length {tau:.2f}: the target accepts almost no draft token "
-                   f"(per position {result.per_position})")
+        out.update(
+            status=FAIL,
+            message=f"accept length {tau:.2f}: the target accepts almost no draft token "
+            f"(per position {result.per_position})",
+        )
     elif expected is not None and tau - 1 < 0.25 * (expected - 1):
-        out.update(status=FAIL, message=f"accept length {tau:.2f}, a small part of what training predicts "
-                   f"({expected:.2f})")
+        out.update(
+            status=FAIL, message=f"accept length {tau:.2f}, a small part of what training predicts ({expected:.2f})"
+        )
     elif expected is not None and tau - 1 < 0.5 * (expected - 1):
         out.update(status=WARN, message=f"accept length {tau:.2f}, far below what training predicts ({expected:.2f})")
     else:
-        out.update(status=PASS, message=f"accept length {tau:.2f}, per position {result.per_position}"
-                   + (f" (training predicts {expected:.2f})" if expected is not None else ""))
+        out.update(
+            status=PASS,
+            message=f"accept length {tau:.2f}, per position {result.per_position}"
+            + (f" (training predicts {expected:.2f})" if expected is not None else ""),
+        )
     if out["status"] != PASS or diagnose_always:
         out["diagnosis"] = diagnose(ctx, read, result, runs, embedding, k, expected)
         if out["status"] != PASS:

@@ -51,10 +51,12 @@ def check_finite(tensors: dict[str, torch.Tensor], where: str | Path) -> None:
             continue
         nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
         what = " and ".join(f"{n:,} {kind}" for n, kind in ((nan, "NaN"), (inf, "Inf")) if n)
-        raise EaglekitError(f"draft {where}: tensor {name} holds {what} of its {t.numel():,} values; a draft with "
-                            f"non-finite weights is never accepted",
-                            hint="train it again (eaglekit train stops at the first non-finite step and says why), "
-                                 "or use another checkpoint")
+        raise EaglekitError(
+            f"draft {where}: tensor {name} holds {what} of its {t.numel():,} values; a draft with "
+            f"non-finite weights is never accepted",
+            hint="train it again (eaglekit train stops at the first non-finite step and says why), "
+            "or use another checkpoint",
+        )
 
 
 def load_draft_config(folder: str | Path) -> DraftConfig:
@@ -67,8 +69,13 @@ def load_draft_config(folder: str | Path) -> DraftConfig:
         raise EaglekitError(f"{path} is not valid JSON", hint="the checkpoint is corrupt") from err
 
 
-def load_draft(folder: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-               target_embedding: torch.Tensor | None = None) -> Eagle3Draft:
+def load_draft(
+    folder: str | Path,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    target_embedding: torch.Tensor | None = None,
+) -> Eagle3Draft:
     """Load a native draft checkpoint. Pass the target's input embedding to make it runnable.
 
     Raises:
@@ -88,12 +95,16 @@ def load_draft(folder: str | Path, *, device: str | torch.device = "cpu", dtype:
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
-        raise EaglekitError(f"draft weights do not match the config: missing {missing[:6]}, unexpected {unexpected[:6]}",
-                            hint="for SGLang/vLLM/EAGLE folders use `eaglekit import`")
+        raise EaglekitError(
+            f"draft weights do not match the config: missing {missing[:6]}, unexpected {unexpected[:6]}",
+            hint="for SGLang/vLLM/EAGLE folders use `eaglekit import`",
+        )
     for name, t in state.items():
         if tuple(t.shape) != tuple(expected[name].shape):
-            raise EaglekitError(f"tensor {name} is {tuple(t.shape)}, the config implies {tuple(expected[name].shape)}",
-                                hint="config.json and model.safetensors disagree")
+            raise EaglekitError(
+                f"tensor {name} is {tuple(t.shape)}, the config implies {tuple(expected[name].shape)}",
+                hint="config.json and model.safetensors disagree",
+            )
     draft.load_state_dict(state, strict=False)
     if target_embedding is not None:
         draft.set_target_embedding(target_embedding)

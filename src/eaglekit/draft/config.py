@@ -14,25 +14,25 @@ from eaglekit.artifacts import AUX_CONVENTION
 from eaglekit.errors import EaglekitError
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
-DRAFT_VOCAB_SIZE = 32000   # the default rows of a draft lm_head (EAGLE-3 and SpecForge use 32k)
+DRAFT_VOCAB_SIZE = 32000  # the default rows of a draft lm_head (EAGLE-3 and SpecForge use 32k)
 
 
 @dataclass(frozen=True, kw_only=True)
 class DraftConfig:
-    hidden_size: int                     # must equal the target's (the draft reads its embedding)
+    hidden_size: int  # must equal the target's (the draft reads its embedding)
     intermediate_size: int
     num_attention_heads: int
     num_key_value_heads: int
     head_dim: int
-    vocab_size: int                      # the target's vocabulary
-    draft_vocab_size: int                # rows of lm_head; mapped to target ids through d2t
+    vocab_size: int  # the target's vocabulary
+    draft_vocab_size: int  # rows of lm_head; mapped to target ids through d2t
     target_hidden_size: int
-    aux_layer_ids: tuple[int, ...]       # eaglekit convention: output of 0-based target layer i
+    aux_layer_ids: tuple[int, ...]  # eaglekit convention: output of 0-based target layer i
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 4096  # never smaller than the target's
     rope_parameters: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
     hidden_act: str = "silu"
-    norm_before_residual: bool = False   # EAGLE-3 / SGLang: the residual is the raw hidden state
+    norm_before_residual: bool = False  # EAGLE-3 / SGLang: the residual is the raw hidden state
     target_num_layers: int | None = None
 
     @property
@@ -44,8 +44,9 @@ class DraftConfig:
         return self.num_aux * self.target_hidden_size
 
     @classmethod
-    def for_target(cls, target_config, *, aux_layer_ids: list[int], draft_vocab_size: int,
-                   intermediate_size: int | None = None) -> "DraftConfig":
+    def for_target(
+        cls, target_config, *, aux_layer_ids: list[int], draft_vocab_size: int, intermediate_size: int | None = None
+    ) -> "DraftConfig":
         """The draft shape EAGLE-3 uses for a target: one decoder layer with the target's heads.
 
         Args:
@@ -61,17 +62,24 @@ class DraftConfig:
         rope = draft_rope_parameters(cfg)
         width = intermediate_size or getattr(cfg, "intermediate_size", None) or 4 * cfg.hidden_size
         if draft_vocab_size > cfg.vocab_size:
-            raise EaglekitError(f"draft_vocab_size {draft_vocab_size} exceeds the target vocab {cfg.vocab_size}",
-                                hint="choose draft_vocab_size <= the target's vocab size")
+            raise EaglekitError(
+                f"draft_vocab_size {draft_vocab_size} exceeds the target vocab {cfg.vocab_size}",
+                hint="choose draft_vocab_size <= the target's vocab size",
+            )
         return cls(
-            hidden_size=cfg.hidden_size, intermediate_size=width, num_attention_heads=heads,
+            hidden_size=cfg.hidden_size,
+            intermediate_size=width,
+            num_attention_heads=heads,
             num_key_value_heads=getattr(cfg, "num_key_value_heads", None) or heads,
             head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
-            vocab_size=cfg.vocab_size, draft_vocab_size=draft_vocab_size,
-            target_hidden_size=cfg.hidden_size, aux_layer_ids=tuple(aux_layer_ids),
+            vocab_size=cfg.vocab_size,
+            draft_vocab_size=draft_vocab_size,
+            target_hidden_size=cfg.hidden_size,
+            aux_layer_ids=tuple(aux_layer_ids),
             rms_norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-6) or 1e-6),
             max_position_embeddings=max(4096, int(getattr(cfg, "max_position_embeddings", 0) or 0)),
-            rope_parameters=rope, target_num_layers=cfg.num_hidden_layers,
+            rope_parameters=rope,
+            target_num_layers=cfg.num_hidden_layers,
         )
 
     def to_hf_dict(self) -> dict:
@@ -117,22 +125,34 @@ class DraftConfig:
         """Read a native config.json (as written by `to_hf_dict`)."""
         block = d.get("eaglekit")
         if not block or "aux_layer_ids" not in block:
-            raise EaglekitError("config.json is not an eaglekit native draft config (no 'eaglekit' block)",
-                                hint="for SGLang/vLLM/EAGLE folders use `eaglekit import DIR --out CKPT`")
-        missing = [k for k in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size",
-                               "draft_vocab_size") if d.get(k) is None]
+            raise EaglekitError(
+                "config.json is not an eaglekit native draft config (no 'eaglekit' block)",
+                hint="for SGLang/vLLM/EAGLE folders use `eaglekit import DIR --out CKPT`",
+            )
+        missing = [
+            k
+            for k in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size", "draft_vocab_size")
+            if d.get(k) is None
+        ]
         if missing:
             raise EaglekitError(f"draft config.json lacks {missing}", hint="the file is incomplete")
         rope = d.get("rope_parameters") or {"rope_type": "default", "rope_theta": d.get("rope_theta", 10000.0)}
         heads = d["num_attention_heads"]
         return cls(
-            hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"], num_attention_heads=heads,
+            hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"],
+            num_attention_heads=heads,
             num_key_value_heads=d.get("num_key_value_heads") or heads,
-            head_dim=d.get("head_dim") or d["hidden_size"] // heads, vocab_size=d["vocab_size"],
-            draft_vocab_size=d["draft_vocab_size"], target_hidden_size=d.get("target_hidden_size") or d["hidden_size"],
-            aux_layer_ids=tuple(block["aux_layer_ids"]), rms_norm_eps=d.get("rms_norm_eps", 1e-6),
-            max_position_embeddings=d.get("max_position_embeddings", 4096), rope_parameters=rope,
-            hidden_act=d.get("hidden_act", "silu"), norm_before_residual=bool(d.get("norm_before_residual", False)),
+            head_dim=d.get("head_dim") or d["hidden_size"] // heads,
+            vocab_size=d["vocab_size"],
+            draft_vocab_size=d["draft_vocab_size"],
+            target_hidden_size=d.get("target_hidden_size") or d["hidden_size"],
+            aux_layer_ids=tuple(block["aux_layer_ids"]),
+            rms_norm_eps=d.get("rms_norm_eps", 1e-6),
+            max_position_embeddings=d.get("max_position_embeddings", 4096),
+            rope_parameters=rope,
+            hidden_act=d.get("hidden_act", "silu"),
+            norm_before_residual=bool(d.get("norm_before_residual", False)),
             target_num_layers=block.get("target_num_layers"),
         )
 
@@ -143,11 +163,17 @@ class DraftConfig:
         """A transformers LlamaConfig with the draft's rope settings (for its rotary embedding)."""
         from transformers import LlamaConfig
 
-        return LlamaConfig(hidden_size=self.hidden_size, num_attention_heads=self.num_attention_heads,
-                           num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim,
-                           max_position_embeddings=self.max_position_embeddings,
-                           rope_parameters=dict(self.rope_parameters), num_hidden_layers=1,
-                           intermediate_size=self.intermediate_size, vocab_size=self.vocab_size)
+        return LlamaConfig(
+            hidden_size=self.hidden_size,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            max_position_embeddings=self.max_position_embeddings,
+            rope_parameters=dict(self.rope_parameters),
+            num_hidden_layers=1,
+            intermediate_size=self.intermediate_size,
+            vocab_size=self.vocab_size,
+        )
 
 
 CONFIG_FIELDS = tuple(f.name for f in fields(DraftConfig))

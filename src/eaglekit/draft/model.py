@@ -108,15 +108,22 @@ class Eagle3Draft(nn.Module):
 
     def fuse(self, aux_hidden: torch.Tensor, linear=F.linear) -> torch.Tensor:
         """[B, T, k*Ht] concatenated target aux states -> [B, T, H]."""
-        check_fused_width(aux_hidden.shape[-1], num_aux=self.config.num_aux,
-                          target_hidden=self.config.target_hidden_size)
+        check_fused_width(
+            aux_hidden.shape[-1], num_aux=self.config.num_aux, target_hidden=self.config.target_hidden_size
+        )
         return linear(aux_hidden.to(self.fc.weight.dtype), self.fc.weight)
 
     def rope(self, position_ids: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rotary(like, position_ids)  # cos, sin: [B, T, hd]
 
-    def attention_pieces(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
-                         linear=F.linear, wqkv: torch.Tensor | None = None):
+    def attention_pieces(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        linear=F.linear,
+        wqkv: torch.Tensor | None = None,
+    ):
         """Project one draft step's inputs to rotated q/k/v.
 
         Args:
@@ -130,10 +137,10 @@ class Eagle3Draft(nn.Module):
         """
         cfg, layer = self.config, self.midlayer
         B, T = input_ids.shape
-        embeds = self.embed_tokens(input_ids).to(hidden.dtype)               # [B, T, H]
+        embeds = self.embed_tokens(input_ids).to(hidden.dtype)  # [B, T, H]
         normed = layer.hidden_norm(hidden)
         residual = normed if cfg.norm_before_residual else hidden
-        x = torch.cat([layer.input_layernorm(embeds), normed], dim=-1)        # [B, T, 2H]
+        x = torch.cat([layer.input_layernorm(embeds), normed], dim=-1)  # [B, T, 2H]
         attn = layer.self_attn
         if wqkv is None:
             q, k, v = (linear(x, proj.weight) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
@@ -145,8 +152,9 @@ class Eagle3Draft(nn.Module):
         cos, sin = self.rope(position_ids, x)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, residual
 
-    def finish(self, attn_out: torch.Tensor, residual: torch.Tensor, linear=F.linear,
-               w13: torch.Tensor | None = None) -> torch.Tensor:
+    def finish(
+        self, attn_out: torch.Tensor, residual: torch.Tensor, linear=F.linear, w13: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """[B, nh, T, hd] attention output + [B, T, H] residual -> [B, T, H] pre-norm hidden out.
         w13: gate and up weights concatenated (`fused_weights`): one matmul for the two (inference)."""
         B, _, T, _ = attn_out.shape
@@ -182,8 +190,13 @@ class Eagle3Draft(nn.Module):
 
     # ---- plain causal forward ----------------------------------------------------------------
 
-    def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor | None = None,
-                past_kv: tuple[torch.Tensor, torch.Tensor] | None = None):
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        past_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ):
         """One draft step over T new tokens with causal attention to `past_kv` and themselves.
 
         Args:
@@ -217,7 +230,9 @@ class Eagle3Draft(nn.Module):
         if tuple(weight.shape) != tuple(self.embed_tokens.weight.shape):
             from eaglekit.errors import EaglekitError
 
-            raise EaglekitError(f"target embedding is {tuple(weight.shape)}, the draft expects "
-                                f"{tuple(self.embed_tokens.weight.shape)}", hint="is this the draft's target?")
+            raise EaglekitError(
+                f"target embedding is {tuple(weight.shape)}, the draft expects {tuple(self.embed_tokens.weight.shape)}",
+                hint="is this the draft's target?",
+            )
         with torch.no_grad():
             self.embed_tokens.weight.copy_(weight)

@@ -55,8 +55,10 @@ class DraftVocab:
         if bool((ids[1:] <= ids[:-1]).any()):
             raise EaglekitError("draft vocab ids must be strictly ascending", hint="internal error")
         if int(ids[0]) < 0 or int(ids[-1]) >= self.vocab_size:
-            raise EaglekitError(f"draft vocab ids must lie in 0..{self.vocab_size - 1}",
-                                hint="the vocab was made for a larger target vocabulary")
+            raise EaglekitError(
+                f"draft vocab ids must lie in 0..{self.vocab_size - 1}",
+                hint="the vocab was made for a larger target vocabulary",
+            )
         self.draft_ids = ids
 
     @property
@@ -91,16 +93,23 @@ class DraftVocab:
     def apply_to(self, draft) -> None:
         """Write d2t and t2d into a draft model's buffers (shapes must match its config)."""
         if draft.d2t.numel() != self.size or draft.t2d.numel() != self.vocab_size:
-            raise EaglekitError(f"vocab of {self.size}/{self.vocab_size} ids does not fit a draft with "
-                                f"draft_vocab_size {draft.d2t.numel()} and vocab_size {draft.t2d.numel()}",
-                                hint="build the draft config with this vocab's size")
+            raise EaglekitError(
+                f"vocab of {self.size}/{self.vocab_size} ids does not fit a draft with "
+                f"draft_vocab_size {draft.d2t.numel()} and vocab_size {draft.t2d.numel()}",
+                hint="build the draft config with this vocab's size",
+            )
         with torch.no_grad():
             draft.d2t.copy_(self.d2t.to(draft.d2t.device))
             draft.t2d.copy_(self.t2d.to(draft.t2d.device))
 
     def summary(self) -> dict:
-        return {"draft_vocab_size": self.size, "vocab_size": self.vocab_size, "coverage": self.coverage,
-                "forced_ids": list(self.forced_ids), "counted_tokens": self.counted_tokens}
+        return {
+            "draft_vocab_size": self.size,
+            "vocab_size": self.vocab_size,
+            "coverage": self.coverage,
+            "forced_ids": list(self.forced_ids),
+            "counted_tokens": self.counted_tokens,
+        }
 
     def save(self, path: str | Path) -> Path:
         """Write `vocab.safetensors` (d2t, t2d; summary in the metadata) atomically."""
@@ -108,8 +117,11 @@ class DraftVocab:
         if path.suffix != ".safetensors":
             path = path / VOCAB_FILE
         with atomic_path(path) as tmp:
-            save_file({"d2t": self.d2t.contiguous(), "t2d": self.t2d.contiguous()}, str(tmp),
-                      metadata={"eaglekit_vocab": json.dumps(self.summary())})
+            save_file(
+                {"d2t": self.d2t.contiguous(), "t2d": self.t2d.contiguous()},
+                str(tmp),
+                metadata={"eaglekit_vocab": json.dumps(self.summary())},
+            )
         return path
 
     @classmethod
@@ -142,8 +154,9 @@ class DraftVocab:
         return float(counts[self.draft_ids].sum()) / total if total else 0.0
 
 
-def count_assistant_tokens(samples: Iterable[tuple[list[int] | torch.Tensor, list[int] | torch.Tensor]],
-                           vocab_size: int) -> torch.Tensor:
+def count_assistant_tokens(
+    samples: Iterable[tuple[list[int] | torch.Tensor, list[int] | torch.Tensor]], vocab_size: int
+) -> torch.Tensor:
     """Count each target id over the assistant (loss-masked) tokens.
 
     Args:
@@ -172,13 +185,16 @@ def bincount_ids(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[N] int64 ids -> [V] int64 counts; refuses ids outside the vocabulary."""
     top, low = (int(ids.max()), int(ids.min())) if ids.numel() else (0, 0)
     if top >= vocab_size or low < 0:
-        raise EaglekitError(f"token id {top if top >= vocab_size else low} is outside the target vocab ({vocab_size})",
-                            hint="the data was tokenized with another tokenizer")
+        raise EaglekitError(
+            f"token id {top if top >= vocab_size else low} is outside the target vocab ({vocab_size})",
+            hint="the data was tokenized with another tokenizer",
+        )
     return torch.bincount(ids, minlength=vocab_size)
 
 
-def build_draft_vocab(counts: torch.Tensor, draft_vocab_size: int, *, always_include: Iterable[int] = (),
-                      allow_smaller: bool = False) -> DraftVocab:
+def build_draft_vocab(
+    counts: torch.Tensor, draft_vocab_size: int, *, always_include: Iterable[int] = (), allow_smaller: bool = False
+) -> DraftVocab:
     """Keep the `draft_vocab_size` most frequent assistant tokens (plus `always_include`).
 
     Ties are broken by the lower id, so the result is a pure function of the counts. Ids never seen
@@ -199,18 +215,24 @@ def build_draft_vocab(counts: torch.Tensor, draft_vocab_size: int, *, always_inc
     vocab_size = counts.numel()
     total = int(counts.sum())
     if total == 0:
-        raise EaglekitError("the data holds no assistant tokens to count",
-                            hint="check that the conversations have assistant answers (loss mask is empty)")
+        raise EaglekitError(
+            "the data holds no assistant tokens to count",
+            hint="check that the conversations have assistant answers (loss mask is empty)",
+        )
     if not 0 < draft_vocab_size <= vocab_size:
-        raise EaglekitError(f"draft_vocab_size {draft_vocab_size} must be in 1..{vocab_size} (the target vocab)",
-                            hint="choose a smaller --draft-vocab-size")
+        raise EaglekitError(
+            f"draft_vocab_size {draft_vocab_size} must be in 1..{vocab_size} (the target vocab)",
+            hint="choose a smaller --draft-vocab-size",
+        )
     forced = sorted({int(i) for i in always_include})
     bad = [i for i in forced if not 0 <= i < vocab_size]
     if bad:
         raise EaglekitError(f"forced ids {bad} are outside the target vocab", hint="internal error")
     if len(forced) > draft_vocab_size:
-        raise EaglekitError(f"draft_vocab_size {draft_vocab_size} cannot even hold the {len(forced)} "
-                            f"end-of-turn/EOS ids", hint="choose a larger --draft-vocab-size")
+        raise EaglekitError(
+            f"draft_vocab_size {draft_vocab_size} cannot even hold the {len(forced)} end-of-turn/EOS ids",
+            hint="choose a larger --draft-vocab-size",
+        )
     seen = counts > 0
     seen[forced] = True
     distinct = int(seen.sum())
@@ -220,7 +242,8 @@ def build_draft_vocab(counts: torch.Tensor, draft_vocab_size: int, *, always_inc
                 f"the data holds only {distinct} distinct assistant tokens (end-of-turn/EOS included), fewer "
                 f"than draft_vocab_size {draft_vocab_size}",
                 hint=f"pass --draft-vocab-size {distinct} or less, add data, or pass --allow-smaller-vocab "
-                     "to keep all of them as a smaller vocab")
+                "to keep all of them as a smaller vocab",
+            )
         draft_vocab_size = distinct
     # Order: forced ids first, then by count descending, ties by id ascending (stable sort on ids).
     key = counts.clone()
@@ -244,11 +267,13 @@ def d2t_problems(d2t: torch.Tensor, t2d: torch.Tensor | None, draft_vocab: int, 
     if not ok:
         absolute = bool((d2t >= 0).all() and (d2t < vocab).all() and (d2t[1:] > d2t[:-1]).all())
         if absolute:
-            return ["d2t holds absolute target ids, engines add them to the draft id (target = i + d2t[i]): "
-                    f"{int((ids >= vocab).sum())} draft ids map outside the vocab, all others to wrong tokens"], \
-                "store offsets: d2t[i] = target_id[i] - i"
-        return ["d2t offsets give target ids that are negative, out of the vocab or not strictly increasing"], \
-            "rebuild d2t from the sorted draft vocabulary: d2t[i] = target_id[i] - i"
+            return [
+                "d2t holds absolute target ids, engines add them to the draft id (target = i + d2t[i]): "
+                f"{int((ids >= vocab).sum())} draft ids map outside the vocab, all others to wrong tokens"
+            ], "store offsets: d2t[i] = target_id[i] - i"
+        return [
+            "d2t offsets give target ids that are negative, out of the vocab or not strictly increasing"
+        ], "rebuild d2t from the sorted draft vocabulary: d2t[i] = target_id[i] - i"
     problems = []
     if t2d is not None:
         if t2d.dtype != torch.bool or t2d.shape != (vocab,):

@@ -10,8 +10,10 @@ so that importing `eaglekit.engine.options` for `--help` does not pull in torch.
 from eaglekit.lazy import lazy_exports
 
 _HOMES = {
-    "DraftRunner": "draft_runner", "OracleDrafter": "draft_runner",
-    "Engine": "generate", "Generation": "generate",
+    "DraftRunner": "draft_runner",
+    "OracleDrafter": "draft_runner",
+    "Engine": "generate",
+    "Generation": "generate",
     "SpecConfig": "spec",
 }
 __all__ = sorted(_HOMES)

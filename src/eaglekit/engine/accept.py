@@ -41,7 +41,7 @@ def accept(tree: Tree, logits: torch.Tensor, sampling: Sampling, max_depth: int,
     """
     if sampling.greedy:
         return greedy_accept(tree, torch.argmax(logits, -1), max_depth)
-    probs = target_probs(logits, sampling)                                 # [N, V]
+    probs = target_probs(logits, sampling)  # [N, V]
     if q is not None:
         ratio, residual, bonus = chain_sampling_tables(tree.tokens, probs, q)
         uniform = torch.rand(q.shape[0], device=logits.device, dtype=torch.float64)
@@ -52,6 +52,7 @@ def accept(tree: Tree, logits: torch.Tensor, sampling: Sampling, max_depth: int,
 
 
 # ---- greedy (T = 0) ---------------------------------------------------------------------------
+
 
 def greedy_accept(tree: Tree, target_argmax: torch.Tensor, max_depth: int):
     """Deepest node whose whole root path matches the target's argmax; ties go to the first node.
@@ -65,22 +66,23 @@ def greedy_accept(tree: Tree, target_argmax: torch.Tensor, max_depth: int):
         count [1], path [D + 1], bonus [1] (device tensors).
     """
     N = tree.size
-    match = tree.tokens == target_argmax[tree.parents.clamp(min=0)]       # [N]
+    match = tree.tokens == target_argmax[tree.parents.clamp(min=0)]  # [N]
     # The root is committed. fill_ on a 1-element slice, not `match[0] = True`: that copies a CPU
     # scalar tensor into the device tensor, which a CUDA graph capture refuses (uncompiled cycle).
     match[:1].fill_(True)
-    ok = ~(tree.anc & ~match.unsqueeze(0)).any(1)                          # [N] whole path matches
+    ok = ~(tree.anc & ~match.unsqueeze(0)).any(1)  # [N] whole path matches
     # 1-element index tensors, never 0-d ones: those index like Python ints (a host sync).
-    best = torch.argmax(torch.where(ok, tree.depth, -1)).view(1)           # first of the deepest
+    best = torch.argmax(torch.where(ok, tree.depth, -1)).view(1)  # first of the deepest
     # path[d] = the ancestor of `best` at depth d; deeper slots repeat `best`.
-    on_path = tree.anc.index_select(0, best)[0]                            # [N]
-    depth_of = torch.where(on_path, tree.depth, max_depth + 1)             # off-path -> dump slot
+    on_path = tree.anc.index_select(0, best)[0]  # [N]
+    depth_of = torch.where(on_path, tree.depth, max_depth + 1)  # off-path -> dump slot
     path = best.repeat(max_depth + 2)
     path = path.scatter(0, depth_of, torch.arange(N, device=path.device))[: max_depth + 1]
     return tree.depth[best], path, target_argmax[best]
 
 
 # ---- sampling on a tree with deterministic children (q one-hot) -------------------------------
+
 
 def tree_sampling_tables(tree: Tree, probs: torch.Tensor):
     """Device half of tree verification at T > 0 (docs/algorithms.md §4, EAGLE-2/3's rule).
@@ -99,7 +101,7 @@ def tree_sampling_tables(tree: Tree, probs: torch.Tensor):
     is_child = tree.parents >= 0
     p_node = torch.where(is_child, probs[parent, tree.tokens], torch.ones_like(probs[:, 0]))
     residual = probs.masked_fill(_children_of(tree, probs.shape[1]), 0)
-    empty = residual.sum(-1, keepdim=True) <= 0                            # float rounding only
+    empty = residual.sum(-1, keepdim=True) <= 0  # float rounding only
     residual = torch.where(empty, probs, residual)
     return p_node, sample(residual)
 
@@ -108,14 +110,15 @@ def _children_of(tree: Tree, vocab: int) -> torch.Tensor:
     """[N, V] bool: row j marks the tokens of node j's children."""
     N = tree.size
     removed = torch.zeros(N, vocab, dtype=torch.bool, device=tree.tokens.device)
-    rows = torch.where(tree.parents >= 0, tree.parents, N)                # root -> a dump row
+    rows = torch.where(tree.parents >= 0, tree.parents, N)  # root -> a dump row
     pad = torch.zeros(1, vocab, dtype=torch.bool, device=tree.tokens.device)
     removed = torch.cat([removed, pad]).index_put((rows, tree.tokens), torch.ones_like(rows, dtype=torch.bool))
     return removed[:N]
 
 
-def tree_sampling_accept(tree: Tree, p_node: torch.Tensor, residual: torch.Tensor, uniform: torch.Tensor,
-                         max_depth: int):
+def tree_sampling_accept(
+    tree: Tree, p_node: torch.Tensor, residual: torch.Tensor, uniform: torch.Tensor, max_depth: int
+):
     """The walk from the root: try each child in order and accept it with probability
     p / (mass left), where the mass left is 1 minus the p of its earlier (rejected) siblings.
 
@@ -137,14 +140,14 @@ def tree_sampling_accept(tree: Tree, p_node: torch.Tensor, residual: torch.Tenso
     idx = torch.arange(N, device=p_node.device)
     p = p_node.double()
     earlier = (tree.parents.unsqueeze(1) == tree.parents.unsqueeze(0)) & (idx.unsqueeze(0) < idx.unsqueeze(1))
-    left = 1 - (earlier.double() * p.unsqueeze(0)).sum(1)                 # [N] mass left when j is tried
+    left = 1 - (earlier.double() * p.unsqueeze(0)).sum(1)  # [N] mass left when j is tried
     accept = (left > 0) & (uniform * left < p) & (tree.parents >= 0)
     cur = torch.zeros(1, dtype=torch.long, device=p_node.device)
     alive = torch.ones(1, dtype=torch.bool, device=p_node.device)
     path = [cur]
     for _ in range(max_depth):
-        chosen = accept & (tree.parents == cur)                            # accepted children of cur
-        first = torch.argmax(chosen.int()).view(1)                         # the first of them in order
+        chosen = accept & (tree.parents == cur)  # accepted children of cur
+        first = torch.argmax(chosen.int()).view(1)  # the first of them in order
         alive = alive & chosen.any().view(1)
         cur = torch.where(alive, first, cur)
         path.append(cur)
@@ -153,6 +156,7 @@ def tree_sampling_accept(tree: Tree, p_node: torch.Tensor, residual: torch.Tenso
 
 
 # ---- sampling on a chain with the full draft distribution q ----------------------------------
+
 
 def chain_sampling_tables(tokens: torch.Tensor, probs: torch.Tensor, q: torch.Tensor):
     """Device half of chain speculative sampling (docs/algorithms.md §1).
@@ -167,7 +171,7 @@ def chain_sampling_tables(tokens: torch.Tensor, probs: torch.Tensor, q: torch.Te
         bonus [1]: a token from p_{k+1}.
     """
     k = q.shape[0]
-    drafts = tokens[1:].unsqueeze(1)                                      # [k, 1]
+    drafts = tokens[1:].unsqueeze(1)  # [k, 1]
     p_d = probs[:k].gather(1, drafts).squeeze(1)
     q_d = q.gather(1, drafts).squeeze(1)
     ratio = p_d / q_d.clamp(min=1e-30)

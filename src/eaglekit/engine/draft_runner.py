@@ -48,9 +48,18 @@ class DraftRunner(nn.Module):
 
     needs_aux = True
 
-    def __init__(self, draft: Eagle3Draft, *, spec: SpecConfig, sampling: Sampling, max_len: int,
-                 attention: str | None = None, matvec: bool | None = None, small_rows: int = SMALL_ROWS,
-                 attention_rows: int | None = None):
+    def __init__(
+        self,
+        draft: Eagle3Draft,
+        *,
+        spec: SpecConfig,
+        sampling: Sampling,
+        max_len: int,
+        attention: str | None = None,
+        matvec: bool | None = None,
+        small_rows: int = SMALL_ROWS,
+        attention_rows: int | None = None,
+    ):
         super().__init__()
         cfg = draft.config
         p = next(draft.parameters())
@@ -62,19 +71,22 @@ class DraftRunner(nn.Module):
         self.matvec_rows = check_small_rows(small_rows) if (default_matvec if matvec is None else matvec) else 0
         self.linear = partial(linear, max_rows=self.matvec_rows)
         wqkv, w13 = draft.fused_weights()
-        self.register_buffer("wqkv", wqkv, persistent=False)                # [nh*hd + 2*nkv*hd, 2H]
-        self.register_buffer("w13", w13, persistent=False)                  # [2*I, H]
-        self.samples_chain = spec.mode == "chain" and not sampling.greedy   # drafts ~ q, q returned
+        self.register_buffer("wqkv", wqkv, persistent=False)  # [nh*hd + 2*nkv*hd, 2H]
+        self.register_buffer("w13", w13, persistent=False)  # [2*I, H]
+        self.samples_chain = spec.mode == "chain" and not sampling.greedy  # drafts ~ q, q returned
         self.cache = KVCache(1, cfg.num_key_value_heads, max_len, cfg.head_dim, dtype=p.dtype, device=p.device)
-        self.register_buffer("vocab_map", draft.draft_to_target(torch.arange(cfg.draft_vocab_size, device=p.device)),
-                             persistent=False)                              # [Vd] draft id -> target id
-        self.register_buffer("last_hidden", torch.zeros(1, cfg.hidden_size, dtype=p.dtype, device=p.device),
-                             persistent=False)                              # [1, H]
+        self.register_buffer(
+            "vocab_map", draft.draft_to_target(torch.arange(cfg.draft_vocab_size, device=p.device)), persistent=False
+        )  # [Vd] draft id -> target id
+        self.register_buffer(
+            "last_hidden", torch.zeros(1, cfg.hidden_size, dtype=p.dtype, device=p.device), persistent=False
+        )  # [1, H]
 
     def step(self, tokens, hidden, positions, slots, mask):
         """One draft forward over T rows: tokens [T], hidden [T, H], positions/slots [T] -> [T, H]."""
-        q, k, v, residual = self.draft.attention_pieces(tokens[None], hidden[None], positions[None], self.linear,
-                                                        wqkv=self.wqkv)
+        q, k, v, residual = self.draft.attention_pieces(
+            tokens[None], hidden[None], positions[None], self.linear, wqkv=self.wqkv
+        )
         k_all, v_all = self.cache.write(slots, k, v)
         mask = group_mask(mask, q.shape[1] // k.shape[1])
         kind = kernel_for_rows(self.attention, tokens.shape[0], self.attention_rows)
@@ -114,14 +126,14 @@ class DraftRunner(nn.Module):
         hidden = self.last_hidden
         drafts, qs = [], []
         for i in range(k):
-            logits = self.logits(hidden)[0]                                   # [Vd]
+            logits = self.logits(hidden)[0]  # [Vd]
             if self.sampling.greedy:
                 choice = torch.argmax(logits).view(1)
             else:
                 q = (logits / self.sampling.temperature).softmax(-1)
                 choice = sample(q).view(1)
                 qs.append(q)
-            token = self.vocab_map[choice]                                    # [1] target id
+            token = self.vocab_map[choice]  # [1] target id
             drafts.append(token)
             if i == k - 1:
                 break
@@ -137,36 +149,43 @@ class DraftRunner(nn.Module):
         """EAGLE-2 dynamic tree (docs/algorithms.md §3): expand the K best frontier nodes per level."""
         K, D, dev = self.spec.top_k, self.spec.depth, root.device
         R = self.spec.draft_region
-        value, ids = top_logp(self.logits(self.last_hidden)[0], K)             # [K]
-        front_tok, front_val = self.vocab_map[ids], value                      # [K]
-        front_id = torch.arange(K, device=dev)                                 # candidate index
-        front_hidden = self.last_hidden.expand(K, -1)                          # parent output [K, H]
-        front_anc = torch.zeros(K, R, dtype=torch.bool, device=dev)            # visible draft slots
+        value, ids = top_logp(self.logits(self.last_hidden)[0], K)  # [K]
+        front_tok, front_val = self.vocab_map[ids], value  # [K]
+        front_id = torch.arange(K, device=dev)  # candidate index
+        front_hidden = self.last_hidden.expand(K, -1)  # parent output [K, H]
+        front_anc = torch.zeros(K, R, dtype=torch.bool, device=dev)  # visible draft slots
         long = dict(dtype=torch.long, device=dev)
-        toks, vals = [front_tok], [value]                                      # every recorded candidate
+        toks, vals = [front_tok], [value]  # every recorded candidate
         parents, depths = [torch.full((K,), -1, **long)], [torch.full((K,), 1, **long)]
         recorded = K
         for level in range(1, D):
             base = (level - 1) * K
             front_anc = front_anc.clone()
-            front_anc[:, base:base + K] |= torch.eye(K, dtype=torch.bool, device=dev)
+            front_anc[:, base : base + K] |= torch.eye(K, dtype=torch.bool, device=dev)
             slots = n + base + torch.arange(K, device=dev)
             positions = (n + level - 1) * torch.ones(K, dtype=torch.long, device=dev)
             out = self.step(front_tok, front_hidden, positions, slots, cache_mask(front_anc, n, n, self.max_len))
-            child_logp, child_ids = top_logp(self.logits(out), K)                  # [K, K]
-            cand_val = (front_val.unsqueeze(1) + child_logp).flatten()         # [K*K]
+            child_logp, child_ids = top_logp(self.logits(out), K)  # [K, K]
+            cand_val = (front_val.unsqueeze(1) + child_logp).flatten()  # [K*K]
             cand_tok = self.vocab_map[child_ids].flatten()
             toks.append(cand_tok)
             vals.append(cand_val)
             parents.append(front_id.repeat_interleave(K))
             depths.append(torch.full((K * K,), level + 1, **long))
-            best = torch.topk(cand_val, K).indices                             # next frontier, global
+            best = torch.topk(cand_val, K).indices  # next frontier, global
             row = best // K
             front_tok, front_val, front_id = cand_tok[best], cand_val[best], recorded + best
             front_hidden, front_anc = out[row], front_anc[row]
             recorded += K * K
-        return select_tree(root.view(1), torch.cat(toks), torch.cat(parents), torch.cat(vals), torch.cat(depths),
-                           self.spec.num_nodes, D)
+        return select_tree(
+            root.view(1),
+            torch.cat(toks),
+            torch.cat(parents),
+            torch.cat(vals),
+            torch.cat(depths),
+            self.spec.num_nodes,
+            D,
+        )
 
 
 def top_logp(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -190,8 +209,9 @@ class OracleDrafter(nn.Module):
         super().__init__()
         self.spec, self.vocab_size = spec, vocab_size
         size = max_len + spec.num_nodes + 1
-        self.register_buffer("reference", torch.zeros(size, dtype=torch.long, device=device),
-                             persistent=False)                             # [L + N] token by position
+        self.register_buffer(
+            "reference", torch.zeros(size, dtype=torch.long, device=device), persistent=False
+        )  # [L + N] token by position
         self.set_reference(reference)
         parents, depth, shift = oracle_shape(spec)
         tree = tree_from_parents(torch.zeros(len(parents), dtype=torch.long), torch.tensor(parents), spec.max_depth)
@@ -221,11 +241,11 @@ def oracle_shape(spec: SpecConfig) -> tuple[list[int], list[int], list[int]]:
     path_len = min(D, N - 1)
     extra = [0] * (path_len + 1)
     for i in range(N - 1 - path_len):
-        extra[1 + i % path_len] += 1                                      # siblings round robin
+        extra[1 + i % path_len] += 1  # siblings round robin
     parents, depth, shift = [-1], [0], [0]
-    on_path = 0                                                            # index of the path node
+    on_path = 0  # index of the path node
     for d in range(1, path_len + 1):
-        for s in range(1, extra[d] + 1):                                   # wrong siblings first
+        for s in range(1, extra[d] + 1):  # wrong siblings first
             parents.append(on_path), depth.append(d), shift.append(s)
         parents.append(on_path), depth.append(d), shift.append(0)
         on_path = len(parents) - 1

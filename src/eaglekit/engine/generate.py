@@ -52,17 +52,17 @@ from eaglekit.runtime.graphs import COMPILE_MODE, Step, compiled
 from eaglekit.runtime.kv import cache_mask, causal_block
 from eaglekit.runtime.sampling import Sampling, next_token
 
-PREFILL_CHUNK = 128      # prompt tokens per captured prefill step (CUDA graphs)
+PREFILL_CHUNK = 128  # prompt tokens per captured prefill step (CUDA graphs)
 # The fallback's policy, tuned on a simulation (docs/notes/engine.md, "Drafting that stops").
-FALLBACK_WINDOW = 64     # plain tokens per fallback window (one draft catch-up each)
-FALLBACK_DOUBLINGS = 4   # a fallback lasts 1, 2, 4, 8, then at most 16 windows while probes fail
-PROBE_CYCLES = 4         # cycles of a generation before the first decision
-REPROBE_CYCLES = 1       # cycles after a fallback before the next decision
-TAU_WINDOW = 32          # a decision reads the cycles since the last (re)start, at most this many
-TAU_SLACK = 1.0          # fall back when tau + TAU_SLACK * sd / sqrt(cycles) is below the cost
-ACCEPT_SD_FLOOR = 0.5    # the sd of a cycle's accepted count, at least (a few cycles say little)
-EXPLORE_COST = 2.0       # a cycle's cost in plain steps assumed before any plain step was timed
-TIMED_CHUNKS = 16        # chunks whose median time sets the cost
+FALLBACK_WINDOW = 64  # plain tokens per fallback window (one draft catch-up each)
+FALLBACK_DOUBLINGS = 4  # a fallback lasts 1, 2, 4, 8, then at most 16 windows while probes fail
+PROBE_CYCLES = 4  # cycles of a generation before the first decision
+REPROBE_CYCLES = 1  # cycles after a fallback before the next decision
+TAU_WINDOW = 32  # a decision reads the cycles since the last (re)start, at most this many
+TAU_SLACK = 1.0  # fall back when tau + TAU_SLACK * sd / sqrt(cycles) is below the cost
+ACCEPT_SD_FLOOR = 0.5  # the sd of a cycle's accepted count, at least (a few cycles say little)
+EXPLORE_COST = 2.0  # a cycle's cost in plain steps assumed before any plain step was timed
+TIMED_CHUNKS = 16  # chunks whose median time sets the cost
 
 
 @dataclass
@@ -141,11 +141,24 @@ class Engine:
         probe_cycles: cycles of a generation before the fallback's first decision.
     """
 
-    def __init__(self, target, *, drafter=None, spec: SpecConfig | None = None, sampling: Sampling = Sampling(),
-                 stop_token_ids=(), graphs: bool | None = None, compile: bool | None = None,
-                 compile_mode: str = COMPILE_MODE, decode_chunk: int = 8, cycle_chunk: int = 4,
-                 prefill_chunk: int | None = None, cycle_cost: float | None = None,
-                 fallback_window: int = FALLBACK_WINDOW, probe_cycles: int = PROBE_CYCLES):
+    def __init__(
+        self,
+        target,
+        *,
+        drafter=None,
+        spec: SpecConfig | None = None,
+        sampling: Sampling = Sampling(),
+        stop_token_ids=(),
+        graphs: bool | None = None,
+        compile: bool | None = None,
+        compile_mode: str = COMPILE_MODE,
+        decode_chunk: int = 8,
+        cycle_chunk: int = 4,
+        prefill_chunk: int | None = None,
+        cycle_cost: float | None = None,
+        fallback_window: int = FALLBACK_WINDOW,
+        probe_cycles: int = PROBE_CYCLES,
+    ):
         self.target, self.drafter, self.spec, self.sampling = target, drafter, spec, sampling
         self.stop_ids = set(int(t) for t in stop_token_ids)
         self.device = next(target.parameters()).device
@@ -159,30 +172,35 @@ class Engine:
         if drafter is not None and drafter.needs_aux:
             wanted = list(drafter.draft.config.aux_layer_ids)
             if list(target.aux_layer_ids) != wanted:
-                raise EaglekitError(f"the draft reads aux layers {wanted}, the target runner captures "
-                                    f"{list(target.aux_layer_ids)}",
-                                    hint="build the runner with aux_layer_ids=draft.config.aux_layer_ids")
+                raise EaglekitError(
+                    f"the draft reads aux layers {wanted}, the target runner captures {list(target.aux_layer_ids)}",
+                    hint="build the runner with aux_layer_ids=draft.config.aux_layer_ids",
+                )
         self.L, self.chunk, self.cycle_chunk = target.max_len, decode_chunk, cycle_chunk
         long = dict(dtype=torch.long, device=self.device)
-        self.tok = torch.zeros(1, 1, **long)          # plain: the last token, fed to the next step
-        self.pos = torch.zeros(1, **long)             # plain: its position
+        self.tok = torch.zeros(1, 1, **long)  # plain: the last token, fed to the next step
+        self.pos = torch.zeros(1, **long)  # plain: its position
         depth = spec.max_depth if spec is not None else 0
         self.out = torch.zeros(self.L + depth + 2, **long)  # out[p] = the token chosen after position p
         self.one = torch.ones(1, 1, dtype=torch.bool, device=self.device)
         if fallback_window < 1:
-            raise EaglekitError(f"fallback_window {fallback_window}: a window holds at least one token",
-                                hint="pass fallback_window >= 1")
+            raise EaglekitError(
+                f"fallback_window {fallback_window}: a window holds at least one token",
+                hint="pass fallback_window >= 1",
+            )
         self.fallback = spec is not None and drafter is not None and spec.plain_fallback
         self.window, self.cycle_cost, self.meter = fallback_window, cycle_cost, CostMeter()
         self.probe_cycles = max(probe_cycles, 1)
         # The draft catches up over a fallback window from the aux rows the decode step keeps.
         self.keep_aux = self.fallback and drafter.needs_aux
         if self.keep_aux:
-            self.plain_aux = torch.zeros(self.window, target.aux_width, device=self.device,
-                                         dtype=next(target.parameters()).dtype)   # [W, A] ring, by position % W
+            self.plain_aux = torch.zeros(
+                self.window, target.aux_width, device=self.device, dtype=next(target.parameters()).dtype
+            )  # [W, A] ring, by position % W
             self.window_last = torch.full((1,), self.window - 1, dtype=torch.long, device=self.device)
-        self.decode = Step(compiled(self._decode_step, self.compile, compile_mode), use_graph=self.graphs,
-                           name="decode")
+        self.decode = Step(
+            compiled(self._decode_step, self.compile, compile_mode), use_graph=self.graphs, name="decode"
+        )
         self.prefill_chunk = (PREFILL_CHUNK if self.graphs else 0) if prefill_chunk is None else prefill_chunk
         if self.prefill_chunk:
             self._init_prefill()
@@ -192,9 +210,9 @@ class Engine:
     def _init_prefill(self) -> None:
         C, dtype = self.prefill_chunk, next(self.target.parameters()).dtype
         long = dict(dtype=torch.long, device=self.device)
-        self.chunk_ids = torch.zeros(C, **long)       # one piece of the prompt, zero-padded
-        self.chunk_start = torch.zeros(1, **long)     # its first position
-        self.chunk_last = torch.zeros(1, **long)      # index of its last real token
+        self.chunk_ids = torch.zeros(C, **long)  # one piece of the prompt, zero-padded
+        self.chunk_start = torch.zeros(1, **long)  # its first position
+        self.chunk_last = torch.zeros(1, **long)  # index of its last real token
         self.prefill_logits = torch.zeros(self.target.vocab_size, dtype=dtype, device=self.device)
         self.prefill_aux = torch.zeros(self.L + C, max(self.target.aux_width, 1), dtype=dtype, device=self.device)
         # Not compiled: a compile per engine costs more than fusing a 128-row forward gains.
@@ -205,28 +223,33 @@ class Engine:
     def _init_speculation(self, compile_mode: str) -> None:
         N, D = self.spec.num_nodes, self.spec.max_depth
         long = dict(dtype=torch.long, device=self.device)
-        self.n = torch.zeros(1, **long)               # committed length = position of the root
-        self.tree = Tree(tokens=torch.zeros(N, **long), parents=torch.zeros(N, **long),
-                         depth=torch.zeros(N, **long), anc=torch.zeros(N, N, dtype=torch.bool, device=self.device))
-        self.acc = torch.zeros(D + 3, **long)          # [count, bonus, path (D + 1)]
-        self.cycle_index = torch.zeros(1, **long)     # cycles run since the prefill
+        self.n = torch.zeros(1, **long)  # committed length = position of the root
+        self.tree = Tree(
+            tokens=torch.zeros(N, **long),
+            parents=torch.zeros(N, **long),
+            depth=torch.zeros(N, **long),
+            anc=torch.zeros(N, N, dtype=torch.bool, device=self.device),
+        )
+        self.acc = torch.zeros(D + 3, **long)  # [count, bonus, path (D + 1)]
+        self.cycle_index = torch.zeros(1, **long)  # cycles run since the prefill
         self.counts = torch.zeros(self.L + 1, **long)  # counts[c] = drafts accepted in cycle c
-        self.aux_rows = torch.zeros(N, max(self.target.aux_width, 1), device=self.device,
-                                    dtype=next(self.target.parameters()).dtype)
+        self.aux_rows = torch.zeros(
+            N, max(self.target.aux_width, 1), device=self.device, dtype=next(self.target.parameters()).dtype
+        )
         # A sampled chain verifies with the full draft distribution q; deterministic drafts (trees,
         # the oracle) verify with q one-hot.
-        self.sampled_chain = (self.spec.mode == "chain" and not self.sampling.greedy
-                              and getattr(self.drafter, "samples_chain", False))
+        self.sampled_chain = (
+            self.spec.mode == "chain" and not self.sampling.greedy and getattr(self.drafter, "samples_chain", False)
+        )
         if self.sampled_chain:
             vd = self.drafter.vocab_map.shape[0]
             self.q = torch.zeros(self.spec.k, vd, device=self.device)
-        self.root = torch.zeros(1, **long)           # the first root, after the prefill
+        self.root = torch.zeros(1, **long)  # the first root, after the prefill
         # Not compiled: it runs once a generation (after the prefill; the cycle proposes inside its own
         # graph), and its compile took 12.3 s of the H200 bench stage (2026-12-04-h200-all-data).
         self.proposal = Step(self._propose_root_step, use_graph=self.graphs, name="proposal")
-        self.cycle = Step(compiled(self._cycle_step, self.compile, compile_mode), use_graph=self.graphs,
-                          name="cycle")
-        if self.keep_aux:   # uncompiled, as the proposal: it runs once a window
+        self.cycle = Step(compiled(self._cycle_step, self.compile, compile_mode), use_graph=self.graphs, name="cycle")
+        if self.keep_aux:  # uncompiled, as the proposal: it runs once a window
             self.window_catch_up = Step(self._window_catch_up_step, use_graph=self.graphs, name="window catch-up")
 
     def speculation_steps(self) -> list[Step]:
@@ -257,10 +280,17 @@ class Engine:
                     for t in (self.chunk_ids, self.chunk_start, self.chunk_last):
                         t.zero_()
                 if self.drafter is not None:
-                    for t in (self.n, self.acc, self.root, self.cycle_index, self.tree.tokens, self.tree.parents,
-                              self.tree.depth):
+                    for t in (
+                        self.n,
+                        self.acc,
+                        self.root,
+                        self.cycle_index,
+                        self.tree.tokens,
+                        self.tree.parents,
+                        self.tree.depth,
+                    ):
                         t.zero_()
-                    self.tree.anc.copy_(torch.eye(self.tree.size, dtype=torch.bool))   # no empty mask row
+                    self.tree.anc.copy_(torch.eye(self.tree.size, dtype=torch.bool))  # no empty mask row
                 step.capture()
 
     # ---- plain decoding -------------------------------------------------------------------
@@ -272,11 +302,12 @@ class Engine:
         x = torch.tensor(ids, dtype=torch.long, device=self.device)
         if not C:
             pos = torch.arange(P, device=self.device)
-            logits, aux = self.target(x[None], pos[None], pos,
-                                      cache_mask(causal_block(P, self.device), 0, 0, self.L), last_only=True)
+            logits, aux = self.target(
+                x[None], pos[None], pos, cache_mask(causal_block(P, self.device), 0, 0, self.L), last_only=True
+            )
             return x, logits[0, -1], (aux[0] if aux is not None else None)
         for start in range(0, P, C):
-            piece = x[start:start + C]
+            piece = x[start : start + C]
             self.chunk_ids.copy_(torch.nn.functional.pad(piece, (0, C - piece.shape[0])))
             self.chunk_start.fill_(start)
             self.chunk_last.fill_(piece.shape[0] - 1)
@@ -304,7 +335,7 @@ class Engine:
 
     def _decode_step(self) -> None:
         n = self.pos
-        mask = cache_mask(self.one, n, n, self.L)                            # prefix + itself
+        mask = cache_mask(self.one, n, n, self.L)  # prefix + itself
         logits, aux = self.target(self.tok, n.view(1, 1), n, mask)
         if self.keep_aux:
             self.plain_aux.index_copy_(0, torch.remainder(n, self.window), aux[0])
@@ -326,8 +357,8 @@ class Engine:
         began = time.perf_counter()
         for _ in range(steps):
             self.decode()
-        tokens = self.out[start:start + steps].tolist()
-        if steps == self.chunk:                                                # as a cycle chunk: whole chunks only
+        tokens = self.out[start : start + steps].tolist()
+        if steps == self.chunk:  # as a cycle chunk: whole chunks only
             self.meter.add("step", time.perf_counter() - began, steps)
         return extend(out, tokens, max_new_tokens, self.stop_ids)
 
@@ -342,12 +373,12 @@ class Engine:
         accepts: list[int] = []
         gen = Generation(tokens=out, finish_reason="", seconds=0.0, accept_lengths=accepts)
         reason = extend(out, [int(self._prefill_speculation(ids))], max_new_tokens, self.stop_ids)
-        n = len(ids)                                                           # the root's position
-        since, doublings = 0, 0                    # cycles since speculation (re)started; failed probes in a row
-        probe = self.probe_cycles                  # cycles before the next decision
+        n = len(ids)  # the root's position
+        since, doublings = 0, 0  # cycles since speculation (re)started; failed probes in a row
+        probe = self.probe_cycles  # cycles before the next decision
         while reason is None:
             if fallback and since >= probe:
-                if not self._pays(accepts[-min(since, TAU_WINDOW):]):
+                if not self._pays(accepts[-min(since, TAU_WINDOW) :]):
                     before = len(out)
                     reason, n = self._fall_back(out, n, self.window << doublings, max_new_tokens)
                     gen.plain_tokens += len(out) - before
@@ -357,20 +388,20 @@ class Engine:
                 doublings = 0
             cycles = max(1, min(self.cycle_chunk, (max_new_tokens - len(out)) // (D + 1)))
             if fallback and since < probe:
-                cycles = min(cycles, probe - since)                            # a probe decides early
+                cycles = min(cycles, probe - since)  # a probe decides early
             began = time.perf_counter()
             for _ in range(cycles):
                 self.cycle()
             first = len(accepts)
-            read = torch.cat([self.counts[first:first + cycles], self.out[n:n + cycles * (D + 1)]]).tolist()
-            if cycles == self.cycle_chunk:                                     # a probe's short chunk pays one sync for fewer cycles
+            read = torch.cat([self.counts[first : first + cycles], self.out[n : n + cycles * (D + 1)]]).tolist()
+            if cycles == self.cycle_chunk:  # a probe's short chunk pays one sync for fewer cycles
                 self.meter.add("cycle", time.perf_counter() - began, cycles)
             counts, tokens = read[:cycles], read[cycles:]
             since += cycles
             for count in counts:
                 accepts.append(count)
-                reason = extend(out, tokens[:count + 1], max_new_tokens, self.stop_ids)
-                tokens, n = tokens[count + 1:], n + count + 1
+                reason = extend(out, tokens[: count + 1], max_new_tokens, self.stop_ids)
+                tokens, n = tokens[count + 1 :], n + count + 1
                 if reason is not None:
                     break
         gen.finish_reason = reason
@@ -392,10 +423,11 @@ class Engine:
     def _cycle_step(self) -> None:
         """One cycle on the tree proposed last, without a host sync: verify it, accept a path, commit
         it, advance (the draft catches up and proposes the next tree)."""
-        logits = self._verify()                                                # [N, V]
-        count, path, bonus = accept(self.tree, logits, self.sampling, self.spec.max_depth,
-                                    q=self._chain_q(logits.shape[-1]))
-        self.acc.copy_(torch.cat([count, bonus, path]))                      # what commit, advance, the profile read
+        logits = self._verify()  # [N, V]
+        count, path, bonus = accept(
+            self.tree, logits, self.sampling, self.spec.max_depth, q=self._chain_q(logits.shape[-1])
+        )
+        self.acc.copy_(torch.cat([count, bonus, path]))  # what commit, advance, the profile read
         emitted = self._commit()
         self._advance(emitted)
 
@@ -414,8 +446,7 @@ class Engine:
         the nodes' aux rows kept for the draft's catch-up."""
         tree, n = self.tree, self.n
         slots = n + torch.arange(tree.size, device=self.device)
-        logits, aux = self.target(tree.tokens[None], (n + tree.depth)[None], slots,
-                                  cache_mask(tree.anc, n, n, self.L))
+        logits, aux = self.target(tree.tokens[None], (n + tree.depth)[None], slots, cache_mask(tree.anc, n, n, self.L))
         if aux is not None:
             self.aux_rows.copy_(aux[0])
         return logits[0]
@@ -426,7 +457,7 @@ class Engine:
         if not self.sampled_chain:
             return None
         q = torch.zeros(self.spec.k, vocab_size, device=self.device)
-        q.index_copy_(1, self.drafter.vocab_map, self.q)                       # draft ids -> target ids
+        q.index_copy_(1, self.drafter.vocab_map, self.q)  # draft ids -> target ids
         return q
 
     def _commit(self) -> torch.Tensor:
@@ -447,7 +478,7 @@ class Engine:
         accepted draft i+1, row count the bonus (later rows repeat it; the next cycle overwrites them)."""
         rows = torch.arange(self.spec.max_depth + 1, device=self.device)
         count, bonus, path = self.acc[0:1], self.acc[1:2], self.acc[2:]
-        after = torch.cat([path[1:], path[-1:]])                               # row i reads node i+1
+        after = torch.cat([path[1:], path[-1:]])  # row i reads node i+1
         return torch.where(rows < count, self.tree.tokens[after], bonus)
 
     def _advance(self, emitted: torch.Tensor) -> None:
@@ -466,7 +497,7 @@ class Engine:
         k = len(accepts)
         mean = sum(accepts) / k
         sd = max((sum((a - mean) ** 2 for a in accepts) / k) ** 0.5, ACCEPT_SD_FLOOR)
-        return 1 + mean + TAU_SLACK * sd / k ** 0.5 >= self._cost()
+        return 1 + mean + TAU_SLACK * sd / k**0.5 >= self._cost()
 
     def _cost(self) -> float:
         """A cycle's cost in plain steps: given, else timed (EXPLORE_COST until a plain step was timed)."""
@@ -481,7 +512,7 @@ class Engine:
         reason (None if the answer goes on) and the new root's position."""
         W = self.window
         self.pos.copy_(self.n)
-        self.tok.copy_(self.tree.tokens[:1].view(1, 1))                        # the root
+        self.tok.copy_(self.tree.tokens[:1].view(1, 1))  # the root
         done = 0
         while done < tokens:
             before = len(out)
@@ -500,15 +531,23 @@ class Engine:
     def _window_catch_up_step(self) -> None:
         """Draft entries for the window's positions n .. n+W-1, decoded plainly: entry t reads
         out[t] (the token after t) and the aux row the decode step kept for t."""
-        rows = self.n + torch.arange(self.window, device=self.device)         # [W]
-        self.drafter.catch_up(self.out[rows], self.plain_aux[torch.remainder(rows, self.window)], self.n,
-                              self.window_last)
+        rows = self.n + torch.arange(self.window, device=self.device)  # [W]
+        self.drafter.catch_up(
+            self.out[rows], self.plain_aux[torch.remainder(rows, self.window)], self.n, self.window_last
+        )
 
     # ---- entry point ----------------------------------------------------------------------
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[int], max_new_tokens: int, *, speculative: bool = True,
-                 seed: int | None = None, plain_fallback: bool | None = None) -> Generation:
+    def generate(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        *,
+        speculative: bool = True,
+        seed: int | None = None,
+        plain_fallback: bool | None = None,
+    ) -> Generation:
         """Generate up to `max_new_tokens` after `prompt_ids`.
 
         Args:
@@ -523,7 +562,9 @@ class Engine:
         if not prompt_ids or len(prompt_ids) + max_new_tokens + headroom > self.L:
             raise EaglekitError(
                 f"prompt ({len(prompt_ids)}) + max_new_tokens ({max_new_tokens}) + draft headroom ({headroom}) "
-                f"does not fit the {self.L} cache slots", hint="build the engine with a larger max_len")
+                f"does not fit the {self.L} cache slots",
+                hint="build the engine with a larger max_len",
+            )
         self.warmup(speculative)
         if seed is not None:
             torch.manual_seed(seed)

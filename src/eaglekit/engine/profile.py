@@ -61,17 +61,21 @@ def kernel_profile(fn, device: torch.device, calls: int = 8, top: int = 12, cpu_
         for _ in range(calls):
             fn()
         _sync(device)
-    wall_ms = 1000 * (time.perf_counter() - start) / calls          # profiled: an upper bound
+    wall_ms = 1000 * (time.perf_counter() - start) / calls  # profiled: an upper bound
 
     def self_us(e):
         return e.self_device_time_total if cuda else e.self_cpu_time_total
 
     events = [e for e in prof.key_averages() if e.device_type == (DeviceType.CUDA if cuda else DeviceType.CPU)]
     timed = sorted((e for e in events if self_us(e) > 0), key=self_us, reverse=True)
-    return {"kernels": sum(e.count for e in events) / calls, "wall_ms": wall_ms,
-            "busy_ms": sum(self_us(e) for e in timed) / calls / 1000,
-            "top": [{"name": e.key[:120], "per_call": e.count / calls, "us_per_call": self_us(e) / calls}
-                    for e in timed[:top]]}
+    return {
+        "kernels": sum(e.count for e in events) / calls,
+        "wall_ms": wall_ms,
+        "busy_ms": sum(self_us(e) for e in timed) / calls / 1000,
+        "top": [
+            {"name": e.key[:120], "per_call": e.count / calls, "us_per_call": self_us(e) / calls} for e in timed[:top]
+        ],
+    }
 
 
 @torch.no_grad()
@@ -87,8 +91,8 @@ def cycle_profile(engine: Engine, prompt_ids: list[int], max_new_tokens: int) ->
     D = engine.spec.max_depth
     gen = engine.generate(prompt_ids, max_new_tokens, plain_fallback=False)  # compiled, captured; cycles only
     with_host_ms = 1000 * gen.seconds / max(len(gen.accept_lengths), 1)
-    engine.generate(prompt_ids, 2 * (D + 1), plain_fallback=False)         # a state with the cache in use
-    engine.root.copy_(engine.acc[1:2])                                     # the proposal drafts from the bonus
+    engine.generate(prompt_ids, 2 * (D + 1), plain_fallback=False)  # a state with the cache in use
+    engine.root.copy_(engine.acc[1:2])  # the proposal drafts from the bonus
     rows = torch.arange(D + 1, device=engine.device)
     count, path = engine.acc[0:1], engine.acc[2:]
     pieces = {}
@@ -97,20 +101,29 @@ def cycle_profile(engine: Engine, prompt_ids: list[int], max_new_tokens: int) ->
     if engine.drafter.needs_aux:
         pieces["catch_up"] = lambda: engine.drafter.catch_up(engine._emitted(), engine.aux_rows[path], engine.n, count)
     kernels = kernel_profile(engine.cycle, engine.device)
-    out = {"cycle_graph_ms": replay_ms(engine.cycle, engine.device), "cycle_with_host_ms": with_host_ms,
-           "cycle_kernels": kernels and kernels["kernels"], "pieces": {},
-           # the cycle graph's kernels by time: what to fuse next (busy_ms against the graph's ms: launch gaps)
-           "cycle_busy_ms": kernels and kernels["busy_ms"], "cycle_top_kernels": kernels and kernels["top"]}
-    pieces["propose"] = engine._propose_root_step                        # compiled here as the cycle's graph holds it
-    steps = {name: Step(compiled(fn, engine.compile), use_graph=engine.graphs, name=name) for name, fn in pieces.items()}
+    out = {
+        "cycle_graph_ms": replay_ms(engine.cycle, engine.device),
+        "cycle_with_host_ms": with_host_ms,
+        "cycle_kernels": kernels and kernels["kernels"],
+        "pieces": {},
+        # the cycle graph's kernels by time: what to fuse next (busy_ms against the graph's ms: launch gaps)
+        "cycle_busy_ms": kernels and kernels["busy_ms"],
+        "cycle_top_kernels": kernels and kernels["top"],
+    }
+    pieces["propose"] = engine._propose_root_step  # compiled here as the cycle's graph holds it
+    steps = {
+        name: Step(compiled(fn, engine.compile), use_graph=engine.graphs, name=name) for name, fn in pieces.items()
+    }
     for step in steps.values():
         step.capture()
     for name, step in steps.items():
         out["pieces"][name] = {"ms": replay_ms(step, engine.device), "kernels": kernels_per_call(step, engine.device)}
     draft_ms = sum(p["ms"] for p in out["pieces"].values())
     kernels = [p["kernels"] for p in out["pieces"].values()]
-    out["pieces"]["verify"] = {"ms": max(out["cycle_graph_ms"] - draft_ms, 0.0),
-                               "kernels": None if out["cycle_kernels"] is None else out["cycle_kernels"] - sum(kernels)}
+    out["pieces"]["verify"] = {
+        "ms": max(out["cycle_graph_ms"] - draft_ms, 0.0),
+        "kernels": None if out["cycle_kernels"] is None else out["cycle_kernels"] - sum(kernels),
+    }
     out["host_ms"] = with_host_ms - out["cycle_graph_ms"]
     parts = {**{name: p["ms"] for name, p in out["pieces"].items()}, "host": out["host_ms"]}
     out["largest"] = max(parts, key=parts.get)

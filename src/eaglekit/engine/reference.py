@@ -30,8 +30,16 @@ Target = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 @torch.no_grad()
-def speculative_decode(target: Target, draft: Eagle3Draft, prompt: list[int], max_new_tokens: int, k: int, *,
-                       stop_ids=(), fuse: Callable | None = None) -> tuple[list[int], list[int]]:
+def speculative_decode(
+    target: Target,
+    draft: Eagle3Draft,
+    prompt: list[int],
+    max_new_tokens: int,
+    k: int,
+    *,
+    stop_ids=(),
+    fuse: Callable | None = None,
+) -> tuple[list[int], list[int]]:
     """Up to `max_new_tokens` after `prompt` (a stop token ends it). A cycle drafts at most as many
     tokens as are still to come, so near the end only tokens the target still emits count.
 
@@ -44,35 +52,35 @@ def speculative_decode(target: Target, draft: Eagle3Draft, prompt: list[int], ma
     fuse = fuse or draft.fuse
     V = draft.config.vocab_size
     tokens = torch.tensor(prompt)
-    choice, aux = target(tokens)                                           # prefill
+    choice, aux = target(tokens)  # prefill
     tokens = torch.cat([tokens, choice[-1:]])
-    kv, seen, accepted = None, 0, []                                       # the draft caches positions < seen
-    while not _done(tokens[len(prompt):].tolist(), max_new_tokens, stop_ids):
-        n = len(tokens)                                                    # the root tokens[n-1] is not cached
+    kv, seen, accepted = None, 0, []  # the draft caches positions < seen
+    while not _done(tokens[len(prompt) :].tolist(), max_new_tokens, stop_ids):
+        n = len(tokens)  # the root tokens[n-1] is not cached
         # propose: catch up over positions seen .. n-2, then draft from the root
-        logits, h, kv = draft(tokens[seen + 1:][None], fuse(aux[seen:n - 1])[None], past_kv=kv)
+        logits, h, kv = draft(tokens[seen + 1 :][None], fuse(aux[seen : n - 1])[None], past_kv=kv)
         seen, h, step_kv, drafts = n - 1, h[:, -1:], kv, []
-        window = min(k, max_new_tokens - (n - len(prompt)))                # drafts past the limit never count
+        window = min(k, max_new_tokens - (n - len(prompt)))  # drafts past the limit never count
         while len(drafts) < window:
             token = draft.draft_to_target(logits[0, -1].argmax())
-            if not 0 <= token < V:                                         # no target token: never accepted
+            if not 0 <= token < V:  # no target token: never accepted
                 break
             drafts.append(token)
-            if len(drafts) < window:                                       # its own token and pre-norm output
+            if len(drafts) < window:  # its own token and pre-norm output
                 logits, h, step_kv = draft(token.view(1, 1), h, past_kv=step_kv)
         drafts = torch.stack(drafts) if drafts else tokens[:0]
         # verify
         choice, aux = target(torch.cat([tokens, drafts]))
-        choice = choice[n - 1:]                                            # [len(drafts) + 1] after the root, each draft
+        choice = choice[n - 1 :]  # [len(drafts) + 1] after the root, each draft
         # accept
-        a = int(torch.cumprod(drafts == choice[:len(drafts)], 0).sum())
+        a = int(torch.cumprod(drafts == choice[: len(drafts)], 0).sum())
         # commit
-        tokens = torch.cat([tokens, drafts[:a], choice[a:a + 1]])
+        tokens = torch.cat([tokens, drafts[:a], choice[a : a + 1]])
         accepted.append(a)
         # advance: aux keeps only the committed positions' states (rejected drafts' are dropped)
-        aux = aux[:len(tokens) - 1]
-    new = tokens[len(prompt):].tolist()
-    return new[:_done(new, max_new_tokens, stop_ids)], accepted
+        aux = aux[: len(tokens) - 1]
+    new = tokens[len(prompt) :].tolist()
+    return new[: _done(new, max_new_tokens, stop_ids)], accepted
 
 
 def _done(new: list[int], max_new_tokens: int, stop_ids) -> int:

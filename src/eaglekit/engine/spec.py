@@ -36,8 +36,7 @@ class SpecConfig:
         if self.mode not in MODES:
             raise EaglekitError(f"unknown speculation mode {self.mode!r}", hint=f"use one of {MODES}")
         if min(self.k, self.depth, self.top_k) < 1 or self.total_tokens < 2:
-            raise EaglekitError(f"bad speculation shape {self}",
-                                hint="k, depth, top_k >= 1 and total_tokens >= 2")
+            raise EaglekitError(f"bad speculation shape {self}", hint="k, depth, top_k >= 1 and total_tokens >= 2")
 
     @property
     def max_depth(self) -> int:
@@ -47,7 +46,7 @@ class SpecConfig:
     @property
     def num_candidates(self) -> int:
         """Tree: candidates recorded while drafting (K + (depth - 1) K^2)."""
-        return self.top_k + (self.depth - 1) * self.top_k ** 2
+        return self.top_k + (self.depth - 1) * self.top_k**2
 
     @property
     def num_nodes(self) -> int:

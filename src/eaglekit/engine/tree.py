@@ -42,7 +42,7 @@ def ancestors(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
     N = parents.shape[0]
     anc = torch.eye(N, dtype=torch.bool, device=parents.device)
     eye = anc.clone()
-    has_parent = (parents >= 0).unsqueeze(1)           # [N, 1]
+    has_parent = (parents >= 0).unsqueeze(1)  # [N, 1]
     up = parents.clamp(min=0)
     for _ in range(max_depth):
         anc = eye | (anc[up] & has_parent)
@@ -52,7 +52,7 @@ def ancestors(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
 def tree_from_parents(tokens: torch.Tensor, parents: torch.Tensor, max_depth: int) -> Tree:
     """Build a tree from tokens [N] and parents [N] (parents precede children)."""
     anc = ancestors(parents, max_depth)
-    depth = anc.sum(1) - 1                              # depth = row sum of the mask - 1
+    depth = anc.sum(1) - 1  # depth = row sum of the mask - 1
     return Tree(tokens=tokens, parents=parents, depth=depth, anc=anc)
 
 
@@ -60,12 +60,20 @@ def chain_tree(tokens: torch.Tensor) -> Tree:
     """A chain [root, d_1 .. d_k] as a tree: node i's parent is i-1."""
     N = tokens.shape[0]
     idx = torch.arange(N, device=tokens.device)
-    return Tree(tokens=tokens, parents=idx - 1, depth=idx,
-                anc=torch.ones(N, N, dtype=torch.bool, device=tokens.device).tril())
+    return Tree(
+        tokens=tokens, parents=idx - 1, depth=idx, anc=torch.ones(N, N, dtype=torch.bool, device=tokens.device).tril()
+    )
 
 
-def select_tree(root: torch.Tensor, cand_tokens: torch.Tensor, cand_parents: torch.Tensor,
-                cand_values: torch.Tensor, cand_depth: torch.Tensor, num_nodes: int, max_depth: int) -> Tree:
+def select_tree(
+    root: torch.Tensor,
+    cand_tokens: torch.Tensor,
+    cand_parents: torch.Tensor,
+    cand_values: torch.Tensor,
+    cand_depth: torch.Tensor,
+    num_nodes: int,
+    max_depth: int,
+) -> Tree:
     """EAGLE-2 rerank: keep the `num_nodes - 1` best candidates by value, flatten with the root.
 
     Args:
@@ -82,7 +90,7 @@ def select_tree(root: torch.Tensor, cand_tokens: torch.Tensor, cand_parents: tor
     """
     C = cand_tokens.shape[0]
     order = torch.arange(C, device=cand_tokens.device)
-    key = cand_values.double() - order.double() * 1e-9          # tie -> earlier candidate first
+    key = cand_values.double() - order.double() * 1e-9  # tie -> earlier candidate first
     kept = torch.topk(key, num_nodes - 1).indices.sort().values  # [N-1] generation order
     slot = torch.full((C,), -1, dtype=torch.long, device=cand_tokens.device)
     slot[kept] = torch.arange(1, num_nodes, device=cand_tokens.device)  # flattened index, root = 0

@@ -40,21 +40,27 @@ class Batch:
         return int(self.lengths.sum())
 
     def to(self, device) -> "Batch":
-        return Batch(self.input_ids.to(device, non_blocking=True), self.loss_mask.to(device, non_blocking=True),
-                     self.aux.to(device, non_blocking=True), self.teacher.to(device),
-                     self.lengths.to(device, non_blocking=True), self.host_loss_mask)
+        return Batch(
+            self.input_ids.to(device, non_blocking=True),
+            self.loss_mask.to(device, non_blocking=True),
+            self.aux.to(device, non_blocking=True),
+            self.teacher.to(device),
+            self.lengths.to(device, non_blocking=True),
+            self.host_loss_mask,
+        )
 
 
 def pad_stack(rows: list[torch.Tensor], length: int, value=0) -> torch.Tensor:
     """Stack [T_i, ...] tensors into [B, length, ...], right-padded with `value`."""
     out = rows[0].new_full((len(rows), length, *rows[0].shape[1:]), value)
     for i, row in enumerate(rows):
-        out[i, :row.shape[0]] = row
+        out[i, : row.shape[0]] = row
     return out
 
 
-def pack_by_tokens(indices, lengths: list[int], *, batch_tokens: int,
-                   max_batch_size: int | None = None) -> list[list[int]]:
+def pack_by_tokens(
+    indices, lengths: list[int], *, batch_tokens: int, max_batch_size: int | None = None
+) -> list[list[int]]:
     """Group `indices`, longest first (ties by index), so that rows x longest length <= batch_tokens.
 
     Padding stays bounded because a group's rows are of similar length. A sample longer than
@@ -64,8 +70,10 @@ def pack_by_tokens(indices, lengths: list[int], *, batch_tokens: int,
     current: list[int] = []
     for i in sorted(indices, key=lambda i: (-lengths[i], i)):
         longest = lengths[current[0]] if current else lengths[i]
-        if current and ((len(current) + 1) * longest > batch_tokens
-                        or (max_batch_size is not None and len(current) >= max_batch_size)):
+        if current and (
+            (len(current) + 1) * longest > batch_tokens
+            or (max_batch_size is not None and len(current) >= max_batch_size)
+        ):
             batches.append(current)
             current = []
         current.append(i)

@@ -34,7 +34,7 @@ class Sample:
     id: str
     input_ids: torch.Tensor
     loss_mask: torch.Tensor
-    held_out: bool = False   # labelled `split: validation` upstream (the prompts' own held-out share)
+    held_out: bool = False  # labelled `split: validation` upstream (the prompts' own held-out share)
 
     @property
     def length(self) -> int:
@@ -64,8 +64,9 @@ def check_counts(path: Path, files: list[Path], manifest: dict) -> None:
     hint = "the folder was changed after generate finished: make it again (`eaglekit generate --overwrite`)"
     if isinstance(listed, list) and sorted(listed) != [f.name for f in files]:
         missing, extra = sorted(set(listed) - {f.name for f in files}), sorted({f.name for f in files} - set(listed))
-        raise EaglekitError(f"{path} does not hold the shards its manifest lists (missing {missing}, "
-                            f"not listed {extra})", hint=hint)
+        raise EaglekitError(
+            f"{path} does not hold the shards its manifest lists (missing {missing}, not listed {extra})", hint=hint
+        )
     expected = counts.get("conversations")
     if isinstance(expected, int):
         found = 0
@@ -95,31 +96,40 @@ def read_conversations(path: str | Path, *, target_fingerprint: dict | None = No
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError as err:
-                    raise EaglekitError(f"{file}:{lineno} is not valid JSON ({err.msg})",
-                                        hint="the file is corrupt or was cut short") from err
+                    raise EaglekitError(
+                        f"{file}:{lineno} is not valid JSON ({err.msg})", hint="the file is corrupt or was cut short"
+                    ) from err
                 if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
-                    raise EaglekitError(f"{file}:{lineno} has no 'messages' list",
-                                        hint='each line is {"id", "source", "messages": [{"role", "content"}]}')
+                    raise EaglekitError(
+                        f"{file}:{lineno} has no 'messages' list",
+                        hint='each line is {"id", "source", "messages": [{"role", "content"}]}',
+                    )
                 cid = str(row.get("id", f"{file.stem}:{lineno}"))
                 try:
                     check_messages(row["messages"])
-                except EaglekitError as err:   # named where it is, not only by its message's index
+                except EaglekitError as err:  # named where it is, not only by its message's index
                     raise EaglekitError(f"{file}:{lineno}, conversation {cid!r}: {err.message}", hint=err.hint) from err
                 if cid in seen:
-                    raise EaglekitError(f"{file}:{lineno}: conversation id {cid!r} appears twice",
-                                        hint="ids must be unique (they decide the train/validation split)")
+                    raise EaglekitError(
+                        f"{file}:{lineno}: conversation id {cid!r} appears twice",
+                        hint="ids must be unique (they decide the train/validation split)",
+                    )
                 seen.add(cid)
                 row["id"] = cid
                 rows.append(row)
     if not rows:
         raise EaglekitError(f"{path} holds no conversations", hint="the dataset is empty")
-    fingerprint = {"path": str(Path(path).resolve()), "conversations": len(rows),
-                   "files": {f.name: sha256_file(f) for f in files}}
+    fingerprint = {
+        "path": str(Path(path).resolve()),
+        "conversations": len(rows),
+        "files": {f.name: sha256_file(f) for f in files},
+    }
     return rows, fingerprint
 
 
-def tokenize_conversations(tokenizer, rows: list[dict], *, max_length: int,
-                           workers: int | None = None) -> tuple[list[Sample], dict]:
+def tokenize_conversations(
+    tokenizer, rows: list[dict], *, max_length: int, workers: int | None = None
+) -> tuple[list[Sample], dict]:
     """Tokenize with the target's template; drop conversations with no position to learn from.
 
     The ids and masks are `eaglekit.targets.chat.tokenize_conversation`'s, in the order of `rows`.
@@ -134,7 +144,7 @@ def tokenize_conversations(tokenizer, rows: list[dict], *, max_length: int,
     """
     samples: list[Sample] = []
     specials = special_tokens(tokenizer)
-    chunks = [rows[i:i + CHUNK] for i in range(0, len(rows), CHUNK)]
+    chunks = [rows[i : i + CHUNK] for i in range(0, len(rows), CHUNK)]
 
     def texts_of(chunk: list[dict]) -> list[list[str]]:
         return [conversation_texts(tokenizer, row["messages"], specials=specials) for row in chunk]
@@ -143,12 +153,18 @@ def tokenize_conversations(tokenizer, rows: list[dict], *, max_length: int,
         flat = iter(encoded.result())
         for row, conv in zip(chunk, texts):
             tok = join_pieces(conv, [next(flat) for _ in conv], max_length=max_length)
-            samples.append(Sample(row["id"], torch.tensor(tok.input_ids, dtype=torch.long),
-                                  torch.tensor(tok.loss_mask, dtype=torch.bool), is_held_out(row)))
+            samples.append(
+                Sample(
+                    row["id"],
+                    torch.tensor(tok.input_ids, dtype=torch.long),
+                    torch.tensor(tok.loss_mask, dtype=torch.bool),
+                    is_held_out(row),
+                )
+            )
 
     workers = workers or min(8, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        pending: deque = deque()   # chunks in flight (their ids are Python lists: keep few)
+        pending: deque = deque()  # chunks in flight (their ids are Python lists: keep few)
         for n, chunk in enumerate(chunks):
             texts = texts_of(chunk)
             pending.append((chunk, texts, pool.submit(encode_texts, tokenizer, [t for conv in texts for t in conv])))
@@ -162,14 +178,18 @@ def tokenize_conversations(tokenizer, rows: list[dict], *, max_length: int,
     kept = [s for s in samples if bool(counted_positions(s.loss_mask[None]).any())]
     dropped = len(samples) - len(kept)
     if not kept:
-        raise EaglekitError(f"none of the {len(rows)} conversations has an answer to learn from (two assistant "
-                            "tokens in a row)",
-                            hint="the dataset is empty for training: add conversations with assistant answers")
+        raise EaglekitError(
+            f"none of the {len(rows)} conversations has an answer to learn from (two assistant tokens in a row)",
+            hint="the dataset is empty for training: add conversations with assistant answers",
+        )
     if dropped:
         log.warning("dropped %d of %d conversations without two assistant tokens in a row", dropped, len(rows))
-    counts = {"conversations": len(kept), "dropped": dropped,
-              "tokens": sum(s.length for s in kept),
-              "assistant_tokens": int(sum(int(s.loss_mask.sum()) for s in kept))}
+    counts = {
+        "conversations": len(kept),
+        "dropped": dropped,
+        "tokens": sum(s.length for s in kept),
+        "assistant_tokens": int(sum(int(s.loss_mask.sum()) for s in kept)),
+    }
     return kept, counts
 
 

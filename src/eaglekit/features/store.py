@@ -59,8 +59,9 @@ def maybe_nonfinite(tensors: dict[str, torch.Tensor]) -> bool:
 
 
 def describe_nonfinite(counts: dict[str, int]) -> str:
-    return " and ".join(f"{n:,} NaN/Inf {'aux values' if k == 'aux' else 'teacher log-probabilities'}"
-                        for k, n in counts.items())
+    return " and ".join(
+        f"{n:,} NaN/Inf {'aux values' if k == 'aux' else 'teacher log-probabilities'}" for k, n in counts.items()
+    )
 
 
 def shard_name(i: int) -> str:
@@ -73,8 +74,10 @@ def read_index(folder: Path) -> dict:
         return {"format": FORMAT, "shards": []}
     index = read_json(path, what="feature index")
     if index.get("format") != FORMAT:
-        raise EaglekitError(f"{path} has format {index.get('format')!r}, expected {FORMAT!r}",
-                            hint="recapture the features with this eaglekit version")
+        raise EaglekitError(
+            f"{path} has format {index.get('format')!r}, expected {FORMAT!r}",
+            hint="recapture the features with this eaglekit version",
+        )
     return index
 
 
@@ -101,27 +104,38 @@ class FeatureStore:
             NaN/Inf in its aux states or teacher (`nonfinite_counts`).
     """
 
-    def __init__(self, folder: str | Path, *, target_fingerprint: dict | None = None,
-                 hidden_size: int | None = None, allow_partial: bool = False):
+    def __init__(
+        self,
+        folder: str | Path,
+        *,
+        target_fingerprint: dict | None = None,
+        hidden_size: int | None = None,
+        allow_partial: bool = False,
+    ):
         self.folder = Path(folder)
         self.manifest = read_manifest(self.folder, stage="features")
         if target_fingerprint is not None:
             check_same_target(target_fingerprint, self.manifest.get("target"), what=f"features in {self.folder}")
-        aux_layer_ids, topk, width = manifest_config(self.manifest, self.folder, "aux_layer_ids", "teacher_topk",
-                                                     "hidden_size")
+        aux_layer_ids, topk, width = manifest_config(
+            self.manifest, self.folder, "aux_layer_ids", "teacher_topk", "hidden_size"
+        )
         self.aux_layer_ids: list[int] = list(aux_layer_ids)
         self.topk: int = int(topk)
         self.hidden_size: int = int(width)
         if hidden_size is not None and hidden_size != self.hidden_size:
-            raise EaglekitError(f"features in {self.folder} hold {self.hidden_size}-wide states, the target's "
-                                f"hidden size is {hidden_size}", hint="capture features with this target")
+            raise EaglekitError(
+                f"features in {self.folder} hold {self.hidden_size}-wide states, the target's "
+                f"hidden size is {hidden_size}",
+                hint="capture features with this target",
+            )
         self.complete = bool(self.manifest.get("complete", False))
         index = read_index(self.folder)
         if not self.complete and not allow_partial:
             raise EaglekitError(
                 f"feature capture in {self.folder} is not finished ({len(index['shards'])} shards so far)",
                 hint="rerun `eaglekit features` with the same arguments to finish it, or pass "
-                     "--allow-partial-features to train on the finished shards")
+                "--allow-partial-features to train on the finished shards",
+            )
         self.shards: list[ShardRef] = []
         self.samples: list[tuple[int, int]] = []  # (shard, row in shard)
         self._held_out: set[str] = set()
@@ -129,8 +143,10 @@ class FeatureStore:
         for entry in index["shards"]:
             file = self.folder / entry["file"]
             if not file.is_file():
-                raise EaglekitError(f"shard {file} is listed in the index but missing",
-                                    hint="the folder is incomplete; rerun `eaglekit features` to recapture it")
+                raise EaglekitError(
+                    f"shard {file} is listed in the index but missing",
+                    hint="the folder is incomplete; rerun `eaglekit features` to recapture it",
+                )
             header = validate_safetensors(file)
             self.check_header(file, header, width, entry)
             self.shards.append(ShardRef(file, list(entry["ids"]), list(entry["lengths"])))
@@ -140,9 +156,11 @@ class FeatureStore:
             raise EaglekitError(f"features in {self.folder} hold no samples", hint="the dataset is empty")
         counts = self.manifest.get("counts") or {}
         if self.complete and (len(self.shards), len(self.samples)) != (counts.get("shards"), counts.get("samples")):
-            raise EaglekitError(f"features in {self.folder} index {len(self.shards)} shards and {len(self.samples)} "
-                                f"samples, the finished capture counted {counts.get('shards')} and {counts.get('samples')}",
-                                hint="the index was changed after the capture; recapture (`eaglekit features --overwrite`)")
+            raise EaglekitError(
+                f"features in {self.folder} index {len(self.shards)} shards and {len(self.samples)} "
+                f"samples, the finished capture counted {counts.get('shards')} and {counts.get('samples')}",
+                hint="the index was changed after the capture; recapture (`eaglekit features --overwrite`)",
+            )
         self._handles: dict[int, object] = {}
 
     def check_header(self, file: Path, header: dict, width: int, entry: dict) -> None:
@@ -151,9 +169,11 @@ class FeatureStore:
             raise EaglekitError(f"shard {file} lacks tensors {missing}", hint="the shard is corrupt; recapture")
         aux_shape = header["aux"]["shape"]
         if aux_shape[-1] != width:
-            raise EaglekitError(f"shard {file} holds aux states {aux_shape[-1]} wide, expected "
-                                f"{len(self.aux_layer_ids)} aux layers x {self.hidden_size} = {width}",
-                                hint="the shard was not made with this store's settings; recapture")
+            raise EaglekitError(
+                f"shard {file} holds aux states {aux_shape[-1]} wide, expected "
+                f"{len(self.aux_layer_ids)} aux layers x {self.hidden_size} = {width}",
+                hint="the shard was not made with this store's settings; recapture",
+            )
         if aux_shape[0] != sum(entry["lengths"]) or header["offsets"]["shape"][0] != len(entry["ids"]) + 1:
             raise EaglekitError(f"shard {file} does not match its index entry", hint="recapture the features")
 
@@ -180,20 +200,25 @@ class FeatureStore:
             self._handles[shard] = handle
         return handle
 
-    def sample(self, i: int, names: tuple[str, ...] = ("input_ids", "loss_mask", "aux", "topk_ids", "topk_logp"),
-               ) -> dict[str, torch.Tensor]:
+    def sample(
+        self,
+        i: int,
+        names: tuple[str, ...] = ("input_ids", "loss_mask", "aux", "topk_ids", "topk_logp"),
+    ) -> dict[str, torch.Tensor]:
         """Tensors of sample i (CPU; rows of its shard, read lazily)."""
         shard, row = self.samples[i]
         f = self._open(shard)
-        offsets = f.get_slice("offsets")[row:row + 2]
+        offsets = f.get_slice("offsets")[row : row + 2]
         a, b = int(offsets[0]), int(offsets[1])
         out = {name: f.get_slice(name)[a:b] for name in names}
-        bad = nonfinite_counts(out)   # checked as it is read: a NaN trains a NaN draft without a word
+        bad = nonfinite_counts(out)  # checked as it is read: a NaN trains a NaN draft without a word
         if bad:
-            raise EaglekitError(f"features in {self.folder}: sample {self.shards[shard].ids[row]!r} "
-                                f"({self.shards[shard].file.name}) holds {describe_nonfinite(bad)}",
-                                hint="the shard was changed after capture, or captured before eaglekit refused "
-                                     "non-finite states: recapture (`eaglekit features ... --overwrite`)")
+            raise EaglekitError(
+                f"features in {self.folder}: sample {self.shards[shard].ids[row]!r} "
+                f"({self.shards[shard].file.name}) holds {describe_nonfinite(bad)}",
+                hint="the shard was changed after capture, or captured before eaglekit refused "
+                "non-finite states: recapture (`eaglekit features ... --overwrite`)",
+            )
         if "input_ids" in out:
             out["input_ids"] = out["input_ids"].long()
         if "loss_mask" in out:

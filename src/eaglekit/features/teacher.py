@@ -35,13 +35,19 @@ class Teacher:
     index: torch.Tensor | None = None
 
     def to(self, device) -> "Teacher":
-        return Teacher(self.argmax.to(device, non_blocking=True), self.probs.to(device, non_blocking=True),
-                       None if self.index is None else self.index.to(device, non_blocking=True))
+        return Teacher(
+            self.argmax.to(device, non_blocking=True),
+            self.probs.to(device, non_blocking=True),
+            None if self.index is None else self.index.to(device, non_blocking=True),
+        )
 
     def at(self, rows: torch.Tensor, positions: torch.Tensor) -> "Teacher":
         """The distributions at (rows[i], positions[i]), as one row [1, N, ...] (contiguous copies)."""
-        return Teacher(self.argmax[rows, positions][None], self.probs[rows, positions][None],
-                       None if self.index is None else self.index[rows, positions][None])
+        return Teacher(
+            self.argmax[rows, positions][None],
+            self.probs[rows, positions][None],
+            None if self.index is None else self.index[rows, positions][None],
+        )
 
     def cross_entropy(self, log_q: torch.Tensor) -> torch.Tensor:
         """Soft cross-entropy -sum_v p(v) log q(v) per position.
@@ -64,9 +70,9 @@ def dense_teacher(logits: torch.Tensor, draft_ids: torch.Tensor) -> Teacher:
         logits: [B, T, V] target logits (any float dtype).
         draft_ids: [Vd] int64 target ids of the draft vocab, on the logits' device.
     """
-    argmax = logits.argmax(-1)                                        # [B, T]
+    argmax = logits.argmax(-1)  # [B, T]
     # softmax(dtype=) upcasts inside the kernel: no fp32 copy of the [B, T, Vd] logits beside the result.
-    probs = logits.index_select(-1, draft_ids).softmax(-1, dtype=torch.float32)   # [B, T, Vd]
+    probs = logits.index_select(-1, draft_ids).softmax(-1, dtype=torch.float32)  # [B, T, Vd]
     return Teacher(argmax=argmax, probs=probs)
 
 
@@ -84,9 +90,9 @@ def topk_from_logits(logits: torch.Tensor, k: int, *, chunk_tokens: int = 4096) 
     """
     ids, logp = [], []
     for start in range(0, logits.shape[0], chunk_tokens):
-        part = logits[start:start + chunk_tokens].float()
+        part = logits[start : start + chunk_tokens].float()
         lse = part.logsumexp(-1, keepdim=True)
-        values, index = part.topk(k, dim=-1)                         # sorted, largest first
+        values, index = part.topk(k, dim=-1)  # sorted, largest first
         ids.append(index.to(torch.int32))
         logp.append((values - lse).clamp(min=-60000.0).to(torch.float16))
     return torch.cat(ids), torch.cat(logp)
@@ -101,7 +107,7 @@ def sparse_teacher(topk_ids: torch.Tensor, topk_logp: torch.Tensor, target_to_dr
         target_to_draft: [V] int64, -1 for ids outside the draft vocab (`DraftVocab.target_to_draft`).
     """
     ids = topk_ids.long()
-    draft = target_to_draft[ids]                                     # [B, T, k], -1 outside
+    draft = target_to_draft[ids]  # [B, T, k], -1 outside
     inside = draft >= 0
     logp = topk_logp.float().masked_fill(~inside, float("-inf"))
     probs = torch.where(inside.any(-1, keepdim=True), logp.softmax(-1), torch.zeros_like(logp))

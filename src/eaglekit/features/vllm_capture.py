@@ -47,9 +47,11 @@ def import_vllm():
     try:
         import vllm
     except ImportError as err:
-        raise EaglekitError(f"--backend vllm needs vLLM in this environment ({err})",
-                            hint="pip install vllm (GPU) in the same environment as eaglekit; on CPU see "
-                                 "scripts/install_vllm_cpu.sh, or use --backend hf") from err
+        raise EaglekitError(
+            f"--backend vllm needs vLLM in this environment ({err})",
+            hint="pip install vllm (GPU) in the same environment as eaglekit; on CPU see "
+            "scripts/install_vllm_cpu.sh, or use --backend hf",
+        ) from err
     return vllm
 
 
@@ -62,11 +64,17 @@ class AuxStateWorker:
         runner = self.model_runner
         model = runner.get_model()
         if not supports_eagle3(model):
-            return (f"vLLM's {type(model).__name__} does not implement SupportsEagle3: vLLM cannot return its "
-                    "aux hidden states (nor serve an EAGLE-3 draft for it)")
+            return (
+                f"vLLM's {type(model).__name__} does not implement SupportsEagle3: vLLM cannot return its "
+                "aux hidden states (nor serve an EAGLE-3 draft for it)"
+            )
         model.set_aux_hidden_state_layers(tuple(vllm_layer_ids))
-        self._eaglekit = {"order": sorted(set(vllm_layer_ids)), "ids": list(vllm_layer_ids), "topk": int(topk),
-                          "states": {}}
+        self._eaglekit = {
+            "order": sorted(set(vllm_layer_ids)),
+            "ids": list(vllm_layer_ids),
+            "topk": int(topk),
+            "states": {},
+        }
         if getattr(runner, "_eaglekit_forward", None) is None:
             runner._eaglekit_forward = runner._model_forward
             runner._model_forward = self._eaglekit_model_forward
@@ -84,16 +92,16 @@ class AuxStateWorker:
         if len(aux) != len(state["order"]):
             raise RuntimeError(f"vLLM returned {len(aux)} aux states for layers {state['order']}")
         by_id = dict(zip(state["order"], aux))
-        fused = torch.cat([by_id[i] for i in state["ids"]], dim=-1)             # [N, k*H], eaglekit's id order
+        fused = torch.cat([by_id[i] for i in state["ids"]], dim=-1)  # [N, k*H], eaglekit's id order
         num_reqs = runner.input_batch.num_reqs
         req_ids = runner.input_batch.req_ids[:num_reqs]
-        starts = runner.query_start_loc.np[:num_reqs + 1].tolist()
+        starts = runner.query_start_loc.np[: num_reqs + 1].tolist()
         positions = kwargs.get("positions")
         n = starts[-1]
         model = runner.get_model()
         top_ids, top_logp = [], []
-        for lo in range(0, n, LOGITS_CHUNK):     # every rank: compute_logits gathers over TP
-            logits = model.compute_logits(hidden[lo:min(lo + LOGITS_CHUNK, n)])
+        for lo in range(0, n, LOGITS_CHUNK):  # every rank: compute_logits gathers over TP
+            logits = model.compute_logits(hidden[lo : min(lo + LOGITS_CHUNK, n)])
             if logits is not None:
                 ids, logp = topk_from_logits(logits, state["topk"])
                 top_ids.append(ids.cpu())
@@ -134,8 +142,11 @@ class AuxStateWorker:
             pos = pos[order]
             if pos.tolist() != list(range(length)):
                 missing = sorted(set(range(length)) - set(pos.tolist()))
-                return (f"request {req}: positions {missing[:8]} of {length} were not computed" if missing else
-                        f"request {req}: some of its {length} positions were computed twice")
+                return (
+                    f"request {req}: positions {missing[:8]} of {length} were not computed"
+                    if missing
+                    else f"request {req}: some of its {length} positions were computed twice"
+                )
             for j, key in ((1, "aux"), (2, "topk_ids"), (3, "topk_logp")):
                 tensors[f"{i}.{key}"] = torch.cat([p[j] for p in parts])[order].contiguous()
         save_file(tensors, path)
@@ -156,21 +167,39 @@ class VllmCapture:
         engine_args: further `vllm.LLM` keyword arguments (gpu_memory_utilization, ...).
     """
 
-    def __init__(self, target: str | Path, *, aux_layer_ids: list[int], topk: int, max_model_len: int,
-                 tensor_parallel_size: int = 1, dtype: str = "auto", batch_tokens: int = FeaturesOptions.batch_tokens,
-                 engine_args: dict | None = None):
+    def __init__(
+        self,
+        target: str | Path,
+        *,
+        aux_layer_ids: list[int],
+        topk: int,
+        max_model_len: int,
+        tensor_parallel_size: int = 1,
+        dtype: str = "auto",
+        batch_tokens: int = FeaturesOptions.batch_tokens,
+        engine_args: dict | None = None,
+    ):
         vllm = import_vllm()
         self.topk = topk
-        args = dict(model=str(target), tensor_parallel_size=tensor_parallel_size, dtype=dtype, enforce_eager=True,
-                    enable_prefix_caching=False, max_model_len=max_model_len, max_num_batched_tokens=batch_tokens,
-                    seed=0, worker_extension_cls=WORKER_EXTENSION)
-        if batch_tokens < 256:   # vLLM wants at least one token a request per step
+        args = dict(
+            model=str(target),
+            tensor_parallel_size=tensor_parallel_size,
+            dtype=dtype,
+            enforce_eager=True,
+            enable_prefix_caching=False,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=batch_tokens,
+            seed=0,
+            worker_extension_cls=WORKER_EXTENSION,
+        )
+        if batch_tokens < 256:  # vLLM wants at least one token a request per step
             args["max_num_seqs"] = batch_tokens
         args.update(engine_args or {})
         log.info("starting vLLM for capture: %s", args)
         self.llm = vllm.LLM(**args)
-        errors = [e for e in self.llm.collective_rpc("eaglekit_start", args=(
-            VLLM.engine_ids(aux_layer_ids), topk)) if e]
+        errors = [
+            e for e in self.llm.collective_rpc("eaglekit_start", args=(VLLM.engine_ids(aux_layer_ids), topk)) if e
+        ]
         if errors:
             raise EaglekitError(errors[0], hint="capture this target with --backend hf (transformers hooks)")
         self._tmp = tempfile.mkdtemp(prefix="eaglekit-vllm-capture-")
@@ -185,19 +214,22 @@ class VllmCapture:
         req_ids = []
         for s in samples:
             self._count += 1
-            req_ids.append(engine.add_request(f"ek{self._count}", TokensPrompt(prompt_token_ids=s.input_ids.tolist()),
-                                              params))
+            req_ids.append(
+                engine.add_request(f"ek{self._count}", TokensPrompt(prompt_token_ids=s.input_ids.tolist()), params)
+            )
         while engine.has_unfinished_requests():
             engine.step()
         path = os.path.join(self._tmp, "shard.safetensors")
-        errors = [e for e in self.llm.collective_rpc("eaglekit_dump", args=(path, req_ids,
-                                                                             [s.length for s in samples])) if e]
+        errors = [
+            e for e in self.llm.collective_rpc("eaglekit_dump", args=(path, req_ids, [s.length for s in samples])) if e
+        ]
         if errors:
             raise EaglekitError(f"vLLM capture failed: {errors[0]}", hint="is prefix caching off? (it is by default)")
         got = load_file(path)
         os.unlink(path)
-        return shard_tensors(samples, [(got[f"{i}.aux"], got[f"{i}.topk_ids"], got[f"{i}.topk_logp"])
-                                       for i in range(len(samples))])
+        return shard_tensors(
+            samples, [(got[f"{i}.aux"], got[f"{i}.topk_ids"], got[f"{i}.topk_logp"]) for i in range(len(samples))]
+        )
 
     def close(self) -> None:
         try:
@@ -214,8 +246,10 @@ class TargetFiles:
     def __init__(self, spec: str):
         facts = target_facts(spec)
         if facts.source.kind != "hf_dir":
-            raise EaglekitError(f"vLLM loads an HF model folder; {spec} is a {facts.source.kind}",
-                                hint=f"write one with `eaglekit target prepare --target {spec} --out DIR`")
+            raise EaglekitError(
+                f"vLLM loads an HF model folder; {spec} is a {facts.source.kind}",
+                hint=f"write one with `eaglekit target prepare --target {spec} --out DIR`",
+            )
         self.source, self.config, self.tokenizer = facts.source, facts.config, facts.tokenizer
         self.stop_token_ids = stop_token_ids(generation_eos_ids(facts.source, facts.full_config), facts.tokenizer)
         self._fingerprint = facts.fingerprint
@@ -234,18 +268,25 @@ def run_features_vllm(args) -> int:
     engine_args = {}
     if args.gpu_memory_utilization is not None:
         engine_args["gpu_memory_utilization"] = args.gpu_memory_utilization
-    dtype = engine_dtype_name(args.dtype)   # "auto" resolved as the HF path does
+    dtype = engine_dtype_name(args.dtype)  # "auto" resolved as the HF path does
     capture = None
 
     def shard_capture_for(aux: list[int], samples):
         def shard_capture(shard_samples):
             nonlocal capture
             if capture is None:  # started at the first shard to capture: a finished folder starts no engine
-                capture = VllmCapture(target.source.path, aux_layer_ids=aux, topk=args.teacher_topk,
-                                      max_model_len=max(s.length for s in samples) + 1,
-                                      tensor_parallel_size=args.tensor_parallel_size, dtype=dtype,
-                                      batch_tokens=args.batch_tokens, engine_args=engine_args)
+                capture = VllmCapture(
+                    target.source.path,
+                    aux_layer_ids=aux,
+                    topk=args.teacher_topk,
+                    max_model_len=max(s.length for s in samples) + 1,
+                    tensor_parallel_size=args.tensor_parallel_size,
+                    dtype=dtype,
+                    batch_tokens=args.batch_tokens,
+                    engine_args=engine_args,
+                )
             return capture.capture_shard(shard_samples)
+
         return shard_capture
 
     config = {"backend": "vllm", "tensor_parallel_size": args.tensor_parallel_size, "dtype": dtype}
@@ -255,6 +296,8 @@ def run_features_vllm(args) -> int:
         if capture is not None:
             capture.close()
     c = manifest["counts"]
-    print(f"features (vllm, tp {args.tensor_parallel_size}): {c['samples']} conversations, {c['tokens']} tokens in "
-          f"{c['shards']} shards -> {args.out} ({c['bytes_per_token']} bytes/token)")
+    print(
+        f"features (vllm, tp {args.tensor_parallel_size}): {c['samples']} conversations, {c['tokens']} tokens in "
+        f"{c['shards']} shards -> {args.out} ({c['bytes_per_token']} bytes/token)"
+    )
     return 0

@@ -6,9 +6,12 @@ The names load on first use (`eaglekit.lazy`): the options read `formats.registr
 from eaglekit.lazy import lazy_exports
 
 _HOMES = {
-    "Interpretation": "detect", "detect_format": "detect", "interpret": "detect",
+    "Interpretation": "detect",
+    "detect_format": "detect",
+    "interpret": "detect",
     "export_draft": "export",
-    "DraftFolder": "folder", "read_folder": "folder",
+    "DraftFolder": "folder",
+    "read_folder": "folder",
     "import_draft": "importer",
     "FORMATS": "registry",
 }

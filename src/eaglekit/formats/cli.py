@@ -23,13 +23,22 @@ def register(sub) -> None:
 def run_export(args: argparse.Namespace) -> int:
     from eaglekit.formats.export import export_draft
 
-    manifest = export_draft(args.checkpoint, args.format, args.out, target=args.target, dtype=args.dtype,
-                            speculative_tokens=args.speculative_tokens, overwrite=args.overwrite,
-                            allow_unfinished=args.allow_unfinished)
+    manifest = export_draft(
+        args.checkpoint,
+        args.format,
+        args.out,
+        target=args.target,
+        dtype=args.dtype,
+        speculative_tokens=args.speculative_tokens,
+        overwrite=args.overwrite,
+        allow_unfinished=args.allow_unfinished,
+    )
     ids = manifest["aux_layer_ids"]
-    print(f"exported {args.checkpoint} -> {args.out} ({args.format}, {args.dtype}, "
-          f"{manifest['counts']['tensors']} tensors; aux layers {ids['eaglekit']} written as {ids['written']}); "
-          "reload check passed")
+    print(
+        f"exported {args.checkpoint} -> {args.out} ({args.format}, {args.dtype}, "
+        f"{manifest['counts']['tensors']} tensors; aux layers {ids['eaglekit']} written as {ids['written']}); "
+        "reload check passed"
+    )
     if manifest["unfinished_draft"]:
         print(f"warning: the draft is unfinished ({manifest['unfinished_draft']}); its export says so")
     return 0
@@ -41,6 +50,8 @@ def run_import(args: argparse.Namespace) -> int:
     ids = list(args.aux_layer_ids) if args.aux_layer_ids else None
     manifest = import_draft(args.draft, args.out, target=args.target, aux_layer_ids=ids, overwrite=args.overwrite)
     cfg = manifest["config"]
-    print(f"imported {args.draft} ({cfg['format']}) -> {args.out}; aux layers {cfg['aux_layer_ids']} "
-          f"(from {cfg['aux_source']}); reload check passed")
+    print(
+        f"imported {args.draft} ({cfg['format']}) -> {args.out}; aux layers {cfg['aux_layer_ids']} "
+        f"(from {cfg['aux_source']}); reload check passed"
+    )
     return 0

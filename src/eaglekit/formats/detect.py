@@ -64,15 +64,20 @@ def rope_parameters(flat: dict) -> dict:
 def declared_aux_ids(flat: dict, fmt: str, num_layers: int | None) -> tuple[list[int], str, list[str]]:
     """Aux ids (eaglekit convention) the config's own fields declare, where from, and conflicts."""
     found = [(f, list(ids)) for f in FORMATS.values() if (ids := f.aux_field_ids(flat))]
-    conflicts = [f"{b.aux_ids_name} {b_ids} ({b.title} convention) and {a.aux_ids_name} {a_ids} "
-                 f"({a.title} convention) name different layers"
-                 for (a, a_ids), (b, b_ids) in combinations(found, 2) if a.eaglekit_ids(a_ids) != b.eaglekit_ids(b_ids)]
+    conflicts = [
+        f"{b.aux_ids_name} {b_ids} ({b.title} convention) and {a.aux_ids_name} {a_ids} "
+        f"({a.title} convention) name different layers"
+        for (a, a_ids), (b, b_ids) in combinations(found, 2)
+        if a.eaglekit_ids(a_ids) != b.eaglekit_ids(b_ids)
+    ]
     if found:
         own, ids = next(((f, ids) for f, ids in found if f.name == fmt), found[0])
         return own.eaglekit_ids(ids), own.aux_source, conflicts
     if num_layers is None:
-        raise EaglekitError("the draft's config names no aux layers and the target's layer count is unknown",
-                            hint="pass --target so the engines' default layers can be worked out")
+        raise EaglekitError(
+            "the draft's config names no aux layers and the target's layer count is unknown",
+            hint="pass --target so the engines' default layers can be worked out",
+        )
     return default_aux_layer_ids(num_layers), DEFAULT_IDS, conflicts
 
 
@@ -85,10 +90,10 @@ class Interpretation:
     flat: dict
     config: DraftConfig
     aux_source: str
-    native: dict[str, torch.Tensor]       # tensors under native names
-    embed: torch.Tensor | None            # a shipped copy of the embedding, if any
-    unknown: list[str]                    # names with no native equivalent
-    layer_style: str | None               # "midlayer.", "layers.0.", "mixed" or None
+    native: dict[str, torch.Tensor]  # tensors under native names
+    embed: torch.Tensor | None  # a shipped copy of the embedding, if any
+    unknown: list[str]  # names with no native equivalent
+    layer_style: str | None  # "midlayer.", "layers.0.", "mixed" or None
     notes: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
 
@@ -99,7 +104,7 @@ class Interpretation:
 
 def _int(flat: dict, key: str, fallback=None) -> int:
     value = flat.get(key)
-    if value is None:   # null means the default (speculators writes target_hidden_size: null, vLLM reads hidden_size)
+    if value is None:  # null means the default (speculators writes target_hidden_size: null, vLLM reads hidden_size)
         value = fallback
     if value is None:
         raise EaglekitError(f"draft config lacks {key}", hint="the config is incomplete")
@@ -140,30 +145,54 @@ def interpret(folder: DraftFolder, *, target_num_layers: int | None = None) -> I
     heads = _int(flat, "num_attention_heads")
     draft_vocab = flat.get("draft_vocab_size")
     arch = next(iter(flat.get("architectures") or []), "")
-    if (draft_vocab is None and arch.endswith("ForCausalLM") and "eagle" not in arch.lower()
-            and _int(flat, "num_hidden_layers", 1) > 1):   # EAGLE's own drafts say LlamaForCausalLM with one layer
-        raise EaglekitError(f"this folder holds a target model ({arch}, {flat['num_hidden_layers']} layers), not a draft",
-                            hint="pass the draft folder (an `eaglekit train` or export folder) as the draft, and this "
-                                 "model as --target")
+    if (
+        draft_vocab is None
+        and arch.endswith("ForCausalLM")
+        and "eagle" not in arch.lower()
+        and _int(flat, "num_hidden_layers", 1) > 1
+    ):  # EAGLE's own drafts say LlamaForCausalLM with one layer
+        raise EaglekitError(
+            f"this folder holds a target model ({arch}, {flat['num_hidden_layers']} layers), not a draft",
+            hint="pass the draft folder (an `eaglekit train` or export folder) as the draft, and this "
+            "model as --target",
+        )
     if draft_vocab is None:
         if "lm_head.weight" not in native:
-            raise EaglekitError("draft config lacks draft_vocab_size and the folder has no lm_head",
-                                hint="the draft is incomplete")
+            raise EaglekitError(
+                "draft config lacks draft_vocab_size and the folder has no lm_head", hint="the draft is incomplete"
+            )
         draft_vocab = native["lm_head.weight"].shape[0]
         notes.append(f"draft_vocab_size absent; {draft_vocab} taken from lm_head")
     vocab = flat.get("vocab_size") or (native["t2d"].shape[0] if "t2d" in native else None)
     if vocab is None:
         raise EaglekitError("draft config lacks vocab_size", hint="the config is incomplete")
     config = DraftConfig(
-        hidden_size=hidden, intermediate_size=_int(flat, "intermediate_size"), num_attention_heads=heads,
+        hidden_size=hidden,
+        intermediate_size=_int(flat, "intermediate_size"),
+        num_attention_heads=heads,
         num_key_value_heads=_int(flat, "num_key_value_heads", heads),
-        head_dim=_int(flat, "head_dim", hidden // heads), vocab_size=int(vocab), draft_vocab_size=int(draft_vocab),
-        target_hidden_size=_int(flat, "target_hidden_size", hidden), aux_layer_ids=tuple(ids),
+        head_dim=_int(flat, "head_dim", hidden // heads),
+        vocab_size=int(vocab),
+        draft_vocab_size=int(draft_vocab),
+        target_hidden_size=_int(flat, "target_hidden_size", hidden),
+        aux_layer_ids=tuple(ids),
         rms_norm_eps=float(flat.get("rms_norm_eps") or 1e-6),
         max_position_embeddings=_int(flat, "max_position_embeddings", 4096),
-        rope_parameters=rope_parameters(flat), hidden_act=flat.get("hidden_act") or "silu",
-        norm_before_residual=bool(flat.get("norm_before_residual", False)), target_num_layers=num_layers,
+        rope_parameters=rope_parameters(flat),
+        hidden_act=flat.get("hidden_act") or "silu",
+        norm_before_residual=bool(flat.get("norm_before_residual", False)),
+        target_num_layers=num_layers,
     )
-    return Interpretation(folder=folder, format=fmt, flat=flat, config=config, aux_source=source, native=native,
-                          embed=embed, unknown=sorted(unknown), layer_style=layer_style(folder.tensors),
-                          notes=notes, conflicts=conflicts)
+    return Interpretation(
+        folder=folder,
+        format=fmt,
+        flat=flat,
+        config=config,
+        aux_source=source,
+        native=native,
+        embed=embed,
+        unknown=sorted(unknown),
+        layer_style=layer_style(folder.tensors),
+        notes=notes,
+        conflicts=conflicts,
+    )

@@ -15,7 +15,7 @@ from eaglekit.formats.base import LAYER_PARAMS, EngineReading, Format, defaults,
 from eaglekit.formats.names import EMBED, NATIVE_LAYER, VOCAB_MAPS
 from eaglekit.targets.aux import default_aux_layer_ids
 
-if TYPE_CHECKING:   # annotations only
+if TYPE_CHECKING:  # annotations only
     from eaglekit.draft.config import DraftConfig
     from eaglekit.formats.detect import Interpretation
 
@@ -25,29 +25,36 @@ ROPE_TYPES = ("default", "linear", "dynamic")
 
 
 def recognises(config: dict) -> bool:
-    return True   # no mark of its own: the format a config without another's marks is written in
+    return True  # no mark of its own: the format a config without another's marks is written in
 
 
 def rope_scaling(cfg: DraftConfig) -> dict | None:
     rope = dict(cfg.rope_parameters)
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind not in ROPE_TYPES:
-        raise EaglekitError(f"EAGLE's code supports rope types {ROPE_TYPES}, this draft uses {kind!r}",
-                            hint="export for sglang or vllm instead")
+        raise EaglekitError(
+            f"EAGLE's code supports rope types {ROPE_TYPES}, this draft uses {kind!r}",
+            hint="export for sglang or vllm instead",
+        )
     extra = sorted(set(rope) - {"rope_type", "type", "rope_theta", "factor"})
     if kind != "default" and extra:
-        raise EaglekitError(f"EAGLE's rope_scaling holds only type and factor; this draft's rope also sets {extra}",
-                            hint="export for sglang or vllm instead")
+        raise EaglekitError(
+            f"EAGLE's rope_scaling holds only type and factor; this draft's rope also sets {extra}",
+            hint="export for sglang or vllm instead",
+        )
     return None if kind == "default" else {"type": kind, "factor": rope["factor"]}
 
 
-def write_config(cfg: DraftConfig, *, facts=None, speculative_tokens: int | None = None,
-                 extra: dict | None = None) -> dict:
+def write_config(
+    cfg: DraftConfig, *, facts=None, speculative_tokens: int | None = None, extra: dict | None = None
+) -> dict:
     """EAGLE's `traineagle3` config.json. Refuses what EAGLE's code cannot represent."""
     problems = []
     if cfg.head_dim * cfg.num_attention_heads != cfg.hidden_size:
-        problems.append(f"head_dim {cfg.head_dim} x {cfg.num_attention_heads} heads != hidden {cfg.hidden_size} "
-                        "(EAGLE derives head_dim = hidden / heads)")
+        problems.append(
+            f"head_dim {cfg.head_dim} x {cfg.num_attention_heads} heads != hidden {cfg.hidden_size} "
+            "(EAGLE derives head_dim = hidden / heads)"
+        )
     if cfg.num_aux != 3:
         problems.append(f"{cfg.num_aux} aux layers (EAGLE's fc reads exactly 3)")
     if cfg.target_hidden_size != cfg.hidden_size:
@@ -62,8 +69,10 @@ def write_config(cfg: DraftConfig, *, facts=None, speculative_tokens: int | None
         if list(cfg.aux_layer_ids) != default:
             problems.append(f"aux layer ids {list(cfg.aux_layer_ids)} are not EAGLE's hard-coded {default}")
     if problems:
-        raise EaglekitError("EAGLE's format cannot hold this draft: " + "; ".join(problems),
-                            hint="export with --format sglang or --format vllm")
+        raise EaglekitError(
+            "EAGLE's format cannot hold this draft: " + "; ".join(problems),
+            hint="export with --format sglang or --format vllm",
+        )
     rope = dict(cfg.rope_parameters)
     return {
         "architectures": [ARCHITECTURE],
@@ -91,12 +100,17 @@ def engine_reading(interp: Interpretation, target_vocab, target_layers) -> Engin
     flat = interp.flat
     r = EngineReading("eagle", config=flat, draft_vocab_size=flat.get("draft_vocab_size"))
     if interp.format == "vllm":
-        r.problems.append(("fail", "EAGLE's code reads a flat Llama config, not the speculators layout",
-                           "export with `eaglekit export --format eagle`"))
+        r.problems.append(
+            (
+                "fail",
+                "EAGLE's code reads a flat Llama config, not the speculators layout",
+                "export with `eaglekit export --format eagle`",
+            )
+        )
     if r.draft_vocab_size is None:
         r.problems.append(("fail", "EAGLE's loader asserts draft_vocab_size in the config", "write draft_vocab_size"))
     if "bias" not in flat:
-        r.problems.append(("warn", "no `bias` key: EAGLE assumes bias=true", "write \"bias\": false"))
+        r.problems.append(("warn", "no `bias` key: EAGLE assumes bias=true", 'write "bias": false'))
     same_vocab = r.draft_vocab_size == flat.get("vocab_size")
     params = {"fc.weight", "norm.weight", "lm_head.weight", EMBED} | {NATIVE_LAYER + p for p in LAYER_PARAMS}
     if not same_vocab:
@@ -115,9 +129,16 @@ def engine_reading(interp: Interpretation, target_vocab, target_layers) -> Engin
 
 
 EAGLE = Format(
-    name="eagle", title="EAGLE", label="EAGLE traineagle3 (flat LlamaForCausalLM config, no layer ids)",
-    layer_prefix="midlayer.", keeps_vocab_maps=True,
-    aux_offset=1, recognises=recognises, write_config=write_config, engine_reading=engine_reading,
-    fc_only_if_widths_differ=True, without_draft_vocab_size="EAGLE's loader refuses the config",
+    name="eagle",
+    title="EAGLE",
+    label="EAGLE traineagle3 (flat LlamaForCausalLM config, no layer ids)",
+    layer_prefix="midlayer.",
+    keeps_vocab_maps=True,
+    aux_offset=1,
+    recognises=recognises,
+    write_config=write_config,
+    engine_reading=engine_reading,
+    fc_only_if_widths_differ=True,
+    without_draft_vocab_size="EAGLE's loader refuses the config",
     rename_layers="rename layers.0.* to midlayer.*",
 )

@@ -42,8 +42,10 @@ def verify_export(folder: Path, fmt: str, expected: dict[str, torch.Tensor], cfg
     if reading.format != fmt:
         problems.append(f"reads back as format {reading.format!r}")
     if set(on_disk) != set(expected):
-        problems.append(f"tensor names differ: missing {sorted(set(expected) - set(on_disk))[:4]}, "
-                        f"extra {sorted(set(on_disk) - set(expected))[:4]}")
+        problems.append(
+            f"tensor names differ: missing {sorted(set(expected) - set(on_disk))[:4]}, "
+            f"extra {sorted(set(on_disk) - set(expected))[:4]}"
+        )
     for name, tensor in expected.items():
         got = on_disk.get(name)
         if got is not None and (got.dtype != tensor.dtype or got.shape != tensor.shape or not torch.equal(got, tensor)):
@@ -51,18 +53,30 @@ def verify_export(folder: Path, fmt: str, expected: dict[str, torch.Tensor], cfg
     if reading.unknown or reading.conflicts:
         problems.append(f"unknown names {reading.unknown[:4]} / conflicts {reading.conflicts}")
     if reading.config != cfg:
-        diff = {k: (getattr(reading.config, k), getattr(cfg, k)) for k in cfg.to_dict()
-                if getattr(reading.config, k) != getattr(cfg, k)}
+        diff = {
+            k: (getattr(reading.config, k), getattr(cfg, k))
+            for k in cfg.to_dict()
+            if getattr(reading.config, k) != getattr(cfg, k)
+        }
         problems.append(f"config reads back differently: {diff}")
     if problems:
-        raise EaglekitError(f"the {fmt} export in {folder} failed its reload check: " + "; ".join(problems),
-                            hint="this is a bug in eaglekit; please report it with the checkpoint's config.json")
+        raise EaglekitError(
+            f"the {fmt} export in {folder} failed its reload check: " + "; ".join(problems),
+            hint="this is a bug in eaglekit; please report it with the checkpoint's config.json",
+        )
 
 
-def export_draft(ckpt: str | Path, fmt: str, out: str | Path, *, target: str | None = None,
-                 dtype: str = ExportOptions.dtype, speculative_tokens: int = ExportOptions.speculative_tokens,
-                 overwrite: bool = False,
-                 allow_unfinished: bool = False) -> dict:
+def export_draft(
+    ckpt: str | Path,
+    fmt: str,
+    out: str | Path,
+    *,
+    target: str | None = None,
+    dtype: str = ExportOptions.dtype,
+    speculative_tokens: int = ExportOptions.speculative_tokens,
+    overwrite: bool = False,
+    allow_unfinished: bool = False,
+) -> dict:
     """Export a draft checkpoint for an engine and verify it before reporting success.
 
     Args:
@@ -93,15 +107,18 @@ def export_draft(ckpt: str | Path, fmt: str, out: str | Path, *, target: str | N
 
     native = native_tensors(reading)
     casted = cast(native, DTYPES[dtype])
-    try:   # the draft was read finite: what is not finite now overflowed the export's dtype (float16's 65,504)
+    try:  # the draft was read finite: what is not finite now overflowed the export's dtype (float16's 65,504)
         check_finite(casted, ckpt)
     except EaglekitError as err:
-        raise EaglekitError(f"{err.message} once cast to {dtype}: its values overflow {dtype}",
-                            hint="export in bfloat16 or float32 (--dtype bfloat16)") from None
+        raise EaglekitError(
+            f"{err.message} once cast to {dtype}: its values overflow {dtype}",
+            hint="export in bfloat16 or float32 (--dtype bfloat16)",
+        ) from None
     tensors = form.to_format(casted, same_vocab=cfg.draft_vocab_size == cfg.vocab_size)
     marks = {"unfinished": unfinished} if unfinished else {}  # travels with the config to any engine's folder
-    config = form.write_config(cfg, facts=facts, speculative_tokens=speculative_tokens,
-                               extra={"target": fingerprint, **marks})
+    config = form.write_config(
+        cfg, facts=facts, speculative_tokens=speculative_tokens, extra={"target": fingerprint, **marks}
+    )
 
     with atomic_dir(out, overwrite=overwrite, stage="export") as tmp:
         with atomic_path(tmp / WEIGHTS) as path:
@@ -109,16 +126,26 @@ def export_draft(ckpt: str | Path, fmt: str, out: str | Path, *, target: str | N
         write_json(tmp / CONFIG, config)
         verify_export(tmp, fmt, tensors, cfg)
         manifest = write_manifest(
-            tmp, stage="export",
+            tmp,
+            stage="export",
             config={"format": fmt, "dtype": dtype, "speculative_tokens": speculative_tokens, "source": str(ckpt)},
             target=fingerprint,
-            inputs={"checkpoint": {"path": str(ckpt), "format": reading.format,
-                                   "sha256": {f.name: sha256_file(f) for f in sorted(Path(ckpt).glob("*.safetensors"))}}},
-            counts={"tensors": len(tensors), "parameters": sum(t.numel() for t in tensors.values()
-                                                                if t.is_floating_point())},
-            extra={"aux_layer_ids": {"eaglekit": list(cfg.aux_layer_ids),
-                                     "written": form.engine_ids(cfg.aux_layer_ids)},
-                   "source_manifest": source_manifest or None, "unfinished_draft": unfinished},
+            inputs={
+                "checkpoint": {
+                    "path": str(ckpt),
+                    "format": reading.format,
+                    "sha256": {f.name: sha256_file(f) for f in sorted(Path(ckpt).glob("*.safetensors"))},
+                }
+            },
+            counts={
+                "tensors": len(tensors),
+                "parameters": sum(t.numel() for t in tensors.values() if t.is_floating_point()),
+            },
+            extra={
+                "aux_layer_ids": {"eaglekit": list(cfg.aux_layer_ids), "written": form.engine_ids(cfg.aux_layer_ids)},
+                "source_manifest": source_manifest or None,
+                "unfinished_draft": unfinished,
+            },
         )
     log.info("exported %s -> %s (%s, %s)", ckpt, out, fmt, dtype)
     return manifest

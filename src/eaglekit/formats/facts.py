@@ -49,5 +49,6 @@ class TargetFacts:
 def target_facts(spec: str | TargetSource) -> TargetFacts:
     source = spec if isinstance(spec, TargetSource) else resolve_target(spec)
     config = load_config(source)
-    return TargetFacts(source=source, full_config=config,
-                       tokenizer=load_tokenizer(source, generation_eos_ids(source, config)))
+    return TargetFacts(
+        source=source, full_config=config, tokenizer=load_tokenizer(source, generation_eos_ids(source, config))
+    )

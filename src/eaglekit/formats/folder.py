@@ -35,7 +35,7 @@ class DraftFolder:
     def unfinished(self) -> str | None:
         """Why the draft is unfinished (training stopped early), from its manifest or its config's
         `eaglekit` block (an export of an unfinished draft carries the mark), else None."""
-        if self.manifest is None and (self.path / TRAINER_STATE).is_dir():   # killed before its first manifest
+        if self.manifest is None and (self.path / TRAINER_STATE).is_dir():  # killed before its first manifest
             return f"its `eaglekit train` run in {self.path} holds a trainer state but wrote no manifest yet"
         return unfinished_reason(self.manifest) or (self.eaglekit or {}).get("unfinished")
 
@@ -67,11 +67,15 @@ def weight_files(path: Path) -> list[Path]:
     if not files:
         pickles = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
         if pickles:
-            raise EaglekitError(f"{path} holds only pickle weights ({', '.join(pickles)})",
-                                hint="eaglekit reads safetensors only; convert them with the trainer that wrote them")
+            raise EaglekitError(
+                f"{path} holds only pickle weights ({', '.join(pickles)})",
+                hint="eaglekit reads safetensors only; convert them with the trainer that wrote them",
+            )
         if (path / TRAINER_STATE).is_dir():
-            raise EaglekitError(f"{path} is an `eaglekit train` run that has saved no draft yet",
-                                hint="let it run to its first validation, or resume it with --resume")
+            raise EaglekitError(
+                f"{path} is an `eaglekit train` run that has saved no draft yet",
+                hint="let it run to its first validation, or resume it with --resume",
+            )
         raise EaglekitError(f"{path} has no *.safetensors weights", hint="pass a draft folder")
     return files
 
@@ -87,10 +91,12 @@ def read_folder(path: str | Path) -> DraftFolder:
         raise EaglekitError(f"no such draft folder: {path}", hint="pass the folder holding config.json")
     if not (path / "config.json").is_file():
         unfinished = unfinished_training(path)
-        if unfinished:   # a killed `eaglekit train` before its first draft: "config not found" sent users to the path
-            raise EaglekitError(f"{path} is unfinished: {unfinished}, and has saved no draft yet",
-                                hint="continue it with the same `eaglekit train` command plus --resume (or let "
-                                     "it run to its first validation)")
+        if unfinished:  # a killed `eaglekit train` before its first draft: "config not found" sent users to the path
+            raise EaglekitError(
+                f"{path} is unfinished: {unfinished}, and has saved no draft yet",
+                hint="continue it with the same `eaglekit train` command plus --resume (or let "
+                "it run to its first validation)",
+            )
     config = read_json(path / "config.json", what="draft config")
     if not isinstance(config, dict):
         raise EaglekitError(f"{path / 'config.json'} is not a JSON object", hint="the file is corrupt")

@@ -41,7 +41,7 @@ def strict_reading(folder: DraftFolder, *, target_num_layers: int | None) -> Int
             each other (the doctor explains each of these in detail).
     """
     path = folder.path
-    check_finite(folder.tensors, path)   # NaN/Inf weights run without an error and are never accepted
+    check_finite(folder.tensors, path)  # NaN/Inf weights run without an error and are never accepted
     reading = interpret(folder, target_num_layers=target_num_layers)
     problems = list(reading.conflicts)
     if reading.unknown:
@@ -51,11 +51,16 @@ def strict_reading(folder: DraftFolder, *, target_num_layers: int | None) -> Int
         problems.append(f"missing tensors {missing[:6]}")
     with torch.device("meta"):  # shapes only, no memory
         expected = Eagle3Draft(reading.config).draft_state_dict()
-    problems += [f"{name} is {tuple(t.shape)}, the config implies {tuple(expected[name].shape)}"
-                 for name, t in reading.native.items() if tuple(t.shape) != tuple(expected[name].shape)]
+    problems += [
+        f"{name} is {tuple(t.shape)}, the config implies {tuple(expected[name].shape)}"
+        for name, t in reading.native.items()
+        if tuple(t.shape) != tuple(expected[name].shape)
+    ]
     if problems:
-        raise EaglekitError(f"{path} cannot be read faithfully: " + "; ".join(problems),
-                            hint=f"run `eaglekit doctor {path} --target T` to see what is wrong")
+        raise EaglekitError(
+            f"{path} cannot be read faithfully: " + "; ".join(problems),
+            hint=f"run `eaglekit doctor {path} --target T` to see what is wrong",
+        )
     return reading
 
 
@@ -77,29 +82,39 @@ def stamp_target(reading: Interpretation, facts: TargetFacts | None, path: str |
 def native_tensors(reading: Interpretation) -> dict[str, torch.Tensor]:
     """The native tensors, with the identity vocab maps filled in where a format leaves them out."""
     cfg, native = reading.config, dict(reading.native)
-    if "d2t" in native:   # absolute ids or out-of-vocab offsets passed the reload check, then broke decoding
-        problems, fix = d2t_problems(native["d2t"], None, cfg.draft_vocab_size, cfg.vocab_size)   # t2d: the doctor's
+    if "d2t" in native:  # absolute ids or out-of-vocab offsets passed the reload check, then broke decoding
+        problems, fix = d2t_problems(native["d2t"], None, cfg.draft_vocab_size, cfg.vocab_size)  # t2d: the doctor's
         if problems:
             raise EaglekitError(f"{reading.folder.path}: " + "; ".join(problems), hint=fix)
     if "d2t" not in native:
         if cfg.draft_vocab_size != cfg.vocab_size:
-            raise EaglekitError(f"the draft vocab ({cfg.draft_vocab_size}) is smaller than the target's "
-                                f"({cfg.vocab_size}) but the folder has no d2t",
-                                hint="without d2t the engines map draft ids to the wrong tokens")
+            raise EaglekitError(
+                f"the draft vocab ({cfg.draft_vocab_size}) is smaller than the target's "
+                f"({cfg.vocab_size}) but the folder has no d2t",
+                hint="without d2t the engines map draft ids to the wrong tokens",
+            )
         # Equal vocabularies: the engines use the identity map (offsets 0), so this is exact.
         native["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.long)
     if "t2d" not in native:  # ModelOpt and EAGLE (equal vocabularies) write none: it follows from d2t
         targets = torch.arange(cfg.draft_vocab_size) + native["d2t"].long()
         if not bool(((targets >= 0) & (targets < cfg.vocab_size)).all()):
-            raise EaglekitError("d2t maps draft ids outside the target vocab, so t2d cannot be derived",
-                                hint="run `eaglekit doctor` on the folder: d2t may hold absolute ids")
+            raise EaglekitError(
+                "d2t maps draft ids outside the target vocab, so t2d cannot be derived",
+                hint="run `eaglekit doctor` on the folder: d2t may hold absolute ids",
+            )
         native["t2d"] = torch.zeros(cfg.vocab_size, dtype=torch.bool)
         native["t2d"][targets] = True
     return native
 
 
-def import_draft(path: str | Path, out: str | Path, *, target: str | None = None,
-                 aux_layer_ids: list[int] | None = None, overwrite: bool = False) -> dict:
+def import_draft(
+    path: str | Path,
+    out: str | Path,
+    *,
+    target: str | None = None,
+    aux_layer_ids: list[int] | None = None,
+    overwrite: bool = False,
+) -> dict:
     """Convert a SGLang / EAGLE / ModelOpt / speculators draft folder into a native checkpoint.
 
     Args:
@@ -131,15 +146,27 @@ def import_draft(path: str | Path, out: str | Path, *, target: str | None = None
         write_json(tmp / CONFIG, cfg.to_hf_dict())
         check_native(tmp, tensors)
         manifest = write_manifest(
-            tmp, stage="import",
-            config={"source": str(path), "format": reading.format, "aux_source": reading.aux_source,
-                    "aux_layer_ids": list(cfg.aux_layer_ids)},
+            tmp,
+            stage="import",
+            config={
+                "source": str(path),
+                "format": reading.format,
+                "aux_source": reading.aux_source,
+                "aux_layer_ids": list(cfg.aux_layer_ids),
+            },
             target=fingerprint,
-            inputs={"draft": {"path": str(path), "sha256": {f.name: sha256_file(f)
-                                                            for f in sorted(Path(path).glob("*.safetensors"))}}},
+            inputs={
+                "draft": {
+                    "path": str(path),
+                    "sha256": {f.name: sha256_file(f) for f in sorted(Path(path).glob("*.safetensors"))},
+                }
+            },
             counts={"tensors": len(tensors)},
-            extra={"notes": reading.notes, "source_manifest": reading.folder.manifest,
-                   "unfinished_draft": reading.folder.unfinished},
+            extra={
+                "notes": reading.notes,
+                "source_manifest": reading.folder.manifest,
+                "unfinished_draft": reading.folder.unfinished,
+            },
         )
     log.info("imported %s (%s) -> %s", path, reading.label, out)
     return manifest
@@ -151,14 +178,20 @@ def check_native(folder: Path, tensors: dict[str, torch.Tensor]) -> None:
     state = draft.draft_state_dict()
     for name, tensor in tensors.items():
         if not torch.equal(state[name].to(tensor.dtype), tensor):
-            raise EaglekitError(f"{name} does not read back bit-identical from {folder}",
-                                hint="this is a bug in eaglekit; please report it")
+            raise EaglekitError(
+                f"{name} does not read back bit-identical from {folder}",
+                hint="this is a bug in eaglekit; please report it",
+            )
 
 
 def check_fits_target(cfg, target_cfg, path: Path) -> None:
     """A draft without a recorded target must at least have the target's vocab and hidden width."""
-    for name, mine, theirs in (("vocab_size", cfg.vocab_size, target_cfg.vocab_size),
-                               ("target_hidden_size", cfg.target_hidden_size, target_cfg.hidden_size)):
+    for name, mine, theirs in (
+        ("vocab_size", cfg.vocab_size, target_cfg.vocab_size),
+        ("target_hidden_size", cfg.target_hidden_size, target_cfg.hidden_size),
+    ):
         if mine != theirs:
-            raise EaglekitError(f"draft {path} has {name} {mine}, the target {theirs}: it was made for another target",
-                                hint=f"run `eaglekit doctor {path} --target T` to see what it was made for")
+            raise EaglekitError(
+                f"draft {path} has {name} {mine}, the target {theirs}: it was made for another target",
+                hint=f"run `eaglekit doctor {path} --target T` to see what it was made for",
+            )

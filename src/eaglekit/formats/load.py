@@ -22,18 +22,21 @@ from eaglekit.targets.load import text_config
 log = logging.getLogger(__name__)
 
 
-def read_draft_folder(folder: str | Path, *, allow_unfinished: bool = False,
-                      stand_ins: tuple[str, ...] = ("oracle", "random")) -> DraftFolder:
+def read_draft_folder(
+    folder: str | Path, *, allow_unfinished: bool = False, stand_ins: tuple[str, ...] = ("oracle", "random")
+) -> DraftFolder:
     """A draft folder of any format the doctor reads (eaglekit, SGLang / SpecForge, speculators, EAGLE),
     read before any model loads, so a wrong path, an unfinished draft or NaN/Inf weights fail in a second.
     `stand_ins`: the names the calling command takes in place of a folder (for the hint)."""
     folder = Path(folder)
     if not folder.is_dir():
         names = " or ".join(f"`{name}`" for name in stand_ins)
-        raise EaglekitError(f"no draft folder {folder}", hint="pass a draft folder" + (f", or {names}" if names else ""))
+        raise EaglekitError(
+            f"no draft folder {folder}", hint="pass a draft folder" + (f", or {names}" if names else "")
+        )
     draft = read_folder(folder)
     refuse_unfinished(draft.unfinished, folder, allow_unfinished=allow_unfinished)
-    check_finite(draft.tensors, folder)   # NaN/Inf weights too, before any model loads
+    check_finite(draft.tensors, folder)  # NaN/Inf weights too, before any model loads
     return draft
 
 
@@ -58,8 +61,11 @@ def load_draft_for(folder: str | Path | DraftFolder, target, device: str, *, all
 def random_draft_for(model, device: str):
     """A randomly initialized draft for an HF target model: real draft cost, no acceptance."""
     cfg = text_config(model.config)
-    config = DraftConfig.for_target(cfg, aux_layer_ids=default_aux_layer_ids(cfg.num_hidden_layers),
-                                    draft_vocab_size=min(cfg.vocab_size, DRAFT_VOCAB_SIZE))
+    config = DraftConfig.for_target(
+        cfg,
+        aux_layer_ids=default_aux_layer_ids(cfg.num_hidden_layers),
+        draft_vocab_size=min(cfg.vocab_size, DRAFT_VOCAB_SIZE),
+    )
     torch.manual_seed(0)
     draft = Eagle3Draft(config)
     draft.set_target_embedding(model.get_input_embeddings().weight)

@@ -17,12 +17,20 @@ VOCAB_MAPS = ("d2t", "t2d")
 # Every tensor of a native checkpoint (the draft's state dict without the target's embedding).
 NATIVE_TENSORS = (
     "fc.weight",
-    "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight",
-    "midlayer.self_attn.q_proj.weight", "midlayer.self_attn.k_proj.weight",
-    "midlayer.self_attn.v_proj.weight", "midlayer.self_attn.o_proj.weight",
+    "midlayer.input_layernorm.weight",
+    "midlayer.hidden_norm.weight",
+    "midlayer.self_attn.q_proj.weight",
+    "midlayer.self_attn.k_proj.weight",
+    "midlayer.self_attn.v_proj.weight",
+    "midlayer.self_attn.o_proj.weight",
     "midlayer.post_attention_layernorm.weight",
-    "midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight", "midlayer.mlp.down_proj.weight",
-    "norm.weight", "lm_head.weight", "d2t", "t2d",
+    "midlayer.mlp.gate_proj.weight",
+    "midlayer.mlp.up_proj.weight",
+    "midlayer.mlp.down_proj.weight",
+    "norm.weight",
+    "lm_head.weight",
+    "d2t",
+    "t2d",
 )
 EMBED = "embed_tokens.weight"  # the target's; some formats ship a copy
 
@@ -34,10 +42,10 @@ def native_name(name: str) -> tuple[str, str | None]:
         (native name, the layer prefix it was written with or None). A name with an unknown layer
         prefix comes back unchanged; the caller decides whether the native model has it.
     """
-    bare = name[len(MODEL_PREFIX):] if name.startswith(MODEL_PREFIX) else name
+    bare = name[len(MODEL_PREFIX) :] if name.startswith(MODEL_PREFIX) else name
     for alias in LAYER_ALIASES:
         if bare.startswith(alias):
-            return NATIVE_LAYER + bare[len(alias):], alias
+            return NATIVE_LAYER + bare[len(alias) :], alias
     return bare, None
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from eaglekit.formats.base import DEFAULTS, EngineReading, Format, defaults, eaglekit_block, layer_param, missing
 from eaglekit.formats.names import EMBED, MODEL_PREFIX, NATIVE_LAYER, NATIVE_TENSORS, VOCAB_MAPS, native_name
 
-if TYPE_CHECKING:   # annotations only
+if TYPE_CHECKING:  # annotations only
     from eaglekit.draft.config import DraftConfig
     from eaglekit.formats.detect import Interpretation
 
@@ -39,8 +39,9 @@ def aux_field_ids(flat: dict) -> list | None:
     return (flat.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
 
 
-def write_config(cfg: DraftConfig, *, facts=None, speculative_tokens: int | None = None,
-                 extra: dict | None = None) -> dict:
+def write_config(
+    cfg: DraftConfig, *, facts=None, speculative_tokens: int | None = None, extra: dict | None = None
+) -> dict:
     """SGLang's config: the native one (already in SGLang's names and convention)."""
     d = cfg.to_hf_dict()
     d["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = SGLANG.engine_ids(cfg.aux_layer_ids)
@@ -55,8 +56,9 @@ def drops(dropped: list[str]) -> list[str]:
     other = [n for n in dropped if n not in layer0]
     parts = []
     if layer0:
-        parts.append(f"{LAYERS0_DROPPED} silently drop {len(layer0)} tensors ({', '.join(layer0[:4])}); "
-                     f"{LAYERS0_LOADED}")
+        parts.append(
+            f"{LAYERS0_DROPPED} silently drop {len(layer0)} tensors ({', '.join(layer0[:4])}); {LAYERS0_LOADED}"
+        )
     if other:
         parts.append(f"{ALL_VERSIONS} silently drops {len(other)} tensors ({', '.join(other[:4])})")
     return parts
@@ -72,23 +74,47 @@ def engine_reading(interp: Interpretation, target_vocab, target_layers) -> Engin
     flat = interp.flat
     r = EngineReading("sglang", config=flat, draft_vocab_size=flat.get("draft_vocab_size"))
     if interp.format == "vllm":
-        r.problems.append(("fail", "SGLang does not read the speculators layout (transformer_layer_config)",
-                           "export with `eaglekit export --format sglang`"))
+        r.problems.append(
+            (
+                "fail",
+                "SGLang does not read the speculators layout (transformer_layer_config)",
+                "export with `eaglekit export --format sglang`",
+            )
+        )
     archs = flat.get("architectures") or []
     if ARCHITECTURE not in archs:
-        r.problems.append(("warn", f"architectures {archs} instead of {ARCHITECTURE}: SGLang versions "
-                           "differ in how they map other names", f"declare {ARCHITECTURE}"))
+        r.problems.append(
+            (
+                "warn",
+                f"architectures {archs} instead of {ARCHITECTURE}: SGLang versions differ in how they map other names",
+                f"declare {ARCHITECTURE}",
+            )
+        )
     if flat.get("tie_word_embeddings"):
-        r.problems.append(("fail", "tie_word_embeddings=true: SGLang makes lm_head the target embedding",
-                           "set tie_word_embeddings to false"))
+        r.problems.append(
+            (
+                "fail",
+                "tie_word_embeddings=true: SGLang makes lm_head the target embedding",
+                "set tie_word_embeddings to false",
+            )
+        )
     if flat.get("norm_before_residual"):
-        r.problems.append(("fail", "norm_before_residual=true: SGLang's layer always keeps the raw hidden "
-                           "state as residual", "serve this draft in vLLM, or train with norm_before_residual=false"))
+        r.problems.append(
+            (
+                "fail",
+                "norm_before_residual=true: SGLang's layer always keeps the raw hidden state as residual",
+                "serve this draft in vLLM, or train with norm_before_residual=false",
+            )
+        )
     bias = bool(flat.get("bias", False))
     for name in interp.folder.tensors:
-        bare = name[len(MODEL_PREFIX):] if name.startswith(MODEL_PREFIX) else name
-        if bare in VOCAB_MAPS or bare in ("fc.weight", "norm.weight", "lm_head.weight", EMBED) \
-                or layer_param(bare, NATIVE_LAYER) or (bare == "fc.bias" and bias):
+        bare = name[len(MODEL_PREFIX) :] if name.startswith(MODEL_PREFIX) else name
+        if (
+            bare in VOCAB_MAPS
+            or bare in ("fc.weight", "norm.weight", "lm_head.weight", EMBED)
+            or layer_param(bare, NATIVE_LAYER)
+            or (bare == "fc.bias" and bias)
+        ):
             r.loads[name] = bare
         else:
             r.dropped.append(name)  # SGLang's load_weights skips unmatched names silently
@@ -105,19 +131,30 @@ def engine_reading(interp: Interpretation, target_vocab, target_layers) -> Engin
             r.aux_alternative = [i - 1 for i in ids]
     else:
         r.aux_layer_ids = defaults(target_layers)
-        r.aux_source = DEFAULTS + (" (SGLang ignores top-level ids)" if flat.get("eagle_aux_hidden_state_layer_ids")
-                                   else "")
+        r.aux_source = DEFAULTS + (
+            " (SGLang ignores top-level ids)" if flat.get("eagle_aux_hidden_state_layer_ids") else ""
+        )
     return r
 
 
 SGLANG = Format(
-    name="sglang", title="SGLang", label="SGLang / SpecForge / ModelOpt (flat config, nested eagle_config)",
-    layer_prefix="midlayer.", keeps_vocab_maps=True,
-    aux_offset=0, aux_field="eagle_config.eagle_aux_hidden_state_layer_ids", aux_field_ids=aux_field_ids,
-    aux_ids_name="nested ids", aux_source="nested eagle_config ids (output of layer k)",
-    recognises=recognises, write_config=write_config, engine_reading=engine_reading,
-    fc_only_if_widths_differ=True, older_miss_last_layer=True,
+    name="sglang",
+    title="SGLang",
+    label="SGLang / SpecForge / ModelOpt (flat config, nested eagle_config)",
+    layer_prefix="midlayer.",
+    keeps_vocab_maps=True,
+    aux_offset=0,
+    aux_field="eagle_config.eagle_aux_hidden_state_layer_ids",
+    aux_field_ids=aux_field_ids,
+    aux_ids_name="nested ids",
+    aux_source="nested eagle_config ids (output of layer k)",
+    recognises=recognises,
+    write_config=write_config,
+    engine_reading=engine_reading,
+    fc_only_if_widths_differ=True,
+    older_miss_last_layer=True,
     without_draft_vocab_size="SGLang replaces the draft's lm_head by the target's full head",
-    drops=drops, missing_where=missing_where,
+    drops=drops,
+    missing_where=missing_where,
     rename_layers="rename layers.0.* to midlayer.* (every SGLang version loads those)",
 )

@@ -17,22 +17,31 @@ from eaglekit.errors import EaglekitError
 from eaglekit.formats.base import DEFAULTS, REQUIRED, EngineReading, Format, defaults, eaglekit_block, missing
 from eaglekit.formats.names import EMBED, MODEL_PREFIX, native_name
 
-if TYPE_CHECKING:   # annotations only
+if TYPE_CHECKING:  # annotations only
     from eaglekit.draft.config import DraftConfig
     from eaglekit.formats.detect import Interpretation
     from eaglekit.formats.facts import TargetFacts
 
 ARCHITECTURE = "Eagle3Speculator"
 # The EAGLE-3 fields a speculators config holds beside its transformer_layer_config.
-SPECULATORS_FIELDS = ("draft_vocab_size", "target_hidden_size", "norm_before_residual", "norm_before_fc",
-                      "fc_norm", "norm_output", "eagle_aux_hidden_state_layer_ids")
+SPECULATORS_FIELDS = (
+    "draft_vocab_size",
+    "target_hidden_size",
+    "norm_before_residual",
+    "norm_before_fc",
+    "fc_norm",
+    "norm_output",
+    "eagle_aux_hidden_state_layer_ids",
+)
 
 
 def recognises(config: dict) -> bool:
     if "speculators_model_type" in config or "speculators_config" in config:  # vLLM keys on the latter
         if config.get("speculators_model_type", "eagle3") != "eagle3":
-            raise EaglekitError(f"speculators model type {config['speculators_model_type']!r} is not EAGLE-3",
-                                hint="eaglekit reads eagle3 speculators only")
+            raise EaglekitError(
+                f"speculators model type {config['speculators_model_type']!r} is not EAGLE-3",
+                hint="eaglekit reads eagle3 speculators only",
+            )
         return True
     return False
 
@@ -45,8 +54,10 @@ def flat_config(config: dict) -> dict:
     """The flat Llama-style config of the draft: its layer config plus the EAGLE-3 fields."""
     layer = config.get("transformer_layer_config")
     if not isinstance(layer, dict):
-        raise EaglekitError("speculators config has no transformer_layer_config object",
-                            hint="the config is incomplete; vLLM refuses it too")
+        raise EaglekitError(
+            "speculators config has no transformer_layer_config object",
+            hint="the config is incomplete; vLLM refuses it too",
+        )
     flat = dict(layer)
     flat.update({k: config[k] for k in SPECULATORS_FIELDS if k in config})
     return flat
@@ -55,15 +66,22 @@ def flat_config(config: dict) -> dict:
 def layer_config(cfg: DraftConfig) -> dict:
     """The Llama decoder-layer config vLLM builds the draft from (`transformer_layer_config`)."""
     d = cfg.to_hf_dict()
-    for key in ("architectures", "draft_vocab_size", "target_hidden_size", "norm_before_residual",
-                "eagle_config", "eaglekit"):
+    for key in (
+        "architectures",
+        "draft_vocab_size",
+        "target_hidden_size",
+        "norm_before_residual",
+        "eagle_config",
+        "eaglekit",
+    ):
         d.pop(key)
     d["num_aux_hidden_states"] = cfg.num_aux  # vLLM sizes fc by it (else 3; top-level ids do not count)
     return d
 
 
-def write_config(cfg: DraftConfig, *, facts: TargetFacts | None, speculative_tokens: int,
-                 extra: dict | None = None) -> dict:
+def write_config(
+    cfg: DraftConfig, *, facts: TargetFacts | None, speculative_tokens: int, extra: dict | None = None
+) -> dict:
     """The speculators config (`Eagle3SpeculatorConfig`) that vLLM loads natively; `facts` names the verifier."""
     return {
         "architectures": [ARCHITECTURE],
@@ -74,8 +92,10 @@ def write_config(cfg: DraftConfig, *, facts: TargetFacts | None, speculative_tok
             "algorithm": "eagle3",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens}],
             "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": facts.path if facts else None,
-                         "architectures": [facts.architecture] if facts else []},
+            "verifier": {
+                "name_or_path": facts.path if facts else None,
+                "architectures": [facts.architecture] if facts else [],
+            },
         },
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
@@ -109,7 +129,7 @@ def engine_config(interp: Interpretation) -> dict:
 def speculative_tokens(config: dict) -> int | None:
     """The draft tokens per step a speculators config names: vLLM serves at them when given no
     num_speculative_tokens."""
-    methods = ((config.get("speculators_config") or {}).get("proposal_methods") or [{}])
+    methods = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
     return methods[0].get("speculative_tokens") if isinstance(methods[0], dict) else None
 
 
@@ -128,14 +148,31 @@ def speculators_problems(cfg: dict) -> list[tuple[str, str, str]]:
         spec["verifier"]["name_or_path"]
         cfg["speculators_model_type"]
     except (KeyError, IndexError, TypeError):
-        out.append(("fail", "speculators_model_type, speculators_config.proposal_methods[0].speculative_tokens "
-                    "or verifier.name_or_path is missing: vLLM refuses the config", "re-export with eaglekit"))
+        out.append(
+            (
+                "fail",
+                "speculators_model_type, speculators_config.proposal_methods[0].speculative_tokens "
+                "or verifier.name_or_path is missing: vLLM refuses the config",
+                "re-export with eaglekit",
+            )
+        )
     if (cfg.get("transformer_layer_config") or {}).get("model_type", "llama") not in ("llama", "qwen3"):
-        out.append(("fail", "transformer_layer_config.model_type must be llama or qwen3 for vLLM's EAGLE-3",
-                    "write model_type llama"))
+        out.append(
+            (
+                "fail",
+                "transformer_layer_config.model_type must be llama or qwen3 for vLLM's EAGLE-3",
+                "write model_type llama",
+            )
+        )
     if "norm_before_residual" not in cfg:
-        out.append(("fail", "norm_before_residual is absent: vLLM then assumes true for speculators configs, "
-                    "EAGLE-3/SGLang-style drafts need false", "write norm_before_residual explicitly"))
+        out.append(
+            (
+                "fail",
+                "norm_before_residual is absent: vLLM then assumes true for speculators configs, "
+                "EAGLE-3/SGLang-style drafts need false",
+                "write norm_before_residual explicitly",
+            )
+        )
     return out
 
 
@@ -149,11 +186,21 @@ def engine_reading(interp: Interpretation, target_vocab, target_layers) -> Engin
         archs = flat.get("architectures") or []
         ok = [a for a in archs if a.startswith("Eagle3") or a.endswith("Eagle3") or a == "LlamaForCausalLM"]
         if not ok:
-            r.problems.append(("fail", f"architectures {archs}: vLLM maps them to an unregistered Eagle3 class",
-                               "declare LlamaForCausalLMEagle3"))
+            r.problems.append(
+                (
+                    "fail",
+                    f"architectures {archs}: vLLM maps them to an unregistered Eagle3 class",
+                    "declare LlamaForCausalLMEagle3",
+                )
+            )
     if flat.get("norm_before_fc") or flat.get("fc_norm") or flat.get("norm_output"):
-        r.problems.append(("fail", "norm_before_fc / fc_norm / norm_output drafts are not EAGLE-3 as eaglekit "
-                           "runs it", "eaglekit cannot check this draft variant"))
+        r.problems.append(
+            (
+                "fail",
+                "norm_before_fc / fc_norm / norm_output drafts are not EAGLE-3 as eaglekit runs it",
+                "eaglekit cannot check this draft variant",
+            )
+        )
     eagle = flat.get("eagle_config") or {}
     r.use_aux = bool(eagle.get("use_aux_hidden_state", True))
     own_map = r.draft_vocab_size != target_vocab
@@ -197,13 +244,24 @@ def engine_reading(interp: Interpretation, target_vocab, target_layers) -> Engin
 
 
 VLLM = Format(
-    name="vllm", title="vLLM", label="speculators (vLLM's native format)",
-    layer_prefix="layers.0.", keeps_vocab_maps=False,
-    aux_offset=1, aux_field="top-level eagle_aux_hidden_state_layer_ids", aux_field_ids=aux_field_ids,
-    aux_ids_name="top-level ids", aux_source="top-level ids (vLLM convention: input of layer k)",
-    recognises=recognises, write_config=write_config, engine_reading=engine_reading,
-    flat_config=flat_config, by_layout=True, speculative_tokens=speculative_tokens, fc_inputs=fc_inputs,
+    name="vllm",
+    title="vLLM",
+    label="speculators (vLLM's native format)",
+    layer_prefix="layers.0.",
+    keeps_vocab_maps=False,
+    aux_offset=1,
+    aux_field="top-level eagle_aux_hidden_state_layer_ids",
+    aux_field_ids=aux_field_ids,
+    aux_ids_name="top-level ids",
+    aux_source="top-level ids (vLLM convention: input of layer k)",
+    recognises=recognises,
+    write_config=write_config,
+    engine_reading=engine_reading,
+    flat_config=flat_config,
+    by_layout=True,
+    speculative_tokens=speculative_tokens,
+    fc_inputs=fc_inputs,
     without_draft_vocab_size="vLLM sizes lm_head by the full vocab_size and the draft head no longer fits",
     without_lm_head="no lm_head.weight: vLLM uses the target's head cut to the first draft_vocab_size ids "
-                    "(wrong tokens for a pruned vocab)",
+    "(wrong tokens for a pruned vocab)",
 )

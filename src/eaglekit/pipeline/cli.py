@@ -9,11 +9,18 @@ from eaglekit.pipeline.options import GROUPS, RunOptions
 
 
 def register(sub) -> None:
-    p = sub.add_parser("run", help="the whole pipeline: prompts -> answers -> draft -> export -> doctor -> bench",
-                       description="Run every stage of a recipe into one folder. Rerun the same command to resume.")
+    p = sub.add_parser(
+        "run",
+        help="the whole pipeline: prompts -> answers -> draft -> export -> doctor -> bench",
+        description="Run every stage of a recipe into one folder. Rerun the same command to resume.",
+    )
     add_options(p, RunOptions, GROUPS)
-    p.add_argument("overrides", nargs="*", metavar="SECTION.KEY=VALUE",
-                   help="override recipe values, e.g. train.epochs=3 generate.batch-size=64")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="SECTION.KEY=VALUE",
+        help="override recipe values, e.g. train.epochs=3 generate.batch-size=64",
+    )
     p.set_defaults(func=run)
 
 

@@ -37,22 +37,26 @@ def check_recipe_keys(recipe: dict) -> None:
         valid = stage_flags(path) | own
         for key, given in value.items():
             flag = str(key).replace("_", "-")
-            if given is not None and flag not in valid:   # KEY=null unsets it (no flag)
+            if given is not None and flag not in valid:  # KEY=null unsets it (no flag)
                 if path == ("prompts", "build") and flag in stage_flags(("prompts", "synthesize")):
                     # a recipe that synthesizes (quick) given prompts.source=FILE: its Magpie keys stay behind
                     raise EaglekitError(
                         f"recipe key prompts.{key} is a Magpie option, and with prompts.source the prompts "
                         "section is `eaglekit prompts build`'s",
                         hint=f"drop it (prompts.{key}=null), or move it to the synthesize section "
-                             f"(synthesize.{key}=..., with synthesize.add=N to top your files up with Magpie prompts)")
+                        f"(synthesize.{key}=..., with synthesize.add=N to top your files up with Magpie prompts)",
+                    )
                 raise unknown_key_error(section, str(key), path, valid)
 
 
 def section_command(recipe: dict, section: str) -> tuple[tuple[str, ...], set[str]] | None:
     """The subcommand a section's keys are flags of (None: a section this check does not own)."""
     if section == "prompts":  # files are built, Magpie synthesizes when there are none
-        return (("prompts", "build"), set()) if (recipe.get("prompts") or {}).get("source") \
+        return (
+            (("prompts", "build"), set())
+            if (recipe.get("prompts") or {}).get("source")
             else (("prompts", "synthesize"), set())
+        )
     return SECTION_COMMANDS.get(section)
 
 
@@ -74,5 +78,7 @@ def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 def unknown_key_error(section: str, key: str, path: tuple[str, ...], valid: set[str]) -> EaglekitError:
     close = difflib.get_close_matches(key.replace("_", "-"), sorted(valid), n=1)
     guess = f"did you mean {section}.{close[0]}? " if close else ""
-    return EaglekitError(f"recipe key {section}.{key} is not an option of `eaglekit {' '.join(path)}`",
-                         hint=f"{guess}valid keys of {section}: {', '.join(sorted(valid))}")
+    return EaglekitError(
+        f"recipe key {section}.{key} is not an option of `eaglekit {' '.join(path)}`",
+        hint=f"{guess}valid keys of {section}: {', '.join(sorted(valid))}",
+    )

@@ -14,7 +14,11 @@ GROUPS = {"main": None}
 class RunOptions:
     recipe: str = option("quick", "a built-in recipe name or a YAML file", group="main")
     out: str | None = option(None, "run folder (default: runs/<recipe name>)", group="main")
-    stop_before: str | None = option(None, "stop when this stage is next (e.g. train): run the data stages now, the "
-                                           "rest later by rerunning without it; finished stages are skipped",
-                                     group="main", flag={"metavar": "STAGE"})
+    stop_before: str | None = option(
+        None,
+        "stop when this stage is next (e.g. train): run the data stages now, the "
+        "rest later by rerunning without it; finished stages are skipped",
+        group="main",
+        flag={"metavar": "STAGE"},
+    )
     plan: bool = option(False, "print every stage's command and run none", group="main")

@@ -38,8 +38,10 @@ class RecipeLoader(yaml.SafeLoader):
     def base60_as_text(self, node):
         return self.construct_scalar(node) if ":" in node.value else self.numbers[node.tag](self, node)
 
-    numbers = {"tag:yaml.org,2002:int": yaml.SafeLoader.construct_yaml_int,
-               "tag:yaml.org,2002:float": yaml.SafeLoader.construct_yaml_float}
+    numbers = {
+        "tag:yaml.org,2002:int": yaml.SafeLoader.construct_yaml_int,
+        "tag:yaml.org,2002:float": yaml.SafeLoader.construct_yaml_float,
+    }
 
 
 for _tag in RecipeLoader.numbers:
@@ -67,8 +69,18 @@ def no_duplicate_keys(loader: RecipeLoader, node: yaml.MappingNode, deep: bool =
 
 RecipeLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, no_duplicate_keys)
 
-SECTIONS = ("prompts", "synthesize", "validation", "generate", "features", "train", "export", "doctor", "bench",
-            "scaling")
+SECTIONS = (
+    "prompts",
+    "synthesize",
+    "validation",
+    "generate",
+    "features",
+    "train",
+    "export",
+    "doctor",
+    "bench",
+    "scaling",
+)
 TOP_LEVEL = ("name", "target", "out", "device", "gpus", "prepare")
 
 
@@ -82,14 +94,19 @@ def load_recipe(name_or_path: str, overrides: list[str] = ()) -> dict:
     if not path.is_file():
         path = BUILTIN / f"{name_or_path}.yaml"
     if not path.is_file():
-        raise EaglekitError(f"no recipe {name_or_path!r}",
-                            hint=f"pass a YAML file or one of the built-in recipes: {', '.join(builtin_recipes())}")
+        raise EaglekitError(
+            f"no recipe {name_or_path!r}",
+            hint=f"pass a YAML file or one of the built-in recipes: {', '.join(builtin_recipes())}",
+        )
     text = path.read_text()
     try:
         recipe = yaml.load(text, Loader=RecipeLoader) or {}
     except DuplicateKey as dup:
-        raise EaglekitError(f"recipe {path} line {dup.line}: {dup.key!r} is given twice (first at line {dup.first}); "
-                            "the second would replace the first", hint="merge the two into one") from None
+        raise EaglekitError(
+            f"recipe {path} line {dup.line}: {dup.key!r} is given twice (first at line {dup.first}); "
+            "the second would replace the first",
+            hint="merge the two into one",
+        ) from None
     except yaml.YAMLError as err:
         raise EaglekitError(f"recipe {path} is not valid YAML: {err}", hint="fix the file") from err
     if not isinstance(recipe, dict):
@@ -100,8 +117,10 @@ def load_recipe(name_or_path: str, overrides: list[str] = ()) -> dict:
     check_types(recipe, "the recipe with its overrides", {})
     unknown = set(recipe) - set(SECTIONS) - set(TOP_LEVEL)
     if unknown:
-        raise EaglekitError(f"recipe has unknown sections {sorted(unknown)}",
-                            hint=f"sections are {', '.join(SECTIONS)} (plus {', '.join(TOP_LEVEL)})")
+        raise EaglekitError(
+            f"recipe has unknown sections {sorted(unknown)}",
+            hint=f"sections are {', '.join(SECTIONS)} (plus {', '.join(TOP_LEVEL)})",
+        )
     gpus = recipe.get("gpus", 1)
     if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
         raise EaglekitError(f"recipe gpus must be a whole number >= 1, got {gpus!r}", hint="e.g. gpus=2")
@@ -130,6 +149,7 @@ SWITCH_SECTIONS = ("features",)
 def check_types(recipe: dict, where, lines: dict) -> None:
     """Refuse a section that is not a mapping (`train: 5`) and a value that is neither a scalar nor
     a list of scalars (`train: {lr: {a: 1}}`), naming the line: they once ended in an AttributeError."""
+
     def at(key: str) -> str:
         return f"{where} line {lines[key]}" if key in lines else str(where)
 
@@ -137,14 +157,18 @@ def check_types(recipe: dict, where, lines: dict) -> None:
         if section not in SECTIONS or value is None or (section in SWITCH_SECTIONS and value is False):
             continue
         if not isinstance(value, dict):
-            raise EaglekitError(f"{at(section)}: {section} must be a section, a mapping of its keys; got "
-                                f"{type(value).__name__} {value!r}",
-                                hint=f"write e.g. `{section}: {{key: value}}`, one key a flag of its stage")
+            raise EaglekitError(
+                f"{at(section)}: {section} must be a section, a mapping of its keys; got "
+                f"{type(value).__name__} {value!r}",
+                hint=f"write e.g. `{section}: {{key: value}}`, one key a flag of its stage",
+            )
         for key, given in value.items():
             items = given if isinstance(given, list) else [given]
             if any(isinstance(item, (dict, list)) for item in items):
-                raise EaglekitError(f"{at(f'{section}.{key}')}: {section}.{key} must be a value or a list of "
-                                    f"values, got {given!r}", hint="one flag's value, as on the command line")
+                raise EaglekitError(
+                    f"{at(f'{section}.{key}')}: {section}.{key} must be a value or a list of values, got {given!r}",
+                    hint="one flag's value, as on the command line",
+                )
     for key in ("name", "target", "out", "device"):
         if isinstance(recipe.get(key), (dict, list)):
             raise EaglekitError(f"{at(key)}: {key} must be a single value, got {recipe[key]!r}", hint="fix the recipe")

@@ -90,18 +90,21 @@ class PlannedStage(NamedTuple):
 
 
 class Pipeline:
-    def __init__(self, recipe: dict, out: Path, stop_before: str | None = None,
-                 plan: list[PlannedStage] | None = None):
+    def __init__(self, recipe: dict, out: Path, stop_before: str | None = None, plan: list[PlannedStage] | None = None):
         self.recipe = recipe
         self.out = out
         self.stop_before = stop_before
         self.plan = plan  # a list: collect each stage instead of running it (`eaglekit run --plan`)
         self.whole_plan: list[PlannedStage] = []  # the stages as planned, for the run's time left
-        self.plan_is_whole = True                # False: the plan stopped at a stage that needs an earlier output
-        self.ahead: list[tuple[str, StageTime | None]] = []   # the stages after the running one, each's known time
+        self.plan_is_whole = True  # False: the plan stopped at a stage that needs an earlier output
+        self.ahead: list[tuple[str, StageTime | None]] = []  # the stages after the running one, each's known time
         self.state_path = out / STATE
-        self.state = moved_here(read_json(self.state_path, "pipeline state")
-                                if self.state_path.is_file() and plan is None else {"stages": {}}, out)
+        self.state = moved_here(
+            read_json(self.state_path, "pipeline state")
+            if self.state_path.is_file() and plan is None
+            else {"stages": {}},
+            out,
+        )
         self.started = time.time()
 
     @property
@@ -109,8 +112,16 @@ class Pipeline:
         """The names of every stage this run will pass, for "stage k of N" (None: not known yet)."""
         return [s.name for s in self.whole_plan] if self.plan_is_whole else None
 
-    def stage(self, name: str, argv: list[str], *, resume_flag: str | None = None, resume_marker: Path | None = None,
-              ok_codes=(0,), processes: int = 1) -> int:
+    def stage(
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        resume_flag: str | None = None,
+        resume_marker: Path | None = None,
+        ok_codes=(0,),
+        processes: int = 1,
+    ) -> int:
         """Run `eaglekit <argv>` unless it already finished with this exact command.
 
         An interrupted stage gets `resume_flag` when `resume_marker` exists (the state it resumes from).
@@ -129,40 +140,84 @@ class Pipeline:
         stale = stale_inputs(self.state, name, argv, self.out)
         damaged = damaged_output(done, argv)
         # An interrupted --overwrite left the old output in place (artifacts.settle_replace): replaced again, not resumed.
-        replacing = bool(done and done["argv"] == argv and done["status"] != "done"
-                         and "--overwrite" in done.get("extra", []) and overwrites(argv))
-        resumed = bool(not stale and not damaged and not replacing and done and done["argv"] == argv and resume_flag
-                       and resume_marker is not None and resume_marker.exists())
+        replacing = bool(
+            done
+            and done["argv"] == argv
+            and done["status"] != "done"
+            and "--overwrite" in done.get("extra", [])
+            and overwrites(argv)
+        )
+        resumed = bool(
+            not stale
+            and not damaged
+            and not replacing
+            and done
+            and done["argv"] == argv
+            and resume_flag
+            and resume_marker is not None
+            and resume_marker.exists()
+        )
         extra = [resume_flag] if resumed else []
         if replacing:
-            log.warning("[%s] an earlier run replacing its output stopped before the end (the output it was "
-                        "replacing was kept): it replaces it again (--overwrite)", name)
+            log.warning(
+                "[%s] an earlier run replacing its output stopped before the end (the output it was "
+                "replacing was kept): it replaces it again (--overwrite)",
+                name,
+            )
             extra = ["--overwrite"]
         if damaged:
             # Skipped as "done earlier" while its files were gone (a deleted draft/model.safetensors).
-            log.warning("[%s] its output no longer matches its manifest (%s): it runs again%s", name,
-                        "; ".join(damaged[:3]), " (--overwrite)" if overwrites(argv) else "")
+            log.warning(
+                "[%s] its output no longer matches its manifest (%s): it runs again%s",
+                name,
+                "; ".join(damaged[:3]),
+                " (--overwrite)" if overwrites(argv) else "",
+            )
             extra = ["--overwrite"] if overwrites(argv) and "--overwrite" not in argv else []
-        if (not resumed and not stale and done and done["argv"] == argv and done["status"] != "done" and resume_flag
-                and overwrites(argv) and "--overwrite" not in argv):
+        if (
+            not resumed
+            and not stale
+            and done
+            and done["argv"] == argv
+            and done["status"] != "done"
+            and resume_flag
+            and overwrites(argv)
+            and "--overwrite" not in argv
+        ):
             # Stopped before it saved anything to resume from (the quick recipe's 60 steps once ran
             # under the default --save-every 200): what it left is a partial log, so it starts again.
-            log.warning("[%s] stopped earlier before it saved a state to resume from: it starts again (--overwrite)",
-                        name)
+            log.warning(
+                "[%s] stopped earlier before it saved a state to resume from: it starts again (--overwrite)", name
+            )
             extra = ["--overwrite"]
         changed = changed_args(done["argv"], argv) if done and done["argv"] != argv else []
         if stale or changed:
             # What it made came from an earlier run of these stages, or from other settings (the
             # recipe was edited): made again, never kept or resumed.
-            why = (f"{', '.join(stale)} changed since this stage ran" if stale else
-                   f"its settings changed ({', '.join(changed)})")
-            log.warning("[%s] %s: its output is out of date, so it runs again%s",
-                        name, why, " (--overwrite)" if overwrites(argv) else "")
+            why = (
+                f"{', '.join(stale)} changed since this stage ran"
+                if stale
+                else f"its settings changed ({', '.join(changed)})"
+            )
+            log.warning(
+                "[%s] %s: its output is out of date, so it runs again%s",
+                name,
+                why,
+                " (--overwrite)" if overwrites(argv) else "",
+            )
             extra = ["--overwrite"] if overwrites(argv) and "--overwrite" not in argv else []
-        where = f"stage {self.planned.index(name) + 1} of {len(self.planned)}, " \
-            if self.planned and name in self.planned else ""
-        log.info("[%s] %s (%sthe run so far: %s)", name, shlex.join(["eaglekit", *argv, *extra]), where,
-                 duration(time.time() - self.started))
+        where = (
+            f"stage {self.planned.index(name) + 1} of {len(self.planned)}, "
+            if self.planned and name in self.planned
+            else ""
+        )
+        log.info(
+            "[%s] %s (%sthe run so far: %s)",
+            name,
+            shlex.join(["eaglekit", *argv, *extra]),
+            where,
+            duration(time.time() - self.started),
+        )
         self.look_ahead(name)
         log.info("[%s] %s", name, self.time_left(name, None).text())
         files = input_files(argv, self.out)
@@ -171,50 +226,75 @@ class Pipeline:
         # The stage's progress lines end with the run's time left: in this process through run_outlook,
         # in the processes it starts (torchrun's ranks, --devices workers) through the environment.
         own = known_stage_time(self.stage_planned(name), self.state, self.out)
-        with run_outlook(lambda left: self.time_left(name, None if left is None else StageTime(left)).text()), \
-                run_after(name, own, self.time_after()):
+        with (
+            run_outlook(lambda left: self.time_left(name, None if left is None else StageTime(left)).text()),
+            run_after(name, own, self.time_after()),
+        ):
             code, crash = run_stage(argv + extra, processes)
         release_device_memory()
         seconds = round(time.time() - start, 1)
         if code not in ok_codes:
-            command = shlex.join(['eaglekit', *argv, *extra])
+            command = shlex.join(["eaglekit", *argv, *extra])
             if code == 2 and done and done["status"] == "done":
                 # Refused (bad input): it changed nothing, so neither does the record. Recorded, the refused
                 # command read as "settings changed" on the next run, whose --overwrite emptied the output.
                 self.state["stages"][name] = done
                 write_json(self.state_path, self.state)
-                raise EaglekitError(f"stage {name} refused its input (exit 2): {command}; its earlier output and "
-                                    "record are kept as they were",
-                                    hint="fix the value it names above and rerun `eaglekit run`")
+                raise EaglekitError(
+                    f"stage {name} refused its input (exit 2): {command}; its earlier output and "
+                    "record are kept as they were",
+                    hint="fix the value it names above and rerun `eaglekit run`",
+                )
             self.record(name, argv, "failed", code, seconds, upstream=upstream, files=files, extra=extra)
             if code == 130:
-                raise EaglekitError(f"interrupted in stage {name}: {command}",
-                                    hint="rerun the same `eaglekit run` command: finished stages are skipped, and "
-                                         "this one resumes from its last saved state where it has one")
-            raise EaglekitError(f"stage {name} failed (exit {code}{': ' + crash if crash else ''}): {command}",
-                                hint="fix the cause and rerun `eaglekit run`; finished stages are skipped")
+                raise EaglekitError(
+                    f"interrupted in stage {name}: {command}",
+                    hint="rerun the same `eaglekit run` command: finished stages are skipped, and "
+                    "this one resumes from its last saved state where it has one",
+                )
+            raise EaglekitError(
+                f"stage {name} failed (exit {code}{': ' + crash if crash else ''}): {command}",
+                hint="fix the cause and rerun `eaglekit run`; finished stages are skipped",
+            )
         self.record(name, argv, "done", code, seconds, resumed=resumed, upstream=upstream, files=files, extra=extra)
         return code
 
-    def record(self, name: str, argv: list[str], status: str, code: int | None, seconds: float,
-               resumed: bool = False, upstream: dict | None = None, files: dict | None = None,
-               extra: list[str] | None = None) -> None:
+    def record(
+        self,
+        name: str,
+        argv: list[str],
+        status: str,
+        code: int | None,
+        seconds: float,
+        resumed: bool = False,
+        upstream: dict | None = None,
+        files: dict | None = None,
+        extra: list[str] | None = None,
+    ) -> None:
         """`resumed`: the seconds cover only the part after the resume (no measure of the whole stage).
         `upstream`: when each stage whose output this one reads had finished (`upstream_runs`); `ran`:
         when this one finished, what a later stage reading its output records. `files`: the user's
         input files it read, as `input_files` saw them. `extra`: the flags the run added (--resume,
         --overwrite)."""
-        self.state["stages"][name] = {"argv": argv, "status": status, "exit_code": code, "seconds": seconds,
-                                      "resumed": resumed, "upstream": upstream or {}, "files": files or {},
-                                      "extra": extra or [], **({"ran": time.time()} if status == "done" else {})}
+        self.state["stages"][name] = {
+            "argv": argv,
+            "status": status,
+            "exit_code": code,
+            "seconds": seconds,
+            "resumed": resumed,
+            "upstream": upstream or {},
+            "files": files or {},
+            "extra": extra or [],
+            **({"ran": time.time()} if status == "done" else {}),
+        }
         write_json(self.state_path, self.state)
 
     def look_ahead(self, name: str) -> None:
         """At a stage's start: the stages after it that will run, and what each is known to take."""
-        if not self.plan_is_whole:   # the stage it stopped at may be plannable now (the main draft is done)
+        if not self.plan_is_whole:  # the stage it stopped at may be plannable now (the main draft is done)
             self.whole_plan, self.plan_is_whole = plan_so_far(self.recipe, self.out)
         names = [s.name for s in self.whole_plan]
-        after = self.whole_plan[names.index(name) + 1:] if name in names else []
+        after = self.whole_plan[names.index(name) + 1 :] if name in names else []
         after = [s for s in until_stop(after, self.stop_before) if not finished(self.state, s.name, s.argv, self.out)]
         self.ahead = [(s.name, known_stage_time(s, self.state, self.out)) for s in after]
 
@@ -236,8 +316,9 @@ class Pipeline:
         --stop-before does not stop the run before that point."""
         if self.plan_is_whole:
             return False
-        return not self.stop_before or (self.stop_before != "scaling"
-                                        and self.stop_before not in {s.name for s in self.whole_plan})
+        return not self.stop_before or (
+            self.stop_before != "scaling" and self.stop_before not in {s.name for s in self.whole_plan}
+        )
 
 
 def moved_here(state: dict, out: Path) -> dict:
@@ -250,8 +331,9 @@ def moved_here(state: dict, out: Path) -> dict:
     if was and was != now:
         log.info("%s was recorded in %s: its stages' paths there are read as in %s", STATE, was, now)
         for rec in state["stages"].values():
-            rec["argv"] = [now + arg[len(was):] if arg == was or arg.startswith(was + "/") else arg
-                           for arg in rec["argv"]]
+            rec["argv"] = [
+                now + arg[len(was) :] if arg == was or arg.startswith(was + "/") else arg for arg in rec["argv"]
+            ]
     state["run_dir"] = now
     return state
 
@@ -264,7 +346,7 @@ def recorded_run_dir(state: dict) -> str | None:
         return None
     try:
         return os.path.commonpath(parents) or None
-    except ValueError:   # absolute and relative mixed: none
+    except ValueError:  # absolute and relative mixed: none
         return None
 
 
@@ -272,8 +354,13 @@ def finished(state: dict, name: str, argv: list[str], run_dir: Path) -> bool:
     """Recorded as done with this exact command, on the output its upstream stages hold now, and its
     own output still as its manifest lists it: skipped."""
     done = state["stages"].get(name)
-    return bool(done) and done["argv"] == argv and done["status"] == "done" \
-        and not stale_inputs(state, name, argv, run_dir) and not damaged_output(done, argv)
+    return (
+        bool(done)
+        and done["argv"] == argv
+        and done["status"] == "done"
+        and not stale_inputs(state, name, argv, run_dir)
+        and not damaged_output(done, argv)
+    )
 
 
 def damaged_output(done: dict | None, argv: list[str]) -> list[str]:
@@ -287,6 +374,7 @@ def damaged_output(done: dict | None, argv: list[str]) -> list[str]:
 
 def changed_args(before: list[str], now: list[str]) -> list[str]:
     """The flags whose values differ between two commands of a stage, as `--flag old -> new`."""
+
     def flags(argv):
         out, key = {}, None
         for arg in argv:
@@ -296,9 +384,13 @@ def changed_args(before: list[str], now: list[str]) -> list[str]:
             elif key is not None:
                 out[key] = f"{out[key]} {arg}".strip()
         return out
+
     a, b = flags(before), flags(now)
-    return [f"{k} {a.get(k, '(unset)') or 'on'} -> {b.get(k, '(unset)') or 'on'}"
-            for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)] or ["the command"]
+    return [
+        f"{k} {a.get(k, '(unset)') or 'on'} -> {b.get(k, '(unset)') or 'on'}"
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k)
+    ] or ["the command"]
 
 
 def stage_output(argv: list[str]) -> str | None:
@@ -313,7 +405,7 @@ def upstream_runs(state: dict, name: str, argv: list[str]) -> dict[str, float | 
     for other, rec in state["stages"].items():
         out = stage_output(rec["argv"])
         if other != name and out is not None and any(a == out or a.startswith(out + "/") for a in argv):
-            runs[other] = rec.get("ran", 0.0) if rec["status"] == "done" else None   # 0.0: recorded before `ran`
+            runs[other] = rec.get("ran", 0.0) if rec["status"] == "done" else None  # 0.0: recorded before `ran`
     return runs
 
 
@@ -358,17 +450,24 @@ def check_planned(stages: Sequence["PlannedStage"]) -> None:
         if any(arg.startswith("<") for arg in stage.argv):
             continue
         said = io.StringIO()
-        hint = f"fix the recipe key or override of that stage ({shlex.join(['eaglekit', *stage.argv])}); nothing has run"
+        hint = (
+            f"fix the recipe key or override of that stage ({shlex.join(['eaglekit', *stage.argv])}); nothing has run"
+        )
         try:
             with contextlib.redirect_stderr(said):
                 args = parser.parse_args(stage.argv)
         except SystemExit:
             lines = [line for line in said.getvalue().splitlines() if line.strip()]
-            raise EaglekitError(f"the recipe's stage {stage.name} would be refused: "
-                                f"{lines[-1] if lines else 'its command does not parse'}", hint=hint) from None
+            raise EaglekitError(
+                f"the recipe's stage {stage.name} would be refused: "
+                f"{lines[-1] if lines else 'its command does not parse'}",
+                hint=hint,
+            ) from None
         try:
             check_stage_options(stage.argv, args)
-        except EaglekitError as err:   # a value out of range (`train.batch-tokens=-5`) once failed only when its stage ran
+        except (
+            EaglekitError
+        ) as err:  # a value out of range (`train.batch-tokens=-5`) once failed only when its stage ran
             raise EaglekitError(f"the recipe's stage {stage.name} would be refused: {err.message}", hint=hint) from None
 
 
@@ -479,8 +578,23 @@ def main_draft_step_seconds(state: dict, out: Path) -> float | None:
     return train.seconds / steps if steps else None
 
 
-STAGES = ("target", "prompts", "synthesize", "generate", "features", "val-prompts", "val-generate", "val-features",
-          "train", "export-sglang", "export-vllm", "export-eagle", "doctor", "bench", "scaling")
+STAGES = (
+    "target",
+    "prompts",
+    "synthesize",
+    "generate",
+    "features",
+    "val-prompts",
+    "val-generate",
+    "val-features",
+    "train",
+    "export-sglang",
+    "export-vllm",
+    "export-eagle",
+    "doctor",
+    "bench",
+    "scaling",
+)
 
 
 def release_device_memory() -> None:
@@ -503,8 +617,17 @@ def command_line(argv: list[str], processes: int = 1) -> list[str]:
     """The command a stage runs: `eaglekit <argv>`, or torchrun with `processes` workers on this host."""
     if processes <= 1:
         return ["eaglekit", *argv]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
-            "-m", "eaglekit", *argv]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(processes),
+        "-m",
+        "eaglekit",
+        *argv,
+    ]
 
 
 def run_stage(argv: list[str], processes: int = 1) -> tuple[int, str | None]:
@@ -513,9 +636,9 @@ def run_stage(argv: list[str], processes: int = 1) -> tuple[int, str | None]:
     "running" forever (found by a newcomer review, 2026-12-04)."""
     try:
         return run_eaglekit(argv, processes), None
-    except SystemExit as stop:                       # argparse: a recipe value its stage does not take
+    except SystemExit as stop:  # argparse: a recipe value its stage does not take
         return (stop.code if isinstance(stop.code, int) else 2), "its options were refused (above)"
-    except Exception as err:                         # noqa: BLE001 - recorded, logged whole, and raised as the run's error
+    except Exception as err:  # noqa: BLE001 - recorded, logged whole, and raised as the run's error
         log.exception("stage crashed")
         return 1, f"{type(err).__name__}: {err}"
 
@@ -535,11 +658,23 @@ def prompt_stages(pipe: "Pipeline", recipe: dict, out: Path, t: list[str], dev: 
     prompts = dict(recipe.get("prompts") or {})
     synth = dict(recipe.get("synthesize") or {})
     add = int(synth.pop("add", 0) or 0)
-    if not prompts.get("source"):                        # Magpie alone: prompts.num-prompts, else synthesize.add
+    if not prompts.get("source"):  # Magpie alone: prompts.num-prompts, else synthesize.add
         if add and "num-prompts" not in prompts:
             prompts["num-prompts"] = add
-        pipe.stage("prompts", ["prompts", "synthesize", *t, *to_flags(prompts), *to_flags(synth), *dev,
-                               "--out", str(out / "prompts"), "--overwrite"])
+        pipe.stage(
+            "prompts",
+            [
+                "prompts",
+                "synthesize",
+                *t,
+                *to_flags(prompts),
+                *to_flags(synth),
+                *dev,
+                "--out",
+                str(out / "prompts"),
+                "--overwrite",
+            ],
+        )
         return
     if add <= 0:
         pipe.stage("prompts", ["prompts", "build", *to_flags(prompts), "--out", str(out / "prompts"), "--overwrite"])
@@ -549,10 +684,27 @@ def prompt_stages(pipe: "Pipeline", recipe: dict, out: Path, t: list[str], dev: 
     if pipe.plan is not None:  # the files are not read yet
         wanted = f"<prompts in {built} + {add}>"
     else:
-        wanted = str(add + sum(read_json(built / MANIFEST, "prompts manifest")["counts"].get(k, 0)
-                               for k in ("train", "validation")))
-    pipe.stage("synthesize", ["prompts", "synthesize", *t, "--top-up", str(built), "--num-prompts", wanted,
-                              *to_flags(synth), *dev, "--out", str(out / "prompts"), "--overwrite"])
+        wanted = str(
+            add
+            + sum(read_json(built / MANIFEST, "prompts manifest")["counts"].get(k, 0) for k in ("train", "validation"))
+        )
+    pipe.stage(
+        "synthesize",
+        [
+            "prompts",
+            "synthesize",
+            *t,
+            "--top-up",
+            str(built),
+            "--num-prompts",
+            wanted,
+            *to_flags(synth),
+            *dev,
+            "--out",
+            str(out / "prompts"),
+            "--overwrite",
+        ],
+    )
 
 
 def generate_flags(recipe: dict) -> list[str]:
@@ -561,8 +713,12 @@ def generate_flags(recipe: dict) -> list[str]:
     section = dict(recipe.get("generate") or {})
     warn_past_training(recipe)
     gpus = int(recipe.get("gpus") or 1)
-    if gpus > 1 and "devices" not in section and str(recipe.get("device", "")).startswith("cuda") \
-            and section.get("backend", GenerateOptions.backend) in LOCAL_BACKENDS:
+    if (
+        gpus > 1
+        and "devices" not in section
+        and str(recipe.get("device", "")).startswith("cuda")
+        and section.get("backend", GenerateOptions.backend) in LOCAL_BACKENDS
+    ):
         section["devices"] = ",".join(f"cuda:{i}" for i in range(gpus))
     return to_flags(section)
 
@@ -577,13 +733,20 @@ def warn_past_training(recipe: dict) -> None:
     longest = max(int(generate.get(k) or 0) for k in ("context-length", "cache-slots"))
     max_length = int((recipe.get(stage) or {}).get("max-length") or default)
     if longest > max_length:
-        log.warning("generate may write conversations of %d tokens, training reads the first %d of each "
-                    "(%s.max-length): set generate.context-length to %d unless the answers serve "
-                    "something else too", longest, max_length, stage, max_length)
+        log.warning(
+            "generate may write conversations of %d tokens, training reads the first %d of each "
+            "(%s.max-length): set generate.context-length to %d unless the answers serve "
+            "something else too",
+            longest,
+            max_length,
+            stage,
+            max_length,
+        )
 
 
-def feature_stage(pipe: "Pipeline", name: str, t: list[str], dev: list[str], features: dict, data: Path,
-                  dest: Path) -> list[str]:
+def feature_stage(
+    pipe: "Pipeline", name: str, t: list[str], dev: list[str], features: dict, data: Path, dest: Path
+) -> list[str]:
     pipe.stage(name, ["features", *t, "--data", str(data), *to_flags(features), *dev, "--out", str(dest)])
     return ["--features", str(dest)]
 
@@ -597,10 +760,32 @@ def validation_stages(pipe: "Pipeline", recipe: dict, out: Path, t: list[str], d
     val = dict(recipe.get("validation") or {})
     if not val.get("source"):
         return []
-    pipe.stage("val-prompts", ["prompts", "build", *to_flags(val), "--validation-fraction", "0",
-                               "--out", str(out / "val-prompts"), "--overwrite"])
-    pipe.stage("val-generate", ["generate", "--prompts", str(out / "val-prompts"), *t, *generate_flags(recipe), *dev,
-                                "--out", str(out / "val-conversations")])
+    pipe.stage(
+        "val-prompts",
+        [
+            "prompts",
+            "build",
+            *to_flags(val),
+            "--validation-fraction",
+            "0",
+            "--out",
+            str(out / "val-prompts"),
+            "--overwrite",
+        ],
+    )
+    pipe.stage(
+        "val-generate",
+        [
+            "generate",
+            "--prompts",
+            str(out / "val-prompts"),
+            *t,
+            *generate_flags(recipe),
+            *dev,
+            "--out",
+            str(out / "val-conversations"),
+        ],
+    )
     if features is False:
         return ["--val-data", str(out / "val-conversations")]
     feature_stage(pipe, "val-features", t, dev, features, out / "val-conversations", out / "val-features")
@@ -624,7 +809,7 @@ def plan_pipeline(recipe: dict, out: str | Path | None = None) -> list[str]:
     pipe = Pipeline(recipe, out, plan=[])
     try:
         run_stages(pipe, recipe, out)
-    except StepsNotKnownYet as err:   # the rest of the plan is known: print it, and say what is not
+    except StepsNotKnownYet as err:  # the rest of the plan is known: print it, and say what is not
         check_planned(pipe.plan)
         return [stage.command() for stage in pipe.plan] + [f"# then the scaling slices: {err.message}; {err.hint}"]
     check_planned(pipe.plan)
@@ -661,10 +846,12 @@ def check_doctor_export(recipe: dict) -> None:
     write it (`export.formats=[sglang]` with the default vLLM doctor), before anything runs."""
     formats = list((recipe.get("export") or {}).get("formats") or FORMATS)
     engine = (recipe.get("doctor") or {}).get("engine", "vllm")
-    if engine in FORMATS and engine not in formats:   # it read a folder no stage writes, and failed at the end
-        raise EaglekitError(f"the doctor reads the {engine} export (doctor.engine: {engine}), which "
-                            f"export.formats {formats} does not write",
-                            hint=f"add {engine} to export.formats, or set doctor.engine to one of {formats}")
+    if engine in FORMATS and engine not in formats:  # it read a folder no stage writes, and failed at the end
+        raise EaglekitError(
+            f"the doctor reads the {engine} export (doctor.engine: {engine}), which "
+            f"export.formats {formats} does not write",
+            hint=f"add {engine} to export.formats, or set doctor.engine to one of {formats}",
+        )
 
 
 def run_locked(recipe: dict, out: Path, stop_before: str | None) -> dict:
@@ -672,7 +859,7 @@ def run_locked(recipe: dict, out: Path, stop_before: str | None) -> dict:
     check_doctor_export(recipe)
     pipe.whole_plan, pipe.plan_is_whole = plan_so_far(recipe, out)
     check_planned(pipe.whole_plan)
-    for stage in until_stop(pipe.whole_plan, stop_before):   # a stage folder of the user's is refused now, not hours in
+    for stage in until_stop(pipe.whole_plan, stop_before):  # a stage folder of the user's is refused now, not hours in
         if (folder := stage_output(stage.argv)) is not None:
             settle_folder(folder, "target prepare" if stage.argv[:2] == ["target", "prepare"] else stage.argv[0])
     try:
@@ -688,8 +875,9 @@ def run_locked(recipe: dict, out: Path, stop_before: str | None) -> dict:
         raise
     pipe.state.pop("stopped_before", None)
     pipe.state["doctor_ok"], pipe.state["summary"] = summarize(out)
-    pipe.state["summary"] += "".join(f"\n{line}" for line in (scaling_summary(out), f"report: {out / 'report.html'}")
-                                     if line)
+    pipe.state["summary"] += "".join(
+        f"\n{line}" for line in (scaling_summary(out), f"report: {out / 'report.html'}") if line
+    )
     write_json(pipe.state_path, pipe.state)
     write_report(out)
     return pipe.state
@@ -697,7 +885,7 @@ def run_locked(recipe: dict, out: Path, stop_before: str | None) -> dict:
 
 def report_after_failure(out: Path) -> None:
     """The report of a failed run (the failed stage marked failed); its own error must not hide the stage's."""
-    if not (out / STATE).is_file():   # refused before any stage ran: nothing to report
+    if not (out / STATE).is_file():  # refused before any stage ran: nothing to report
         return
     try:
         log.info("report of the run so far: %s", write_report(out))
@@ -707,49 +895,104 @@ def report_after_failure(out: Path) -> None:
 
 def run_stages(pipe: Pipeline, recipe: dict, out: Path) -> None:
     """Every stage in order (each skipped if it finished earlier with the same command)."""
-    scaling = scaling_plan(recipe)   # checked before the first stage runs
+    scaling = scaling_plan(recipe)  # checked before the first stage runs
     device = recipe.get("device")
     dev = ["--device", str(device)] if device else []
 
     target = out / "target"
-    if recipe.get("prepare", True) is False:   # the target folder as is (a large target is never loaded here)
+    if recipe.get("prepare", True) is False:  # the target folder as is (a large target is never loaded here)
         target = Path(str(recipe["target"]))
     else:
-        pipe.stage("target", ["target", "prepare", "--target", str(recipe.get("target", DEFAULT_TARGET)),
-                              "--out", str(target), "--overwrite"])
+        pipe.stage(
+            "target",
+            [
+                "target",
+                "prepare",
+                "--target",
+                str(recipe.get("target", DEFAULT_TARGET)),
+                "--out",
+                str(target),
+                "--overwrite",
+            ],
+        )
     t = ["--target", str(target)]
 
     prompt_stages(pipe, recipe, out, t, dev)
 
-    pipe.stage("generate", ["generate", "--prompts", str(out / "prompts"), *t, *generate_flags(recipe), *dev,
-                            "--out", str(out / "conversations")])
+    pipe.stage(
+        "generate",
+        [
+            "generate",
+            "--prompts",
+            str(out / "prompts"),
+            *t,
+            *generate_flags(recipe),
+            *dev,
+            "--out",
+            str(out / "conversations"),
+        ],
+    )
 
     # Offline features by default: captured once, every epoch after that costs only the draft.
     features = recipe.get("features", {})
-    train_input = ["--data", str(out / "conversations")] if features is False else \
-        feature_stage(pipe, "features", t, dev, features, out / "conversations", out / "features")
+    train_input = (
+        ["--data", str(out / "conversations")]
+        if features is False
+        else feature_stage(pipe, "features", t, dev, features, out / "conversations", out / "features")
+    )
     train_input += validation_stages(pipe, recipe, out, t, dev, features)
     draft = out / RUN_DRAFT
-    pipe.stage("train", ["train", *t, *train_input, *to_flags(recipe.get("train")), *dev,
-                         "--out", str(draft)], resume_flag="--resume", resume_marker=draft / TRAINER_STATE,
-               processes=int(recipe.get("gpus") or 1))
+    pipe.stage(
+        "train",
+        ["train", *t, *train_input, *to_flags(recipe.get("train")), *dev, "--out", str(draft)],
+        resume_flag="--resume",
+        resume_marker=draft / TRAINER_STATE,
+        processes=int(recipe.get("gpus") or 1),
+    )
 
     export = dict(recipe.get("export") or {})
-    formats = export.pop("formats", list(FORMATS))   # every format the export writes
+    formats = export.pop("formats", list(FORMATS))  # every format the export writes
     for fmt in formats:
-        pipe.stage(f"export-{fmt}", ["export", str(draft), "--format", fmt, *t, *to_flags(export),
-                                     "--out", str(out / RUN_EXPORT / fmt), "--overwrite"])
+        pipe.stage(
+            f"export-{fmt}",
+            [
+                "export",
+                str(draft),
+                "--format",
+                fmt,
+                *t,
+                *to_flags(export),
+                "--out",
+                str(out / RUN_EXPORT / fmt),
+                "--overwrite",
+            ],
+        )
 
     doctor = dict(recipe.get("doctor") or {})
     engine = doctor.pop("engine", "vllm")
-    doctor_dev = [] if "device" in doctor else dev   # the probe runs where the other stages do
-    pipe.stage("doctor", ["doctor", str(out / RUN_EXPORT / engine), *t, "--engine", engine, *to_flags(doctor),
-                          *doctor_dev, "--out", str(out / RUN_DOCTOR)], ok_codes=(0, 1))
+    doctor_dev = [] if "device" in doctor else dev  # the probe runs where the other stages do
+    pipe.stage(
+        "doctor",
+        [
+            "doctor",
+            str(out / RUN_EXPORT / engine),
+            *t,
+            "--engine",
+            engine,
+            *to_flags(doctor),
+            *doctor_dev,
+            "--out",
+            str(out / RUN_DOCTOR),
+        ],
+        ok_codes=(0, 1),
+    )
 
     bench = recipe.get("bench")
     if bench:
-        pipe.stage("bench", ["bench", *t, "--draft", str(draft), *to_flags(bench), *dev,
-                             "--out", str(out / RUN_BENCH), "--overwrite"])
+        pipe.stage(
+            "bench",
+            ["bench", *t, "--draft", str(draft), *to_flags(bench), *dev, "--out", str(out / RUN_BENCH), "--overwrite"],
+        )
 
     if scaling is not None:
         if pipe.stop_before == "scaling":
@@ -768,7 +1011,7 @@ def data_line(manifest: dict, acc0: float | None) -> str | None:
     text = f"data: the draft learned from {tokens:,} answer tokens in {steps} steps"
     if acc0 is not None and bigram is not None:
         text += f"; step-0 accuracy {acc0:.3f} against {bigram:.3f} for a bigram table of the same data"
-        if acc0 <= 1.05 * bigram:   # within 5 %: what a table of next tokens knows, nothing more
+        if acc0 <= 1.05 * bigram:  # within 5 %: what a table of next tokens knows, nothing more
             text += " (no better than which token follows which: it needs more answers to learn from)"
     return text
 
@@ -786,29 +1029,36 @@ def summarize(out: Path) -> tuple[bool, str]:
     # not like with like; a chain's walk predicts no tree)
     spec = ((read_json(bench, "bench results").get("config") or {}).get("spec") or {}) if bench.is_file() else {}
     k = spec["k"] if spec.get("mode") == "chain" else SpecConfig.k
-    lines = [f"draft: {draft} ({prediction_text(manifest, k)}; "
-             f"step-0 accuracy {acc0 if acc0 is None else round(acc0, 3)})",
-             f"doctor: {'ok' if report['ok'] else 'FAILED ' + ', '.join(failed)}; live probe tau {probe.get('tau')}"
-             f" ({doctor})"]
+    lines = [
+        f"draft: {draft} ({prediction_text(manifest, k)}; step-0 accuracy {acc0 if acc0 is None else round(acc0, 3)})",
+        f"doctor: {'ok' if report['ok'] else 'FAILED ' + ', '.join(failed)}; live probe tau {probe.get('tau')}"
+        f" ({doctor})",
+    ]
     data = data_line(manifest, acc0)
     if data:
         lines.append(data)
     if made_before(doctor, draft_manifest_path(draft)):
         lines[1] = f"doctor: {doctor} predates this draft (not run again since it was trained): run the doctor stage"
     if made_before(bench, draft_manifest_path(draft)):
-        lines.append(f"bench: {bench} predates this draft (not run again since it was trained): its figures are "
-                     "an earlier draft's; run the bench stage")
+        lines.append(
+            f"bench: {bench} predates this draft (not run again since it was trained): its figures are "
+            "an earlier draft's; run the bench stage"
+        )
     elif bench.is_file():
         summary = read_json(bench, "bench results")["summary"]
-        lines.append(f"bench: tau {summary['tau']}, speedup {summary['speedup']}x over plain decoding "
-                     f"({summary['spec']}, {bench.with_name('report.md')})")
+        lines.append(
+            f"bench: tau {summary['tau']}, speedup {summary['speedup']}x over plain decoding "
+            f"({summary['spec']}, {bench.with_name('report.md')})"
+        )
         warning = (summary.get("timing") or {}).get("warning")
-        if warning:   # the bench's own doubt about the figures above
+        if warning:  # the bench's own doubt about the figures above
             lines.append(f"bench warning: {warning}")
         if summary.get("verdict") and summary["speedup"] < 1:
             lines.append(summary["verdict"])
             if str(summary.get("device", "")).startswith("cpu"):
-                lines.append("On a CPU every verified token is real compute; a draft that pays comes from more data "
-                             "and steps on a GPU: `eaglekit run --recipe smollm2-h200 'prompts.source=[FILES]'` "
-                             "(the recipe for one H200).")
+                lines.append(
+                    "On a CPU every verified token is real compute; a draft that pays comes from more data "
+                    "and steps on a GPU: `eaglekit run --recipe smollm2-h200 'prompts.source=[FILES]'` "
+                    "(the recipe for one H200)."
+                )
     return bool(report["ok"]), "\n".join(lines)

@@ -37,7 +37,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from eaglekit.artifacts import BENCH_RESULTS, RUN_BENCH, RUN_DRAFT, RUN_SCALING, SCALING_SUMMARY, TRAIN_LOG, TRAINER_STATE, atomic_path, read_json, write_json
+from eaglekit.artifacts import (
+    BENCH_RESULTS,
+    RUN_BENCH,
+    RUN_DRAFT,
+    RUN_SCALING,
+    SCALING_SUMMARY,
+    TRAIN_LOG,
+    TRAINER_STATE,
+    atomic_path,
+    read_json,
+    write_json,
+)
 from eaglekit.errors import EaglekitError
 from eaglekit.pipeline.recipe import to_flags
 from eaglekit.report.collect import read_log
@@ -78,22 +89,29 @@ def scaling_plan(recipe: dict) -> ScalingPlan | None:
     if unknown:
         raise EaglekitError(f"recipe scaling has unknown keys {unknown}", hint=f"keys are {', '.join(KEYS)}")
     fractions = section.get("fractions")
-    if not isinstance(fractions, list) or len(fractions) < 2 or \
-            not all(isinstance(f, (int, float)) and not isinstance(f, bool) for f in fractions):
+    if (
+        not isinstance(fractions, list)
+        or len(fractions) < 2
+        or not all(isinstance(f, (int, float)) and not isinstance(f, bool) for f in fractions)
+    ):
         raise EaglekitError(f"scaling.fractions must list at least two numbers, got {fractions!r}", hint=hint)
     if not all(0 < f <= 1 for f in fractions) or any(b <= a for a, b in zip(fractions, fractions[1:])):
         raise EaglekitError(f"scaling.fractions must increase within (0, 1], got {fractions}", hint=hint)
     steps = section.get("steps")
     if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
-        raise EaglekitError(f"scaling.steps must be a whole number >= 1, got {steps!r}",
-                            hint="or leave it out: every slice then gets the main draft's steps")
+        raise EaglekitError(
+            f"scaling.steps must be a whole number >= 1, got {steps!r}",
+            hint="or leave it out: every slice then gets the main draft's steps",
+        )
     bench = section.get("bench", True)
     if not isinstance(bench, bool):
         raise EaglekitError(f"scaling.bench must be true or false, got {bench!r}", hint="e.g. scaling.bench=false")
     train = recipe.get("train") or {}
     if train.get("init-from"):
-        raise EaglekitError("scaling with train.init-from would measure fine-tuning a trained draft, not the data",
-                            hint="drop train.init-from or the scaling section")
+        raise EaglekitError(
+            "scaling with train.init-from would measure fine-tuning a trained draft, not the data",
+            hint="drop train.init-from or the scaling section",
+        )
     if "train-fraction" in train:
         raise EaglekitError("train.train-fraction is set by the scaling slices", hint="drop it from the train section")
     return ScalingPlan(tuple(float(f) for f in fractions), steps, bench)
@@ -108,18 +126,22 @@ def step_budget(plan: ScalingPlan, out: Path) -> int:
         return plan.steps
     manifest = read_draft_manifest(out / RUN_DRAFT)
     if manifest is None:
-        raise StepsNotKnownYet(f"the scaling slices run the main draft's steps, and {draft_manifest_path(out / RUN_DRAFT)} "
-                               "does not exist yet",
-                               hint="set scaling.steps to plan the slices before the main draft is trained")
+        raise StepsNotKnownYet(
+            f"the scaling slices run the main draft's steps, and {draft_manifest_path(out / RUN_DRAFT)} "
+            "does not exist yet",
+            hint="set scaling.steps to plan the slices before the main draft is trained",
+        )
     steps = steps_done(manifest)
     if not steps:
-        raise EaglekitError("the main draft ran 0 steps: no step budget for the scaling slices",
-                            hint="set scaling.steps")
+        raise EaglekitError(
+            "the main draft ran 0 steps: no step budget for the scaling slices", hint="set scaling.steps"
+        )
     return int(steps)
 
 
-def run_scaling(pipe, plan: ScalingPlan, recipe: dict, out: Path, t: list[str], dev: list[str],
-                train_input: list[str]) -> None:
+def run_scaling(
+    pipe, plan: ScalingPlan, recipe: dict, out: Path, t: list[str], dev: list[str], train_input: list[str]
+) -> None:
     """Train (and bench) every slice as its own stage, then write the summary files."""
     steps = step_budget(plan, out)
     train = {k: v for k, v in (recipe.get("train") or {}).items() if k not in LENGTH_FLAGS}
@@ -129,15 +151,41 @@ def run_scaling(pipe, plan: ScalingPlan, recipe: dict, out: Path, t: list[str], 
             continue
         folder = slice_folder(out, fraction)
         draft = folder / RUN_DRAFT
-        pipe.stage(f"scaling-{fraction:g}-train",
-                   ["train", *t, *train_input, *to_flags(train), "--train-fraction", f"{fraction:g}",
-                    "--max-steps", str(steps), *dev, "--out", str(draft)],
-                   resume_flag="--resume", resume_marker=draft / TRAINER_STATE,
-                   processes=int(recipe.get("gpus") or 1))
+        pipe.stage(
+            f"scaling-{fraction:g}-train",
+            [
+                "train",
+                *t,
+                *train_input,
+                *to_flags(train),
+                "--train-fraction",
+                f"{fraction:g}",
+                "--max-steps",
+                str(steps),
+                *dev,
+                "--out",
+                str(draft),
+            ],
+            resume_flag="--resume",
+            resume_marker=draft / TRAINER_STATE,
+            processes=int(recipe.get("gpus") or 1),
+        )
         if bench:
-            pipe.stage(f"scaling-{fraction:g}-bench", ["bench", *t, "--draft", str(draft), *to_flags(bench), *dev,
-                                                       "--out", str(folder / RUN_BENCH), "--overwrite"])
-    if pipe.plan is None:   # a plan-only pass (`--plan`, the run's look ahead) has no results to summarize
+            pipe.stage(
+                f"scaling-{fraction:g}-bench",
+                [
+                    "bench",
+                    *t,
+                    "--draft",
+                    str(draft),
+                    *to_flags(bench),
+                    *dev,
+                    "--out",
+                    str(folder / RUN_BENCH),
+                    "--overwrite",
+                ],
+            )
+    if pipe.plan is None:  # a plan-only pass (`--plan`, the run's look ahead) has no results to summarize
         write_summary(out, plan, steps, pipe.state)
 
 
@@ -147,8 +195,12 @@ def main_is_full_slice(manifest: dict, steps: int) -> bool:
     schedule as it goes, so a budgeted run is not the same run even when it ends at N)."""
     config = manifest.get("config") or {}
     done = steps_done(manifest)
-    return (bool(manifest.get("complete")) and config.get("train_fraction", 1.0) == 1.0
-            and config.get("max_steps") == steps == done and config.get("time_budget_s") is None)
+    return (
+        bool(manifest.get("complete"))
+        and config.get("train_fraction", 1.0) == 1.0
+        and config.get("max_steps") == steps == done
+        and config.get("time_budget_s") is None
+    )
 
 
 def reuses_main(out: Path, fraction: float, steps: int) -> bool:
@@ -162,20 +214,32 @@ def slice_row(out: Path, fraction: float, steps: int, state: dict) -> dict:
     main = reuses_main(out, fraction, steps)
     folder = out if main else slice_folder(out, fraction)
     entry = state["stages"].get("train" if main else f"scaling-{fraction:g}-train") or {}
-    row = {"fraction": fraction, "folder": str(folder), "status": entry.get("status", "not run"),
-           "command": shlex.join(["eaglekit", *entry["argv"]]) if entry else None, "steps": steps,
-           "main_draft": main}
+    row = {
+        "fraction": fraction,
+        "folder": str(folder),
+        "status": entry.get("status", "not run"),
+        "command": shlex.join(["eaglekit", *entry["argv"]]) if entry else None,
+        "steps": steps,
+        "main_draft": main,
+    }
     m = read_draft_manifest(folder / RUN_DRAFT, "slice draft manifest")
     if m is not None:
         best, counts = m.get("best") or {}, m.get("counts") or {}
         done, per_epoch = steps_done(m), (m.get("steps") or {}).get("per_epoch")
-        row.update(samples=counts.get("train_samples"), tokens=counts.get("train_assistant_tokens"),
-                   all_tokens=counts.get("train_tokens"), steps=done,
-                   passes=round(done / per_epoch, 2) if done is not None and per_epoch else None,
-                   best_step=best.get("step"), walk_tau=best.get("walk_accept_length"),
-                   sim_tau=best.get("sim_accept_length"), acc0=(best.get("acc") or [None])[0],
-                   train_acc0=train_acc0(folder / RUN_DRAFT / TRAIN_LOG),
-                   device=m.get("config", {}).get("device"), date=m.get("created"))
+        row.update(
+            samples=counts.get("train_samples"),
+            tokens=counts.get("train_assistant_tokens"),
+            all_tokens=counts.get("train_tokens"),
+            steps=done,
+            passes=round(done / per_epoch, 2) if done is not None and per_epoch else None,
+            best_step=best.get("step"),
+            walk_tau=best.get("walk_accept_length"),
+            sim_tau=best.get("sim_accept_length"),
+            acc0=(best.get("acc") or [None])[0],
+            train_acc0=train_acc0(folder / RUN_DRAFT / TRAIN_LOG),
+            device=m.get("config", {}).get("device"),
+            date=m.get("created"),
+        )
         if not m.get("complete") and row["status"] == "done":
             row["status"] = "running"
     results = folder / RUN_BENCH / BENCH_RESULTS
@@ -212,18 +276,24 @@ def verdict(rows: list[dict], key: str = "walk_tau", step: float = 0.05) -> str 
         reading = "still rising: more data of this kind should pay"
     elif abs(b[key] - first[key]) <= step and first.get("passes"):
         # The smallest share, repeated, did as well as all the data: the step budget binds, not the data.
-        reading = (f"flat within {step} from the {first['fraction']:g} share on, which training saw "
-                   f"{first['passes']:g} times: at {b['steps']} steps the draft is limited by its steps, not "
-                   "by its data (raise scaling.steps to ask again for a longer run)")
+        reading = (
+            f"flat within {step} from the {first['fraction']:g} share on, which training saw "
+            f"{first['passes']:g} times: at {b['steps']} steps the draft is limited by its steps, not "
+            "by its data (raise scaling.steps to ask again for a longer run)"
+        )
     else:
         reading = f"flat within {step}: at this step budget more data of this kind buys little"
-    said = (f"{key.replace('_', ' ')} {a[key]:.3f} -> {b[key]:.3f} ({gain:+.3f}) from {a['fraction']:g} to "
-            f"{b['fraction']:g} of the data, {b['steps']} steps each: {reading}")
+    said = (
+        f"{key.replace('_', ' ')} {a[key]:.3f} -> {b[key]:.3f} ({gain:+.3f}) from {a['fraction']:g} to "
+        f"{b['fraction']:g} of the data, {b['steps']} steps each: {reading}"
+    )
     memorized = [r for r in done[:-1] if overfits(r)]
     if memorized and not overfits(b):
         r = memorized[0]
-        said += (f"; the {r['fraction']:g} share overfits (training step-0 accuracy {r['train_acc0']:.3f} "
-                 f"against {r['acc0']:.3f} held out), all of the data does not")
+        said += (
+            f"; the {r['fraction']:g} share overfits (training step-0 accuracy {r['train_acc0']:.3f} "
+            f"against {r['acc0']:.3f} held out), all of the data does not"
+        )
     return said
 
 
@@ -231,12 +301,18 @@ def write_summary(out: Path, plan: ScalingPlan, steps: int, state: dict) -> dict
     """scaling.json, scaling.md and scaling.svg from the slices' own outputs."""
     rows = [slice_row(out, f, steps, state) for f in plan.fractions]
     first = next((r for r in rows if r.get("date")), {})
-    table = {"fractions": list(plan.fractions), "steps": steps, "rows": rows, "verdict": verdict(rows),
-             "tokens": "answer (assistant) tokens of the slice's training samples",
-             "passes": PASSES,
-             "command": " && ".join(r["command"] for r in rows if r["command"]) or None,
-             "device": first.get("device"), "date": first.get("date"),
-             "written": time.strftime("%Y-%m-%d %H:%M:%S")}
+    table = {
+        "fractions": list(plan.fractions),
+        "steps": steps,
+        "rows": rows,
+        "verdict": verdict(rows),
+        "tokens": "answer (assistant) tokens of the slice's training samples",
+        "passes": PASSES,
+        "command": " && ".join(r["command"] for r in rows if r["command"]) or None,
+        "device": first.get("device"),
+        "date": first.get("date"),
+        "written": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     folder = out / RUN_SCALING
     folder.mkdir(parents=True, exist_ok=True)
     write_json(folder / SCALING_SUMMARY, table)
@@ -251,14 +327,19 @@ def write_summary(out: Path, plan: ScalingPlan, steps: int, state: dict) -> dict
 
 def markdown(table: dict) -> str:
     fmt = lambda v: "–" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))  # noqa: E731
-    lines = [f"# Data scaling: {table['steps']} steps per slice", "",
-             "| fraction | status | samples | answer tokens | passes | best step | walk tau | sim tau | acc_0 | bench tau | speedup |",
-             "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        f"# Data scaling: {table['steps']} steps per slice",
+        "",
+        "| fraction | status | samples | answer tokens | passes | best step | walk tau | sim tau | acc_0 | bench tau | speedup |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in table["rows"]:
-        lines.append(f"| {r['fraction']:g} | {r['status']} | {fmt(r.get('samples'))} | {fmt(r.get('tokens'))} | "
-                     f"{fmt(r.get('passes'))} | "
-                     f"{fmt(r.get('best_step'))} | {fmt(r.get('walk_tau'))} | {fmt(r.get('sim_tau'))} | "
-                     f"{fmt(r.get('acc0'))} | {fmt(r.get('bench_tau'))} | {fmt(r.get('speedup'))} |")
+        lines.append(
+            f"| {r['fraction']:g} | {r['status']} | {fmt(r.get('samples'))} | {fmt(r.get('tokens'))} | "
+            f"{fmt(r.get('passes'))} | "
+            f"{fmt(r.get('best_step'))} | {fmt(r.get('walk_tau'))} | {fmt(r.get('sim_tau'))} | "
+            f"{fmt(r.get('acc0'))} | {fmt(r.get('bench_tau'))} | {fmt(r.get('speedup'))} |"
+        )
     lines += ["", f"passes: {PASSES}."]
     if table.get("verdict"):
         lines += ["", table["verdict"]]
@@ -271,7 +352,10 @@ def scaling_summary(out: Path) -> str | None:
     if not path.is_file():
         return None
     table = read_json(path, "scaling summary")
-    points = ", ".join(f"{r['fraction']:g}: {r['walk_tau'] if r.get('walk_tau') is not None else r.get('sim_tau')}"
-                       for r in table["rows"])
-    return f"scaling: walk tau by share of the data {points} ({path.parent / 'scaling.md'})" + \
-        (f"\n  {table['verdict']}" if table.get("verdict") else "")
+    points = ", ".join(
+        f"{r['fraction']:g}: {r['walk_tau'] if r.get('walk_tau') is not None else r.get('sim_tau')}"
+        for r in table["rows"]
+    )
+    return f"scaling: walk tau by share of the data {points} ({path.parent / 'scaling.md'})" + (
+        f"\n  {table['verdict']}" if table.get("verdict") else ""
+    )

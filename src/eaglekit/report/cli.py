@@ -9,12 +9,15 @@ from eaglekit.report.options import GROUPS, ReportOptions
 
 
 def register(sub) -> None:
-    p = sub.add_parser("report", help="one self-contained HTML page of a run folder",
-                       description="Read what the stages of a run folder wrote (pipeline.json, the training log and "
-                                   "manifest, the doctor's and the bench's JSON, the scaling summary) and write one "
-                                   "HTML page with inline plots: training curves, the data-scaling curve, "
-                                   "acceptance, speed against the baselines, the doctor's table. Missing parts are "
-                                   "shown as missing, unfinished stages as unfinished.")
+    p = sub.add_parser(
+        "report",
+        help="one self-contained HTML page of a run folder",
+        description="Read what the stages of a run folder wrote (pipeline.json, the training log and "
+        "manifest, the doctor's and the bench's JSON, the scaling summary) and write one "
+        "HTML page with inline plots: training curves, the data-scaling curve, "
+        "acceptance, speed against the baselines, the doctor's table. Missing parts are "
+        "shown as missing, unfinished stages as unfinished.",
+    )
     p.add_argument("run", metavar="RUN_DIR", help="a folder written by `eaglekit run` (e.g. runs/quick)")
     add_options(p, ReportOptions, GROUPS)
     p.set_defaults(func=run)

@@ -87,7 +87,9 @@ def stage_status(state: dict | None, name: str) -> tuple[str | None, str, str | 
     return "failed", f"failed with exit {entry.get('exit_code')}", command
 
 
-def status_of(state: dict | None, name: str, manifest: dict | None, *, complete_key: str | None = None) -> tuple[str, str, str | None]:
+def status_of(
+    state: dict | None, name: str, manifest: dict | None, *, complete_key: str | None = None
+) -> tuple[str, str, str | None]:
     """A part's status: the pipeline's record of the stage, else what the folder holds."""
     status, note, command = stage_status(state, name)
     if status is None:
@@ -130,16 +132,31 @@ def training(run: Path, state: dict | None, folder: str = RUN_DRAFT, stage: str 
     device = config.get("device")
     if manifest and manifest.get("world_size", 1) > 1:
         device = f"{device}, {manifest['world_size']} processes (DDP)"
-    data = {"train": train, "val": val, "best": (manifest or {}).get("best"), "steps": (manifest or {}).get("steps"),
-            "counts": (manifest or {}).get("counts") or {}, "step_decay": config.get("step_decay"),
-            "ttt_steps": config.get("ttt_steps"), "train_fraction": config.get("train_fraction", 1.0),
-            "folder": str(out)}
+    data = {
+        "train": train,
+        "val": val,
+        "best": (manifest or {}).get("best"),
+        "steps": (manifest or {}).get("steps"),
+        "counts": (manifest or {}).get("counts") or {},
+        "step_decay": config.get("step_decay"),
+        "ttt_steps": config.get("ttt_steps"),
+        "train_fraction": config.get("train_fraction", 1.0),
+        "folder": str(out),
+    }
     notes = [n for n in (note, torn) if n]
     if manifest is None:
         notes.append("no manifest yet (the first validation had not finished)")
-    return Part(status, "; ".join(notes), data,
-                Source(files=[str(p) for p in (out / MANIFEST, log_path) if p.exists()], command=command,
-                       device=device, date=(manifest or {}).get("created")))
+    return Part(
+        status,
+        "; ".join(notes),
+        data,
+        Source(
+            files=[str(p) for p in (out / MANIFEST, log_path) if p.exists()],
+            command=command,
+            device=device,
+            date=(manifest or {}).get("created"),
+        ),
+    )
 
 
 def doctor(run: Path, state: dict | None) -> Part:
@@ -152,12 +169,21 @@ def doctor(run: Path, state: dict | None) -> Part:
     if report is None:
         return Part(status if status != "done" else "missing", "no doctor/report.json" if status == "done" else note)
     config = (manifest or {}).get("config") or {}
-    if manifest is None and status == "done":   # the manifest is written last: the doctor stopped mid-write
+    if manifest is None and status == "done":  # the manifest is written last: the doctor stopped mid-write
         status, note = "unfinished", "no doctor/manifest.json beside the report: the doctor did not finish writing"
     if made_before(folder / DOCTOR_REPORT, run / RUN_DRAFT / MANIFEST):
         status, note = "stale", "made before the current draft was trained: run the doctor again"
-    return Part(status, note, report, Source(files=[str(folder / DOCTOR_REPORT)], command=command,
-                                             device=config.get("device"), date=(manifest or {}).get("created")))
+    return Part(
+        status,
+        note,
+        report,
+        Source(
+            files=[str(folder / DOCTOR_REPORT)],
+            command=command,
+            device=config.get("device"),
+            date=(manifest or {}).get("created"),
+        ),
+    )
 
 
 def bench(run: Path, state: dict | None, folder: str = RUN_BENCH, stage: str = "bench") -> Part:
@@ -166,17 +192,27 @@ def bench(run: Path, state: dict | None, folder: str = RUN_BENCH, stage: str = "
         return Part("unreadable", error)
     status, note, command = status_of(state, stage, results)
     if results is None:
-        return Part(status if status != "done" else "missing", f"no {folder}/results.json" if status == "done" else note)
+        return Part(
+            status if status != "done" else "missing", f"no {folder}/results.json" if status == "done" else note
+        )
     s = results["summary"]
-    if not (run / folder / MANIFEST).is_file() and status == "done":   # written last: the bench stopped mid-write
+    if not (run / folder / MANIFEST).is_file() and status == "done":  # written last: the bench stopped mid-write
         status, note = "unfinished", f"no {folder}/manifest.json beside the results: the bench did not finish writing"
     results["categories"], category_note = categories(results)
     if folder == RUN_BENCH and made_before(run / folder / BENCH_RESULTS, run / RUN_DRAFT / MANIFEST):
         status, note = "stale", "made before the current draft was trained: its figures are an earlier draft's"
     notes = [n for n in (note, category_note) if n]
-    return Part(status, "; ".join(notes), results,
-                Source(files=[str(run / folder / BENCH_RESULTS)], command=s.get("command") or command,
-                       device=s.get("device"), date=s.get("date")))
+    return Part(
+        status,
+        "; ".join(notes),
+        results,
+        Source(
+            files=[str(run / folder / BENCH_RESULTS)],
+            command=s.get("command") or command,
+            device=s.get("device"),
+            date=s.get("date"),
+        ),
+    )
 
 
 def categories(results: dict) -> tuple[list[dict], str]:
@@ -200,15 +236,24 @@ def scaling(run: Path, state: dict | None) -> Part:
             return Part("failed", f"{', '.join(failed)} failed; no summary written")
         if stages:
             return Part("unfinished", "slices started, no summary written yet")
-        return Part("not run", "no scaling/ in this folder (the recipe has no `scaling` section, "
-                               "or the run has not reached it)")
+        return Part(
+            "not run", "no scaling/ in this folder (the recipe has no `scaling` section, or the run has not reached it)"
+        )
     rows = table.get("rows", [])
     unfinished = [r["fraction"] for r in rows if r.get("status") != "done"]
     status = "unfinished" if unfinished else "done"
     note = f"slices {unfinished} not finished" if unfinished else ""
-    return Part(status, note, table, Source(files=[str(run / RUN_SCALING / SCALING_SUMMARY)],
-                                            command=table.get("command"), device=table.get("device"),
-                                            date=table.get("date")))
+    return Part(
+        status,
+        note,
+        table,
+        Source(
+            files=[str(run / RUN_SCALING / SCALING_SUMMARY)],
+            command=table.get("command"),
+            device=table.get("device"),
+            date=table.get("date"),
+        ),
+    )
 
 
 @dataclass
@@ -234,10 +279,19 @@ def collect(run: str | Path) -> RunData:
     state, error = pipeline_state(run)
     known = (PIPELINE_STATE, RUN_DRAFT, RUN_DOCTOR, RUN_BENCH, RUN_SCALING)
     if state is None and not error and not any((run / k).exists() for k in known):
-        raise EaglekitError(f"{run} holds no pipeline.json and no stage output ({', '.join(known[1:])})",
-                            hint="pass the folder `eaglekit run` wrote (e.g. runs/quick)")
-    data = RunData(run=run, state=state, state_note=error or "", training=training(run, state),
-                   doctor=doctor(run, state), bench=bench(run, state), scaling=scaling(run, state))
+        raise EaglekitError(
+            f"{run} holds no pipeline.json and no stage output ({', '.join(known[1:])})",
+            hint="pass the folder `eaglekit run` wrote (e.g. runs/quick)",
+        )
+    data = RunData(
+        run=run,
+        state=state,
+        state_note=error or "",
+        training=training(run, state),
+        doctor=doctor(run, state),
+        bench=bench(run, state),
+        scaling=scaling(run, state),
+    )
     stopped = (state or {}).get("stopped_before")
     for part in (data.training, data.doctor, data.bench, data.scaling):
         if stopped and part.status == "not run":

@@ -13,13 +13,21 @@ def tau_chart(table: dict, xlabel: str = "answer tokens") -> str | None:
     """Walk, simulated and bench tau against the slices' answer tokens (tau >= 1, so the axis starts
     there: a spread of noise is not drawn as a slope)."""
     done, xs, labels = _points(table)
-    series = [Series(name, xs, [r.get(key) for r in done], labels=labels) for name, key in
-              (("walk tau", "walk_tau"), ("simulated tau", "sim_tau"), ("bench tau", "bench_tau"))
-              if any(r.get(key) is not None for r in done)]
+    series = [
+        Series(name, xs, [r.get(key) for r in done], labels=labels)
+        for name, key in (("walk tau", "walk_tau"), ("simulated tau", "sim_tau"), ("bench tau", "bench_tau"))
+        if any(r.get(key) is not None for r in done)
+    ]
     if not series:
         return None
-    return line_chart(series, title=f"tau against data ({table.get('steps')} steps each)", xlabel=xlabel,
-                      ylabel="tau", logx=True, ylim=(1, None))
+    return line_chart(
+        series,
+        title=f"tau against data ({table.get('steps')} steps each)",
+        xlabel=xlabel,
+        ylabel="tau",
+        logx=True,
+        ylim=(1, None),
+    )
 
 
 def acc0_chart(table: dict, xlabel: str = "answer tokens") -> str | None:
@@ -28,8 +36,14 @@ def acc0_chart(table: dict, xlabel: str = "answer tokens") -> str | None:
     ys = [r.get("acc0") for r in done]
     if all(v is None for v in ys):
         return None
-    return line_chart([Series("step-0 accuracy", xs, ys, labels=labels)], title="step-0 accuracy",
-                      xlabel=xlabel, ylabel="acc_0", logx=True, ylim=(0, 1))
+    return line_chart(
+        [Series("step-0 accuracy", xs, ys, labels=labels)],
+        title="step-0 accuracy",
+        xlabel=xlabel,
+        ylabel="acc_0",
+        logx=True,
+        ylim=(0, 1),
+    )
 
 
 def _points(table: dict) -> tuple[list[dict], list[float], list[str]]:
@@ -42,6 +56,8 @@ def scaling_svg(table: dict) -> str | None:
     left, right = tau_chart(table), acc0_chart(table)
     if left is None or right is None:
         return None
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * W}" height="{H}" viewBox="0 0 {2 * W} {H}">'
-            f'<style>svg {{ font-family: sans-serif; }} {chart_css()}</style><rect width="{2 * W}" height="{H}" fill="#ffffff"/>'
-            f'<g>{left}</g><g transform="translate({W} 0)">{right}</g></svg>\n')
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * W}" height="{H}" viewBox="0 0 {2 * W} {H}">'
+        f'<style>svg {{ font-family: sans-serif; }} {chart_css()}</style><rect width="{2 * W}" height="{H}" fill="#ffffff"/>'
+        f'<g>{left}</g><g transform="translate({W} 0)">{right}</g></svg>\n'
+    )

@@ -27,15 +27,16 @@ CHART_STYLE = {
 
 def chart_css(scope: str = "") -> str:
     """CHART_STYLE as CSS rules, each selector prefixed with `scope` (e.g. "svg ")."""
-    return " ".join(f"{', '.join(scope + part.strip() for part in selector.split(','))} {{ {rule}; }}"
-                    for selector, rule in CHART_STYLE.items())
+    return " ".join(
+        f"{', '.join(scope + part.strip() for part in selector.split(','))} {{ {rule}; }}"
+        for selector, rule in CHART_STYLE.items()
+    )
 
 
-PALETTE = ("#3b7dd8", "#d8843b", "#3ba55c", "#c8413b", "#8a5cc8", "#8c6d31", "#d85fa8", "#5f6b7a", "#17a2b8",
-           "#b8a400")
+PALETTE = ("#3b7dd8", "#d8843b", "#3ba55c", "#c8413b", "#8a5cc8", "#8c6d31", "#d85fa8", "#5f6b7a", "#17a2b8", "#b8a400")
 W, H = 560, 300
 LEFT, RIGHT, TOP, BOTTOM = 62, 14, 30, 46
-MAX_MARKERS = 150   # points of a series drawn as markers with a hover title
+MAX_MARKERS = 150  # points of a series drawn as markers with a hover title
 
 
 @dataclass
@@ -47,7 +48,7 @@ class Series:
     ys: list[float | None]
     color: str | None = None
     dashed: bool = False
-    labels: list[str] = field(default_factory=list)   # per point, shown on hover
+    labels: list[str] = field(default_factory=list)  # per point, shown on hover
 
 
 @dataclass
@@ -88,7 +89,7 @@ def wrap(text: str, width: int, max_lines: int = 2) -> list[str]:
         else:
             lines.append(word)
     if len(lines) > max_lines:
-        lines = lines[:max_lines - 1] + [" ".join(lines[max_lines - 1:])]
+        lines = lines[: max_lines - 1] + [" ".join(lines[max_lines - 1 :])]
     return [line if len(line) <= width + 2 else line[:width] + "…" for line in lines] or [""]
 
 
@@ -124,9 +125,11 @@ class Frame:
 
 
 def open_svg(kind: str, title: str) -> list[str]:
-    return [f'<svg class="chart {kind}" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" width="{W}" '
-            f'height="{H}" role="img" aria-label="{escape(title)}">',
-            f'<text class="title" x="{W / 2}" y="18" text-anchor="middle">{escape(title)}</text>']
+    return [
+        f'<svg class="chart {kind}" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" width="{W}" '
+        f'height="{H}" role="img" aria-label="{escape(title)}">',
+        f'<text class="title" x="{W / 2}" y="18" text-anchor="middle">{escape(title)}</text>',
+    ]
 
 
 def axes(frame: Frame, xticks: list[tuple[float, str]], yticks: list[float], xlabel: str, ylabel: str) -> list[str]:
@@ -140,10 +143,13 @@ def axes(frame: Frame, xticks: list[tuple[float, str]], yticks: list[float], xla
         px = frame.px(x)
         out.append(f'<line class="tickmark" x1="{px:.1f}" x2="{px:.1f}" y1="{H - BOTTOM}" y2="{H - BOTTOM + 4}"/>')
         out.append(f'<text class="tick" x="{px:.1f}" y="{H - BOTTOM + 16}" text-anchor="middle">{escape(text)}</text>')
-    out.append(f'<text class="label" x="{(LEFT + W - RIGHT) / 2}" y="{H - 8}" text-anchor="middle">'
-               f'{escape(xlabel)}</text>')
-    out.append(f'<text class="label" x="14" y="{(TOP + H - BOTTOM) / 2}" text-anchor="middle" '
-               f'transform="rotate(-90 14 {(TOP + H - BOTTOM) / 2})">{escape(ylabel)}</text>')
+    out.append(
+        f'<text class="label" x="{(LEFT + W - RIGHT) / 2}" y="{H - 8}" text-anchor="middle">{escape(xlabel)}</text>'
+    )
+    out.append(
+        f'<text class="label" x="14" y="{(TOP + H - BOTTOM) / 2}" text-anchor="middle" '
+        f'transform="rotate(-90 14 {(TOP + H - BOTTOM) / 2})">{escape(ylabel)}</text>'
+    )
     return out
 
 
@@ -155,7 +161,9 @@ def legend(items: list[tuple[str, str, bool]]) -> list[str]:
         if x + width > W - RIGHT:
             x, y = LEFT + 8, y + 14
         dash = ' stroke-dasharray="5 3"' if dashed else ""
-        out.append(f'<line x1="{x}" x2="{x + 16}" y1="{y - 4}" y2="{y - 4}" stroke="{color}" stroke-width="2.5"{dash}/>')
+        out.append(
+            f'<line x1="{x}" x2="{x + 16}" y1="{y - 4}" y2="{y - 4}" stroke="{color}" stroke-width="2.5"{dash}/>'
+        )
         out.append(f'<text class="legend" x="{x + 20}" y="{y}">{escape(name)}</text>')
         x += width + 8
     return out
@@ -167,18 +175,26 @@ def y_range(values: list[float], ylim: tuple[float | None, float | None]) -> tup
     if ylim[0] is None and ylim[1] is None:
         pad = (hi - lo) * 0.08 or abs(hi) * 0.05 or 0.5
         lo, hi = lo - pad, hi + pad
-    elif ylim[1] is None:          # a fixed floor (tau >= 1): head room above the top point for the legend
+    elif ylim[1] is None:  # a fixed floor (tau >= 1): head room above the top point for the legend
         hi += (hi - lo) * 0.15 or 0.5
     return lo, hi
 
 
-def line_chart(series: list[Series], *, title: str, xlabel: str, ylabel: str, logx: bool = False,
-               ylim: tuple[float | None, float | None] = (None, None), hlines: list[HLine] = (),
-               xticks: list[tuple[float, str]] | None = None) -> str:
+def line_chart(
+    series: list[Series],
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    logx: bool = False,
+    ylim: tuple[float | None, float | None] = (None, None),
+    hlines: list[HLine] = (),
+    xticks: list[tuple[float, str]] | None = None,
+) -> str:
     """Lines with a marker at every point; `hlines` are labelled reference levels."""
     points = [(x, y) for s in series for x, y in zip(s.xs, s.ys) if y is not None]
     if not points:
-        raise ValueError(f"line_chart {title!r}: no points")   # the caller shows "missing" instead
+        raise ValueError(f"line_chart {title!r}: no points")  # the caller shows "missing" instead
     xs = [p[0] for p in points]
     ys = [p[1] for p in points] + [h.y for h in hlines]
     ylo, yhi = y_range(ys, ylim)
@@ -189,39 +205,59 @@ def line_chart(series: list[Series], *, title: str, xlabel: str, ylabel: str, lo
         yhi = max(yhi, yt[-1])
     frame = Frame(min(xs), max(xs), ylo, yhi, logx=logx)
     if xticks is None:
-        xticks = [(x, fmt_num(x)) for x in nice_ticks(min(xs), max(xs), 6) if min(xs) <= x <= max(xs)] \
-            if not logx else [(x, fmt_num(x)) for x in sorted(set(xs))]
+        xticks = (
+            [(x, fmt_num(x)) for x in nice_ticks(min(xs), max(xs), 6) if min(xs) <= x <= max(xs)]
+            if not logx
+            else [(x, fmt_num(x)) for x in sorted(set(xs))]
+        )
     out = open_svg("line", title) + axes(frame, xticks, yt, xlabel, ylabel)
     items = []
     for i, s in enumerate(series):
         color = s.color or PALETTE[i % len(PALETTE)]
         dash = ' stroke-dasharray="5 3"' if s.dashed else ""
-        pts = [(frame.px(x), frame.py(y), x, y, (s.labels[k] if k < len(s.labels) else ""))
-               for k, (x, y) in enumerate(zip(s.xs, s.ys)) if y is not None]
+        pts = [
+            (frame.px(x), frame.py(y), x, y, (s.labels[k] if k < len(s.labels) else ""))
+            for k, (x, y) in enumerate(zip(s.xs, s.ys))
+            if y is not None
+        ]
         if len(pts) > 1:
             path = " ".join(f"{px:.1f},{py:.1f}" for px, py, *_ in pts)
-            out.append(f'<polyline class="series" data-series="{escape(s.name)}" fill="none" stroke="{color}" '
-                       f'stroke-width="2"{dash} points="{path}"/>')
+            out.append(
+                f'<polyline class="series" data-series="{escape(s.name)}" fill="none" stroke="{color}" '
+                f'stroke-width="2"{dash} points="{path}"/>'
+            )
         radius = 3 if len(pts) <= 60 else 1.6
         # Long curves (a training log of thousands of steps) keep their line and their end points only.
         marked = pts if len(pts) <= MAX_MARKERS else [pts[0], pts[-1]]
         for px, py, x, y, label in marked:
             tip = f"{s.name}: {fmt_num(x)} → {y:.4g}" + (f" ({label})" if label else "")
-            out.append(f'<circle class="point" cx="{px:.1f}" cy="{py:.1f}" r="{radius}" fill="{color}">'
-                       f'<title>{escape(tip)}</title></circle>')
+            out.append(
+                f'<circle class="point" cx="{px:.1f}" cy="{py:.1f}" r="{radius}" fill="{color}">'
+                f"<title>{escape(tip)}</title></circle>"
+            )
         items.append((s.name, color, s.dashed))
     for h in hlines:
         py = frame.py(h.y)
-        out.append(f'<line class="hline" x1="{LEFT}" x2="{W - RIGHT}" y1="{py:.1f}" y2="{py:.1f}" stroke="{h.color}" '
-                   f'stroke-dasharray="2 3"><title>{escape(h.name)}: {h.y:.4g}</title></line>')
+        out.append(
+            f'<line class="hline" x1="{LEFT}" x2="{W - RIGHT}" y1="{py:.1f}" y2="{py:.1f}" stroke="{h.color}" '
+            f'stroke-dasharray="2 3"><title>{escape(h.name)}: {h.y:.4g}</title></line>'
+        )
         items.append((f"{h.name} {h.y:.3g}", h.color, True))
     out += legend(items)
     out.append("</svg>")
     return "\n".join(out)
 
 
-def bar_chart(groups: list[str], series: list[Series], *, title: str, ylabel: str, xlabel: str = "",
-              ylim: tuple[float | None, float | None] = (0, None), value_labels: bool = True) -> str:
+def bar_chart(
+    groups: list[str],
+    series: list[Series],
+    *,
+    title: str,
+    ylabel: str,
+    xlabel: str = "",
+    ylim: tuple[float | None, float | None] = (0, None),
+    value_labels: bool = True,
+) -> str:
     """Grouped bars: one group per entry of `groups`, one bar per series (its ys indexed by group)."""
     values = [y for s in series for y in s.ys if y is not None]
     if not values or not groups:
@@ -238,13 +274,16 @@ def bar_chart(groups: list[str], series: list[Series], *, title: str, ylabel: st
     out = open_svg("bar", title) + axes(frame, [], yt, xlabel, ylabel)
     for i, g in enumerate(groups):
         px = frame.px(i)
-        if rotate:   # many groups: small slanted labels under the axis
-            out.append(f'<text class="tick" x="{px:.1f}" y="{H - BOTTOM + 12}" text-anchor="end" font-size="8" '
-                       f'transform="rotate(-35 {px:.1f} {H - BOTTOM + 12})">{escape(g[:24])}</text>')
+        if rotate:  # many groups: small slanted labels under the axis
+            out.append(
+                f'<text class="tick" x="{px:.1f}" y="{H - BOTTOM + 12}" text-anchor="end" font-size="8" '
+                f'transform="rotate(-35 {px:.1f} {H - BOTTOM + 12})">{escape(g[:24])}</text>'
+            )
             continue
         lines = wrap(g, max(int(slot / 6), 6))
-        spans = "".join(f'<tspan x="{px:.1f}" dy="{0 if k == 0 else 11}">{escape(line)}</tspan>'
-                        for k, line in enumerate(lines))
+        spans = "".join(
+            f'<tspan x="{px:.1f}" dy="{0 if k == 0 else 11}">{escape(line)}</tspan>' for k, line in enumerate(lines)
+        )
         top = H - BOTTOM + (14 if len(lines) == 1 else 11)
         out.append(f'<text class="tick" x="{px:.1f}" y="{top}" text-anchor="middle">{spans}</text>')
     items = []
@@ -257,12 +296,16 @@ def bar_chart(groups: list[str], series: list[Series], *, title: str, ylabel: st
             y0, y1 = frame.py(max(y, lo)), frame.py(lo)
             label = s.labels[i] if i < len(s.labels) else ""
             tip = f"{s.name}, {groups[i]}: {y:.4g}" + (f" ({label})" if label else "")
-            out.append(f'<rect class="bar" data-series="{escape(s.name)}" x="{x0:.1f}" y="{y0:.1f}" '
-                       f'width="{max(width - 1, 1):.1f}" height="{max(y1 - y0, 0.5):.1f}" fill="{color}">'
-                       f'<title>{escape(tip)}</title></rect>')
+            out.append(
+                f'<rect class="bar" data-series="{escape(s.name)}" x="{x0:.1f}" y="{y0:.1f}" '
+                f'width="{max(width - 1, 1):.1f}" height="{max(y1 - y0, 0.5):.1f}" fill="{color}">'
+                f"<title>{escape(tip)}</title></rect>"
+            )
             if value_labels and len(groups) * len(series) <= 24:
-                out.append(f'<text class="value" x="{x0 + width / 2:.1f}" y="{y0 - 3:.1f}" text-anchor="middle">'
-                           f'{fmt_num(y)}</text>')
+                out.append(
+                    f'<text class="value" x="{x0 + width / 2:.1f}" y="{y0 - 3:.1f}" text-anchor="middle">'
+                    f"{fmt_num(y)}</text>"
+                )
         items.append((s.name, color, False))
     if len(series) > 1 or series[0].name:
         out += legend(items)

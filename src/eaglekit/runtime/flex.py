@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-BLOCK = 128   # FlexAttention's default sparse block; L must be a multiple of it
+BLOCK = 128  # FlexAttention's default sparse block; L must be a multiple of it
 
 
 def block_mask_of(mask: torch.Tensor):
@@ -30,27 +30,39 @@ def block_mask_of(mask: torch.Tensor):
     B, _, R, L = mask.shape
     NB = L // BLOCK
     tiles = mask.view(B, R, NB, BLOCK)
-    seen = tiles.any(-1).any(1)                         # [B, NB] some query sees a slot of the block
-    whole = tiles.all(-1).all(1)                        # [B, NB] every query sees all of it
+    seen = tiles.any(-1).any(1)  # [B, NB] some query sees a slot of the block
+    whole = tiles.all(-1).all(1)  # [B, NB] every query sees all of it
     partial = seen & ~whole
 
     def count(blocks: torch.Tensor) -> torch.Tensor:
         return blocks.sum(-1).to(torch.int32).view(B, 1, 1)
 
-    def listed(blocks: torch.Tensor) -> torch.Tensor:   # the blocks' indices first, in order
+    def listed(blocks: torch.Tensor) -> torch.Tensor:  # the blocks' indices first, in order
         order = torch.argsort(blocks.to(torch.int32), dim=-1, descending=True, stable=True)
         return order.to(torch.int32).view(B, 1, 1, NB)
 
     def mask_mod(b, h, q_idx, kv_idx):
-        return mask[b if B > 1 else 0, 0, q_idx, kv_idx]       # a [1, ...] mask serves every row
+        return mask[b if B > 1 else 0, 0, q_idx, kv_idx]  # a [1, ...] mask serves every row
 
-    return BlockMask.from_kv_blocks(count(partial), listed(partial), count(whole), listed(whole),
-                                    BLOCK_SIZE=BLOCK, mask_mod=mask_mod, seq_lengths=(R, L), **NO_Q_BLOCKS)
+    return BlockMask.from_kv_blocks(
+        count(partial),
+        listed(partial),
+        count(whole),
+        listed(whole),
+        BLOCK_SIZE=BLOCK,
+        mask_mod=mask_mod,
+        seq_lengths=(R, L),
+        **NO_Q_BLOCKS,
+    )
 
 
 def _no_q_blocks() -> dict:
     """Skip the transposed block lists (only the backward pass reads them) where this torch can."""
-    return {"compute_q_blocks": False} if "compute_q_blocks" in inspect.signature(BlockMask.from_kv_blocks).parameters else {}
+    return (
+        {"compute_q_blocks": False}
+        if "compute_q_blocks" in inspect.signature(BlockMask.from_kv_blocks).parameters
+        else {}
+    )
 
 
 NO_Q_BLOCKS = _no_q_blocks()

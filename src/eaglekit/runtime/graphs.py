@@ -35,8 +35,7 @@ def compiled(fn: Callable, enabled: bool, mode: str = COMPILE_MODE, dynamic: boo
 
     # Every engine compiles its own steps; raise the per-function cache so sweeps stay compiled.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    torch._dynamo.config.accumulated_recompile_limit = max(
-        torch._dynamo.config.accumulated_recompile_limit, 512)
+    torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 512)
     return torch.compile(fn, mode=mode, dynamic=dynamic)
 
 
@@ -44,12 +43,16 @@ def check_inductor(device: torch.device, what: str) -> None:
     """Refuse `what` (a flag that compiles with inductor) where inductor cannot build kernels."""
     if device.type == "cuda":
         if not has_triton():
-            raise EaglekitError(f"{what} on GPU needs triton, which this environment lacks",
-                                hint=f"install triton (it ships with the CUDA wheels of torch), or drop {what}")
+            raise EaglekitError(
+                f"{what} on GPU needs triton, which this environment lacks",
+                hint=f"install triton (it ships with the CUDA wheels of torch), or drop {what}",
+            )
     elif device.type == "cpu":
         if not any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "g++", "clang++")):
-            raise EaglekitError(f"{what} on CPU needs a C++ compiler (inductor builds its kernels with it)",
-                                hint=f"install g++, or drop {what}")
+            raise EaglekitError(
+                f"{what} on CPU needs a C++ compiler (inductor builds its kernels with it)",
+                hint=f"install g++, or drop {what}",
+            )
     else:
         raise EaglekitError(f"{what} is not supported on {device.type}", hint=f"drop {what}")
 
@@ -80,11 +83,14 @@ class Step:
             raise EaglekitError(
                 f"capturing the {self.name} step in a CUDA graph failed: {err}",
                 hint="the step's code syncs with the host (e.g. MoE routing in the HF code, or an op whose output "
-                     "size depends on the data); use --no-graphs, or the fast runner if the target is a "
-                     "Llama-family model") from err
+                "size depends on the data); use --no-graphs, or the fast runner if the target is a "
+                "Llama-family model",
+            ) from err
         torch.cuda.synchronize()
         self.graph = graph
-        (log.debug if quiet else log.info)("captured %s in %.1f s (compile included)", self.name, time.perf_counter() - start)
+        (log.debug if quiet else log.info)(
+            "captured %s in %.1f s (compile included)", self.name, time.perf_counter() - start
+        )
 
     def __call__(self) -> None:
         if not self.use_graph:

@@ -36,8 +36,9 @@ class Refill:
     span: int = 0
 
 
-def cache_mask(block: torch.Tensor, prefix_len: torch.Tensor | int, start: torch.Tensor | int,
-               max_len: int) -> torch.Tensor:
+def cache_mask(
+    block: torch.Tensor, prefix_len: torch.Tensor | int, start: torch.Tensor | int, max_len: int
+) -> torch.Tensor:
     """The attention mask of T queries over a cache of `max_len` slots.
 
     Every query sees the committed prefix [0, prefix_len); beyond it, query t sees slot start + r
@@ -54,9 +55,9 @@ def cache_mask(block: torch.Tensor, prefix_len: torch.Tensor | int, start: torch
     """
     T, R = block.shape
     cols = torch.arange(max_len, device=block.device)
-    rel = cols - start                                  # [L] slot offset inside the block
+    rel = cols - start  # [L] slot offset inside the block
     in_block = (rel >= 0) & (rel < R)
-    seen = block[:, rel.clamp(0, R - 1)] & in_block     # [T, L]
+    seen = block[:, rel.clamp(0, R - 1)] & in_block  # [T, L]
     return ((cols < prefix_len) | seen).view(1, 1, T, max_len)
 
 
@@ -73,14 +74,14 @@ def write_slots(cache: torch.Tensor, slots, new: torch.Tensor) -> torch.Tensor:
     """
     if isinstance(slots, Refill):
         R, T = slots.slots.shape
-        cache[slots.rows.view(R, 1), :, slots.slots] = new.transpose(1, 2)     # indexed as [R, T, h, d]
-        return cache[:, :, :slots.span].index_select(0, slots.rows) if slots.span else new   # [R, h, C|T, d]
+        cache[slots.rows.view(R, 1), :, slots.slots] = new.transpose(1, 2)  # indexed as [R, T, h, d]
+        return cache[:, :, : slots.span].index_select(0, slots.rows) if slots.span else new  # [R, h, C|T, d]
     if slots.dim() == 1:
         cache.index_copy_(2, slots, new)
-    else:   # an index_put, not scatter_: Inductor's scatter_ on a cache view rewrote the whole cache
-        B = new.shape[0]   # (two full copies per layer: 22 of a 35 ms step at 512 rows x 2048 slots)
+    else:  # an index_put, not scatter_: Inductor's scatter_ on a cache view rewrote the whole cache
+        B = new.shape[0]  # (two full copies per layer: 22 of a 35 ms step at 512 rows x 2048 slots)
         rows = torch.arange(B, device=slots.device).view(B, 1)
-        cache[rows, :, slots] = new.transpose(1, 2)                             # indexed as [B, T, h, d]
+        cache[rows, :, slots] = new.transpose(1, 2)  # indexed as [B, T, h, d]
     return cache
 
 
@@ -88,8 +89,19 @@ class KVCache(nn.Module):
     """Keys and values of one attention layer: [B, h, L, d] each, preallocated (or views of a
     `stacked_caches` store, so that compaction moves every layer at once)."""
 
-    def __init__(self, batch_size: int, heads: int, max_len: int, head_dim: int, *, dtype, device,
-                 value_dim: int | None = None, k: torch.Tensor | None = None, v: torch.Tensor | None = None):
+    def __init__(
+        self,
+        batch_size: int,
+        heads: int,
+        max_len: int,
+        head_dim: int,
+        *,
+        dtype,
+        device,
+        value_dim: int | None = None,
+        k: torch.Tensor | None = None,
+        v: torch.Tensor | None = None,
+    ):
         super().__init__()
         shape = (batch_size, heads, max_len, head_dim)
         vshape = shape[:3] + (value_dim or head_dim,)
@@ -110,8 +122,10 @@ def stacked_caches(layers: int, batch_size: int, heads: int, max_len: int, head_
     """One store [2, layers, B, h, L, d] and a KVCache per layer viewing its slice: a tree's
     compaction is then one gather and one scatter for the whole model instead of four per layer."""
     store = torch.zeros(2, layers, batch_size, heads, max_len, head_dim, dtype=dtype, device=device)
-    caches = [KVCache(batch_size, heads, max_len, head_dim, dtype=dtype, device=device, k=store[0, i], v=store[1, i])
-              for i in range(layers)]
+    caches = [
+        KVCache(batch_size, heads, max_len, head_dim, dtype=dtype, device=device, k=store[0, i], v=store[1, i])
+        for i in range(layers)
+    ]
     return store, caches
 
 
@@ -145,11 +159,11 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     """
     B, nh, T, d = q.shape
     h = k.shape[1]
-    if mask.shape[-1] < k.shape[-2]:   # a mask over the first S slots only (eager CPU steps): read just those
-        k, v = k[:, :, :mask.shape[-1]], v[:, :, :mask.shape[-1]]
-    q = q.reshape(B, h, (nh // h) * T, d)               # head kv*g + j, token t -> row j*T + t
+    if mask.shape[-1] < k.shape[-2]:  # a mask over the first S slots only (eager CPU steps): read just those
+        k, v = k[:, :, : mask.shape[-1]], v[:, :, : mask.shape[-1]]
+    q = q.reshape(B, h, (nh // h) * T, d)  # head kv*g + j, token t -> row j*T + t
     if kind == "reduce" and not torch.compiler.is_compiling():
-        kind = "matmul"        # unfused, the broadcast form would materialize [B, h, R, L, d]: eager runs (prefill, CPU)
+        kind = "matmul"  # unfused, the broadcast form would materialize [B, h, R, L, d]: eager runs (prefill, CPU)
     out = ATTENTION_KINDS[kind](q, k, v, mask)
     return out.reshape(B, nh, T, v.shape[-1])
 
@@ -163,7 +177,7 @@ def attend_matmul(q, k, v, mask):
     """Two batched matmuls around a masked softmax in float32: at batch 1 and few query rows the
     fused kernel runs one block per head over all L slots; here Inductor fuses mask + softmax into
     one kernel and the matmuls spread over the slots. q [B, h, R, d], k/v [B, h, L, d] -> [B, h, R, d]."""
-    scores = torch.matmul(q, k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5      # [B, h, R, L]
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5  # [B, h, R, L]
     probs = torch.softmax(scores.masked_fill(~mask, torch.finfo(scores.dtype).min), dim=-1)  # finite: no NaN rows
     return torch.matmul(probs.to(v.dtype), v)
 
@@ -172,7 +186,7 @@ def attend_reduce(q, k, v, mask):
     """Broadcast products and sums instead of matmuls: Inductor generates its own reduction kernels
     (fused with the mask and the softmax) where the matmuls would each be a cuBLAS launch. Only
     inside torch.compile (`attend` runs the matmul form eagerly). q [B, h, R, d], k/v [B, h, L, d] -> [B, h, R, d]."""
-    scores = (q.unsqueeze(3).float() * k.unsqueeze(2).float()).sum(-1) * q.shape[-1] ** -0.5   # [B, h, R, L]
+    scores = (q.unsqueeze(3).float() * k.unsqueeze(2).float()).sum(-1) * q.shape[-1] ** -0.5  # [B, h, R, L]
     probs = torch.softmax(scores.masked_fill(~mask, torch.finfo(scores.dtype).min), dim=-1)
     return (probs.unsqueeze(-1) * v.unsqueeze(2).float()).sum(3).to(v.dtype)
 

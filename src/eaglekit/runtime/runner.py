@@ -26,10 +26,18 @@ log = logging.getLogger(__name__)
 RUNNERS = ("auto", "fast", "generic")
 
 
-def make_target_runner(model: nn.Module, *, max_len: int, batch_size: int = 1, aux_layer_ids=(),
-                       runner: str = "auto", attention: str | None = None,
-                       matvec: bool | None = None, small_rows: int | None = None,
-                       attention_rows: int | None = None) -> FastTarget | HFTarget:
+def make_target_runner(
+    model: nn.Module,
+    *,
+    max_len: int,
+    batch_size: int = 1,
+    aux_layer_ids=(),
+    runner: str = "auto",
+    attention: str | None = None,
+    matvec: bool | None = None,
+    small_rows: int | None = None,
+    attention_rows: int | None = None,
+) -> FastTarget | HFTarget:
     """Build the target runner for an HF causal LM.
 
     Args:
@@ -52,14 +60,23 @@ def make_target_runner(model: nn.Module, *, max_len: int, batch_size: int = 1, a
         if reason:
             log.info("target runner: generic (%s)", reason)
     kwargs = dict(max_len=max_len, batch_size=batch_size, aux_layer_ids=aux_layer_ids)
-    kernels = {name: value for name, value in (("attention", attention), ("matvec", matvec), ("small_rows", small_rows),
-                                               ("attention_rows", attention_rows))
-               if value is not None}
+    kernels = {
+        name: value
+        for name, value in (
+            ("attention", attention),
+            ("matvec", matvec),
+            ("small_rows", small_rows),
+            ("attention_rows", attention_rows),
+        )
+        if value is not None
+    }
     if runner == "fast":
         built = FastTarget(model, **kwargs, **kernels)
     elif kernels:
-        raise EaglekitError(f"{kernels} apply to the fast runner only",
-                            hint="drop it, or use a Llama-family target with the fast runner")
+        raise EaglekitError(
+            f"{kernels} apply to the fast runner only",
+            hint="drop it, or use a Llama-family target with the fast runner",
+        )
     else:
         built = HFTarget(model, **kwargs)
     log.info("target runner: %s, %d slots x batch %d", built.kind, max_len, batch_size)

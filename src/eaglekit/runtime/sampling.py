@@ -25,8 +25,7 @@ class Sampling:
 
     def __post_init__(self):
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
-            raise EaglekitError(f"bad sampling settings {self}",
-                                hint="temperature >= 0, 0 < top_p <= 1, top_k >= 0")
+            raise EaglekitError(f"bad sampling settings {self}", hint="temperature >= 0, 0 < top_p <= 1, top_k >= 0")
 
     @property
     def greedy(self) -> bool:
@@ -36,7 +35,7 @@ class Sampling:
         return asdict(self)
 
 
-TOPK_CHUNK = 128   # top_k's first pass: the largest of every 128 values
+TOPK_CHUNK = 128  # top_k's first pass: the largest of every 128 values
 
 
 def top_k(x: torch.Tensor, k: int, chunk: int = TOPK_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,12 +52,12 @@ def top_k(x: torch.Tensor, k: int, chunk: int = TOPK_CHUNK) -> tuple[torch.Tenso
     if k > chunk or V < 2 * chunk:
         return torch.topk(x, k)
     whole = V - V % chunk
-    best, local = x[..., :whole].unflatten(-1, (-1, chunk)).topk(k)        # [..., V // chunk, k]
+    best, local = x[..., :whole].unflatten(-1, (-1, chunk)).topk(k)  # [..., V // chunk, k]
     offsets = torch.arange(0, whole, chunk, device=x.device).unsqueeze(-1)  # [V // chunk, 1]
     tail = torch.arange(whole, V, device=x.device).expand(*x.shape[:-1], V - whole)
-    values = torch.cat([best.flatten(-2), x[..., whole:]], -1)             # [..., C]
-    indices = torch.cat([(local + offsets).flatten(-2), tail], -1)         # [..., C]
-    values, pick = values.topk(k)                                          # [..., k]
+    values = torch.cat([best.flatten(-2), x[..., whole:]], -1)  # [..., C]
+    indices = torch.cat([(local + offsets).flatten(-2), tail], -1)  # [..., C]
+    values, pick = values.topk(k)  # [..., k]
     return values, indices.gather(-1, pick)
 
 
@@ -66,7 +65,7 @@ def target_probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     """[..., V] logits -> [..., V] float32 probabilities after temperature, top-k and top-p."""
     logits = logits.float() / sampling.temperature
     if sampling.top_k:
-        kth = top_k(logits, min(sampling.top_k, logits.shape[-1]))[0][..., -1:]     # two passes: see top_k
+        kth = top_k(logits, min(sampling.top_k, logits.shape[-1]))[0][..., -1:]  # two passes: see top_k
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if sampling.top_p < 1.0:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)

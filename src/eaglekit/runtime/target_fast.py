@@ -24,7 +24,17 @@ from torch import nn
 from eaglekit.errors import EaglekitError
 from eaglekit.runtime.flex import flex_mask
 from eaglekit.runtime.graphs import compiled
-from eaglekit.runtime.kv import ATTENTION_KINDS, KVCache, Refill, attend, cache_mask, causal_block, group_mask, move_slots, stacked_caches
+from eaglekit.runtime.kv import (
+    ATTENTION_KINDS,
+    KVCache,
+    Refill,
+    attend,
+    cache_mask,
+    causal_block,
+    group_mask,
+    move_slots,
+    stacked_caches,
+)
 from eaglekit.targets.capture import decoder_layers
 from eaglekit.targets.info import check_aux_layer_ids
 from eaglekit.targets.load import text_config
@@ -59,8 +69,17 @@ def fast_unsupported_reason(model, max_len: int) -> str | None:
     if rope not in STATIC_ROPE:
         return f"rope_type {rope!r} depends on the sequence length"
     layer = decoder_layers(model)[0]
-    for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm"):
+    for name in (
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+        "input_layernorm",
+        "post_attention_layernorm",
+    ):
         try:
             layer.get_submodule(name)
         except AttributeError:
@@ -68,7 +87,7 @@ def fast_unsupported_reason(model, max_len: int) -> str | None:
     return None
 
 
-LAUNCH_BOUND_BYTES = 2 * 2**30   # below this many weight bytes a batch-1 step is kernel launches, not bandwidth
+LAUNCH_BOUND_BYTES = 2 * 2**30  # below this many weight bytes a batch-1 step is kernel launches, not bandwidth
 # Forwards of at most this many tokens use the fused forms. One: on the H200 (2026-12-01) a chain's
 # 6-row verify with them took 1.77 ms against 0.87 for the 1-row step, while a 32-row verify with
 # matmul attention and cuBLAS took 1.41 ms (each row re-reads W; the draft's 32k-row head the most).
@@ -95,9 +114,11 @@ def default_kernels(batch_size: int, weight_bytes: int) -> tuple[str, bool]:
 
 def check_small_rows(small_rows: int) -> int:
     if not 1 <= small_rows <= MATVEC_MAX_ROWS:
-        raise EaglekitError(f"small_rows={small_rows}: the matvec forms take 1 to {MATVEC_MAX_ROWS} rows",
-                            hint=f"keep small_rows <= {MATVEC_MAX_ROWS}; larger forwards use cuBLAS, and "
-                                 "attention_rows raises the reduce attention's limit alone")
+        raise EaglekitError(
+            f"small_rows={small_rows}: the matvec forms take 1 to {MATVEC_MAX_ROWS} rows",
+            hint=f"keep small_rows <= {MATVEC_MAX_ROWS}; larger forwards use cuBLAS, and "
+            "attention_rows raises the reduce attention's limit alone",
+        )
     return small_rows
 
 
@@ -125,8 +146,9 @@ def fused(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
     weight = frozen(torch.cat([m.weight for m in linears]))
     if all(m.bias is None for m in linears):
         return weight, None
-    return weight, frozen(torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features)
-                                     for m in linears]))
+    return weight, frozen(
+        torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in linears])
+    )
 
 
 # Eager CPU forwards of at most this many rows may use `few_rows_linear` (where it times faster).
@@ -149,11 +171,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """F.linear as `weight @ x.T`, one row padded to two: on some CPUs' BLAS this streams W at full
     bandwidth where `x @ W.T` (F.linear) and the one-row gemv read it at a third to a half of it."""
-    flat = x.reshape(-1, x.shape[-1])                                      # [R, K]
+    flat = x.reshape(-1, x.shape[-1])  # [R, K]
     rows = flat.shape[0]
     if rows == 1:
         flat = torch.cat([flat, flat])
-    y = (weight @ flat.T).T[:rows]                                         # [R, N]
+    y = (weight @ flat.T).T[:rows]  # [R, N]
     if bias is not None:
         y = y + bias
     return y.reshape(*x.shape[:-1], weight.shape[0])
@@ -169,23 +191,26 @@ def cpu_few_rows_faster() -> tuple[bool, bool]:
     F.linear and 30 / 32-44 ms as `weight @ x.T`; another (2026-12-04) 25 / 45 ms through F.linear
     and 64 / 61 ms as `weight @ x.T` (plain decoding there 11.5 tok/s against HF generate's 23.3).
     """
-    weights = [torch.full((4096, 2048), 0.5) for _ in range(4)]             # 4 x [N, K], 32 MB each
+    weights = [torch.full((4096, 2048), 0.5) for _ in range(4)]  # 4 x [N, K], 32 MB each
     timed = {}
     for rows in (1, 4):
         x = torch.full((rows, 2048), 0.25)
         for name, form in (("few", few_rows_linear), ("f.linear", F.linear)):
             best = float("inf")
-            for _ in range(4):                                                  # the first one warms up
+            for _ in range(4):  # the first one warms up
                 start = time.perf_counter()
                 for w in weights:
                     form(x, w, None)
                 best = min(best, time.perf_counter() - start)
             timed[rows, name] = best * 1e3
     choice = (timed[1, "few"] < timed[1, "f.linear"], timed[4, "few"] < timed[4, "f.linear"])
-    log.info("CPU linears of a few rows (timed on 128 MB, %d threads): one row %s (%.1f ms; the other %.1f), "
-             "four rows %s (%.1f ms; the other %.1f)", torch.get_num_threads(),
-             *describe(choice[0], timed[1, "few"], timed[1, "f.linear"]),
-             *describe(choice[1], timed[4, "few"], timed[4, "f.linear"]))
+    log.info(
+        "CPU linears of a few rows (timed on 128 MB, %d threads): one row %s (%.1f ms; the other %.1f), "
+        "four rows %s (%.1f ms; the other %.1f)",
+        torch.get_num_threads(),
+        *describe(choice[0], timed[1, "few"], timed[1, "f.linear"]),
+        *describe(choice[1], timed[4, "few"], timed[4, "f.linear"]),
+    )
     return choice
 
 
@@ -204,8 +229,12 @@ def matvec_swiglu(x: torch.Tensor, w13: torch.Tensor, b13: torch.Tensor | None) 
     """silu(gate) * up with gate and up ([I, K] each, concatenated in w13 [2I, K]) as two reductions
     of one shape, which Inductor fuses with the SwiGLU into one kernel."""
     inter = w13.shape[0] // 2
-    return matvec(x, w13.split(inter), (None, None) if b13 is None else b13.split(inter),
-                  lambda gate, up: F.silu(gate.to(x.dtype)) * up.to(x.dtype))
+    return matvec(
+        x,
+        w13.split(inter),
+        (None, None) if b13 is None else b13.split(inter),
+        lambda gate, up: F.silu(gate.to(x.dtype)) * up.to(x.dtype),
+    )
 
 
 def matvec(x: torch.Tensor, weights, biases, epilogue) -> torch.Tensor:
@@ -217,15 +246,16 @@ def matvec(x: torch.Tensor, weights, biases, epilogue) -> torch.Tensor:
     form before 2026-12-05) made every row re-read W: a 6-row SmolLM2 verify took 1.77 ms with it
     against 1.16 through cuBLAS (H200, 2026-12-03). Under dynamic shapes the row count is symbolic
     and the broadcast form stays."""
-    def reduced(v):                                                         # [..., K] -> epilogue(*[..., N])
+
+    def reduced(v):  # [..., K] -> epilogue(*[..., N])
         ys = [(v.unsqueeze(-2).float() * w.float()).sum(-1) for w in weights]
         return epilogue(*[y if b is None else y + b.float() for y, b in zip(ys, biases)])
 
     rows = x.numel() // x.shape[-1]
     if not (isinstance(rows, int) and rows > 1):
         return reduced(x)
-    flat = x.reshape(rows, x.shape[-1])                                     # [R, K]
-    out = torch.stack([reduced(flat[r]) for r in range(rows)])              # [R, N]
+    flat = x.reshape(rows, x.shape[-1])  # [R, K]
+    out = torch.stack([reduced(flat[r]) for r in range(rows)])  # [R, N]
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
@@ -234,10 +264,16 @@ def frozen(t: torch.Tensor) -> nn.Parameter:
 
 
 class FastLayer(nn.Module):
-    def __init__(self, layer: nn.Module, cfg, cache: KVCache, attention: str, matvec: bool, small_rows: int,
-                 attention_rows: int):
+    def __init__(
+        self, layer: nn.Module, cfg, cache: KVCache, attention: str, matvec: bool, small_rows: int, attention_rows: int
+    ):
         super().__init__()
-        self.attention, self.matvec, self.small_rows, self.attention_rows = attention, matvec, small_rows, attention_rows
+        self.attention, self.matvec, self.small_rows, self.attention_rows = (
+            attention,
+            matvec,
+            small_rows,
+            attention_rows,
+        )
         attn, mlp = layer.self_attn, layer.mlp
         self.nh, self.nkv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.d = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.nh
@@ -255,13 +291,13 @@ class FastLayer(nn.Module):
     def forward(self, x, cos, sin, slots, mask):
         """x [B, T, H]; cos/sin [B, 1, T, d]; slots [T]; mask [B|1, 1, g*T, L] (grouped) -> [B, T, H]."""
         B, T, _ = x.shape
-        rows = self.small_rows if self.matvec and B * T <= self.small_rows else 0   # linear(): 0 = F.linear
+        rows = self.small_rows if self.matvec and B * T <= self.small_rows else 0  # linear(): 0 = F.linear
         qkv = linear(rms_norm(x, self.ln1, self.eps), self.wqkv, self.bqkv, rows)
         q, k, v = qkv.split([self.nh * self.d, self.nkv * self.d, self.nkv * self.d], dim=-1)
         q, k, v = q.view(B, T, self.nh, self.d), k.view(B, T, self.nkv, self.d), v.view(B, T, self.nkv, self.d)
-        if self.q_norm is not None:                    # Qwen3: RMSNorm per head before rope
+        if self.q_norm is not None:  # Qwen3: RMSNorm per head before rope
             q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)      # [B, heads, T, d]
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, d]
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         k_all, v_all = self.cache.write(slots, k, v)
@@ -293,9 +329,19 @@ class FastTarget(nn.Module):
 
     kind = "fast"
 
-    def __init__(self, model: nn.Module, *, max_len: int, batch_size: int = 1, aux_layer_ids=(),
-                 check: bool = True, attention: str | None = None, matvec: bool | None = None,
-                 small_rows: int = SMALL_ROWS, attention_rows: int | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        max_len: int,
+        batch_size: int = 1,
+        aux_layer_ids=(),
+        check: bool = True,
+        attention: str | None = None,
+        matvec: bool | None = None,
+        small_rows: int = SMALL_ROWS,
+        attention_rows: int | None = None,
+    ):
         super().__init__()
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         default_attention, default_matvec = default_kernels(batch_size, weight_bytes)
@@ -305,8 +351,10 @@ class FastTarget(nn.Module):
             raise EaglekitError(f"unknown attention kind {attention!r}", hint=f"use one of {tuple(ATTENTION_KINDS)}")
         reason = fast_unsupported_reason(model, max_len)
         if reason:
-            raise EaglekitError(f"the fast runner does not support this target: {reason}",
-                                hint="use the generic runner (--runner generic)")
+            raise EaglekitError(
+                f"the fast runner does not support this target: {reason}",
+                hint="use the generic runner (--runner generic)",
+            )
         cfg = text_config(model.config)
         layers = decoder_layers(model)
         self.aux_layer_ids = check_aux_layer_ids(list(aux_layer_ids), len(layers)) if aux_layer_ids else []
@@ -315,14 +363,17 @@ class FastTarget(nn.Module):
         self.hidden_size, self.vocab_size = cfg.hidden_size, model.get_output_embeddings().weight.shape[0]
         p = next(model.parameters())
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        store, caches = stacked_caches(len(layers), batch_size, cfg.num_key_value_heads, max_len, head_dim,
-                                       dtype=p.dtype, device=p.device)
-        self.register_buffer("kv_store", store, persistent=False)            # [2, layers, B, h, L, d]
+        store, caches = stacked_caches(
+            len(layers), batch_size, cfg.num_key_value_heads, max_len, head_dim, dtype=p.dtype, device=p.device
+        )
+        self.register_buffer("kv_store", store, persistent=False)  # [2, layers, B, h, L, d]
         self.attention, self.matvec, self.small_rows = attention, matvec, check_small_rows(small_rows)
         self.attention_rows = small_rows if attention_rows is None else attention_rows
-        self.layers = nn.ModuleList(FastLayer(layer, cfg, cache, attention, matvec, small_rows, self.attention_rows)
-                                    for layer, cache in zip(layers, caches))
-        self.layer_calls: list | None = None        # inside `using`: the layers' compiled forms
+        self.layers = nn.ModuleList(
+            FastLayer(layer, cfg, cache, attention, matvec, small_rows, self.attention_rows)
+            for layer, cache in zip(layers, caches)
+        )
+        self.layer_calls: list | None = None  # inside `using`: the layers' compiled forms
         self.compiled_forms: dict[tuple[str, bool], list] = {}
         decoder = model.get_decoder()
         self.embed = model.get_input_embeddings().weight
@@ -330,7 +381,7 @@ class FastTarget(nn.Module):
         self.lm_head = model.get_output_embeddings().weight
         self.lm_bias = model.get_output_embeddings().bias
         cos, sin = decoder.rotary_emb(self.norm, torch.arange(max_len, device=p.device)[None])
-        self.register_buffer("cos", cos[0], persistent=False)     # [L, d], model dtype like HF
+        self.register_buffer("cos", cos[0], persistent=False)  # [L, d], model dtype like HF
         self.register_buffer("sin", sin[0], persistent=False)
         if check:
             check_against_hf(self, model)
@@ -339,7 +390,7 @@ class FastTarget(nn.Module):
     def aux_width(self) -> int:
         return len(self.aux_layer_ids) * self.hidden_size
 
-    @torch.no_grad()       # inference only; the caches are views of one store, written in place
+    @torch.no_grad()  # inference only; the caches are views of one store, written in place
     def forward(self, input_ids, positions, slots, mask, last_only: bool = False):
         """input_ids/positions [B, T], slots [T], mask [B|1, 1, T, L] bool -> logits [B, T, V], aux [B, T, A].
 
@@ -350,7 +401,7 @@ class FastTarget(nn.Module):
         mask = group_mask(mask, self.layers[0].nh // self.layers[0].nkv)
         compiled_layers = self.layer_calls is not None or torch.compiler.is_compiling()
         if self.attention == "flex" and compiled_layers and not isinstance(slots, Refill):
-            mask = flex_mask(mask)                  # its block lists once, not once per layer
+            mask = flex_mask(mask)  # its block lists once, not once per layer
         states = {}
         for i, layer in enumerate(self.layer_calls or self.layers):
             x = layer(x, cos, sin, slots, mask)
@@ -383,7 +434,7 @@ class FastTarget(nn.Module):
             self.layer_calls = before
 
     def move_kv(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        move_slots(self.kv_store, src, dst)                                 # every layer, k and v at once
+        move_slots(self.kv_store, src, dst)  # every layer, k and v at once
 
 
 @torch.no_grad()
@@ -398,8 +449,11 @@ def check_against_hf(runner, model, length: int = 8) -> None:
     got, _ = runner(ids, pos, torch.arange(T, device=device), mask)
     ref = model(input_ids=ids, use_cache=False).logits
     err = ((got.float() - ref.float()).norm() / ref.float().norm().clamp(min=1e-6)).item()
-    tol = 1e-4 if got.dtype == torch.float32 else 1e-1  # bf16 rounding compounds over 30+ random layers; a structural error gives ~1
+    tol = (
+        1e-4 if got.dtype == torch.float32 else 1e-1
+    )  # bf16 rounding compounds over 30+ random layers; a structural error gives ~1
     if not err <= tol:
         raise EaglekitError(
             f"the fast runner's logits differ from the HF model's (relative error {err:.2e} > {tol:.0e})",
-            hint="this architecture's math is not plain Llama; use --runner generic and report it")
+            hint="this architecture's math is not plain Llama; use --runner generic and report it",
+        )

@@ -37,7 +37,7 @@ class EngineCacheLayer(CacheLayerMixin):
         self.owner = owner
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        B, heads = self.owner.rows or key_states.shape[0], key_states.shape[1]   # a Refill writes fewer rows
+        B, heads = self.owner.rows or key_states.shape[0], key_states.shape[1]  # a Refill writes fewer rows
         L = self.owner.max_len
         self.keys = key_states.new_zeros(B, heads, L, key_states.shape[-1])
         self.values = value_states.new_zeros(B, value_states.shape[1], L, value_states.shape[-1])
@@ -47,7 +47,7 @@ class EngineCacheLayer(CacheLayerMixin):
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        slots = self.owner.slots                       # [T], [B, T] or a kv.Refill
+        slots = self.owner.slots  # [T], [B, T] or a kv.Refill
         return write_slots(self.keys, slots, key_states), write_slots(self.values, slots, value_states)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -69,9 +69,9 @@ class EngineCache(Cache):
     """A cache whose write slots the engine sets (`slots`) before every forward."""
 
     def __init__(self, num_layers: int, max_len: int, batch_size: int | None = None):
-        self.max_len, self.rows = max_len, batch_size   # rows: not `batch_size`, a property of Cache
-        self.slots: torch.Tensor | None = None   # [T] / [B, T] / kv.Refill: where this forward's tokens go
-        self.length = 0                          # informational; masks decide what is visible
+        self.max_len, self.rows = max_len, batch_size  # rows: not `batch_size`, a property of Cache
+        self.slots: torch.Tensor | None = None  # [T] / [B, T] / kv.Refill: where this forward's tokens go
+        self.length = 0  # informational; masks decide what is visible
         super().__init__(layers=[EngineCacheLayer(self) for _ in range(num_layers)])
 
 
@@ -87,7 +87,9 @@ class HFTarget(nn.Module):
         if window is not None and window < max_len:
             raise EaglekitError(
                 f"the target uses sliding-window attention ({window} tokens) and the engine's cache holds "
-                f"{max_len}; the engine's masks are full attention", hint=f"use --cache-slots <= {window}")
+                f"{max_len}; the engine's masks are full attention",
+                hint=f"use --cache-slots <= {window}",
+            )
         self.model = model
         num_layers = len(decoder_layers(model))
         self.aux_layer_ids = check_aux_layer_ids(list(aux_layer_ids), num_layers) if aux_layer_ids else []
@@ -117,9 +119,14 @@ class HFTarget(nn.Module):
         # An additive mask works with every attention implementation (eager adds it, sdpa takes it).
         bias = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device)
         bias = bias.masked_fill(~mask, torch.finfo(self.dtype).min)
-        kwargs = dict(input_ids=input_ids, position_ids=positions, use_cache=True, past_key_values=self.cache,
-                      attention_mask=bias.expand(input_ids.shape[0], 1, *mask.shape[2:]),
-                      logits_to_keep=1 if last_only else 0)
+        kwargs = dict(
+            input_ids=input_ids,
+            position_ids=positions,
+            use_cache=True,
+            past_key_values=self.cache,
+            attention_mask=bias.expand(input_ids.shape[0], 1, *mask.shape[2:]),
+            logits_to_keep=1 if last_only else 0,
+        )
         logits = self.model(**kwargs).logits
         if not self.aux_layer_ids:
             return logits, None

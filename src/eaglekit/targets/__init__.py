@@ -7,10 +7,15 @@ The names below load on first use (PEP 562), so that a stage's options module, w
 from eaglekit.lazy import lazy_exports
 
 _HOMES = {
-    "capture_aux_states": "capture", "decoder_layers": "capture",
-    "TargetInfo": "info", "target_info": "info", "default_aux_layer_ids": "aux",
-    "Target": "load", "load_target": "load",
-    "TargetSource": "source", "resolve_target": "source",
+    "capture_aux_states": "capture",
+    "decoder_layers": "capture",
+    "TargetInfo": "info",
+    "target_info": "info",
+    "default_aux_layer_ids": "aux",
+    "Target": "load",
+    "load_target": "load",
+    "TargetSource": "source",
+    "resolve_target": "source",
 }
 __all__ = sorted(_HOMES)
 

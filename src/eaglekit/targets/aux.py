@@ -28,7 +28,9 @@ def check_aux_layer_ids(aux_layer_ids: list[int], num_layers: int) -> list[int]:
     if bad:
         raise EaglekitError(
             f"aux layer ids {bad} are outside the target's layers (expected 0..{num_layers - 1}, "
-            f"the output of 0-based decoder layer i)", hint=f"the default is {default_aux_layer_ids(num_layers)}")
+            f"the output of 0-based decoder layer i)",
+            hint=f"the default is {default_aux_layer_ids(num_layers)}",
+        )
     if len(set(ids)) != len(ids):
         raise EaglekitError(f"aux layer ids {ids} repeat a layer", hint="give distinct layers")
     return ids

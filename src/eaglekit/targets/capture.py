@@ -29,14 +29,17 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     """
     num_layers = text_config(model.config).num_hidden_layers
     found = [
-        (name, module) for name, module in model.named_modules()
-        if isinstance(module, nn.ModuleList) and len(module) == num_layers
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, nn.ModuleList)
+        and len(module) == num_layers
         and not any(word in name.lower() for word in SKIP_TOWERS)
     ]
     if not found:
         raise EaglekitError(
             f"found no list of {num_layers} decoder layers in {type(model).__name__}",
-            hint="the target's decoder layers must be an nn.ModuleList of num_hidden_layers entries")
+            hint="the target's decoder layers must be an nn.ModuleList of num_hidden_layers entries",
+        )
     # The shallowest match is the decoder stack (a nested list of the same length would be deeper).
     found.sort(key=lambda item: item[0].count("."))
     return found[0][1]
@@ -66,6 +69,7 @@ def aux_hooks(model: nn.Module, aux_layer_ids: list[int]):
     def hook_for(layer_id: int):
         def hook(_module, _args, output):
             states[layer_id] = output[0] if isinstance(output, (tuple, list)) else output
+
         return hook
 
     handles = [layers[i].register_forward_hook(hook_for(i)) for i in ids]
@@ -81,11 +85,14 @@ def concat_aux(states: dict[int, torch.Tensor], aux_layer_ids: list[int], hidden
     parts = []
     for i in aux_layer_ids:
         if i not in states:
-            raise EaglekitError(f"decoder layer {i} did not run (no aux state captured)",
-                                hint="is the layer skipped for these inputs?")
+            raise EaglekitError(
+                f"decoder layer {i} did not run (no aux state captured)", hint="is the layer skipped for these inputs?"
+            )
         if states[i].shape[-1] != hidden_size:
-            raise EaglekitError(f"aux state of layer {i} is {states[i].shape[-1]} wide, expected "
-                                f"the target hidden size {hidden_size}", hint="report this architecture")
+            raise EaglekitError(
+                f"aux state of layer {i} is {states[i].shape[-1]} wide, expected the target hidden size {hidden_size}",
+                hint="report this architecture",
+            )
         # A target sharded over devices (device_map) leaves each layer's state on its own device.
         parts.append(states[i].to(parts[0].device) if parts else states[i])
     return torch.cat(parts, dim=-1)  # [B, T, k*H]
@@ -100,8 +107,14 @@ def causal_mask_suffices(attention_mask: torch.Tensor) -> bool:
 
 
 @torch.no_grad()
-def capture_aux_states(model: nn.Module, input_ids: torch.Tensor, aux_layer_ids: list[int], *,
-                       attention_mask: torch.Tensor | None = None, return_logits: bool = True) -> AuxCapture:
+def capture_aux_states(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    aux_layer_ids: list[int],
+    *,
+    attention_mask: torch.Tensor | None = None,
+    return_logits: bool = True,
+) -> AuxCapture:
     """Run the target once and return its aux states, final hidden state and (optionally) logits.
 
     Args:
@@ -142,4 +155,5 @@ def check_fused_width(width: int, *, num_aux: int, target_hidden: int, what: str
     if width != expected:
         raise EaglekitError(
             f"{what} is {width} wide, expected {num_aux} aux layers x {target_hidden} = {expected}",
-            hint="the aux states of all layers must be concatenated (a single-layer state means capture is off)")
+            hint="the aux states of all layers must be concatenated (a single-layer state means capture is off)",
+        )

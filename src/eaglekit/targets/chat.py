@@ -47,24 +47,32 @@ def check_messages(messages: list[dict]) -> None:
         raise EaglekitError("empty conversation", hint="a conversation needs at least one user turn")
     for n, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-            raise EaglekitError(f"message {n} is malformed: {str(m)[:80]!r}",
-                                hint="each message is {'role': system|user|assistant, 'content': str}")
+            raise EaglekitError(
+                f"message {n} is malformed: {str(m)[:80]!r}",
+                hint="each message is {'role': system|user|assistant, 'content': str}",
+            )
 
 
 def render(tokenizer, messages: list[dict], *, add_generation_prompt: bool, **template_kwargs) -> str:
     if not getattr(tokenizer, "chat_template", None):
-        raise EaglekitError("the target's tokenizer has no chat template",
-                            hint="use an instruct/chat model, or set tokenizer.chat_template (a .jinja file)")
+        raise EaglekitError(
+            "the target's tokenizer has no chat template",
+            hint="use an instruct/chat model, or set tokenizer.chat_template (a .jinja file)",
+        )
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False,
-                                             add_generation_prompt=add_generation_prompt, **template_kwargs)
+        text = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **template_kwargs
+        )
     except Exception as err:  # jinja raises TemplateError / its own exceptions (raise_exception)
-        raise EaglekitError(f"the chat template refused this conversation: {err}",
-                            hint="check the role order the template allows (e.g. user/assistant alternation, "
-                                 "no system role)") from err
+        raise EaglekitError(
+            f"the chat template refused this conversation: {err}",
+            hint="check the role order the template allows (e.g. user/assistant alternation, no system role)",
+        ) from err
     if not isinstance(text, str):
-        raise EaglekitError(f"the chat template rendered {type(text).__name__}, not text",
-                            hint="pass plain messages [{'role': ..., 'content': str}]")
+        raise EaglekitError(
+            f"the chat template rendered {type(text).__name__}, not text",
+            hint="pass plain messages [{'role': ..., 'content': str}]",
+        )
     return text
 
 
@@ -91,8 +99,9 @@ def find_end_of_turn(text: str, start: int, specials: list[str]) -> tuple[int, i
     """Position and end of the first special token at or after `start`; raises if there is none."""
     found = find_special(text, start, specials)
     if found is None:
-        raise EaglekitError("no end-of-turn special token follows an assistant turn in the rendered template",
-                            hint=NOT_EXACT)
+        raise EaglekitError(
+            "no end-of-turn special token follows an assistant turn in the rendered template", hint=NOT_EXACT
+        )
     return found
 
 
@@ -129,9 +138,10 @@ def history_start(full: str, history: str, prompt: str, expected: str, turn: int
             f"the chat template renders the messages before assistant turn {turn} differently in the whole "
             "conversation than in that turn's prompt (it moves or drops earlier messages, e.g. the system "
             "message), so the turn's prompt is not in the training text",
-            hint=f"{NOT_EXACT} for this conversation; drop the system message or fix the template")
-    generation_prompt = prompt[len(history):]
-    rest = full[len(history):]
+            hint=f"{NOT_EXACT} for this conversation; drop the system message or fix the template",
+        )
+    generation_prompt = prompt[len(history) :]
+    rest = full[len(history) :]
     common = common_prefix(generation_prompt, rest)
     # expected may begin with characters that coincide with the generation prompt's tail.
     starts = [j for j in range(common + 1) if expected and rest.startswith(expected, j)]
@@ -140,12 +150,14 @@ def history_start(full: str, history: str, prompt: str, expected: str, turn: int
             f"assistant turn {turn} is rendered differently as history than as the turn being written, "
             "and its text does not start right after a prefix of the generation prompt "
             f"{generation_prompt!r}",
-            hint=f"{NOT_EXACT} for this conversation (e.g. reasoning in a past turn with thinking disabled)")
+            hint=f"{NOT_EXACT} for this conversation (e.g. reasoning in a past turn with thinking disabled)",
+        )
     return len(history) + starts[0]
 
 
-def assistant_spans(tokenizer, messages: list[dict], full: str, *, specials: list[str] | None = None,
-                    **template_kwargs) -> list[tuple[int, int]]:
+def assistant_spans(
+    tokenizer, messages: list[dict], full: str, *, specials: list[str] | None = None, **template_kwargs
+) -> list[tuple[int, int]]:
     """Character spans [start, end) of each assistant turn in `full`, end-of-turn token included.
     `specials`: `special_tokens(tokenizer)`, when the caller already has them."""
     specials = special_tokens(tokenizer) if specials is None else specials
@@ -154,8 +166,10 @@ def assistant_spans(tokenizer, messages: list[dict], full: str, *, specials: lis
         if message["role"] != "assistant":
             continue
         if i == 0:
-            raise EaglekitError("the conversation starts with an assistant turn, which has no prompt",
-                                hint="start with a user (or system) message")
+            raise EaglekitError(
+                "the conversation starts with an assistant turn, which has no prompt",
+                hint="start with a user (or system) message",
+            )
         expected = answer_text(message["content"])
         prompt = render(tokenizer, messages[:i], add_generation_prompt=True, **template_kwargs)
         if full.startswith(prompt):
@@ -166,29 +180,36 @@ def assistant_spans(tokenizer, messages: list[dict], full: str, *, specials: lis
         if spans and start < spans[-1][1]:
             raise EaglekitError(f"assistant turn {i} starts inside the previous assistant turn", hint=NOT_EXACT)
         eot = find_special(full, start, specials)
-        if eot is not None and expected and expected not in full[start:eot[0]]:
+        if eot is not None and expected and expected not in full[start : eot[0]]:
             raise EaglekitError(
                 f"assistant turn {i}'s text is not found verbatim between the generation prompt and the "
-                f"end-of-turn token {full[eot[0]:eot[1]]!r}",
-                hint=f"the template rewrites assistant text (or the text holds a special token); {NOT_EXACT}")
+                f"end-of-turn token {full[eot[0] : eot[1]]!r}",
+                hint=f"the template rewrites assistant text (or the text holds a special token); {NOT_EXACT}",
+            )
         # The end-of-turn token must be the template's own end of this turn, not the next turn's header:
         # it must also end the turn when the conversation stops right after it.
-        last = i + 1 == len(messages)   # the conversation cut after its last turn is the whole one
+        last = i + 1 == len(messages)  # the conversation cut after its last turn is the whole one
         alone = full if last else render(tokenizer, messages[: i + 1], add_generation_prompt=False, **template_kwargs)
         same = common_prefix(alone, full)
         if same < start:
             raise EaglekitError(
                 f"the chat template renders the messages before assistant turn {i} differently when that turn "
                 "is the last one",
-                hint=f"{NOT_EXACT} for this conversation")
+                hint=f"{NOT_EXACT} for this conversation",
+            )
         if eot is None or same < eot[1]:
             # The turn renders differently when it is the last one (Qwen3 adds the think block).
             own = find_special(alone, same, specials)
-            if eot is None or own is None or alone[own[0]:own[1]] != full[eot[0]:eot[1]] \
-                    or expected not in alone[same:own[0]]:
+            if (
+                eot is None
+                or own is None
+                or alone[own[0] : own[1]] != full[eot[0] : eot[1]]
+                or expected not in alone[same : own[0]]
+            ):
                 raise EaglekitError(
                     f"no end-of-turn special token follows assistant turn {i} in the rendered template",
-                    hint=f"{NOT_EXACT}: the model's end of turn must be a special token of the tokenizer")
+                    hint=f"{NOT_EXACT}: the model's end of turn must be a special token of the tokenizer",
+                )
         spans.append((start, eot[1]))
     return spans
 
@@ -201,8 +222,9 @@ def encode_texts(tokenizer, texts: list[str]) -> list[list[int]]:
     return [next(ids) if t else [] for t in texts]
 
 
-def conversation_texts(tokenizer, messages: list[dict], *, specials: list[str] | None = None,
-                       **template_kwargs) -> list[str]:
+def conversation_texts(
+    tokenizer, messages: list[dict], *, specials: list[str] | None = None, **template_kwargs
+) -> list[str]:
     """The texts a conversation's tokens come from, cut where assistant turns start (see module doc):
     [before the first turn, then per assistant turn: its piece (the turn + template text up to the next
     turn), its written part (the turn alone, end-of-turn token included)].
@@ -213,7 +235,7 @@ def conversation_texts(tokenizer, messages: list[dict], *, specials: list[str] |
     check_messages(messages)
     full = render(tokenizer, messages, add_generation_prompt=False, **template_kwargs)
     spans = assistant_spans(tokenizer, messages, full, specials=specials, **template_kwargs)
-    texts = [full[:spans[0][0] if spans else len(full)]]
+    texts = [full[: spans[0][0] if spans else len(full)]]
     for n, (start, end) in enumerate(spans):
         piece_end = spans[n + 1][0] if n + 1 < len(spans) else len(full)
         texts += [full[start:piece_end], full[start:end]]
@@ -226,11 +248,12 @@ def join_pieces(texts: list[str], encoded: list[list[int]], *, max_length: int |
     mask = [0] * len(ids)
     for n in range(1, len(texts), 2):
         piece, written = encoded[n], encoded[n + 1]
-        if piece[:len(written)] != written:
+        if piece[: len(written)] != written:
             raise EaglekitError(
                 f"the tokenizer merges the end of assistant text {texts[n + 1][-40:]!r} with the text "
                 "after it, so its tokens cannot be masked exactly",
-                hint=NOT_EXACT)
+                hint=NOT_EXACT,
+            )
         ids += piece
         mask += [1] * len(written) + [0] * (len(piece) - len(written))
     if max_length is not None:
@@ -238,8 +261,9 @@ def join_pieces(texts: list[str], encoded: list[list[int]], *, max_length: int |
     return TokenizedConversation(input_ids=ids, loss_mask=mask)
 
 
-def tokenize_conversation(tokenizer, messages: list[dict], *, max_length: int | None = None,
-                          **template_kwargs) -> TokenizedConversation:
+def tokenize_conversation(
+    tokenizer, messages: list[dict], *, max_length: int | None = None, **template_kwargs
+) -> TokenizedConversation:
     """Token ids of a whole conversation rendered with the target's template, and its loss mask.
 
     Args:
@@ -263,8 +287,12 @@ def prompt_ids(tokenizer, messages: list[dict], **template_kwargs) -> list[int]:
 
 
 # Two short turns: enough to show whether the template marks where each answer starts and ends.
-MASK_PROBE = ({"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4."},
-              {"role": "user", "content": "And 3 + 3?"}, {"role": "assistant", "content": "6."})
+MASK_PROBE = (
+    {"role": "user", "content": "What is 2 + 2?"},
+    {"role": "assistant", "content": "4."},
+    {"role": "user", "content": "And 3 + 3?"},
+    {"role": "assistant", "content": "6."},
+)
 
 
 def check_template_masks(tokenizer, **template_kwargs) -> None:
@@ -277,10 +305,14 @@ def check_template_masks(tokenizer, **template_kwargs) -> None:
     try:
         tokenized = tokenize_conversation(tokenizer, list(MASK_PROBE), **template_kwargs)
     except EaglekitError as err:
-        raise EaglekitError(f"the target's chat template cannot mark the assistant's tokens: {err.message}",
-                            hint="training needs to know which tokens the assistant wrote: use the model's chat "
-                                 "template (an instruct model), or fix it so each assistant turn ends with a "
-                                 f"special token ({err.hint})") from err
+        raise EaglekitError(
+            f"the target's chat template cannot mark the assistant's tokens: {err.message}",
+            hint="training needs to know which tokens the assistant wrote: use the model's chat "
+            "template (an instruct model), or fix it so each assistant turn ends with a "
+            f"special token ({err.hint})",
+        ) from err
     if not any(tokenized.loss_mask):
-        raise EaglekitError("the target's chat template marks no assistant token in a two-turn conversation",
-                            hint="use the model's chat template (an instruct model)")
+        raise EaglekitError(
+            "the target's chat template marks no assistant token in a two-turn conversation",
+            hint="use the model's chat template (an instruct model)",
+        )

@@ -50,8 +50,9 @@ def load_config(source: TargetSource, trust_remote_code: bool = False):
             return AutoConfig.from_pretrained(source.path.parent, gguf_file=source.path.name)
         return AutoConfig.from_pretrained(source.path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError) as err:
-        raise EaglekitError(f"could not read the config of {source.path}: {err}",
-                            hint="is this a transformers model?") from err
+        raise EaglekitError(
+            f"could not read the config of {source.path}: {err}", hint="is this a transformers model?"
+        ) from err
 
 
 def target_info(spec: str | TargetSource, *, tokenizer=None, config=None) -> TargetInfo:

@@ -21,15 +21,37 @@ from eaglekit.targets.weights import weights_fingerprint
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 # Config fields that define the computation; names, paths, dtypes and versions are left out so the
 # GGUF original and its prepared HF folder share one fingerprint.
 STRUCTURAL_KEYS = (
-    "model_type", "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
-    "num_key_value_heads", "head_dim", "vocab_size", "rms_norm_eps", "tie_word_embeddings",
-    "rope_parameters", "rope_theta", "rope_scaling", "max_position_embeddings", "hidden_act",
-    "num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "sliding_window",
+    "model_type",
+    "num_hidden_layers",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "rms_norm_eps",
+    "tie_word_embeddings",
+    "rope_parameters",
+    "rope_theta",
+    "rope_scaling",
+    "max_position_embeddings",
+    "hidden_act",
+    "num_local_experts",
+    "num_experts",
+    "n_routed_experts",
+    "num_experts_per_tok",
+    "sliding_window",
 )
 
 
@@ -60,7 +82,7 @@ def text_config(config):
 
 
 def resolve_device(device: str) -> str:
-    """"auto" -> "cuda" when a CUDA device is available, else "cpu"; any other name as given, but a
+    """ "auto" -> "cuda" when a CUDA device is available, else "cpu"; any other name as given, but a
     CUDA device on a machine without one is refused here, before anything loads onto it."""
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -100,11 +122,13 @@ def config_fingerprint(config) -> str:
 
 def tokenizer_fingerprint(tokenizer) -> str:
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
-    return sha256_json({
-        "vocab": vocab,
-        "chat_template": getattr(tokenizer, "chat_template", None),
-        "special": {k: getattr(tokenizer, k, None) for k in ("bos_token_id", "eos_token_id")},
-    })
+    return sha256_json(
+        {
+            "vocab": vocab,
+            "chat_template": getattr(tokenizer, "chat_template", None),
+            "special": {k: getattr(tokenizer, k, None) for k in ("bos_token_id", "eos_token_id")},
+        }
+    )
 
 
 def architecture_name(config) -> str:
@@ -146,15 +170,18 @@ def load_tokenizer(source: TargetSource, gen_eos: list[int] | None = None):
         else:
             tok = AutoTokenizer.from_pretrained(source.path)
     except Exception as err:
-        raise EaglekitError(f"could not load the tokenizer of {source.path}: {err}",
-                            hint="the folder needs tokenizer.json / tokenizer_config.json") from err
+        raise EaglekitError(
+            f"could not load the tokenizer of {source.path}: {err}",
+            hint="the folder needs tokenizer.json / tokenizer_config.json",
+        ) from err
     gen_eos = generation_eos_ids(source) if gen_eos is None else gen_eos
     if gen_eos and tok.eos_token_id not in gen_eos:
         # GGUF metadata of some models (SmolLM2) names <|im_start|> as EOS while generation stops at
         # <|im_end|>; a wrong EOS would make every loss mask and stop rule wrong, so fix it loudly.
         fixed = tok.convert_ids_to_tokens(gen_eos[0])
-        log.warning("tokenizer EOS %r disagrees with the generation config (%s); using %r",
-                    tok.eos_token, gen_eos, fixed)
+        log.warning(
+            "tokenizer EOS %r disagrees with the generation config (%s); using %r", tok.eos_token, gen_eos, fixed
+        )
         tok.eos_token = fixed
     return tok
 
@@ -166,13 +193,18 @@ def generation_eos_ids(source: TargetSource, config=None) -> list[int]:
             eos = GenerationConfig.from_pretrained(source.path).eos_token_id
         else:
             if config is None:
-                config = (AutoConfig.from_pretrained(source.path.parent, gguf_file=source.path.name)
-                          if source.kind == "gguf" else AutoConfig.from_pretrained(source.path))
+                config = (
+                    AutoConfig.from_pretrained(source.path.parent, gguf_file=source.path.name)
+                    if source.kind == "gguf"
+                    else AutoConfig.from_pretrained(source.path)
+                )
             eos = getattr(config, "eos_token_id", None)
     except (OSError, ValueError) as err:
         # A broken generation config would silently change where every answer stops.
-        raise EaglekitError(f"could not read the EOS ids of {source.path}: {err}",
-                            hint="generation_config.json / config.json is corrupt; fix or remove it") from err
+        raise EaglekitError(
+            f"could not read the EOS ids of {source.path}: {err}",
+            hint="generation_config.json / config.json is corrupt; fix or remove it",
+        ) from err
     if eos is None:
         return []
     return [eos] if isinstance(eos, int) else list(eos)
@@ -183,8 +215,14 @@ def stop_token_ids(gen_eos: list[int], tokenizer) -> list[int]:
     return sorted(set(gen_eos) | {tokenizer.eos_token_id} - {None})
 
 
-def load_target(spec: str | Path | TargetSource, *, device: str = "cpu", dtype: str | torch.dtype | None = None,
-                device_map: str | dict | None = None, trust_remote_code: bool = False) -> Target:
+def load_target(
+    spec: str | Path | TargetSource,
+    *,
+    device: str = "cpu",
+    dtype: str | torch.dtype | None = None,
+    device_map: str | dict | None = None,
+    trust_remote_code: bool = False,
+) -> Target:
     """Load a target model and tokenizer.
 
     Args:
@@ -211,8 +249,10 @@ def load_target(spec: str | Path | TargetSource, *, device: str = "cpu", dtype: 
     except EaglekitError:
         raise
     except (OSError, ValueError, KeyError, RuntimeError) as err:
-        raise EaglekitError(f"could not load target {source.path}: {type(err).__name__}: {err}",
-                            hint="is it a complete causal-LM checkpoint? (`eaglekit target info` checks files)") from err
+        raise EaglekitError(
+            f"could not load target {source.path}: {type(err).__name__}: {err}",
+            hint="is it a complete causal-LM checkpoint? (`eaglekit target info` checks files)",
+        ) from err
     if device_map is None:
         model.to(device)
     model.eval().requires_grad_(False)
@@ -234,8 +274,10 @@ def dequantized_copy(model: torch.nn.Module) -> torch.nn.Module:
     plain.tie_weights()
     missing = [n for n, p in plain.named_parameters() if p.is_meta]
     if missing:
-        raise EaglekitError(f"GGUF conversion left parameters unset: {missing[:5]}",
-                            hint="this GGUF architecture is not fully supported by transformers")
+        raise EaglekitError(
+            f"GGUF conversion left parameters unset: {missing[:5]}",
+            hint="this GGUF architecture is not fully supported by transformers",
+        )
     # Non-persistent buffers (rotary inv_freq) are not in the state dict: take them from the original.
     buffers = dict(model.named_buffers())
     for name, buf in list(plain.named_buffers()):

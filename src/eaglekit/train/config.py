@@ -14,9 +14,9 @@ from eaglekit.targets.options import DEFAULT_TARGET, TARGET_HELP
 # (the kernel choices: ttt_attention, soft_ce, compile) only by float rounding; a state written before they
 # existed still resumes.
 RESUME_FREE = ("resume", "overwrite", "progress", "out", "ttt_attention", "soft_ce", "compile", "profile_steps")
-ATTENTIONS = ("merged", "dense")   # train/attention.py implements them
-SOFT_CES = ("plain", "fused", "compiled")      # train/loss.py
-SCHEDULES = ("cosine", "linear", "constant")   # train/optim.py
+ATTENTIONS = ("merged", "dense")  # train/attention.py implements them
+SOFT_CES = ("plain", "fused", "compiled")  # train/loss.py
+SCHEDULES = ("cosine", "linear", "constant")  # train/optim.py
 
 
 def profile_window(text: str) -> tuple[int, int]:
@@ -39,31 +39,50 @@ class TrainConfig:
     features: str | None = option(None, "offline: feature folder from `eaglekit features`", group="inputs")
     data: str | None = option(None, "online: conversations folder or .jsonl (target runs per batch)", group="inputs")
     val_data: str | None = option(None, "held-out conversations (online) or features (offline)", group="inputs")
-    val_fraction: float = option(0.05, "else hold out this share, split by id (and every conversation "
-                                 "labelled `split: validation`: the prompts' own held-out share)", group="inputs")
+    val_fraction: float = option(
+        0.05,
+        "else hold out this share, split by id (and every conversation "
+        "labelled `split: validation`: the prompts' own held-out share)",
+        group="inputs",
+    )
     val_max_samples: int | None = option(None, "validate on at most this many samples", group="inputs")
-    train_fraction: float = option(1.0, "train on this hash-stable share of the training samples (a smaller share "
-                                        "is a subset of a larger one; validation is unchanged): the slices of a "
-                                        "data-scaling curve", group="inputs")
-    allow_partial_features: bool = option(False, "train on the finished shards of a capture that is still running",
-                                          group="inputs")
+    train_fraction: float = option(
+        1.0,
+        "train on this hash-stable share of the training samples (a smaller share "
+        "is a subset of a larger one; validation is unchanged): the slices of a "
+        "data-scaling curve",
+        group="inputs",
+    )
+    allow_partial_features: bool = option(
+        False, "train on the finished shards of a capture that is still running", group="inputs"
+    )
     out: str = option(help="output folder (the draft checkpoint + trainer state)", group="inputs", required=True)
     # draft
-    vocab: str | None = option(None, "vocab.safetensors or folder from `eaglekit vocab` (default: built from the "
-                                     "data)", group="draft")
-    init_from: str | None = option(None, "start from this native draft (weights and vocab); with --max-steps 0 "
-                                         "only validate it", group="draft")
-    allow_unfinished: bool = option(False, "--init-from a draft whose training did not finish (refused otherwise)",
-                                    group="draft")
+    vocab: str | None = option(
+        None, "vocab.safetensors or folder from `eaglekit vocab` (default: built from the data)", group="draft"
+    )
+    init_from: str | None = option(
+        None, "start from this native draft (weights and vocab); with --max-steps 0 only validate it", group="draft"
+    )
+    allow_unfinished: bool = option(
+        False, "--init-from a draft whose training did not finish (refused otherwise)", group="draft"
+    )
     draft_vocab_size: int = option(DRAFT_VOCAB_SIZE, "rows of the draft lm_head", group="draft")
-    allow_smaller_vocab: bool = option(False, "if the data has fewer distinct tokens than --draft-vocab-size, keep "
-                                              "them all", group="draft")
-    aux_layer_ids: tuple[int, ...] | None = option(None, "online: comma-separated target layers (offline: the "
-                                                         "features' ids)", group="draft", parse=int_tuple)
-    target_device_map: str | None = option(None, "online, one process: shard a target too large for one GPU over "
-                                                 "all GPUs (e.g. auto)", group="draft")
-    lm_head_init: str = option("target", "start lm_head from the target's rows of the draft vocab or "
-                                         "randomly", group="draft", choices=("target", "random"))
+    allow_smaller_vocab: bool = option(
+        False, "if the data has fewer distinct tokens than --draft-vocab-size, keep them all", group="draft"
+    )
+    aux_layer_ids: tuple[int, ...] | None = option(
+        None, "online: comma-separated target layers (offline: the features' ids)", group="draft", parse=int_tuple
+    )
+    target_device_map: str | None = option(
+        None, "online, one process: shard a target too large for one GPU over all GPUs (e.g. auto)", group="draft"
+    )
+    lm_head_init: str = option(
+        "target",
+        "start lm_head from the target's rows of the draft vocab or randomly",
+        group="draft",
+        choices=("target", "random"),
+    )
     # training
     ttt_steps: int = option(7, "unrolled draft steps", group="training")
     step_decay: float = option(0.8, "loss weight of step j is decay**j", group="training")
@@ -73,8 +92,9 @@ class TrainConfig:
     grad_accum: int = option(1, "micro-batches per optimizer step and rank", group="training")
     epochs: float = option(1.0, "passes over the training samples", group="training")
     max_steps: int | None = option(None, "optimizer steps (overrides --epochs)", group="training")
-    time_budget_s: float | None = option(None, "fit the run into this many seconds (stops, and sizes the "
-                                               "schedule, to fit)", group="training")
+    time_budget_s: float | None = option(
+        None, "fit the run into this many seconds (stops, and sizes the schedule, to fit)", group="training"
+    )
     lr: float = option(3e-4, "peak learning rate", group="training")
     min_lr_ratio: float = option(0.05, "final learning rate / peak", group="training")
     schedule: str = option("cosine", "learning-rate schedule", group="training", choices=SCHEDULES)
@@ -84,39 +104,57 @@ class TrainConfig:
     max_grad_norm: float = option(0.5, "gradient clipping norm", group="training")
     seed: int = option(0, "seed of the initialization and the data order", group="training")
     device: str = option("auto", "auto, cpu, cuda", group="training")
-    precision: str = option("auto", "auto: bf16 autocast on GPU, fp32 on CPU", group="training",
-                            choices=("auto", "fp32", "bf16"))
-    ttt_attention: str = option("merged", "TTT attention: merged (causal flash kernel + each position's own chain; "
-                                          "1.44x faster a step and 10 GiB less than dense on an H200) or dense "
-                                          "(the reference formula, [L, L] scores per step)",
-                                group="training", choices=ATTENTIONS)
-    soft_ce: str = option("plain", "the soft cross-entropy: plain (log-softmax, then the teacher's dot), fused "
-                                   "(keeps no fp32 log-probs for the backward: 5.5 GiB less, 10 %% slower on an "
-                                   "H200) or compiled (the plain formula under torch.compile: one pass each way; "
-                                   "not yet timed on a GPU)",
-                          group="training", choices=SOFT_CES)
-    compile: bool = option(False, "torch.compile each TTT step's work, four graphs that every TTT step shares, and "
-                                  "online the target's decoder layers, one graph for all (one process). On an H200 "
-                                  "the whole unroll compiled as one graph made the draft's "
-                                  "part of a step 2.4x faster, after a 198 s compile; off until the per-step "
-                                  "graphs' compile is timed there", group="training")
+    precision: str = option(
+        "auto", "auto: bf16 autocast on GPU, fp32 on CPU", group="training", choices=("auto", "fp32", "bf16")
+    )
+    ttt_attention: str = option(
+        "merged",
+        "TTT attention: merged (causal flash kernel + each position's own chain; "
+        "1.44x faster a step and 10 GiB less than dense on an H200) or dense "
+        "(the reference formula, [L, L] scores per step)",
+        group="training",
+        choices=ATTENTIONS,
+    )
+    soft_ce: str = option(
+        "plain",
+        "the soft cross-entropy: plain (log-softmax, then the teacher's dot), fused "
+        "(keeps no fp32 log-probs for the backward: 5.5 GiB less, 10 %% slower on an "
+        "H200) or compiled (the plain formula under torch.compile: one pass each way; "
+        "not yet timed on a GPU)",
+        group="training",
+        choices=SOFT_CES,
+    )
+    compile: bool = option(
+        False,
+        "torch.compile each TTT step's work, four graphs that every TTT step shares, and "
+        "online the target's decoder layers, one graph for all (one process). On an H200 "
+        "the whole unroll compiled as one graph made the draft's "
+        "part of a step 2.4x faster, after a 198 s compile; off until the per-step "
+        "graphs' compile is timed there",
+        group="training",
+    )
     # reporting
     val_every: int = option(200, "validate every N steps (and at the end)", group="reporting")
     save_every: int = option(200, "write the resume state every N steps", group="reporting")
     log_every: int = option(10, "log every N steps", group="reporting")
     resume: bool = option(False, "continue the run in --out exactly where it stopped", group="reporting")
-    overwrite: bool = option(False, "delete the run in --out and start over (under its writer lock)",
-                             group="reporting")
+    overwrite: bool = option(False, "delete the run in --out and start over (under its writer lock)", group="reporting")
     progress: bool = option(True, "no progress bar", group="reporting")
-    profile_steps: str | None = option(None, "trace optimizer steps A:B (e.g. 300:320) with torch.profiler and "
-                                             "write profile.txt to --out: the ops by device and host time, the "
-                                             "wall and device time a step", group="reporting")
+    profile_steps: str | None = option(
+        None,
+        "trace optimizer steps A:B (e.g. 300:320) with torch.profiler and "
+        "write profile.txt to --out: the ops by device and host time, the "
+        "wall and device time a step",
+        group="reporting",
+    )
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if (self.features is None) == (self.data is None):
-            raise EaglekitError("pass exactly one of --features (offline) or --data (online)",
-                                hint="offline trains from `eaglekit features` output; online runs the target per batch")
+            raise EaglekitError(
+                "pass exactly one of --features (offline) or --data (online)",
+                hint="offline trains from `eaglekit features` output; online runs the target per batch",
+            )
         if self.ttt_steps < 1:
             raise EaglekitError(f"ttt_steps {self.ttt_steps} < 1", hint="use e.g. --ttt-steps 7")
         if self.schedule not in SCHEDULES:
@@ -128,8 +166,10 @@ class TrainConfig:
         if self.soft_ce not in SOFT_CES:
             raise EaglekitError(f"unknown soft CE {self.soft_ce!r}", hint=f"use one of {SOFT_CES}")
         if self.compile and self.soft_ce != "plain":
-            raise EaglekitError("--compile runs the plain soft CE (inductor fuses it itself)",
-                                hint=f"drop --soft-ce {self.soft_ce}, or drop --compile")
+            raise EaglekitError(
+                "--compile runs the plain soft CE (inductor fuses it itself)",
+                hint=f"drop --soft-ce {self.soft_ce}, or drop --compile",
+            )
         if self.precision not in ("auto", "fp32", "bf16"):
             raise EaglekitError(f"unknown precision {self.precision!r}", hint="use auto, fp32 or bf16")
         if not 0 <= self.val_fraction < 1:
@@ -152,7 +192,7 @@ class TrainConfig:
         return self.data is not None
 
     def step_weights(self) -> list[float]:
-        return [self.step_decay ** j for j in range(self.ttt_steps)]
+        return [self.step_decay**j for j in range(self.ttt_steps)]
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -18,14 +18,17 @@ from eaglekit.features.batch import pack_by_tokens
 POOL = 256  # samples sorted together by length (bounded so the order stays random)
 
 
-def epoch_batches(lengths: list[int], *, batch_tokens: int, max_batch_size: int, seed: int, epoch: int) -> list[list[int]]:
+def epoch_batches(
+    lengths: list[int], *, batch_tokens: int, max_batch_size: int, seed: int, epoch: int
+) -> list[list[int]]:
     """Micro-batches (sample indices) of one epoch; rows x longest length <= batch_tokens."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     perm = torch.randperm(len(lengths), generator=g).tolist()
     batches: list[list[int]] = []
     for start in range(0, len(perm), POOL):
-        batches += pack_by_tokens(perm[start:start + POOL], lengths, batch_tokens=batch_tokens,
-                                  max_batch_size=max_batch_size)
+        batches += pack_by_tokens(
+            perm[start : start + POOL], lengths, batch_tokens=batch_tokens, max_batch_size=max_batch_size
+        )
     order = torch.randperm(len(batches), generator=g).tolist()
     return [batches[i] for i in order]
 
@@ -41,8 +44,16 @@ class BatchPlan:
         world_size, grad_accum: micro-batches per optimizer step = world_size x grad_accum.
     """
 
-    def __init__(self, lengths: list[int], *, batch_tokens: int, max_batch_size: int, seed: int,
-                 world_size: int = 1, grad_accum: int = 1):
+    def __init__(
+        self,
+        lengths: list[int],
+        *,
+        batch_tokens: int,
+        max_batch_size: int,
+        seed: int,
+        world_size: int = 1,
+        grad_accum: int = 1,
+    ):
         self.lengths = list(lengths)
         self.kwargs = dict(batch_tokens=batch_tokens, max_batch_size=max_batch_size, seed=seed)
         self.world_size, self.grad_accum = world_size, grad_accum

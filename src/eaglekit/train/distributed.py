@@ -62,8 +62,10 @@ def setup(device: str) -> Dist:
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if base.type == "cuda":
         if local >= torch.cuda.device_count():
-            raise EaglekitError(f"local rank {local} but only {torch.cuda.device_count()} GPUs",
-                                hint="use --nproc_per_node <= the number of GPUs")
+            raise EaglekitError(
+                f"local rank {local} but only {torch.cuda.device_count()} GPUs",
+                hint="use --nproc_per_node <= the number of GPUs",
+            )
         torch.cuda.set_device(local)
         dev = torch.device("cuda", local)
         dist.init_process_group("nccl", device_id=dev)

@@ -59,9 +59,18 @@ class TTTModel(nn.Module):
         return ttt_unroll(self.draft, aux, input_ids, self.ttt_steps, self.attention, positions, steps)
 
 
-def unrolled_loss(model: nn.Module, batch, denominators: torch.Tensor, *, d2t: torch.Tensor, t2d: torch.Tensor,
-                  weights: list[float], soft_ce: str = "plain", every_position: bool = False,
-                  steps: StepFunctions | None = None) -> StepOutput:
+def unrolled_loss(
+    model: nn.Module,
+    batch,
+    denominators: torch.Tensor,
+    *,
+    d2t: torch.Tensor,
+    t2d: torch.Tensor,
+    weights: list[float],
+    soft_ce: str = "plain",
+    every_position: bool = False,
+    steps: StepFunctions | None = None,
+) -> StepOutput:
     """The draft's part of a training step: the unroll (through `model`, so DDP sees a forward) and its loss.
 
     TTT steps 1.., the head and the loss run at the positions some step counts (`ttt_positions`);
@@ -70,8 +79,17 @@ def unrolled_loss(model: nn.Module, batch, denominators: torch.Tensor, *, d2t: t
     """
     positions = None if every_position else device_positions(batch, len(weights))
     logits = model(batch.aux, batch.input_ids, positions, steps)
-    return ttt_loss(logits, batch, d2t, t2d, weights=weights, denominators=denominators, soft_ce=soft_ce,
-                    positions=positions, steps=steps)
+    return ttt_loss(
+        logits,
+        batch,
+        d2t,
+        t2d,
+        weights=weights,
+        denominators=denominators,
+        soft_ce=soft_ce,
+        positions=positions,
+        steps=steps,
+    )
 
 
 def device_positions(batch, ttt_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,8 +106,9 @@ def device_positions(batch, ttt_steps: int) -> tuple[torch.Tensor, torch.Tensor]
 def check_compile_supported(device: torch.device, world_size: int) -> None:
     """--compile runs where it was tested (one process) and where inductor can build kernels; else refuse."""
     if world_size > 1:
-        raise EaglekitError("--compile is not verified with DDP (several processes)",
-                            hint="train in one process, or drop --compile")
+        raise EaglekitError(
+            "--compile is not verified with DDP (several processes)", hint="train in one process, or drop --compile"
+        )
     check_inductor(device, "--compile")
 
 
@@ -118,6 +137,7 @@ def with_empty_row(batch: Batch) -> Batch:
     """A one-row batch [1, T] as [2, T], the second row padding that nothing counts: the same loss, stats
     and gradients. Dynamo specializes a size of 1, so the compiled steps would otherwise compile all
     four graphs again for it (a pool's last group, a row as long as the batch)."""
+
     def pad(x: torch.Tensor, value=0) -> torch.Tensor:
         return torch.cat([x, torch.full_like(x, value)])
 
@@ -144,12 +164,12 @@ class Trainer:
         self.out = Path(cfg.out)
         self.dist = distributed.setup(cfg.device)
         self.device = self.dist.device
-        self.autocast = (cfg.precision == "bf16" or (cfg.precision == "auto" and self.device.type == "cuda"))
+        self.autocast = cfg.precision == "bf16" or (cfg.precision == "auto" and self.device.type == "cuda")
         self.check_out_folder()
         self.out.mkdir(parents=True, exist_ok=True)
         self.run: Run = prepare(cfg, self.dist)
         self.draft = self.run.draft.to(self.device)
-        if cfg.ttt_attention == "merged":   # private SDPA ops: refuse a PyTorch where they mean something else
+        if cfg.ttt_attention == "merged":  # private SDPA ops: refuse a PyTorch where they mean something else
             check_merged_attention(self.device, torch.bfloat16 if self.autocast else torch.float32)
         self.model = TTTModel(self.draft, cfg.ttt_steps, cfg.ttt_attention)
         if self.dist.enabled:
@@ -158,21 +178,31 @@ class Trainer:
             check_compile_supported(self.device, self.dist.world_size)
             if cfg.online:
                 if cfg.target_device_map:
-                    raise EaglekitError("--compile is not verified with a target sharded over devices",
-                                        hint="drop --compile or --target-device-map")
+                    raise EaglekitError(
+                        "--compile is not verified with a target sharded over devices",
+                        hint="drop --compile or --target-device-map",
+                    )
                 compile_target_layers(self.run.train.model)
         if cfg.soft_ce == "compiled":
             check_inductor(self.device, "--soft-ce compiled")
-        self.step_loss = (compiled_unrolled_loss() if cfg.compile
-                          else functools.partial(unrolled_loss, soft_ce=cfg.soft_ce))
+        self.step_loss = (
+            compiled_unrolled_loss() if cfg.compile else functools.partial(unrolled_loss, soft_ce=cfg.soft_ce)
+        )
         self.names = [n for n, p in self.draft.named_parameters() if p.requires_grad]
         params = dict(self.draft.named_parameters())
-        self.optimizer = make_optimizer([(n, params[n]) for n in self.names], lr=cfg.lr,
-                                        weight_decay=cfg.weight_decay, betas=tuple(cfg.betas))
-        self.plan = BatchPlan(self.run.train.lengths, batch_tokens=cfg.batch_tokens, max_batch_size=cfg.max_batch_size,
-                              seed=cfg.seed, world_size=self.dist.world_size, grad_accum=cfg.grad_accum)
+        self.optimizer = make_optimizer(
+            [(n, params[n]) for n in self.names], lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas)
+        )
+        self.plan = BatchPlan(
+            self.run.train.lengths,
+            batch_tokens=cfg.batch_tokens,
+            max_batch_size=cfg.max_batch_size,
+            seed=cfg.seed,
+            world_size=self.dist.world_size,
+            grad_accum=cfg.grad_accum,
+        )
         self.total_steps = cfg.max_steps if cfg.max_steps is not None else self.plan.total_steps(cfg.epochs)
-        self.max_steps_cap = self.total_steps   # a time budget may shorten the run, never lengthen it
+        self.max_steps_cap = self.total_steps  # a time budget may shorten the run, never lengthen it
         self.step = 0
         self.best: dict | None = None
         self.history: list[dict] = []
@@ -180,7 +210,7 @@ class Trainer:
         # Offline batches are CPU work (reading shards, mapping the teacher): overlap it with the GPU.
         self.prefetch = not cfg.online and self.device.type == "cuda"
         self.pending: dict = {}
-        self.unchecked: tuple[int, torch.Tensor] | None = None   # (step, its [loss, grad norm]) not yet read
+        self.unchecked: tuple[int, torch.Tensor] | None = None  # (step, its [loss, grad norm]) not yet read
         if self.prefetch:
             self.pool = ThreadPoolExecutor(max_workers=1)
         if cfg.resume:
@@ -191,12 +221,16 @@ class Trainer:
     def check_out_folder(self) -> None:
         if self.cfg.resume:
             if latest_state(self.out) is None:
-                raise EaglekitError(f"--resume: {self.out} holds no trainer state",
-                                    hint="start without --resume, or pass the folder of the run to continue")
+                raise EaglekitError(
+                    f"--resume: {self.out} holds no trainer state",
+                    hint="start without --resume, or pass the folder of the run to continue",
+                )
             return
         if self.out.exists() and any(self.out.iterdir()):
-            raise EaglekitError(f"{self.out} is not empty", hint="pass --resume to continue that run, --overwrite to "
-                                                                  "delete it and start over, or a new --out")
+            raise EaglekitError(
+                f"{self.out} is not empty",
+                hint="pass --resume to continue that run, --overwrite to delete it and start over, or a new --out",
+            )
 
     def warmup_steps(self) -> int:
         if self.cfg.warmup_steps is not None:
@@ -206,8 +240,12 @@ class Trainer:
     def run_identity(self) -> dict:
         """What the run trains on, beyond its arguments: the target, its input folders' fingerprints,
         the aux layers and the draft vocab. A resume on anything else would mix two runs in one draft."""
-        return {"target": self.run.fingerprint, "inputs": self.run.inputs, "aux_layer_ids": list(self.run.aux_layer_ids),
-                "draft_vocab": self.run.vocab.summary()}
+        return {
+            "target": self.run.fingerprint,
+            "inputs": self.run.inputs,
+            "aux_layer_ids": list(self.run.aux_layer_ids),
+            "draft_vocab": self.run.vocab.summary(),
+        }
 
     def restore(self) -> None:
         folder = latest_state(self.out)
@@ -216,19 +254,24 @@ class Trainer:
         # not where they lie: a run folder copied or moved resumes. States from before 2026-12-04 hold
         # no fingerprints: their paths are compared.
         placed = ("target", "features", "data", "val_data") if "run" in state else ()
-        key, was_key = ({k: v for k, v in d.items() if k not in placed} for d in (self.cfg.resume_key(), state["config"]))
+        key, was_key = (
+            {k: v for k, v in d.items() if k not in placed} for d in (self.cfg.resume_key(), state["config"])
+        )
         if was_key != key:
             diff = sorted(k for k in set(was_key) | set(key) if was_key.get(k) != key.get(k))
-            raise EaglekitError(f"--resume with other settings than the run in {self.out}: {diff}",
-                                hint="resume with exactly the original arguments")
-        now = unplaced(json.loads(json.dumps(self.run_identity())))   # as the state file holds it
-        was = unplaced(state.get("run", now))                          # states from before 2026-12-04 hold none
+            raise EaglekitError(
+                f"--resume with other settings than the run in {self.out}: {diff}",
+                hint="resume with exactly the original arguments",
+            )
+        now = unplaced(json.loads(json.dumps(self.run_identity())))  # as the state file holds it
+        was = unplaced(state.get("run", now))  # states from before 2026-12-04 hold none
         if was != now:
             diff = [k for k in now if was.get(k) != now.get(k)]
-            raise EaglekitError(f"--resume on other data than the run in {self.out} stopped on: its {', '.join(diff)} "
-                                f"changed since (the features or conversations were made again?)",
-                                hint="resume on the folders it started on, or pass --overwrite to train "
-                                     "from scratch on these")
+            raise EaglekitError(
+                f"--resume on other data than the run in {self.out} stopped on: its {', '.join(diff)} "
+                f"changed since (the features or conversations were made again?)",
+                hint="resume on the folders it started on, or pass --overwrite to train from scratch on these",
+            )
         missing = set(self.draft.draft_state_dict()) - set(draft_t)
         if missing:
             raise EaglekitError(f"trainer state lacks {sorted(missing)[:4]}", hint="the state is damaged")
@@ -290,16 +333,24 @@ class Trainer:
             ctx = self.model.no_sync() if not sync else contextlib.nullcontext()
             with ctx:
                 with self.amp():
-                    out = self.step_loss(self.model, batch, denominators, d2t=self.draft.d2t, t2d=self.draft.t2d,
-                                         weights=self.weights)
+                    out = self.step_loss(
+                        self.model, batch, denominators, d2t=self.draft.d2t, t2d=self.draft.t2d, weights=self.weights
+                    )
                 # DDP averages gradients over ranks; the loss is already normalized globally.
                 (out.loss * self.dist.world_size).backward()
             stats += out.stats
             del out
-        grad_norm = torch.nn.utils.clip_grad_norm_([p for p in self.draft.parameters() if p.requires_grad],
-                                                   cfg.max_grad_norm)
-        lr = lr_at(self.step, lr=cfg.lr, warmup_steps=self.warmup_steps(), total_steps=self.total_steps,
-                   schedule=cfg.schedule, min_lr_ratio=cfg.min_lr_ratio)
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            [p for p in self.draft.parameters() if p.requires_grad], cfg.max_grad_norm
+        )
+        lr = lr_at(
+            self.step,
+            lr=cfg.lr,
+            warmup_steps=self.warmup_steps(),
+            total_steps=self.total_steps,
+            schedule=cfg.schedule,
+            min_lr_ratio=cfg.min_lr_ratio,
+        )
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
@@ -311,7 +362,7 @@ class Trainer:
         values are read once the next step is queued (the device still busy with that one), and
         before anything validates, logs or saves, so no non-finite weight is ever written."""
         values = torch.stack([stats[:, STATS.index("loss_sum")].sum(), grad_norm.detach().to(torch.float64)])
-        self.dist.all_reduce(values)   # a NaN on one rank stops every rank at the same step
+        self.dist.all_reduce(values)  # a NaN on one rank stops every rank at the same step
         self.check_finite()
         self.unchecked = (self.step, values)
 
@@ -325,19 +376,28 @@ class Trainer:
         if math.isfinite(loss) and math.isfinite(norm):
             return
         if not math.isfinite(loss):
-            why = (f"the loss is {loss}: the training data or the target's states hold non-finite values "
-                   f"(or the draft overflowed)")
-            hint = ("recapture the features (`eaglekit features --overwrite`; it refuses NaN in what the target "
-                    "computes), or lower --lr")
+            why = (
+                f"the loss is {loss}: the training data or the target's states hold non-finite values "
+                f"(or the draft overflowed)"
+            )
+            hint = (
+                "recapture the features (`eaglekit features --overwrite`; it refuses NaN in what the target "
+                "computes), or lower --lr"
+            )
         else:
             why = f"the gradient norm is {norm} (the loss was still finite): the update overflowed"
             hint = "lower --lr, or train in --precision fp32"
-        saved = f" the draft saved at step {self.best['step']} is from before it" if self.best else " no draft was saved"
-        self.step = step   # the manifest's steps: where it stopped
+        saved = (
+            f" the draft saved at step {self.best['step']} is from before it" if self.best else " no draft was saved"
+        )
+        self.step = step  # the manifest's steps: where it stopped
         if self.dist.main:
             self.write_manifest(final=False, stopped=f"step {step}: {why}")
-        raise RunFailed(f"training stopped at step {step} of {self.total_steps}: {why}. Nothing is marked "
-                        f"complete (manifest `complete: false`);{saved}", hint=hint)
+        raise RunFailed(
+            f"training stopped at step {step} of {self.total_steps}: {why}. Nothing is marked "
+            f"complete (manifest `complete: false`);{saved}",
+            hint=hint,
+        )
 
     @torch.no_grad()
     def validate(self) -> dict | None:
@@ -349,15 +409,24 @@ class Trainer:
         batches = eval_batches(val.lengths, batch_tokens=self.cfg.batch_tokens, max_batch_size=self.cfg.max_batch_size)
         stats = torch.zeros(self.cfg.ttt_steps, len(STATS), dtype=torch.float64, device=self.device)
         ones = torch.ones(self.cfg.ttt_steps, dtype=torch.float64, device=self.device)
-        for indices in batches[self.dist.rank::self.dist.world_size]:
+        for indices in batches[self.dist.rank :: self.dist.world_size]:
             with self.target_guards():
                 batch = val.batch(indices, self.device)
             with self.amp():
                 positions = device_positions(batch, self.cfg.ttt_steps)
-                logits = ttt_unroll(self.draft, batch.aux, batch.input_ids, self.cfg.ttt_steps,
-                                    self.cfg.ttt_attention, positions)
-                stats += ttt_loss(logits, batch, self.draft.d2t, self.draft.t2d, weights=self.weights,
-                                  denominators=ones, walk=True, positions=positions).stats
+                logits = ttt_unroll(
+                    self.draft, batch.aux, batch.input_ids, self.cfg.ttt_steps, self.cfg.ttt_attention, positions
+                )
+                stats += ttt_loss(
+                    logits,
+                    batch,
+                    self.draft.d2t,
+                    self.draft.t2d,
+                    weights=self.weights,
+                    denominators=ones,
+                    walk=True,
+                    positions=positions,
+                ).stats
         self.model.train()
         return metrics_from_stats(self.dist.all_reduce(stats))
 
@@ -371,22 +440,43 @@ class Trainer:
         if not self.dist.main:
             return
         tensors, meta = optimizer_tensors(self.optimizer, self.names)
-        state = {"step": self.step, "total_steps": self.total_steps, "config": self.cfg.resume_key(),
-                 "run": self.run_identity(), "optimizer": meta, "best": self.best, "history": self.history}
-        save_state(self.out, step=self.step, draft_tensors=self.state_dict_for_save(), optimizer_tensors=tensors,
-                   state=state)
-        self.write_manifest(final=False)   # a killed run's manifest says where its trainer state stopped
+        state = {
+            "step": self.step,
+            "total_steps": self.total_steps,
+            "config": self.cfg.resume_key(),
+            "run": self.run_identity(),
+            "optimizer": meta,
+            "best": self.best,
+            "history": self.history,
+        }
+        save_state(
+            self.out, step=self.step, draft_tensors=self.state_dict_for_save(), optimizer_tensors=tensors, state=state
+        )
+        self.write_manifest(final=False)  # a killed run's manifest says where its trainer state stopped
 
     def write_manifest(self, *, final: bool, train_metrics: dict | None = None, stopped: str | None = None) -> dict:
-        extra = {"complete": final, **({"stopped": stopped} if stopped else {}),
-                 "aux_layer_ids": self.run.aux_layer_ids, "aux_layer_convention": AUX_CONVENTION,
-                 "draft_vocab": self.run.vocab.summary(), "best": self.best, "history": self.history,
-                 "train_metrics": train_metrics, "steps": {"done": self.step, "total": self.total_steps,
-                           "per_epoch": round(self.plan.steps_per_epoch(), 3)},
-                 "world_size": self.dist.world_size}
+        extra = {
+            "complete": final,
+            **({"stopped": stopped} if stopped else {}),
+            "aux_layer_ids": self.run.aux_layer_ids,
+            "aux_layer_convention": AUX_CONVENTION,
+            "draft_vocab": self.run.vocab.summary(),
+            "best": self.best,
+            "history": self.history,
+            "train_metrics": train_metrics,
+            "steps": {"done": self.step, "total": self.total_steps, "per_epoch": round(self.plan.steps_per_epoch(), 3)},
+            "world_size": self.dist.world_size,
+        }
         counts = dict(self.run.counts)
-        return write_manifest(self.out, stage="train", config=self.cfg.to_dict(), target=self.run.fingerprint,
-                              inputs=self.run.inputs, counts=counts, extra=extra)
+        return write_manifest(
+            self.out,
+            stage="train",
+            config=self.cfg.to_dict(),
+            target=self.run.fingerprint,
+            inputs=self.run.inputs,
+            counts=counts,
+            extra=extra,
+        )
 
     @staticmethod
     def selection(metrics: dict) -> float:
@@ -400,7 +490,7 @@ class Trainer:
 
     def save_best(self, metrics: dict) -> None:
         self.best = {"step": self.step, **metrics}
-        if self.dist.main:   # the manifest first: a kill between the two leaves a folder marked unfinished
+        if self.dist.main:  # the manifest first: a kill between the two leaves a folder marked unfinished
             self.write_manifest(final=False)
             save_draft(self.draft, self.out)
 
@@ -416,8 +506,9 @@ class Trainer:
     def fit(self) -> dict:
         cfg = self.cfg
         main = self.dist.main
-        tracker = Tracker(self.out, total_steps=self.total_steps, start_step=self.step,
-                          progress=cfg.progress and main, enabled=main)
+        tracker = Tracker(
+            self.out, total_steps=self.total_steps, start_step=self.step, progress=cfg.progress and main, enabled=main
+        )
         self.model.train()
         started = time.perf_counter()
         window = torch.zeros(cfg.ttt_steps, len(STATS), dtype=torch.float64, device=self.device)
@@ -426,13 +517,13 @@ class Trainer:
         # Time budget: size the schedule from the measured speed, refined as the run settles.
         refits = [] if cfg.time_budget_s is None else budget_refits(self.step, self.max_steps_cap)
         last_fit = None
-        if self.device.type == "cuda":   # a stage before this one in the same process (generate's cache) set the peak
+        if self.device.type == "cuda":  # a stage before this one in the same process (generate's cache) set the peak
             torch.cuda.reset_peak_memory_stats(self.device)
         profiler = StepProfiler(cfg.profile_steps, self.out, self.device) if cfg.profile_steps and main else None
         if profiler is not None:
             profiler.start(self.step)
         try:
-            if self.total_steps == 0 and self.run.val is not None:   # --max-steps 0: validate only
+            if self.total_steps == 0 and self.run.val is not None:  # --max-steps 0: validate only
                 metrics = self.validate()
                 self.history.append({"step": 0, **metrics})
                 tracker.event("val", 0, **metrics)
@@ -454,19 +545,37 @@ class Trainer:
                     last_fit = (self.step, time.perf_counter())
                 if self.step % cfg.log_every == 0 or self.step == self.total_steps:
                     self.check_finite()
-                    counts = torch.cat([window.flatten(), torch.tensor([float(window_tokens)], dtype=torch.float64,
-                                                                        device=self.device)])
+                    counts = torch.cat(
+                        [
+                            window.flatten(),
+                            torch.tensor([float(window_tokens)], dtype=torch.float64, device=self.device),
+                        ]
+                    )
                     self.dist.all_reduce(counts)
                     elapsed = time.perf_counter() - window_start
                     train_metrics = metrics_from_stats(counts[:-1].view_as(window))
                     tok_s = float(counts[-1]) / max(elapsed, 1e-9)
-                    memory = ({"max_mem_gib": round(torch.cuda.max_memory_allocated(self.device) / 2**30, 2)}
-                              if self.device.type == "cuda" else {})
-                    tracker.event("train", self.step, lr=self.optimizer.param_groups[0]["lr"],
-                                  grad_norm=float(grad_norm), tokens_per_s=round(tok_s, 1), elapsed_s=round(time.perf_counter() - started, 2),
-                                  **memory, **train_metrics)
-                    tracker.progress(0, tok_s=f"{tok_s:.0f}", acc0=f"{train_metrics['acc'][0]:.3f}",
-                                     tau=f"{train_metrics['sim_accept_length']:.2f}")
+                    memory = (
+                        {"max_mem_gib": round(torch.cuda.max_memory_allocated(self.device) / 2**30, 2)}
+                        if self.device.type == "cuda"
+                        else {}
+                    )
+                    tracker.event(
+                        "train",
+                        self.step,
+                        lr=self.optimizer.param_groups[0]["lr"],
+                        grad_norm=float(grad_norm),
+                        tokens_per_s=round(tok_s, 1),
+                        elapsed_s=round(time.perf_counter() - started, 2),
+                        **memory,
+                        **train_metrics,
+                    )
+                    tracker.progress(
+                        0,
+                        tok_s=f"{tok_s:.0f}",
+                        acc0=f"{train_metrics['acc'][0]:.3f}",
+                        tau=f"{train_metrics['sim_accept_length']:.2f}",
+                    )
                     window.zero_()
                     window_tokens, window_start = 0, time.perf_counter()
                 tracker.progress(1)
@@ -524,7 +633,7 @@ class Trainer:
         step0, t0 = last_fit or (0, started)
         per_step = (now - t0) / max(self.step - step0, 1)
         remaining = self.cfg.time_budget_s - (now - started)
-        fit = self.step + int(0.95 * remaining / per_step)   # a little slack for the final validation
+        fit = self.step + int(0.95 * remaining / per_step)  # a little slack for the final validation
         fit = min(int(self.dist.broadcast_float(float(fit))), self.max_steps_cap)
         if fit != self.total_steps:
             log.info("time budget: %.3f s/step -> %d steps (was %d)", per_step, fit, self.total_steps)
@@ -534,8 +643,10 @@ class Trainer:
 
 def unplaced(identity: dict) -> dict:
     """A run's identity without where its input folders lie (their fingerprints' `path`)."""
-    inputs = {k: {f: v for f, v in fp.items() if f != "path"} if isinstance(fp, dict) else fp
-              for k, fp in (identity.get("inputs") or {}).items()}
+    inputs = {
+        k: {f: v for f, v in fp.items() if f != "path"} if isinstance(fp, dict) else fp
+        for k, fp in (identity.get("inputs") or {}).items()
+    }
     return {**identity, "inputs": inputs}
 
 
@@ -569,4 +680,3 @@ def run_folder(cfg: TrainConfig):
         if cfg.overwrite:
             clear_folder(cfg.out)
         yield
-

@@ -32,13 +32,15 @@ from eaglekit.features.teacher import Teacher
 from eaglekit.metrics import STATS, serving_walks
 from eaglekit.train.config import SOFT_CES
 
-CHUNK_ELEMENTS = 2 ** 27   # fp32 working set per chunk of the fused soft CE: 512 MiB
+CHUNK_ELEMENTS = 2**27  # fp32 working set per chunk of the fused soft CE: 512 MiB
 
 
 # ---- the soft cross-entropy -----------------------------------------------------------------------
 
-def soft_cross_entropy(logits: torch.Tensor, teacher: Teacher, *, soft_ce: str = "plain",
-                       chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
+
+def soft_cross_entropy(
+    logits: torch.Tensor, teacher: Teacher, *, soft_ce: str = "plain", chunk_elements: int = CHUNK_ELEMENTS
+) -> torch.Tensor:
     """Per-position soft CE [B, L] (fp32) of `logits` [B, L, Vd] against `teacher` (same positions).
 
     soft_ce: "plain" (`plain_soft_cross_entropy`: what `train` runs, and what `train --compile`
@@ -50,7 +52,7 @@ def soft_cross_entropy(logits: torch.Tensor, teacher: Teacher, *, soft_ce: str =
     if soft_ce == "fused":
         return SoftCrossEntropy.apply(logits, teacher.probs, teacher.index, chunk_elements)
     if soft_ce == "compiled":
-        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):   # never eager unannounced
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):  # never eager unannounced
             return compiled_soft_cross_entropy()(logits, teacher)
     raise EaglekitError(f"unknown soft CE {soft_ce!r}", hint=f"use one of {', '.join(SOFT_CES)}")
 
@@ -90,10 +92,10 @@ class SoftCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, probs, index, chunk_elements):
-        lse = logits.new_empty(logits.shape[:2], dtype=torch.float32)        # [B, L]
+        lse = logits.new_empty(logits.shape[:2], dtype=torch.float32)  # [B, L]
         ce = torch.empty_like(lse)
         for part in position_chunks(logits.shape, chunk_elements):
-            z = logits[:, part].float()                                       # [B, l, Vd]
+            z = logits[:, part].float()  # [B, l, Vd]
             lse[:, part] = z.logsumexp(-1)
             p, ix = probs[:, part], None if index is None else index[:, part]
             ce[:, part] = lse[:, part] * p.sum(-1) - teacher_dot(z, p, ix)
@@ -108,9 +110,9 @@ class SoftCrossEntropy(torch.autograd.Function):
         index = rest[0] if ctx.sparse else None
         grad = torch.empty_like(logits)
         for part in position_chunks(logits.shape, ctx.chunk_elements):
-            g = grad_ce[:, part].float().unsqueeze(-1)                        # [B, l, 1]
+            g = grad_ce[:, part].float().unsqueeze(-1)  # [B, l, 1]
             p = probs[:, part]
-            softmax = torch.exp(logits[:, part].float() - lse[:, part].unsqueeze(-1))   # [B, l, Vd]
+            softmax = torch.exp(logits[:, part].float() - lse[:, part].unsqueeze(-1))  # [B, l, Vd]
             dz = softmax * (p.sum(-1, keepdim=True) * g)
             if index is None:
                 dz -= p * g
@@ -122,16 +124,17 @@ class SoftCrossEntropy(torch.autograd.Function):
 
 # ---- the TTT loss ---------------------------------------------------------------------------------
 
+
 @dataclass
 class StepOutput:
-    loss: torch.Tensor          # scalar: sum_j w_j * sum(ce_j) / denominators_j
-    stats: torch.Tensor         # [ttt_steps, len(STATS)] float64 sums (all-reducible; eaglekit.metrics)
+    loss: torch.Tensor  # scalar: sum_j w_j * sum(ce_j) / denominators_j
+    stats: torch.Tensor  # [ttt_steps, len(STATS)] float64 sums (all-reducible; eaglekit.metrics)
 
 
 def step_masks(loss_mask: torch.Tensor, ttt_steps: int) -> list[torch.Tensor]:
     """Mask of counted positions for each step, aligned with `ttt_unroll` (step j: [B, L-j])."""
     counted = counted_positions(loss_mask)
-    return [counted[:, 1 + j:] for j in range(ttt_steps)]
+    return [counted[:, 1 + j :] for j in range(ttt_steps)]
 
 
 def step_counts(loss_mask: torch.Tensor, ttt_steps: int) -> torch.Tensor:
@@ -151,10 +154,19 @@ def step_index(j: int, device) -> torch.Tensor:
     return torch.full((), j, dtype=torch.long, device=device)
 
 
-def ttt_loss(logits: list[torch.Tensor], batch: Batch, d2t: torch.Tensor, t2d: torch.Tensor, *,
-             weights: list[float], denominators: torch.Tensor, walk: bool = False,
-             soft_ce: str = "plain", positions: tuple[torch.Tensor, torch.Tensor] | None = None,
-             steps=None) -> StepOutput:
+def ttt_loss(
+    logits: list[torch.Tensor],
+    batch: Batch,
+    d2t: torch.Tensor,
+    t2d: torch.Tensor,
+    *,
+    weights: list[float],
+    denominators: torch.Tensor,
+    walk: bool = False,
+    soft_ce: str = "plain",
+    positions: tuple[torch.Tensor, torch.Tensor] | None = None,
+    steps=None,
+) -> StepOutput:
     """Loss and metric sums of one unrolled batch.
 
     Args:
@@ -176,19 +188,31 @@ def ttt_loss(logits: list[torch.Tensor], batch: Batch, d2t: torch.Tensor, t2d: t
         B, L = logits[0].shape[:2]
         positions = every_position(B, L, logits[0].device)
         logits = [x.reshape(B * L, -1) for x in logits]
-    rows, pos = positions                                                     # [N] each
-    counted = counted_positions(batch.loss_mask)                              # [B, T]
+    rows, pos = positions  # [N] each
+    counted = counted_positions(batch.loss_mask)  # [B, T]
     T = counted.shape[1]
     device = batch.input_ids.device
     stats = torch.zeros(len(logits), len(STATS), dtype=torch.float64, device=device)
     loss = batch.aux.new_zeros((), dtype=torch.float32)
-    run = torch.zeros(rows.shape, dtype=torch.long, device=device)            # [N]
-    chain = torch.ones(rows.shape, dtype=torch.bool, device=device)          # step 0 follows no miss
-    for j, step_logits in enumerate(logits):                                   # [N, Vd]
-        ce_sum, chain, run, stats[j, :7] = score(step_logits, counted, batch.teacher, batch.input_ids, rows,
-                                                 pos, step_index(j, device), d2t, t2d, chain, run, soft_ce=soft_ce)
+    run = torch.zeros(rows.shape, dtype=torch.long, device=device)  # [N]
+    chain = torch.ones(rows.shape, dtype=torch.bool, device=device)  # step 0 follows no miss
+    for j, step_logits in enumerate(logits):  # [N, Vd]
+        ce_sum, chain, run, stats[j, :7] = score(
+            step_logits,
+            counted,
+            batch.teacher,
+            batch.input_ids,
+            rows,
+            pos,
+            step_index(j, device),
+            d2t,
+            t2d,
+            chain,
+            run,
+            soft_ce=soft_ce,
+        )
         loss = loss + weights[j] * ce_sum / denominators[j].clamp(min=1).float()
-    if walk:                                     # row j: a served chain of j + 1 drafts
+    if walk:  # row j: a served chain of j + 1 drafts
         grid = torch.zeros(counted.shape[0], T - 1, dtype=torch.long, device=device)
         grid[rows, pos] = run
         walks = serving_walks(counted[:, 1:], grid, list(range(1, len(logits) + 1)))
@@ -197,8 +221,9 @@ def ttt_loss(logits: list[torch.Tensor], batch: Batch, d2t: torch.Tensor, t2d: t
     return StepOutput(loss=loss, stats=stats)
 
 
-def score_step(step_logits, counted, teacher: Teacher, input_ids, rows, pos, j, d2t, t2d, chain, run,
-               soft_ce: str = "plain"):
+def score_step(
+    step_logits, counted, teacher: Teacher, input_ids, rows, pos, j, d2t, t2d, chain, run, soft_ce: str = "plain"
+):
     """Step j's loss sum and metric sums at `positions` (rows, pos [N]); j: 0-d long tensor.
 
     Args:
@@ -211,24 +236,25 @@ def score_step(step_logits, counted, teacher: Teacher, input_ids, rows, pos, j, 
         metric sums [7] float64 (`STATS`' first seven).
     """
     T = counted.shape[1]
-    raw = pos + 1 + j                                                          # the raw position whose p step j predicts
+    raw = pos + 1 + j  # the raw position whose p step j predicts
     inside = raw < T
     raw = raw.clamp(max=T - 1)
-    mask = counted[rows, raw] & inside                                         # [N]
-    target = teacher.at(rows, raw)                                             # [1, N, ...]
+    mask = counted[rows, raw] & inside  # [N]
+    target = teacher.at(rows, raw)  # [1, N, ...]
     in_vocab = t2d[target.argmax[0]]
-    ce = soft_cross_entropy(step_logits.unsqueeze(0), target, soft_ce=soft_ce)[0]   # [N] fp32
+    ce = soft_cross_entropy(step_logits.unsqueeze(0), target, soft_ce=soft_ce)[0]  # [N] fp32
     trained = mask & in_vocab
     ce_sum = (ce * trained).sum()
     with torch.no_grad():
-        guess = step_logits.argmax(-1)                                         # = argmax of log q
-        correct = (guess + d2t[guess]) == target.argmax[0]                     # compared in target ids
+        guess = step_logits.argmax(-1)  # = argmax of log q
+        correct = (guess + d2t[guess]) == target.argmax[0]  # compared in target ids
         prev = chain & mask
         chain = prev & correct
         run = run + chain
         # Is the data the target's own greedy output? (next raw token == target argmax)
         following = torch.where(raw + 1 < T, input_ids[rows, (raw + 1).clamp(max=T - 1)], -1)
         agree = (following == target.argmax[0]) & mask
-        sums = torch.stack([mask.sum(), (correct & mask).sum(), chain.sum(), prev.sum(), ce_sum.detach(),
-                            trained.sum(), agree.sum()]).double()
+        sums = torch.stack(
+            [mask.sum(), (correct & mask).sum(), chain.sum(), prev.sum(), ce_sum.detach(), trained.sum(), agree.sum()]
+        ).double()
     return ce_sum, chain, run, sums

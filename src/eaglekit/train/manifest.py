@@ -43,7 +43,7 @@ def validation_label(manifest: dict | None) -> str:
 
 
 def prediction_text(manifest: dict | None, k: int | None = None) -> str:
-    """"predicted accept length X for a chain of k on <workload>": training's prediction, said with the
+    """ "predicted accept length X for a chain of k on <workload>": training's prediction, said with the
     chain length and the workload it holds for. k: the served chain's (a bench or probe of k drafts);
     where the run did not unroll k steps, or k is None, the walk at the run's own `ttt_steps`, named so."""
     steps = ((manifest or {}).get("config") or {}).get("ttt_steps")

@@ -15,8 +15,9 @@ from eaglekit.errors import EaglekitError
 from eaglekit.train.config import SCHEDULES  # declared beside the option that takes it
 
 
-def lr_at(step: int, *, lr: float, warmup_steps: int, total_steps: int, schedule: str = "cosine",
-          min_lr_ratio: float = 0.0) -> float:
+def lr_at(
+    step: int, *, lr: float, warmup_steps: int, total_steps: int, schedule: str = "cosine", min_lr_ratio: float = 0.0
+) -> float:
     """Learning rate of optimizer step `step` (0-based)."""
     if warmup_steps > 0 and step < warmup_steps:
         return lr * (step + 1) / warmup_steps
@@ -33,8 +34,9 @@ def lr_at(step: int, *, lr: float, warmup_steps: int, total_steps: int, schedule
     return lr * (min_lr_ratio + (1.0 - min_lr_ratio) * factor)
 
 
-def make_optimizer(named_params: list[tuple[str, torch.nn.Parameter]], *, lr: float, weight_decay: float,
-                   betas: tuple[float, float]) -> torch.optim.AdamW:
+def make_optimizer(
+    named_params: list[tuple[str, torch.nn.Parameter]], *, lr: float, weight_decay: float, betas: tuple[float, float]
+) -> torch.optim.AdamW:
     """AdamW over the trainable draft parameters; norms' weights get no weight decay.
 
     foreach=None: PyTorch's choice, the multi-tensor kernels on a GPU (a few launches a step for all
@@ -65,13 +67,15 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer, names: list[str]) -> tup
                 tensors[f"{name}.{key}"] = value.detach().to("cpu").contiguous()
             else:
                 scalars.setdefault(name, {})[key] = value
-    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items() if k != "params"}
-              for g in sd["param_groups"]]
+    groups = [
+        {k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items() if k != "params"} for g in sd["param_groups"]
+    ]
     return tensors, {"param_groups": groups, "scalars": scalars, "names": names}
 
 
-def load_optimizer_tensors(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict,
-                           names: list[str]) -> None:
+def load_optimizer_tensors(
+    optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict, names: list[str]
+) -> None:
     """Inverse of `optimizer_tensors` (state tensors are moved to their parameters' devices)."""
     if meta.get("names") != names:
         raise EaglekitError("saved optimizer state is for other parameters", hint="resume with the same draft settings")
@@ -83,8 +87,10 @@ def load_optimizer_tensors(optimizer: torch.optim.Optimizer, tensors: dict[str, 
         entry = {}
         prefix = f"{name}."
         for key, value in tensors.items():
-            if key.startswith(prefix) and "." not in key[len(prefix):]:
-                entry[key[len(prefix):]] = value.to(param.device) if key.endswith(".step") else value.to(param.device, param.dtype)
+            if key.startswith(prefix) and "." not in key[len(prefix) :]:
+                entry[key[len(prefix) :]] = (
+                    value.to(param.device) if key.endswith(".step") else value.to(param.device, param.dtype)
+                )
         entry.update(meta["scalars"].get(name, {}))
         if entry:
             state[index] = entry

@@ -60,11 +60,17 @@ class StepProfiler:
         steps = last - first
         # Kernels alone: a kernel is also counted as its launching op's device time, and user
         # annotations (Optimizer.step#...) span kernels; torch's own table total skips both.
-        device_us = sum(e.self_device_time_total for e in events
-                        if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False))
-        lines = [f"steps {first + 1}..{last} ({steps}) on {self.device}",
-                 f"wall {wall_s / steps * 1000:.1f} ms a step"
-                 + (f", device busy {device_us / steps / 1000:.1f} ms a step" if cuda else ""), ""]
+        device_us = sum(
+            e.self_device_time_total
+            for e in events
+            if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+        )
+        lines = [
+            f"steps {first + 1}..{last} ({steps}) on {self.device}",
+            f"wall {wall_s / steps * 1000:.1f} ms a step"
+            + (f", device busy {device_us / steps / 1000:.1f} ms a step" if cuda else ""),
+            "",
+        ]
         if cuda:
             lines += ["by own device time:", events.table(sort_by="self_device_time_total", row_limit=40), ""]
         lines += ["by own host time:", events.table(sort_by="self_cpu_time_total", row_limit=40)]
@@ -77,5 +83,10 @@ class StepProfiler:
             self.profiler = None
         if not self.written:
             where = "before it reached" if step < self.last else "past (it resumed after)"
-            log.warning("the run ended at step %d, %s --profile-steps %d:%d: no profile.txt written",
-                        step, where, self.first, self.last)
+            log.warning(
+                "the run ended at step %d, %s --profile-steps %d:%d: no profile.txt written",
+                step,
+                where,
+                self.first,
+                self.last,
+            )

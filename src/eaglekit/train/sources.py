@@ -54,20 +54,28 @@ class OfflineSource:
     def batch(self, indices: list[int], device: torch.device) -> Batch:
         rows = [self.store.sample(self.members[i]) for i in indices]
         T = max(r["input_ids"].numel() for r in rows)
-        host = {"input_ids": pad_stack([r["input_ids"] for r in rows], T),
-                "loss_mask": pad_stack([r["loss_mask"] for r in rows], T, False),
-                "aux": pad_stack([r["aux"] for r in rows], T),
-                "topk_ids": pad_stack([r["topk_ids"] for r in rows], T),
-                "topk_logp": pad_stack([r["topk_logp"] for r in rows], T),
-                "lengths": torch.tensor([r["input_ids"].numel() for r in rows])}
-        if device.type == "cuda":   # page-locked, so the copies run asynchronously
+        host = {
+            "input_ids": pad_stack([r["input_ids"] for r in rows], T),
+            "loss_mask": pad_stack([r["loss_mask"] for r in rows], T, False),
+            "aux": pad_stack([r["aux"] for r in rows], T),
+            "topk_ids": pad_stack([r["topk_ids"] for r in rows], T),
+            "topk_logp": pad_stack([r["topk_logp"] for r in rows], T),
+            "lengths": torch.tensor([r["input_ids"].numel() for r in rows]),
+        }
+        if device.type == "cuda":  # page-locked, so the copies run asynchronously
             host = {k: v.pin_memory() for k, v in host.items()}
         dev = {k: v.to(device, non_blocking=True) for k, v in host.items()}
         if self.target_to_draft.device != device:
             self.target_to_draft = self.target_to_draft.to(device)
         teacher = sparse_teacher(dev["topk_ids"], dev["topk_logp"], self.target_to_draft)
-        return Batch(input_ids=dev["input_ids"], loss_mask=dev["loss_mask"], aux=dev["aux"], teacher=teacher,
-                     lengths=dev["lengths"], host_loss_mask=host["loss_mask"])
+        return Batch(
+            input_ids=dev["input_ids"],
+            loss_mask=dev["loss_mask"],
+            aux=dev["aux"],
+            teacher=teacher,
+            lengths=dev["lengths"],
+            host_loss_mask=host["loss_mask"],
+        )
 
 
 class OnlineSource:
@@ -86,7 +94,7 @@ class OnlineSource:
         self.aux_layer_ids = list(aux_layer_ids)
         self.lengths = [s.length for s in samples]
         self.ids = [s.id for s in samples]
-        self.target_device = model.get_input_embeddings().weight.device   # sharded targets: the first device
+        self.target_device = model.get_input_embeddings().weight.device  # sharded targets: the first device
         self.draft_ids = vocab.draft_ids.to(self.target_device)
 
     def __len__(self) -> int:
@@ -99,10 +107,12 @@ class OnlineSource:
     def batch(self, indices: list[int], device: torch.device) -> Batch:
         rows = [self.samples[i] for i in indices]
         T = max(r.length for r in rows)
-        host = {"input_ids": pad_stack([r.input_ids for r in rows], T),                  # [B, T]
-                "loss_mask": pad_stack([r.loss_mask for r in rows], T, False),
-                "lengths": torch.tensor([r.length for r in rows])}
-        if self.target_device.type == "cuda":   # page-locked: the copies do not wait for the device
+        host = {
+            "input_ids": pad_stack([r.input_ids for r in rows], T),  # [B, T]
+            "loss_mask": pad_stack([r.loss_mask for r in rows], T, False),
+            "lengths": torch.tensor([r.length for r in rows]),
+        }
+        if self.target_device.type == "cuda":  # page-locked: the copies do not wait for the device
             host = {k: v.pin_memory() for k, v in host.items()}
         ids = host["input_ids"].to(self.target_device, non_blocking=True)
         # No attention mask: the rows are right-padded (features/batch.py), so the causal mask keeps the
@@ -110,10 +120,14 @@ class OnlineSource:
         cap = capture_aux_states(self.model, ids, self.aux_layer_ids, return_logits=True)
         teacher = dense_teacher(cap.logits, self.draft_ids.to(cap.logits.device))
         del cap.logits
-        return Batch(input_ids=ids.to(device, non_blocking=True),
-                     loss_mask=host["loss_mask"].to(device, non_blocking=True), aux=cap.aux_hidden.to(device),
-                     teacher=teacher.to(device), lengths=host["lengths"].to(device, non_blocking=True),
-                     host_loss_mask=host["loss_mask"])
+        return Batch(
+            input_ids=ids.to(device, non_blocking=True),
+            loss_mask=host["loss_mask"].to(device, non_blocking=True),
+            aux=cap.aux_hidden.to(device),
+            teacher=teacher.to(device),
+            lengths=host["lengths"].to(device, non_blocking=True),
+            host_loss_mask=host["loss_mask"],
+        )
 
 
 def validation_workload(cfg, val: OfflineSource | OnlineSource | None) -> dict | None:
@@ -140,10 +154,10 @@ def validation_workload(cfg, val: OfflineSource | OnlineSource | None) -> dict |
     by_source = dict(sorted(by_source.items(), key=lambda kv: (-kv[1], kv[0])))
     shown = ", ".join(f"{name} {n}" for name, n in list(by_source.items())[:4])
     more = len(by_source) - 4
-    label = (f"{'--val-data' if origin == 'val_data' else 'held-out'} conversations: {shown}"
-             + (f" and {more} more sources" if more > 0 else ""))
-    return {"origin": origin, "path": str(where), "conversations": len(val.ids), "by_source": by_source,
-            "label": label}
+    label = f"{'--val-data' if origin == 'val_data' else 'held-out'} conversations: {shown}" + (
+        f" and {more} more sources" if more > 0 else ""
+    )
+    return {"origin": origin, "path": str(where), "conversations": len(val.ids), "by_source": by_source, "label": label}
 
 
 def sources_by_id(path, *, online: bool) -> dict[str, str]:

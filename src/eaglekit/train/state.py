@@ -45,8 +45,15 @@ def restore_rng(states: dict[str, torch.Tensor]) -> None:
         torch.cuda.set_rng_state_all(cuda[: torch.cuda.device_count()])
 
 
-def save_state(out: Path, *, step: int, draft_tensors: dict[str, torch.Tensor], optimizer_tensors: dict[str, torch.Tensor],
-               state: dict, keep: int = 1) -> Path:
+def save_state(
+    out: Path,
+    *,
+    step: int,
+    draft_tensors: dict[str, torch.Tensor],
+    optimizer_tensors: dict[str, torch.Tensor],
+    state: dict,
+    keep: int = 1,
+) -> Path:
     """Write one complete trainer state and point latest.json at it."""
     root = out / STATE_DIR
     name = f"step-{step:08d}"
@@ -75,8 +82,10 @@ def latest_state(out: Path) -> Path | None:
         return None
     folder = out / STATE_DIR / read_json(pointer, what="trainer state pointer")["dir"]
     if not folder.is_dir():
-        raise EaglekitError(f"{pointer} names {folder.name}, which is missing",
-                            hint="the trainer state is damaged; start a new run without --resume")
+        raise EaglekitError(
+            f"{pointer} names {folder.name}, which is missing",
+            hint="the trainer state is damaged; start a new run without --resume",
+        )
     return folder
 
 
@@ -119,8 +128,10 @@ def truncate_log(path: Path, step: int) -> None:
             if number == len(lines):
                 log.warning("%s:%d: dropping a torn last line (the killed run was writing it)", path, number)
                 continue
-            raise EaglekitError(f"{path}:{number} is not a JSON object: {line[:200]!r}",
-                                hint="the training log is corrupt: repair or delete that line, then --resume again")
+            raise EaglekitError(
+                f"{path}:{number} is not a JSON object: {line[:200]!r}",
+                hint="the training log is corrupt: repair or delete that line, then --resume again",
+            )
         if record.get("step", 0) <= step:
             kept.append(line)
     with atomic_path(path) as tmp:

@@ -17,7 +17,14 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 from eaglekit.targets.info import load_config
-from eaglekit.targets.load import generation_eos_ids, load_target, load_tokenizer, stop_token_ids, target_fingerprint, text_config
+from eaglekit.targets.load import (
+    generation_eos_ids,
+    load_target,
+    load_tokenizer,
+    stop_token_ids,
+    target_fingerprint,
+    text_config,
+)
 from eaglekit.targets.source import TargetSource, resolve_target
 
 log = logging.getLogger(__name__)
@@ -46,7 +53,7 @@ def parameter_names(config) -> tuple[str, str | None, bool]:
         model = AutoModelForCausalLM.from_config(config)
     by_id: dict[int, str] = {}
     for n, p in model.named_parameters(remove_duplicate=False):
-        by_id.setdefault(id(p), n)   # tied weights: the first (stored) name, usually the embedding's
+        by_id.setdefault(id(p), n)  # tied weights: the first (stored) name, usually the embedding's
     emb = model.get_input_embeddings().weight
     out = model.get_output_embeddings()
     out_name = by_id.get(id(out.weight)) if out is not None else None
@@ -87,12 +94,29 @@ def load_target_parts(spec: str | Path | TargetSource) -> TargetParts:
         if emb_name in tensors and (tied or head_name in tensors):
             embedding = tensors[emb_name].float()
             lm_head = embedding if tied else tensors[head_name].float()
-            return TargetParts(source, config, tokenizer, target_fingerprint(config, tokenizer, source),
-                               stop_token_ids(gen_eos, tokenizer), embedding, lm_head)
-        log.info("embedding %r / lm_head %r not found by name in %s; loading the whole target",
-                 emb_name, head_name, source.path)
+            return TargetParts(
+                source,
+                config,
+                tokenizer,
+                target_fingerprint(config, tokenizer, source),
+                stop_token_ids(gen_eos, tokenizer),
+                embedding,
+                lm_head,
+            )
+        log.info(
+            "embedding %r / lm_head %r not found by name in %s; loading the whole target",
+            emb_name,
+            head_name,
+            source.path,
+        )
     target = load_target(source, device="cpu", dtype="float32")
     head = target.model.get_output_embeddings()
-    return TargetParts(source, target.model.config, target.tokenizer, target.fingerprint(), target.stop_token_ids,
-                       target.model.get_input_embeddings().weight.detach().float(),
-                       head.weight.detach().float() if head is not None else None)
+    return TargetParts(
+        source,
+        target.model.config,
+        target.tokenizer,
+        target.fingerprint(),
+        target.stop_token_ids,
+        target.model.get_input_embeddings().weight.detach().float(),
+        head.weight.detach().float() if head is not None else None,
+    )

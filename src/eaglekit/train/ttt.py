@@ -33,9 +33,15 @@ from eaglekit.train.attention import ttt_attention
 from eaglekit.train.loss import every_position, score_step, step_index
 
 
-def ttt_unroll(draft, aux: torch.Tensor, input_ids: torch.Tensor, ttt_steps: int,
-               attention: str = "dense", positions: tuple[torch.Tensor, torch.Tensor] | None = None,
-               steps: StepFunctions | None = None) -> list[torch.Tensor]:
+def ttt_unroll(
+    draft,
+    aux: torch.Tensor,
+    input_ids: torch.Tensor,
+    ttt_steps: int,
+    attention: str = "dense",
+    positions: tuple[torch.Tensor, torch.Tensor] | None = None,
+    steps: StepFunctions | None = None,
+) -> list[torch.Tensor]:
     """Run the draft for `ttt_steps` steps; returns the logits of each step.
 
     Args:
@@ -58,7 +64,7 @@ def ttt_unroll(draft, aux: torch.Tensor, input_ids: torch.Tensor, ttt_steps: int
     grid = positions is None
     rows, pos = every_position(B, L, input_ids.device) if grid else positions
     first_logits, hidden, k0, v0 = steps.first(draft, aux, input_ids, rows, pos, attention)
-    logits = [first_logits]                                                   # [N, Vd] a step
+    logits = [first_logits]  # [N, Vd] a step
     diag_k: list[torch.Tensor] = []
     diag_v: list[torch.Tensor] = []
     for j in range(1, ttt_steps):
@@ -70,7 +76,7 @@ def ttt_unroll(draft, aux: torch.Tensor, input_ids: torch.Tensor, ttt_steps: int
         attended = ttt_attention(q, k0, v0, diag_k, diag_v, attention)
         hidden, step_logits = steps.finish(draft, attended, rows, pos, residual)
         logits.append(step_logits)
-    return [x.view(B, L, -1) for x in logits] if grid else logits   # every_position is in reshape order
+    return [x.view(B, L, -1) for x in logits] if grid else logits  # every_position is in reshape order
 
 
 def first_step(draft, aux, input_ids, rows, pos, attention: str):
@@ -78,21 +84,21 @@ def first_step(draft, aux, input_ids, rows, pos, attention: str):
 
     Returns: logits [N, Vd], hidden [N, H] (pre-norm), k0 / v0 [B, nkv, L, hd] (the true prefix).
     """
-    hidden = draft.fuse(aux[:, :-1])                                          # [B, L, H]: g_t
-    tokens = input_ids[:, 1:]                                                 # [B, L]: x_{t+1}
+    hidden = draft.fuse(aux[:, :-1])  # [B, L, H]: g_t
+    tokens = input_ids[:, 1:]  # [B, L]: x_{t+1}
     B, L = tokens.shape
     grid = torch.arange(L, device=tokens.device).expand(B, L)
     q, k0, v0, residual = draft.attention_pieces(tokens, hidden, grid)
-    hidden = draft.finish(ttt_attention(q, k0, v0, [], [], attention), residual)[rows, pos]   # [N, H]
+    hidden = draft.finish(ttt_attention(q, k0, v0, [], [], attention), residual)[rows, pos]  # [N, H]
     return draft.logits(hidden), hidden, k0, v0
 
 
 def project_step(draft, hidden, input_ids, rows, pos, j):
     """Step j's rotated q/k/v at `positions` (token x_{t+1+j}, 0 past the end; rope position t+j), on the
     [B, L] grid (`to_grid`), and its residual [1, N, H]. j: 0-d long tensor."""
-    tokens = input_ids[:, 1:]                                                 # [B, L]
+    tokens = input_ids[:, 1:]  # [B, L]
     B, L = tokens.shape
-    at = pos + j                                                              # [N]
+    at = pos + j  # [N]
     ahead = torch.where(at < L, tokens[rows, at.clamp(max=L - 1)], 0)
     q, k, v, residual = draft.attention_pieces(ahead[None], hidden[None], at[None])
     grid = (rows, pos)
@@ -112,7 +118,7 @@ def to_grid(x: torch.Tensor, positions: tuple[torch.Tensor, torch.Tensor], B: in
     """[1, heads, N, hd] at `positions` -> [B, heads, L, hd], zeros elsewhere."""
     rows, pos = positions
     out = x.new_zeros(B, x.shape[1], L, x.shape[-1])
-    out[rows, :, pos] = x[0].transpose(0, 1)                                  # [N, heads, hd]
+    out[rows, :, pos] = x[0].transpose(0, 1)  # [N, heads, hd]
     return out
 
 
@@ -123,13 +129,13 @@ def ttt_positions(loss_mask: torch.Tensor, ttt_steps: int) -> tuple[torch.Tensor
     are a third or more of a packed batch, and the [N, Vd] logits are contiguous (a slice along the
     positions of [B, L, Vd] is not, and its elementwise kernels run strided). One host sync.
     """
-    counted = counted_positions(loss_mask)                                   # [B, T]
+    counted = counted_positions(loss_mask)  # [B, T]
     L = counted.shape[1] - 1
-    ahead = F.pad(counted, (0, ttt_steps), value=False)                      # [B, T + ttt_steps]
+    ahead = F.pad(counted, (0, ttt_steps), value=False)  # [B, T + ttt_steps]
     wanted = torch.zeros_like(counted[:, :L])
     for j in range(ttt_steps):
-        wanted |= ahead[:, 1 + j:1 + j + L]
-    found = wanted.nonzero()                                                 # [N, 2]
+        wanted |= ahead[:, 1 + j : 1 + j + L]
+    found = wanted.nonzero()  # [N, 2]
     # Two tensors of their own, not views of one: a compiled step would guard on the shared base's sizes.
     return found[:, 0].contiguous(), found[:, 1].contiguous()
 
@@ -160,8 +166,10 @@ def compile_guards():
     """Where compiled training code runs: dynamo's recompile limit raises instead of running eagerly
     unannounced, and no duck sizing (two sizes equal in one batch, rows and N say, must not become one
     symbol, or the next batch compiles again)."""
-    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True), \
-            torch.fx.experimental._config.patch(use_duck_shape=False):
+    with (
+        torch._dynamo.config.patch(fail_on_recompile_limit_hit=True),
+        torch.fx.experimental._config.patch(use_duck_shape=False),
+    ):
         yield
 
 
@@ -169,15 +177,19 @@ def compile_guards():
 def compiled_steps(backend: str = "inductor") -> StepFunctions:
     """`EAGER_STEPS` under torch.compile, dynamic in the batch's sizes, the plain soft CE (inductor fuses
     it itself). A shape that would recompile past dynamo's limit raises instead of running eagerly."""
+
     def compiled(fn, **fixed):
-        graph = torch.compile(fn, dynamic=True, backend=backend,
-                              options=COMPILE_OPTIONS if backend == "inductor" else None)
+        graph = torch.compile(
+            fn, dynamic=True, backend=backend, options=COMPILE_OPTIONS if backend == "inductor" else None
+        )
 
         @functools.wraps(fn)
         def run(*args, **kw):
             with compile_guards():
                 return graph(*args, **{**kw, **fixed})
+
         return run
 
-    return StepFunctions(compiled(first_step), compiled(project_step), compiled(finish_step),
-                         compiled(score_step, soft_ce="plain"))
+    return StepFunctions(
+        compiled(first_step), compiled(project_step), compiled(finish_step), compiled(score_step, soft_ce="plain")
+    )

@@ -17,17 +17,25 @@ VOCAB_OPTIONS = ("target", "draft_vocab_size", "allow_smaller_vocab", "max_lengt
 
 
 def register(sub) -> None:
-    p = sub.add_parser("vocab", help="build the draft vocabulary from assistant-token frequencies",
-                       description="Count the tokens the assistant writes, keep the most frequent "
-                                   "--draft-vocab-size (end of turn and EOS always), write vocab.safetensors "
-                                   "(d2t offsets, t2d mask) and report coverage.")
+    p = sub.add_parser(
+        "vocab",
+        help="build the draft vocabulary from assistant-token frequencies",
+        description="Count the tokens the assistant writes, keep the most frequent "
+        "--draft-vocab-size (end of turn and EOS always), write vocab.safetensors "
+        "(d2t offsets, t2d mask) and report coverage.",
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--data", help="conversations folder or .jsonl")
     src.add_argument("--features", help="feature folder from `eaglekit features`")
     p.add_argument("--out", required=True, help="output folder")
     # The vocabulary training builds itself: the same options, declared once in TrainConfig.
-    add_options(p, TrainConfig, groups={"inputs": None, "draft": None, "training": None}, only=("inputs", "draft", "training"),
-                names=VOCAB_OPTIONS)
+    add_options(
+        p,
+        TrainConfig,
+        groups={"inputs": None, "draft": None, "training": None},
+        only=("inputs", "draft", "training"),
+        names=VOCAB_OPTIONS,
+    )
     p.set_defaults(func=run_vocab)
 
 
@@ -47,18 +55,25 @@ def run_vocab(args: argparse.Namespace) -> int:
     else:
         from eaglekit.features.store import FeatureStore
 
-        store = FeatureStore(args.features, target_fingerprint=parts.fingerprint,
-                             hidden_size=parts.text_config.hidden_size)
+        store = FeatureStore(
+            args.features, target_fingerprint=parts.fingerprint, hidden_size=parts.text_config.hidden_size
+        )
         pairs = store.token_masks()
         inputs = {"features": str(store.folder.resolve())}
     counts = count_assistant_tokens(pairs, vocab_size)
-    vocab = build_draft_vocab(counts, args.draft_vocab_size, always_include=parts.stop_token_ids,
-                              allow_smaller=args.allow_smaller_vocab)
+    vocab = build_draft_vocab(
+        counts, args.draft_vocab_size, always_include=parts.stop_token_ids, allow_smaller=args.allow_smaller_vocab
+    )
     with writer_lock(args.out, stage="vocab"):
         (Path(args.out) / MANIFEST).unlink(missing_ok=True)  # the manifest is written last, over the new vocab
         vocab.save(args.out)
-        write_manifest(args.out, stage="vocab", config={"draft_vocab_size": args.draft_vocab_size,
-                                                        "allow_smaller_vocab": args.allow_smaller_vocab},
-                       target=parts.fingerprint, inputs=inputs, counts=vocab.summary())
+        write_manifest(
+            args.out,
+            stage="vocab",
+            config={"draft_vocab_size": args.draft_vocab_size, "allow_smaller_vocab": args.allow_smaller_vocab},
+            target=parts.fingerprint,
+            inputs=inputs,
+            counts=vocab.summary(),
+        )
     print(json.dumps(vocab.summary()))
     return 0
