@@ -254,7 +254,7 @@ def test_compiled_draft_runner_cycle_equals_plain_decoding():
     target = make_target_runner(model, max_len=L, aux_layer_ids=AUX)
     ref = Engine(target).generate(PROMPTS[0], NEW, speculative=False).tokens
     draft = DraftRunner(random_draft(model), spec=CHAIN, sampling=Sampling(), max_len=L)
-    from eaglekit.runtime.target_fast import SMALL_ROWS
+    from eaglekit.runtime.kernels import SMALL_ROWS
 
     assert (draft.attention, draft.linear.keywords["max_rows"]) == ("reduce", SMALL_ROWS)
     gen = Engine(target, drafter=draft, spec=CHAIN, compile=True, cycle_chunk=3).generate(PROMPTS[0], NEW)

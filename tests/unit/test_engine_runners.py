@@ -147,8 +147,8 @@ def test_sliding_window_shorter_than_the_cache_is_refused():
 def test_kernel_forms_compute_the_same_math():
     """The forms `attend` and `linear` pick inside torch.compile (reduce attention, matvec linears)
     equal the eager ones, with a ragged mask (rows that see different slots)."""
+    from eaglekit.runtime.kernels import matvec_linear, matvec_swiglu
     from eaglekit.runtime.kv import attend_matmul, attend_reduce, attend_sdpa
-    from eaglekit.runtime.target_fast import matvec_linear, matvec_swiglu
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(shape, generator=g) for shape in ((1, 2, 6, 8), (1, 2, 10, 8), (1, 2, 10, 8)))
@@ -170,7 +170,7 @@ def test_matvec_forms_fuse_at_most_sixteen_rows():
     """Above MATVEC_MAX_ROWS Inductor splits the unrolled rows into many kernels: refused, not slow."""
     from eaglekit.engine import DraftRunner, SpecConfig
     from eaglekit.runtime import Sampling
-    from eaglekit.runtime.target_fast import MATVEC_MAX_ROWS
+    from eaglekit.runtime.kernels import MATVEC_MAX_ROWS
     from engine_tiny import random_draft
 
     model = peaked_model("llama")
@@ -187,7 +187,7 @@ def test_matvec_forms_fuse_at_most_sixteen_rows():
 def test_few_rows_linear_is_f_linear():
     """The eager CPU form for a few rows (`weight @ x.T`, one row padded to two) is F.linear's math,
     and `linear` is F.linear's math whichever form this CPU timed faster."""
-    from eaglekit.runtime.target_fast import CPU_FEW_ROWS, few_rows_linear, linear
+    from eaglekit.runtime.kernels import CPU_FEW_ROWS, few_rows_linear, linear
 
     g = torch.Generator().manual_seed(1)
     w, b = torch.randn(40, 16, generator=g), torch.randn(40, generator=g)
@@ -204,18 +204,18 @@ def test_few_rows_linear_is_f_linear():
 def test_the_cpu_few_rows_form_is_measured_once_and_followed(monkeypatch):
     """`linear` takes `few_rows_linear` for one row / a few rows exactly where the process's timing
     said it is faster (it is machine-dependent: 2x faster on one host, 2.5x slower on another)."""
-    from eaglekit.runtime import target_fast
+    from eaglekit.runtime import kernels
 
-    choice = target_fast.cpu_few_rows_faster()
-    assert choice == target_fast.cpu_few_rows_faster() and all(isinstance(c, bool) for c in choice)
+    choice = kernels.cpu_few_rows_faster()
+    assert choice == kernels.cpu_few_rows_faster() and all(isinstance(c, bool) for c in choice)
     taken = []
-    monkeypatch.setattr(target_fast, "few_rows_linear", lambda x, w, b: taken.append(x.shape[0]) or x @ w.T)
+    monkeypatch.setattr(kernels, "few_rows_linear", lambda x, w, b: taken.append(x.shape[0]) or x @ w.T)
     w = torch.randn(8, 16)
     for picks in ((True, False), (False, True), (False, False)):
-        monkeypatch.setattr(target_fast, "cpu_few_rows_faster", lambda picks=picks: picks)
+        monkeypatch.setattr(kernels, "cpu_few_rows_faster", lambda picks=picks: picks)
         taken.clear()
-        for rows in (1, 3, target_fast.CPU_FEW_ROWS + 1):
-            target_fast.linear(torch.randn(rows, 16), w)
+        for rows in (1, 3, kernels.CPU_FEW_ROWS + 1):
+            kernels.linear(torch.randn(rows, 16), w)
         assert taken == [rows for rows, pick in ((1, picks[0]), (3, picks[1])) if pick]
 
 
@@ -234,7 +234,7 @@ def test_compiled_default_kernels_decode_like_eager():
 
 
 def test_default_kernels_follow_what_was_measured():
-    from eaglekit.runtime.target_fast import default_kernels
+    from eaglekit.runtime.kernels import default_kernels
 
     assert default_kernels(1, 270 * 2**20) == ("reduce", True)  # SmolLM2: launch-bound
     assert default_kernels(1, 16 * 2**30) == ("sdpa", False)  # 8B: bandwidth-bound

@@ -24,9 +24,9 @@ from torch import nn
 from eaglekit.draft.model import Eagle3Draft
 from eaglekit.engine.spec import SpecConfig
 from eaglekit.engine.tree import Tree, chain_tree, select_tree, tree_from_parents
+from eaglekit.runtime.kernels import SMALL_ROWS, check_small_rows, default_kernels, kernel_for_rows, linear
 from eaglekit.runtime.kv import KVCache, attend, cache_mask, causal_block, group_mask
 from eaglekit.runtime.sampling import Sampling, sample, top_k
-from eaglekit.runtime.target_fast import SMALL_ROWS, check_small_rows, default_kernels, kernel_for_rows, linear
 
 
 @dataclass
@@ -41,7 +41,7 @@ class DraftRunner(nn.Module):
     """An EAGLE-3 draft behind the drafter interface (catch_up / propose).
 
     `attention` / `matvec` / `small_rows` / `attention_rows` pick kernels for the draft's few-row
-    steps as the fast target runner does (`target_fast.default_kernels`; None = what was measured
+    steps as the fast target runner does (`kernels.default_kernels`; None = what was measured
     fastest there). The draft's q/k/v and gate/up weights are read when the runner is built
     (`Eagle3Draft.fused_weights`): after changing the draft's weights, build a new runner.
     """

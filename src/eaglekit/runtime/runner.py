@@ -47,7 +47,7 @@ def make_target_runner(
         aux_layer_ids: layers whose outputs the draft reads (eaglekit convention); () for none.
         runner: "auto", "fast" or "generic".
         attention: the FAST runner's attention kernels (`kv.ATTENTION_KINDS`); None = its default.
-        matvec: the FAST runner's one-token linears as fusible reductions (`target_fast.linear`);
+        matvec: the FAST runner's one-token linears as fusible reductions (`kernels.linear`);
             None = its default.
         small_rows: the FAST runner's most tokens per forward for those forms; None = its default.
         attention_rows: the most tokens per forward for its reduce attention; None = small_rows.
