@@ -17,8 +17,9 @@ for its longest answer.
 A conversation's next turn (a request of the same `session`) goes back to the row its last turn
 ended in, while that row is free: the row's cache still holds the last prompt and answer, so only
 the tokens the new prompt adds after their common prefix are prefilled (attending to the row's
-cached slots). Without it, every turn re-prefilled its whole conversation: 8.34M prompt tokens for
-2.59M answer tokens on the recipe's mix (docs/results/2026-12-01-h200-late).
+cached slots). Without it, every turn re-prefilled its whole conversation, and on the recipe's
+multi-turn mix the refills prefilled several times the answers' tokens (docs/notes/engine.md,
+"Refills after the late H200 run").
 
 `serve` takes requests from a function, so a caller can queue a conversation's next turn as soon
 as its answer comes back (`data.local_backend`); `run` answers a list. The runner is the engine's
@@ -132,10 +133,10 @@ def padded_mask(pad: torch.Tensor, query_slots: torch.Tensor, max_len: int) -> t
 
 def bucket(n: int) -> int:
     """The least 2^k or 3 * 2^(k-1) >= n (1, 2, 3, 4, 6, 8, 12, 16, 24, ...): a graphed refill's rows
-    and prompt length. Powers of two alone padded the recipe's refills 2.3x (8.34M prompt tokens to
-    19.40M, docs/results/2026-12-01-h200-late); these steps pad at most 1.5x a dimension, for twice
-    the graphs. Each is captured on first use (a warm-up run, the capture, a sync): on 2,000 one-turn
-    prompts the extra buckets cost ~2.2 s more than the padding they saved (measured there)."""
+    and prompt length. Powers of two alone padded the recipe's refills heavily; these steps pad a
+    dimension by at most half, for twice the graphs. Each is captured on first use (a warm-up run, the
+    capture, a sync), so on a short run the extra buckets can cost more than the padding they save
+    (docs/notes/engine.md, "Refills after the late H200 run"; docs/results/2026-12-01-h200-late)."""
     power = 1 << (n - 1).bit_length()
     return power * 3 // 4 if n <= power * 3 // 4 else power
 
@@ -238,7 +239,7 @@ class BatchDecoder:
             "compiled" (each layer under torch.compile with dynamic shapes: two graphs, fresh and
             resumed prompts, launched eagerly; rows and prompts padded to 2 at least, not to a bucket,
             and nothing captured per shape;
-            the whole refill forward compiled with dynamic shapes ran 3.2x slower than eager on an H200,
+            the whole refill forward compiled with dynamic shapes ran slower than eager on a GPU,
             docs/results/2026-12-01-h200-night: this form is not timed on a GPU yet).
         refill_padding: at most this many padded tokens per prompt token in one refill forward; 0:
             the default, 2 for an eager CPU refill (compute-bound), no cap elsewhere.
@@ -302,14 +303,14 @@ class BatchDecoder:
         # contexts of ~100-200 tokens): eager CPU steps of the fast runner attend to the used span.
         self.trim = self.device.type == "cpu" and not graphs and not compile and getattr(runner, "kind", None) == "fast"
         # A CPU forward costs its tokens, padding included; a CUDA one is launch-bound (eager) or a
-        # replay (graphed): there fewer forwards win, here less padding does (resumed turns of a
-        # round padded 3.3x, docs/results/2026-12-01-cpu-resume).
+        # replay (graphed): there fewer forwards win, here less padding does (a round's resumed turns
+        # in one forward padded to the longest, docs/results/2026-12-01-cpu-resume).
         compute_bound = self.device.type == "cpu" and refill != "graphs"
         check_refill_padding(refill_padding)
         self.max_padding = refill_padding or (2.0 if compute_bound else 0.0)
-        # An eager refill is launch-bound: ~1400 kernels queued from Python, ~49 ms a round on an H200
-        # for ~1.7k prompt tokens whose compute is 1-2 ms (docs/results/2026-12-01-h200-night). Graphed
-        # refills replay one CUDA graph per (rows, prompt length) bucket, captured on first use.
+        # An eager refill is launch-bound: queueing its kernels from Python takes far longer than their
+        # compute (docs/notes/engine.md, "Refills and the stage's time split"). Graphed refills replay
+        # one CUDA graph per (rows, prompt length) bucket, captured on first use.
         self.refill_steps: dict[tuple[int, int, int], tuple[Step, tuple[torch.Tensor, ...]]] = {}
         self.refill_pool = torch.cuda.graph_pool_handle() if graphs and refill == "graphs" else None
         # Compiled refills: sizes 0 and 1 would each compile again (dynamo specializes them), so a
@@ -343,8 +344,9 @@ class BatchDecoder:
 
     def _compiled_step(self, compile: bool, mode: str):
         """The decode step as run: the fast runner's layers compiled one by one (the step's rest is a few
-        small kernels, eager inside the CUDA graph; the whole step compiled took 35-46 s on an H200), the
-        generic runner's whole step compiled, or eager."""
+        small kernels, eager inside the CUDA graph; the whole step compiled took several times as long to
+        compile: docs/results/2026-12-04-cpu-regional-compile), the generic runner's whole step compiled,
+        or eager."""
         if compile and getattr(self.runner, "kind", None) == "fast":
             layers = self.runner.compiled_layers(mode)
 
@@ -462,7 +464,7 @@ class BatchDecoder:
     def _span_read(self, longest: int) -> int:
         """The cached slots a resuming refill reads: its longest prompt's; graphed, a power of two. It is
         a third bucket dimension, and each new (rows, length, span) costs a capture: the finer row and
-        length buckets alone added ~2.2 s of refill time to a 2,000-prompt run (2026-12-01-h200-late)."""
+        length buckets alone added refill time to a short run (docs/results/2026-12-01-h200-late)."""
         if self.refill_kind != "graphs":
             return longest
         return min(max(REFILL_MIN, 1 << (longest - 1).bit_length()), self.L)
@@ -576,8 +578,9 @@ class BatchDecoder:
         free rows while the GPU runs those steps; queue the new rows' prefill, then the round's other
         steps and the loop check. A freed row so idles for the rest of the round it ended in and
         `cover` steps, not two more rounds. On CUDA `cover` follows the device's idle time before the
-        refill (`next_cover`): the recipe's multi-turn mix left the GPU idle ~30 ms a round behind
-        4 steps (2026-12-04); a freed row idling a step more costs far less than all rows idling.
+        refill (`next_cover`): on the recipe's multi-turn mix the host's work of a round outlasted the
+        steps queued ahead of it and the GPU idled (docs/notes/engine.md, "Steps ahead follow the host");
+        a freed row idling a step more costs far less than all rows idling.
         """
         self.set_stop_ids(stop_ids)
         self.live.zero_()

@@ -71,12 +71,12 @@ class GenerateOptions:
         "eager",
         "how the engine prefills the prompts of rows that free up: eager forwards "
         "(launch-bound on a GPU), or graphs: one CUDA graph per bucket of rows x prompt "
-        "length, captured on first use (fast runner on CUDA only; on an H200 it served "
-        "1.2x eager's rate, docs/results/2026-12-01-h200-late, and the smollm2-h200 "
-        "recipe uses it), or compiled: each layer under torch.compile with dynamic "
-        "shapes, two graphs (fresh and resumed prompts), nothing padded to a bucket or "
-        "captured per shape (fast runner; not yet timed on a GPU: the whole forward compiled so "
-        "ran 3.2x slower than eager on an H200, docs/results/2026-12-01-h200-night)",
+        "length, captured on first use (fast runner on CUDA only; faster than eager on a "
+        "GPU, so the smollm2-h200 recipe uses it), or compiled: each layer under "
+        "torch.compile with dynamic shapes, two graphs (fresh and resumed prompts), nothing "
+        "padded to a bucket or captured per shape (fast runner; not yet timed on a GPU, where "
+        "the whole forward compiled so ran slower than eager). Figures: BENCHMARKS.md, "
+        "generation throughput",
         group="local",
         choices=REFILLS,
     )

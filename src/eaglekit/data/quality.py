@@ -2,8 +2,8 @@
 
 Greedy decoding of a small model often ends in a loop (the same sentence or token block again and
 again) until the token limit cuts it. Such tails are easy to draft and teach little, yet they can
-be most of the answer tokens (>= 62 % of SmolLM2's on one H200 run were in answers cut at 1024),
-so the generate manifest says how many tokens are loops.
+be most of the answer tokens (as in SmolLM2's answers cut at 1024 on one recipe run:
+docs/results/2026-12-01-h200-recipe), so the generate manifest says how many tokens are loops.
 """
 
 from __future__ import annotations
