@@ -101,8 +101,9 @@ def concat_aux(states: dict[int, torch.Tensor], aux_layer_ids: list[int], hidden
 def causal_mask_suffices(attention_mask: torch.Tensor) -> bool:
     """True when every row's padding is on its right ([B, T] 1 then 0): causal attention already keeps
     it from every real token. Without the mask SDPA runs its causal flash kernel instead of the masked
-    memory-efficient one, which computed every block of [T, T] (the target's 30 layers: ~15 ms of a
-    172 ms online training step on an H200, 2026-12-02 profile). One host sync."""
+    memory-efficient one, which computed every block of [T, T] for each of the target's layers (a
+    share of an online training step worth saving: docs/notes/training.md, "flash for the prefix").
+    One host sync."""
     return bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all())
 
 

@@ -193,10 +193,10 @@ def plan_free_attention():
     """SDPA without its cuDNN backend, for training.
 
     Packed batches change shape at every step, and cuDNN builds an execution plan on the host for
-    each new shape. On the H200 (2026-12-02, `train --profile-steps 400:420`) that cost ~1.9 ms a
-    forward call (the target's 30 layers and the draft's step 0) and ~35 ms for the one backward:
-    ~90 ms of a 261 ms step, with the device busy 163 ms. Flash and memory-efficient kernels need
-    no plan. The flags are process-wide, so the batch-prefetch thread follows them too.
+    each new shape: in a GPU profile (`train --profile-steps 400:420`) those host-side plans took much
+    of a step's wall time, the device idle meanwhile (docs/notes/training.md, "What was tried
+    for the training step"). Flash and memory-efficient kernels need no plan. The flags are
+    process-wide, so the batch-prefetch thread follows them too.
     """
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
         yield
@@ -214,7 +214,7 @@ def merged_ttt_attention(
     groups = q.shape[1] // k0.shape[1]
     # The kernels want one dtype: autocast's, as SDPA under autocast would take. The rotated q/k are
     # fp32 there (RoPE's cos/sin are), and fp32 would send the prefix to the memory-efficient kernel
-    # instead of flash: 9 % of an H200 step's device time (2026-12-02 profile). The merge stays fp32.
+    # instead of flash (docs/notes/training.md, "flash for the prefix"). The merge stays fp32.
     dtype = torch.get_autocast_dtype(q.device.type) if torch.is_autocast_enabled(q.device.type) else q.dtype
     q = q.to(dtype)
     k0x, v0x = expand_kv(k0, groups).to(dtype), expand_kv(v0, groups).to(dtype)

@@ -110,7 +110,7 @@ class TrainConfig:
     ttt_attention: str = option(
         "merged",
         "TTT attention: merged (causal flash kernel + each position's own chain; "
-        "1.44x faster a step and 10 GiB less than dense on an H200) or dense "
+        "a faster step in less memory than dense: docs/notes/training.md) or dense "
         "(the reference formula, [L, L] scores per step)",
         group="training",
         choices=ATTENTIONS,
@@ -118,19 +118,19 @@ class TrainConfig:
     soft_ce: str = option(
         "plain",
         "the soft cross-entropy: plain (log-softmax, then the teacher's dot), fused "
-        "(keeps no fp32 log-probs for the backward: 5.5 GiB less, 10 %% slower on an "
-        "H200) or compiled (the plain formula under torch.compile: one pass each way; "
-        "not yet timed on a GPU)",
+        "(keeps no fp32 log-probs for the backward: less memory, a slower step) or "
+        "compiled (the plain formula under torch.compile: one pass each way; not yet "
+        "timed in the recipe's loop); figures: docs/notes/training.md",
         group="training",
         choices=SOFT_CES,
     )
     compile: bool = option(
         False,
         "torch.compile each TTT step's work, four graphs that every TTT step shares, and "
-        "online the target's decoder layers, one graph for all (one process). On an H200 "
-        "the whole unroll compiled as one graph made the draft's "
-        "part of a step 2.4x faster, after a 198 s compile; off until the per-step "
-        "graphs' compile is timed there",
+        "online the target's decoder layers, one graph for all (one process). The whole "
+        "unroll compiled as one graph made the draft's part of a step much faster on a GPU, "
+        "after a first step that took most of the recipe's time budget "
+        "(docs/notes/training.md); off until the per-step graphs' compile is timed there",
         group="training",
     )
     # reporting

@@ -251,8 +251,8 @@ class Trainer:
         folder = latest_state(self.out)
         state, draft_t, opt_t, rng_t = load_state(folder)
         # The target and the input folders are compared by what they hold (run_identity's fingerprints),
-        # not where they lie: a run folder copied or moved resumes. States from before 2026-12-04 hold
-        # no fingerprints: their paths are compared.
+        # not where they lie: a run folder copied or moved resumes. States written before the run's
+        # identity was stored hold no fingerprints: their paths are compared.
         placed = ("target", "features", "data", "val_data") if "run" in state else ()
         key, was_key = (
             {k: v for k, v in d.items() if k not in placed} for d in (self.cfg.resume_key(), state["config"])
@@ -264,7 +264,7 @@ class Trainer:
                 hint="resume with exactly the original arguments",
             )
         now = unplaced(json.loads(json.dumps(self.run_identity())))  # as the state file holds it
-        was = unplaced(state.get("run", now))  # states from before 2026-12-04 hold none
+        was = unplaced(state.get("run", now))  # older states hold no identity: nothing to compare
         if was != now:
             diff = [k for k in now if was.get(k) != now.get(k)]
             raise EaglekitError(
@@ -535,8 +535,9 @@ class Trainer:
                 window += stats
                 window_tokens += tokens
                 if cfg.time_budget_s is not None and last_fit is None:
-                    # The first step holds the start-up (a --compile run compiles in it, ~200 s on
-                    # an H200): fits measure the pace after it, or they size the run to a few steps.
+                    # The first step holds the start-up (a --compile run compiles in it, minutes on a
+                    # GPU: docs/notes/training.md): fits measure the pace after it, or they size the run
+                    # to a few steps.
                     last_fit = (self.step, time.perf_counter())
                 elif (refits and self.step == refits[0]) or self.ends_early(started):
                     while refits and refits[0] <= self.step:
@@ -650,9 +651,9 @@ def unplaced(identity: dict) -> dict:
     return {**identity, "inputs": inputs}
 
 
-# Refit the time budget this many steps in, then every BUDGET_REFIT_EVERY: the pace keeps settling. At
-# 3b39ef8 (one H200) a step took 0.43 s by step 50 and 0.25 s by step 1,000; fitted only up to step 200,
-# the run stopped at 1,250 steps with ~99 of its 480 s unused (docs/results/2026-12-02-h200-recipe).
+# Refit the time budget this many steps in, then every BUDGET_REFIT_EVERY: the pace keeps settling. A
+# step keeps getting faster well past step 200, so a run fitted only up to there stopped early and left
+# part of its budget unused (docs/results/2026-12-02-h200-recipe).
 BUDGET_REFITS = (10, 50, 200)
 BUDGET_REFIT_EVERY = 200
 
