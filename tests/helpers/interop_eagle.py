@@ -10,7 +10,7 @@ REQUEST: {"target", "inputs": safetensors with input_ids [T] and aux_hidden [T, 
 OUT:     result.json   {"eagle_commit", "class", "nan_left", "params", "missing", "unexpected",
                         "same_as_eamodel"} or {"error", "traceback"}
          params.safetensors   the draft (`ea_layer`) state after loading: parameters and d2t/t2d
-         forward.safetensors  logits [T, draft_vocab], pre_norm [T, H] of one draft forward, and
+         forward.safetensors  logits [T, draft_vocab], carried [T, H] (the pre-norm output) of one draft forward, and
                               captured_{0,1,2} [T, H]: the three target states EAGLE's own target
                               code (`KVLlamaForCausalLM`) hands the draft for input_ids
 
@@ -84,7 +84,7 @@ def one(req, draft_dir, out):
             captured = ea.base_model.model(input_ids=ids, use_cache=False, output_hidden_states=False).hidden_states
             h = ea.ea_layer(hidden_states=inputs["aux_hidden"][None].float(), input_ids=ids, use_cache=False)
             logits = ea.ea_layer.lm_head(ea.ea_layer.norm(h))  # as topK_genrate computes them
-        tensors = {"logits": logits[0].contiguous(), "pre_norm": h[0].contiguous()}
+        tensors = {"logits": logits[0].contiguous(), "carried": h[0].contiguous()}
         tensors.update({f"captured_{i}": s[0].contiguous() for i, s in enumerate(captured[:3])})
         save_file(tensors, os.path.join(out, "forward.safetensors"))
         result["forward"] = True

@@ -10,7 +10,7 @@ REQUEST: {"target", "inputs": safetensors with input_ids [T], aux_hidden [T, 3*H
 OUT:     result.json   {"sglang_version", "class", "loader", "stubbed", "nan_left", "params",
                         "layers_to_capture", "captured_output_of"} or {"error", "traceback"}
          params.safetensors   every parameter of the draft after loading, plus hot_token_id
-         forward.safetensors  logits [T, draft_vocab] and the pre-norm hidden [T, H] of one forward
+         forward.safetensors  logits [T, draft_vocab] and the carried state [T, H] (pre-norm, normed with norm_output) of one forward
 
 How: SGLang's `ServerArgs` (EAGLE3, CPU) is published, a gloo process group of one is built, the
 draft's `ModelConfig` comes from `ModelConfig.from_server_args(..., is_draft_model=True)` and
@@ -227,9 +227,9 @@ def draft_forward(model, model_config, input_ids, aux_hidden):
     )
     backend.init_forward_metadata(batch)
     with torch.no_grad(), forward_context(ForwardContext(attn_backend=backend), forward_batch=batch):
-        to_logits, (pre_norm,) = model.model(input_ids, torch.arange(T), batch)
+        to_logits, (carried,) = model.model(input_ids, torch.arange(T), batch)  # pre-norm, or normed (norm_output)
         logits = model.logits_processor._compute_lm_head(to_logits, model.lm_head)
-    return logits, pre_norm
+    return logits, carried
 
 
 def one(req, draft, out):
@@ -269,11 +269,11 @@ def one(req, draft, out):
         if "embed_tokens" in inputs:  # what the EAGLE worker does: the target's embedding replaces the draft's
             with torch.no_grad():
                 embed.copy_(inputs["embed_tokens"])
-        logits, pre_norm = draft_forward(
+        logits, carried = draft_forward(
             model, draft_config, inputs["input_ids"], inputs["aux_hidden"].to(draft_config.dtype)
         )
         save_file(
-            {"logits": logits.contiguous(), "pre_norm": pre_norm.contiguous()}, os.path.join(out, "forward.safetensors")
+            {"logits": logits.contiguous(), "carried": carried.contiguous()}, os.path.join(out, "forward.safetensors")
         )
         result["forward"] = True
     return result

@@ -9,9 +9,17 @@ down, which the norm undoes):
 so it proposes the token the target just produced, which the target accepts exactly when it
 repeats a token. P makes the draft depend on the right inputs: fed one post-norm final state
 instead of the aux states (fc skipped), or another layer, or other names, its proposals break.
+
+In EAGLE-3.1's layout (`fc_norm=True`) each aux state is normalized first, by random positive
+weights w spread over decades that fc undoes (fc = P diag(1/w)): an engine that skips those norms
+proposes other tokens (tau 1.02 against 1.62 on `save_repeat_target(seed=4, heads=1)`).
+The target's final norm has unit weights, so `norm_output` (the next step reads the normed state)
+leaves the proposals as they are.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 
@@ -30,12 +38,14 @@ def draft_vocab_ids(vocab: int, draft_vocab: int, must: list[int], seed: int = 0
 
 
 @torch.no_grad()
-def repeat_draft(model, *, draft_vocab: int, must: list[int] = (), seed: int = 0) -> Eagle3Draft:
+def repeat_draft(
+    model, *, draft_vocab: int, must: list[int] = (), seed: int = 0, fc_norm: bool = False, norm_output: bool = False
+) -> Eagle3Draft:
     """The repeat oracle for an HF Llama-style target (aux layers 1, N//2-1 and the last, N-1)."""
     cfg = model.config
     N, H = cfg.num_hidden_layers, cfg.hidden_size
     config = DraftConfig.for_target(cfg, aux_layer_ids=[1, N // 2 - 1, N - 1], draft_vocab_size=draft_vocab)
-    draft = Eagle3Draft(config)
+    draft = Eagle3Draft(replace(config, fc_norm=fc_norm, norm_output=norm_output))
     ids = draft_vocab_ids(cfg.vocab_size, draft_vocab, list(must), seed)
     draft.d2t.copy_(ids - torch.arange(draft_vocab))
     draft.t2d.zero_()
@@ -46,6 +56,11 @@ def repeat_draft(model, *, draft_vocab: int, must: list[int] = (), seed: int = 0
     # Scaled down: the final norm undoes the scale, but random attention/MLP weights (a draft whose
     # layer was not loaded) would drown the state, as they drown a trained draft's.
     fc[:, 2 * H :] = P / 1024
+    if fc_norm:
+        g = torch.Generator().manual_seed(seed + 2)
+        for norm in draft.fc_norm:
+            norm.weight.copy_(torch.exp(2 * torch.randn(H, generator=g)))  # [H], spread over decades
+        fc[:, 2 * H :] /= draft.fc_norm[2].weight  # P diag(1/w): fc undoes the last state's norm weights
     draft.fc.weight.copy_(fc)
     draft.midlayer.self_attn.o_proj.weight.zero_()
     draft.midlayer.mlp.down_proj.weight.zero_()
@@ -95,6 +110,7 @@ def oracle_checkpoint(
     max_new_tokens: int = 32,
     prompts: list[list[dict]] | None = None,
     draft_vocab: int = 256,
+    **layout,
 ):
     """The repeat oracle for a target, saved as a native checkpoint with the metrics training records.
 
@@ -114,7 +130,7 @@ def oracle_checkpoint(
         for m in (prompts or load_prompts(None, num_prompts))
     ]
     used = sorted({t for run in runs for t in run.tokens.tolist()})
-    draft = repeat_draft(target.model, draft_vocab=draft_vocab, must=used)
+    draft = repeat_draft(target.model, draft_vocab=draft_vocab, must=used, **layout)
     result = probe(
         ProbeSetup("oracle", draft.config, draft.draft_state_dict()),
         runs,

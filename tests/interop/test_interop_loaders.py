@@ -12,7 +12,7 @@ engine's draft runs one forward. Five checks, each a function returning what is 
 - aux:       the target layers the engine captures are the ones the draft was trained on
              (SGLang: its own capture resolution on the target it loaded; EAGLE: the states its
              target code hands the draft, matched against each layer's output)
-- forward:   the engine's draft forward (logits, pre-norm hidden) equals eaglekit's
+- forward:   the engine's draft forward (logits, the hidden state it carries) equals eaglekit's
 
 The clean export passes all five; each planted bug fails the check named for it (and possibly
 others). Needs the venvs of scripts/install_sglang_cpu.sh and scripts/install_eagle_venv.sh;
@@ -25,6 +25,7 @@ import json
 import os
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -54,14 +55,24 @@ pytestmark = [pytest.mark.interop, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory) -> dict:
     """A tiny target, a seeded random draft (every weight non-trivial, pruned vocab) and its exports."""
+    return make_setup(tmp_path_factory.mktemp("interop"), ("sglang", "eagle"))
+
+
+@pytest.fixture(scope="module")
+def layout_setup(tmp_path_factory) -> dict:
+    """The same in EAGLE-3.1's layout (fc_norm + norm_output), exported for SGLang."""
+    return make_setup(tmp_path_factory.mktemp("interop-layout"), ("sglang",), fc_norm=True, norm_output=True)
+
+
+def make_setup(root: Path, formats: tuple[str, ...], **layout) -> dict:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    root = tmp_path_factory.mktemp("interop")
     target = save_repeat_target(root / "target", seed=4, heads=1)
     cfg = AutoConfig.from_pretrained(target)
     N = cfg.num_hidden_layers
     aux = default_aux_layer_ids(N)
     draft_cfg = DraftConfig.for_target(cfg, aux_layer_ids=aux, draft_vocab_size=cfg.vocab_size // 2)
+    draft_cfg = replace(draft_cfg, **layout)
     torch.manual_seed(0)
     draft = Eagle3Draft(draft_cfg)
     with torch.no_grad():
@@ -76,7 +87,7 @@ def setup(tmp_path_factory) -> dict:
     draft.t2d.zero_()
     draft.t2d[ids] = True
     native = save_draft(draft, root / "native")
-    exports = {fmt: root / fmt for fmt in ("sglang", "eagle")}
+    exports = {fmt: root / fmt for fmt in formats}
     for fmt, out in exports.items():
         export_draft(native, fmt, out, target=str(target))
 
@@ -95,7 +106,7 @@ def setup(tmp_path_factory) -> dict:
         embedding = model.get_input_embeddings().weight.detach().float()
         reference.set_target_embedding(embedding)
         reference.float().eval()
-        logits, pre_norm, _ = reference(input_ids[None], reference.fuse(aux_hidden[None]))
+        logits, carried, _ = reference(input_ids[None], reference.fuse(aux_hidden[None]))
     inputs = root / "inputs.safetensors"
     save_file(
         {"input_ids": input_ids, "aux_hidden": aux_hidden.contiguous(), "embed_tokens": embedding.contiguous()},
@@ -111,7 +122,7 @@ def setup(tmp_path_factory) -> dict:
         inputs=inputs,
         layer_states=layer_states,
         logits=logits[0],
-        pre_norm=pre_norm[0],
+        carried=carried[0],
         checkpoint=load_file(str(exports["sglang"] / "model.safetensors")),
     )
 
@@ -177,6 +188,7 @@ def sglang_expected(ckpt: dict) -> dict[str, torch.Tensor]:
         "model.norm.weight": ckpt["norm.weight"],
         "lm_head.weight": ckpt["lm_head.weight"],
     }
+    out.update({f"model.{k}": v for k, v in ckpt.items() if k.startswith(("fc_norm.", "input_norm."))})
     for name, v in layer.items():
         module, _, rest = name.partition(".")
         proj = rest.split(".")[0]
@@ -262,10 +274,11 @@ def check_aux(engine: str, got: dict, setup, folder: Path) -> str | None:
 
 
 def forward_error(got: dict, setup) -> tuple[float, float]:
-    """Largest difference of the engine's logits and pre-norm hidden from eaglekit's, relative to their scale."""
+    """Largest difference of the engine's logits and carried hidden state (what its next draft step reads:
+    the pre-norm output, normed with norm_output) from eaglekit's, relative to their scale."""
     out = got["forward_tensors"]
     dl = (out["logits"].float() - setup["logits"]).abs().max().item() / setup["logits"].abs().max().item()
-    dh = (out["pre_norm"].float() - setup["pre_norm"]).abs().max().item() / setup["pre_norm"].abs().max().item()
+    dh = (out["carried"].float() - setup["carried"]).abs().max().item() / setup["carried"].abs().max().item()
     return dl, dh
 
 
@@ -397,6 +410,22 @@ def test_sglang_0512_and_later_accept_layers0_names(sglang_runs, setup):
     got, folder = sglang_runs[LAYERS0]
     assert tuple(int(x) for x in got["sglang_version"].split(".")[:3]) >= (0, 5, 12)
     problems = findings("sglang", got, setup, folder)
+    assert problems == dict.fromkeys(problems), problems
+
+
+def test_sglang_runs_an_eagle31_layout_as_eaglekit_does(layout_setup):
+    """fc_norm + norm_output (EAGLE-3.1): SGLang's own loader fills the per-aux norms from the export and
+    its forward gives eaglekit's logits and the normed state its next draft step reads."""
+    if not (SGLANG_VENV / "bin/python").exists():
+        pytest.skip(f"no SGLang venv at {SGLANG_VENV} (scripts/install_sglang_cpu.sh)")
+    folder = layout_setup["exports"]["sglang"]
+    root = layout_setup["root"] / "runs-sglang"
+    got = run_engine(
+        SGLANG_VENV, "interop_sglang.py", layout_setup["target"], layout_setup["inputs"], {CLEAN: folder}, root
+    )[CLEAN]
+    assert "error" not in got, got.get("traceback", got)
+    assert {f"model.fc_norm.{i}.weight" for i in range(3)} <= set(got["params_tensors"])
+    problems = findings("sglang", got, layout_setup, folder)
     assert problems == dict.fromkeys(problems), problems
 
 

@@ -126,6 +126,27 @@ def test_vllm_accepts_what_the_probe_measures(dtype, setup, tmp_path):
     )
 
 
+def test_vllm_serves_an_eagle31_layout_as_the_probe_measures(setup, tmp_path):
+    """EAGLE-3.1's layout (fc_norm + norm_output) in vLLM's own loader and runner: the oracle's per-aux
+    norms carry weights its fc undoes, so a vLLM that skipped them would propose other tokens; it
+    accepts what the doctor's probe measures (float32)."""
+    if os.environ.get("EAGLEKIT_VLLM_DRAFT"):
+        pytest.skip("the layout check runs on the repeat oracle")
+    ckpt = oracle_checkpoint(
+        setup["target"], tmp_path / "oracle", k=K, num_prompts=4, max_new_tokens=32, fc_norm=True, norm_output=True
+    )
+    export_draft(ckpt, "vllm", tmp_path / "export", target=str(setup["target"]))
+    config = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert config["fc_norm"] and config["norm_output"]
+    report = doctor(setup, tmp_path / "export")
+    assert report.ok, [(c.id, c.message) for c in report.checks if c.status == "fail"]
+    vllm = serve(setup, tmp_path / "export", tmp_path)
+    assert "error" not in vllm, vllm
+    assert vllm["accept_length"] > 1.3
+    assert vllm["accept_length"] == pytest.approx(report.probe["tau"], abs=0.05)
+    assert vllm["accept_length"] == pytest.approx(setup["clean"].probe["tau"], abs=0.05)  # the plain oracle's
+
+
 def _drop_midlayer(state):
     return {k: v for k, v in state.items() if not k.startswith("layers.0.")}
 

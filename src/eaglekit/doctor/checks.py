@@ -119,6 +119,8 @@ def expected_shapes(ctx: Context) -> dict[str, tuple[int, ...]]:
         L + "hidden_norm.weight": (H,),
         L + "post_attention_layernorm.weight": (H,),
         "norm.weight": (H,),
+        "input_norm.weight": (num_aux * cfg.target_hidden_size,),
+        **{f"fc_norm.{i}.weight": (cfg.target_hidden_size,) for i in range(num_aux)},
     }
 
 

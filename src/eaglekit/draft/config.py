@@ -33,7 +33,18 @@ class DraftConfig:
     rope_parameters: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
     hidden_act: str = "silu"
     norm_before_residual: bool = False  # EAGLE-3 / SGLang: the residual is the raw hidden state
+    # EAGLE-3.1's layouts, under the names SGLang and vLLM read (docs/contracts.md, "Draft layouts"):
+    norm_before_fc: bool = False  # one RMSNorm over the concatenated aux states (`input_norm`)
+    fc_norm: bool = False  # an RMSNorm per aux state (`fc_norm.{i}`)
+    norm_output: bool = False  # the next step reads the normed output, not the pre-norm one
     target_num_layers: int | None = None
+
+    def __post_init__(self):
+        if self.norm_before_fc and self.fc_norm:
+            raise EaglekitError(
+                "norm_before_fc and fc_norm both set: eaglekit trains and runs one or the other (speculators too)",
+                hint="choose one RMSNorm before fc: fc_norm (per aux state, EAGLE-3.1) or norm_before_fc (all)",
+            )
 
     @property
     def num_aux(self) -> int:
@@ -108,6 +119,9 @@ class DraftConfig:
             "attention_bias": False,
             "mlp_bias": False,
             "norm_before_residual": self.norm_before_residual,
+            "norm_before_fc": self.norm_before_fc,
+            "fc_norm": self.fc_norm,
+            "norm_output": self.norm_output,
             "torch_dtype": "bfloat16",
             "eagle_config": {
                 "use_aux_hidden_state": True,
@@ -153,6 +167,9 @@ class DraftConfig:
             rope_parameters=rope,
             hidden_act=d.get("hidden_act", "silu"),
             norm_before_residual=bool(d.get("norm_before_residual", False)),
+            norm_before_fc=bool(d.get("norm_before_fc", False)),
+            fc_norm=bool(d.get("fc_norm", False)),
+            norm_output=bool(d.get("norm_output", False)),
             target_num_layers=block.get("target_num_layers"),
         )
 

@@ -1,9 +1,12 @@
 """The EAGLE-3 draft model, top to bottom, with the SGLang parameter names.
 
-    fc:        [3*Ht] -> [H]          fuses the target's low/mid/high aux states
+    fc:        [3*Ht] -> [H]          fuses the target's low/mid/high aux states; EAGLE-3.1 normalizes
+               them first (`fc_norm.{i}` one RMSNorm per state, or `input_norm` one over all three)
     midlayer:  one Llama decoder layer whose q/k/v read cat(input_layernorm(embed(token)),
                hidden_norm(h)) (width 2H); o_proj back to H; SwiGLU MLP
     norm, lm_head: [H] -> [draft_vocab_size]; draft id d is target id d + d2t[d]
+    carried:   what the next draft step reads as its hidden state: the layer's pre-norm output,
+               or with `norm_output` (EAGLE-3.1) the normed one
     embed_tokens: the target's embedding, frozen, never saved with the draft
 
 The attention itself is left to the caller (`attention_pieces` / `finish`), because training
@@ -89,6 +92,12 @@ class Eagle3Draft(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, H)
         self.embed_tokens.weight.requires_grad_(False)  # the target's, frozen
         self.fc = nn.Linear(config.fused_width, H, bias=False)
+        if config.norm_before_fc:
+            self.input_norm = RMSNorm(config.fused_width, config.rms_norm_eps)
+        if config.fc_norm:
+            self.fc_norm = nn.ModuleList(
+                RMSNorm(config.target_hidden_size, config.rms_norm_eps) for _ in range(config.num_aux)
+            )
         self.midlayer = DraftLayer(config)
         self.norm = RMSNorm(H, config.rms_norm_eps)
         self.lm_head = nn.Linear(H, config.draft_vocab_size, bias=False)
@@ -111,7 +120,12 @@ class Eagle3Draft(nn.Module):
         check_fused_width(
             aux_hidden.shape[-1], num_aux=self.config.num_aux, target_hidden=self.config.target_hidden_size
         )
-        return linear(aux_hidden.to(self.fc.weight.dtype), self.fc.weight)
+        x = aux_hidden.to(self.fc.weight.dtype)
+        if self.config.norm_before_fc:
+            x = self.input_norm(x)
+        if self.config.fc_norm:
+            x = torch.cat([norm(part) for norm, part in zip(self.fc_norm, x.chunk(self.config.num_aux, -1))], -1)
+        return linear(x, self.fc.weight)
 
     def rope(self, position_ids: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rotary(like, position_ids)  # cos, sin: [B, T, hd]
@@ -155,7 +169,8 @@ class Eagle3Draft(nn.Module):
     def finish(
         self, attn_out: torch.Tensor, residual: torch.Tensor, linear=F.linear, w13: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """[B, nh, T, hd] attention output + [B, T, H] residual -> [B, T, H] pre-norm hidden out.
+        """[B, nh, T, hd] attention output + [B, T, H] residual -> [B, T, H] the carried state: the layer's
+        pre-norm output, normed with `norm_output`. `logits` takes it either way.
         w13: gate and up weights concatenated (`fused_weights`): one matmul for the two (inference)."""
         B, _, T, _ = attn_out.shape
         layer, mlp = self.midlayer, self.midlayer.mlp
@@ -165,7 +180,8 @@ class Eagle3Draft(nn.Module):
             gate, up = linear(x, mlp.gate_proj.weight), linear(x, mlp.up_proj.weight)
         else:
             gate, up = linear(x, w13).chunk(2, dim=-1)
-        return h + linear(F.silu(gate) * up, mlp.down_proj.weight)
+        out = h + linear(F.silu(gate) * up, mlp.down_proj.weight)
+        return self.norm(out) if self.config.norm_output else out
 
     def fused_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(wqkv [nh*hd + 2*nkv*hd, 2H], w13 [2*I, H]) for inference, where one matmul for q/k/v and
@@ -181,8 +197,9 @@ class Eagle3Draft(nn.Module):
         return self._fused
 
     def logits(self, hidden_out: torch.Tensor, linear=F.linear) -> torch.Tensor:
-        """[B, T, H] pre-norm hidden -> [B, T, Vd] draft-vocab logits."""
-        return linear(self.norm(hidden_out), self.lm_head.weight)
+        """[B, T, H] carried state (`finish`) -> [B, T, Vd] draft-vocab logits."""
+        normed = hidden_out if self.config.norm_output else self.norm(hidden_out)
+        return linear(normed, self.lm_head.weight)
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Map draft-vocab ids to target ids: target = draft + d2t[draft]."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable
 
 from eaglekit import __version__
 from eaglekit.artifacts import AUX_CONVENTION
-from eaglekit.formats.names import NATIVE_LAYER, NATIVE_TENSORS, VOCAB_MAPS
+from eaglekit.formats.names import NATIVE_LAYER, NATIVE_TENSORS, VOCAB_MAPS, layout_tensors
 from eaglekit.targets.aux import default_aux_layer_ids
 
 if TYPE_CHECKING:  # annotations only
@@ -129,5 +129,13 @@ def layer_param(bare: str, prefix: str) -> bool:
     return bare.startswith(prefix) and bare[len(prefix) :] in LAYER_PARAMS
 
 
-def missing(loads: dict[str, str], skip: tuple[str, ...] = ()) -> list[str]:
-    return [n for n in REQUIRED if n not in loads.values() and n not in skip]
+def missing(loads: dict[str, str], skip: tuple[str, ...] = (), layout: tuple[str, ...] = ()) -> list[str]:
+    return [n for n in REQUIRED + layout if n not in loads.values() and n not in skip]
+
+
+def engine_layout(flat: dict, num_aux: int) -> tuple[str, ...]:
+    """The EAGLE-3.1 norms SGLang and vLLM build from a flat config (`names.layout_tensors`): both read
+    `fc_norm` top-level and `norm_before_fc` from `eagle_config` first, then top-level."""
+    eagle = flat.get("eagle_config") or {}
+    before = bool(eagle.get("norm_before_fc", flat.get("norm_before_fc", False)))
+    return layout_tensors(norm_before_fc=before, fc_norm=bool(flat.get("fc_norm")), num_aux=num_aux)

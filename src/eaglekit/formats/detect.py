@@ -22,7 +22,7 @@ import torch
 from eaglekit.draft.config import DraftConfig
 from eaglekit.errors import EaglekitError
 from eaglekit.formats.folder import DraftFolder
-from eaglekit.formats.names import EMBED, NATIVE_TENSORS, layer_style, native_name
+from eaglekit.formats.names import EMBED, NATIVE_TENSORS, is_layout_tensor, layer_style, native_name
 from eaglekit.formats.registry import FORMATS
 from eaglekit.targets.aux import default_aux_layer_ids
 
@@ -130,7 +130,7 @@ def interpret(folder: DraftFolder, *, target_num_layers: int | None = None) -> I
         nat, _ = native_name(name)
         if nat == EMBED:
             embed = tensor
-        elif nat in NATIVE_TENSORS and nat not in native:
+        elif (nat in NATIVE_TENSORS or is_layout_tensor(nat)) and nat not in native:
             native[nat] = tensor
         else:
             unknown.append(name)
@@ -181,6 +181,9 @@ def interpret(folder: DraftFolder, *, target_num_layers: int | None = None) -> I
         rope_parameters=rope_parameters(flat),
         hidden_act=flat.get("hidden_act") or "silu",
         norm_before_residual=bool(flat.get("norm_before_residual", False)),
+        norm_before_fc=bool(flat.get("norm_before_fc", False)),
+        fc_norm=bool(flat.get("fc_norm", False)),
+        norm_output=bool(flat.get("norm_output", False)),
         target_num_layers=num_layers,
     )
     return Interpretation(

@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # annotations only
     from eaglekit.formats.detect import Interpretation
 
 ARCHITECTURE = "LlamaForCausalLM"
+LAYOUT_KEYS = ("norm_before_fc", "fc_norm", "norm_output")  # EAGLE-3.1 layouts, which EAGLE's code lacks
 # EAGLE's own code builds rotary embeddings from `rope_scaling["type"]` and knows only these.
 ROPE_TYPES = ("default", "linear", "dynamic")
 
@@ -61,6 +62,7 @@ def write_config(
         problems.append("target_hidden_size != hidden_size (EAGLE then expects the embedding in the checkpoint)")
     if cfg.norm_before_residual:
         problems.append("norm_before_residual=true (EAGLE's layer keeps the raw hidden state as residual)")
+    problems += [f"{key}=true (EAGLE's draft has no EAGLE-3.1 norms)" for key in LAYOUT_KEYS if getattr(cfg, key)]
     if cfg.target_num_layers is None:
         problems.append("the target's layer count is unknown (pass --target)")
     else:
@@ -111,6 +113,15 @@ def engine_reading(interp: Interpretation, target_vocab, target_layers) -> Engin
         r.problems.append(("fail", "EAGLE's loader asserts draft_vocab_size in the config", "write draft_vocab_size"))
     if "bias" not in flat:
         r.problems.append(("warn", "no `bias` key: EAGLE assumes bias=true", 'write "bias": false'))
+    layout = [key for key in LAYOUT_KEYS if flat.get(key)]
+    if layout:
+        r.problems.append(
+            (
+                "fail",
+                f"{', '.join(layout)}: EAGLE's draft has no EAGLE-3.1 norms and would run another model",
+                "serve this draft in SGLang or vLLM",
+            )
+        )
     same_vocab = r.draft_vocab_size == flat.get("vocab_size")
     params = {"fc.weight", "norm.weight", "lm_head.weight", EMBED} | {NATIVE_LAYER + p for p in LAYER_PARAMS}
     if not same_vocab:

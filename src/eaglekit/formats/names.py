@@ -35,6 +35,18 @@ NATIVE_TENSORS = (
 EMBED = "embed_tokens.weight"  # the target's; some formats ship a copy
 
 
+def layout_tensors(*, norm_before_fc: bool, fc_norm: bool, num_aux: int) -> tuple[str, ...]:
+    """The tensors an EAGLE-3.1 layout adds to `NATIVE_TENSORS`: one RMSNorm over the concatenated aux
+    states (`norm_before_fc`) or one per aux state (`fc_norm`). SGLang's and vLLM's names."""
+    whole = ("input_norm.weight",) if norm_before_fc else ()
+    return whole + (tuple(f"fc_norm.{i}.weight" for i in range(num_aux)) if fc_norm else ())
+
+
+def is_layout_tensor(name: str) -> bool:
+    """Whether a native name is one `layout_tensors` can hold, whatever the config says."""
+    return name == "input_norm.weight" or (name.startswith("fc_norm.") and name.endswith(".weight"))
+
+
 def native_name(name: str) -> tuple[str, str | None]:
     """Map one checkpoint name to its native name.
 

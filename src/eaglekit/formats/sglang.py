@@ -10,7 +10,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from eaglekit.formats.base import DEFAULTS, EngineReading, Format, defaults, eaglekit_block, layer_param, missing
+from eaglekit.formats.base import (
+    DEFAULTS,
+    EngineReading,
+    Format,
+    defaults,
+    eaglekit_block,
+    engine_layout,
+    layer_param,
+    missing,
+)
 from eaglekit.formats.names import EMBED, MODEL_PREFIX, NATIVE_LAYER, NATIVE_TENSORS, VOCAB_MAPS, native_name
 
 if TYPE_CHECKING:  # annotations only
@@ -107,6 +116,7 @@ def engine_reading(interp: Interpretation, target_vocab, target_layers) -> Engin
             )
         )
     bias = bool(flat.get("bias", False))
+    layout = engine_layout(flat, interp.config.num_aux)
     for name in interp.folder.tensors:
         bare = name[len(MODEL_PREFIX) :] if name.startswith(MODEL_PREFIX) else name
         if (
@@ -114,12 +124,13 @@ def engine_reading(interp: Interpretation, target_vocab, target_layers) -> Engin
             or bare in ("fc.weight", "norm.weight", "lm_head.weight", EMBED)
             or layer_param(bare, NATIVE_LAYER)
             or (bare == "fc.bias" and bias)
+            or bare in layout
         ):
             r.loads[name] = bare
         else:
             r.dropped.append(name)  # SGLang's load_weights skips unmatched names silently
     no_head = ("lm_head.weight",) if r.draft_vocab_size is None else ()
-    r.missing = missing(r.loads, no_head)
+    r.missing = missing(r.loads, no_head, layout)
     eagle = flat.get("eagle_config") or {}
     r.use_aux = bool(eagle.get("use_aux_hidden_state", True))
     nested = eagle.get("eagle_aux_hidden_state_layer_ids")

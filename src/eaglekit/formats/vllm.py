@@ -14,7 +14,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from eaglekit.errors import EaglekitError
-from eaglekit.formats.base import DEFAULTS, REQUIRED, EngineReading, Format, defaults, eaglekit_block, missing
+from eaglekit.formats.base import (
+    DEFAULTS,
+    REQUIRED,
+    EngineReading,
+    Format,
+    defaults,
+    eaglekit_block,
+    engine_layout,
+    missing,
+)
 from eaglekit.formats.names import EMBED, MODEL_PREFIX, native_name
 
 if TYPE_CHECKING:  # annotations only
@@ -71,6 +80,9 @@ def layer_config(cfg: DraftConfig) -> dict:
         "draft_vocab_size",
         "target_hidden_size",
         "norm_before_residual",
+        "norm_before_fc",
+        "fc_norm",
+        "norm_output",
         "eagle_config",
         "eaglekit",
     ):
@@ -100,9 +112,9 @@ def write_config(
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
         "norm_before_residual": cfg.norm_before_residual,  # vLLM assumes true when absent
-        "norm_before_fc": False,
-        "fc_norm": False,
-        "norm_output": False,
+        "norm_before_fc": cfg.norm_before_fc,
+        "fc_norm": cfg.fc_norm,
+        "norm_output": cfg.norm_output,
         "eagle_aux_hidden_state_layer_ids": VLLM.engine_ids(cfg.aux_layer_ids),
         "torch_dtype": "bfloat16",
         "eaglekit": eaglekit_block(cfg, "vllm", extra),
@@ -193,17 +205,10 @@ def engine_reading(interp: Interpretation, target_vocab, target_layers) -> Engin
                     "declare LlamaForCausalLMEagle3",
                 )
             )
-    if flat.get("norm_before_fc") or flat.get("fc_norm") or flat.get("norm_output"):
-        r.problems.append(
-            (
-                "fail",
-                "norm_before_fc / fc_norm / norm_output drafts are not EAGLE-3 as eaglekit runs it",
-                "eaglekit cannot check this draft variant",
-            )
-        )
     eagle = flat.get("eagle_config") or {}
     r.use_aux = bool(eagle.get("use_aux_hidden_state", True))
     own_map = r.draft_vocab_size != target_vocab
+    layout = engine_layout(flat, interp.config.num_aux)
     for name in interp.folder.tensors:
         if "t2d" in name:
             continue  # vLLM skips t2d
@@ -219,13 +224,15 @@ def engine_reading(interp: Interpretation, target_vocab, target_layers) -> Engin
         nat, _ = native_name(name)
         if nat == "fc.weight" and not r.use_aux:
             continue  # fc is not built and its weights are skipped silently (the aux_states check)
-        if nat in REQUIRED or nat == EMBED:
+        if nat in REQUIRED or nat == EMBED or nat in layout:
             r.loads[name] = nat
+        elif nat == "input_norm.weight":
+            r.dropped.append(name)  # mapped to nothing unless norm_before_fc
         elif name.endswith(".bias"):
             r.dropped.append(name)  # AutoWeightsLoader ignores unexpected *.bias tensors
         else:
             r.refused.append(name)  # AutoWeightsLoader raises on unknown names
-    r.missing = missing(r.loads, () if r.use_aux else ("fc.weight",))
+    r.missing = missing(r.loads, () if r.use_aux else ("fc.weight",), layout)
     r.embedding = "draft" if EMBED in r.loads.values() else "target"
     top = flat.get("eagle_aux_hidden_state_layer_ids")
     nested = eagle.get("eagle_aux_hidden_state_layer_ids")

@@ -83,6 +83,12 @@ class TrainConfig:
         group="draft",
         choices=("target", "random"),
     )
+    # EAGLE-3.1's layouts (SGLang's and vLLM's names; docs/contracts.md, "Draft layouts")
+    fc_norm: bool = option(False, "an RMSNorm on each aux state before fc (EAGLE-3.1)", group="draft")
+    norm_before_fc: bool = option(False, "one RMSNorm over the concatenated aux states before fc", group="draft")
+    norm_output: bool = option(
+        False, "each draft step reads the previous step's normed output (EAGLE-3.1)", group="draft"
+    )
     # training
     ttt_steps: int = option(7, "unrolled draft steps", group="training")
     step_decay: float = option(0.8, "loss weight of step j is decay**j", group="training")
@@ -159,6 +165,11 @@ class TrainConfig:
             raise EaglekitError(f"ttt_steps {self.ttt_steps} < 1", hint="use e.g. --ttt-steps 7")
         if self.schedule not in SCHEDULES:
             raise EaglekitError(f"unknown schedule {self.schedule!r}", hint=f"use one of {SCHEDULES}")
+        if self.fc_norm and self.norm_before_fc:
+            raise EaglekitError(
+                "--fc-norm and --norm-before-fc both set: a draft has one or the other",
+                hint="EAGLE-3.1 is --fc-norm --norm-output",
+            )
         if self.lm_head_init not in ("target", "random"):
             raise EaglekitError(f"unknown lm_head init {self.lm_head_init!r}", hint="use target or random")
         if self.ttt_attention not in ATTENTIONS:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -117,7 +117,12 @@ def build_draft(
 ) -> Eagle3Draft:
     """A freshly initialized draft (seeded) with the target's frozen embedding and the vocab's maps;
     with `start` (the `--init-from` draft) its weights are loaded on top."""
-    dcfg = DraftConfig.for_target(target_config, aux_layer_ids=aux_layer_ids, draft_vocab_size=vocab.size)
+    dcfg = replace(
+        DraftConfig.for_target(target_config, aux_layer_ids=aux_layer_ids, draft_vocab_size=vocab.size),
+        fc_norm=cfg.fc_norm,
+        norm_before_fc=cfg.norm_before_fc,
+        norm_output=cfg.norm_output,
+    )
     torch.manual_seed(cfg.seed)
     draft = Eagle3Draft(dcfg)
     draft.set_target_embedding(embedding)

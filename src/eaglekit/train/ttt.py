@@ -82,7 +82,7 @@ def ttt_unroll(
 def first_step(draft, aux, input_ids, rows, pos, attention: str):
     """Step 0 on the whole grid, its hidden state and head at `positions` only.
 
-    Returns: logits [N, Vd], hidden [N, H] (pre-norm), k0 / v0 [B, nkv, L, hd] (the true prefix).
+    Returns: logits [N, Vd], hidden [N, H] (the carried state, `Eagle3Draft.finish`), k0 / v0 [B, nkv, L, hd] (the true prefix).
     """
     hidden = draft.fuse(aux[:, :-1])  # [B, L, H]: g_t
     tokens = input_ids[:, 1:]  # [B, L]: x_{t+1}
