@@ -62,12 +62,11 @@ $PY "$HERE/speculators_data.py" hidden "$WORK/data" --target "$TARGET" --device 
 echo "peer data (tokens, prepare-data, hidden states): $(secs "$t0")s, $(du -sh "$WORK/data" | cut -f1) on disk" | tee -a "$WORK/peer.txt"
 
 # 3. the peer trains with its own defaults for the budget (SIGTERM: it saves ckpt/interrupted itself).
-# Kept off its defaults, and why: norm_before_fc / norm_output (EAGLE 3.1 layout that eaglekit's
-# draft and SGLang cannot load: docs/peers.md); on a CPU, sdpa and the eager loss (flex attention and
-# the fused loss want a GPU); num-workers 0 (2 shared cores).
+# Its own draft layout (norm_before_fc, norm_output, norm_before_residual: eaglekit imports and runs
+# it). Kept off its defaults on a CPU only: sdpa and the eager loss (flex attention and the fused loss
+# want a GPU), num-workers 0 (2 shared cores).
 ARGS=(train --verifier-name-or-path "$TARGET" --data-path "$WORK/data"
-      --on-missing raise --draft-vocab-size "$VOCAB" --target-layer-ids $AUX
-      --no-norm-before-fc --no-norm-output)
+      --on-missing raise --draft-vocab-size "$VOCAB" --target-layer-ids $AUX)
 [[ $DEVICE == cpu ]] && ARGS+=(--draft-attn-impl sdpa --loss-implementation eager --num-workers 0)
 # shellcheck disable=SC2206
 ARGS+=(${PEER_ARGS:-})

@@ -106,3 +106,33 @@ def test_a_speculators_config_with_null_target_hidden_size_imports(tiny_target_d
     (tmp_path / "peer" / "config.json").write_text(json.dumps(config))
     import_draft(tmp_path / "peer", tmp_path / "back", target=str(tiny_target_dir))
     assert load_draft(tmp_path / "back").config.target_hidden_size == cfg.target_hidden_size
+
+
+def test_the_peers_default_layout_imports_and_keeps_its_norm(tiny_target_dir, tmp_path):
+    """speculators' eagle3 defaults: norm_before_fc (`input_norm.weight`), norm_output and
+    norm_before_residual, written in its layout; eaglekit reads all three and the norm's weights."""
+    from dataclasses import replace
+
+    from transformers import AutoConfig
+
+    from eaglekit.draft import DraftConfig, Eagle3Draft
+    from eaglekit.draft.checkpoint import load_draft, save_draft
+    from eaglekit.formats import export_draft, import_draft
+
+    cfg = DraftConfig.for_target(
+        AutoConfig.from_pretrained(tiny_target_dir), aux_layer_ids=[1, 3, 4], draft_vocab_size=VOCAB
+    )
+    cfg = replace(cfg, norm_before_fc=True, norm_output=True, norm_before_residual=True)
+    torch.manual_seed(0)
+    draft = Eagle3Draft(cfg)
+    with torch.no_grad():
+        draft.input_norm.weight.uniform_(0.5, 1.5)
+    export_draft(save_draft(draft, tmp_path / "native"), "vllm", tmp_path / "peer", target=str(tiny_target_dir))
+    config = json.loads((tmp_path / "peer" / "config.json").read_text())
+    assert config["norm_before_fc"] and config["norm_output"] and config["norm_before_residual"]
+    assert "input_norm.weight" in load_file(str(tmp_path / "peer" / "model.safetensors"))
+    import_draft(tmp_path / "peer", tmp_path / "back", target=str(tiny_target_dir))
+    back = load_draft(tmp_path / "back")
+    assert back.config.norm_before_fc and back.config.norm_output and back.config.norm_before_residual
+    expected = draft.input_norm.weight.detach().to(torch.bfloat16).float()
+    assert torch.equal(back.input_norm.weight.detach(), expected)
