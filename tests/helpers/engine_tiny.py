@@ -8,10 +8,13 @@ import pytest
 import torch
 
 from eaglekit.draft import DraftConfig, Eagle3Draft
+from eaglekit.engine import SpecConfig
 from tiny import tiny_model
 
 AUX = [1, 3, 5]
 PROMPTS = [[5, 17, 99, 3, 45, 200, 7], [300, 12, 13, 14], [42]]
+CHAIN = SpecConfig(mode="chain", k=3)  # the engine tests' chain and tree
+TREE = SpecConfig(mode="tree", depth=3, top_k=3, total_tokens=10)
 
 
 @lru_cache(maxsize=None)
@@ -144,3 +147,14 @@ def fake_cuda_graphs(monkeypatch) -> None:
     monkeypatch.setattr(graphs.Step, "capture", capture)
     monkeypatch.setattr(graphs, "torch", types.SimpleNamespace(cuda=FakeCuda))
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+
+
+def chi_square_pvalue(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:
+    n = counts.sum()
+    expected = expected_probs * n
+    keep = expected >= 5  # pool the rare cells
+    obs = torch.cat([counts[keep], counts[~keep].sum().view(1)])
+    exp = torch.cat([expected[keep], expected[~keep].sum().view(1)])
+    stat = ((obs - exp) ** 2 / exp.clamp(min=1e-12)).sum()
+    df = int(keep.sum()) - (0 if (~keep).any() else 1)
+    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat / 2))

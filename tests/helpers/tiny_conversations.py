@@ -10,7 +10,10 @@ import json
 import random
 from pathlib import Path
 
+import pytest
 import torch
+
+from tiny import TRAIN_TEXT
 
 WORDS = (
     "fox dog capital France Paris python function add numbers count one two three ten hello help "
@@ -137,3 +140,33 @@ def greedy_samples(model, tokenizer, n: int, *, max_new_tokens: int = 32, seed: 
                 )
             )
     return samples
+
+
+def text_rows(n: int) -> list[dict]:
+    rows = []
+    for i in range(n):
+        q, a = TRAIN_TEXT[i % len(TRAIN_TEXT)], TRAIN_TEXT[(3 * i + 1) % len(TRAIN_TEXT)]
+        rows.append(
+            {
+                "id": f"t{i:04d}",
+                "source": "test",
+                "messages": [
+                    {"role": "user", "content": f"{q} ({i})"},
+                    {"role": "assistant", "content": " ".join([a] * (1 + i % 3))},
+                ],
+            }
+        )
+    return rows
+
+
+@pytest.fixture(name="prompts_file")
+def bench_prompts_file(tmp_path):
+    """A bench prompts file of each shape: turns (two of them), messages with a system prompt, a bare prompt."""
+    path = tmp_path / "prompts.jsonl"
+    rows = [
+        {"id": "a", "turns": ["Hello! How can I help you today?", "Count from one to ten."]},
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 12 * 7?"}]},
+        {"prompt": "Write a Python function that adds two numbers."},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path

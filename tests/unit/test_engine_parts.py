@@ -17,7 +17,7 @@ from eaglekit.engine.tree import chain_tree, select_tree, tree_from_parents
 from eaglekit.errors import EaglekitError
 from eaglekit.runtime.kv import cache_mask
 from eaglekit.runtime.sampling import Sampling, target_probs, top_k
-from engine_tiny import one_thread  # noqa: F401 (fixture)
+from engine_tiny import chi_square_pvalue, one_thread  # noqa: F401 (fixture)
 
 #        0 (root)
 #      /  |   \
@@ -190,17 +190,6 @@ def exact_joint() -> torch.Tensor:
             prob *= float(p_target(tuple(seq[:i]))[tok])
         probs[cell] = prob
     return probs
-
-
-def chi_square_pvalue(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:
-    n = counts.sum()
-    expected = expected_probs * n
-    keep = expected >= 5  # pool the rare cells
-    obs = torch.cat([counts[keep], counts[~keep].sum().view(1)])
-    exp = torch.cat([expected[keep], expected[~keep].sum().view(1)])
-    stat = ((obs - exp) ** 2 / exp.clamp(min=1e-12)).sum()
-    df = int(keep.sum()) - (0 if (~keep).any() else 1)
-    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat / 2))
 
 
 # Tree with siblings at several levels and a path of depth 3 (parents precede children):

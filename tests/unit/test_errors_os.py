@@ -2,42 +2,24 @@
 
 An --out no stage can write (a file, a symlink loop, a read-only folder or mount) is refused before
 anything loads; a prompts file without read permission, and a disk that fills up during `generate`
-or `features`, are one sentence each, and both stages resume once space is freed. Exit 2 for bad
+or `features` (tests/integration/test_errors_os.py), are one sentence each, and both stages resume
+once space is freed. Exit 2 for bad
 input, 1 for a failed run. Permissions and mounts are real: the cases that need another user or a
 small disk run in a user namespace (`unshare`) and are skipped where the kernel allows none.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
-from test_features import text_rows
 
 from eaglekit.cli import main
-from eaglekit.targets import load_target
-from tiny_conversations import write_generate_folder
-
-ENV = {
-    **os.environ,
-    "OMP_NUM_THREADS": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-    "HF_HUB_OFFLINE": "1",
-    "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2] / "src"), os.environ.get("PYTHONPATH", "")]),
-}
-EAGLEKIT = [sys.executable, "-m", "eaglekit"]
-
-
-def unshare_works(*flags: str) -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    return subprocess.run(["unshare", *flags, "true"], capture_output=True).returncode == 0
+from os_faults import EAGLEKIT, ENV, in_small_disk, prompts_file, unshare_works
 
 
 def as_other_user(argv: list[str]) -> subprocess.CompletedProcess:
@@ -51,26 +33,11 @@ def as_other_user(argv: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(prefix + EAGLEKIT + argv, capture_output=True, text=True, env=ENV, timeout=120)
 
 
-def in_small_disk(script: str, mount: Path) -> None:
-    """Run a shell script with a tmpfs mounted at `mount` (a mount namespace of its own)."""
-    if not unshare_works("-rm"):
-        pytest.skip("no user and mount namespace to mount a small disk in")
-    mount.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["unshare", "-rm", "sh", "-c", script], check=True, env=ENV, timeout=240)
-
-
 def open_folder() -> Path:
     """A folder any user may enter (pytest's are root's alone)."""
     folder = Path(tempfile.mkdtemp(prefix="eaglekit-os-"))
     folder.chmod(0o777)
     return folder
-
-
-def prompts_file(folder: Path, n: int = 3) -> Path:
-    path = folder / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"id": f"p{i}", "turns": [f"Say {i} things."]}) + "\n" for i in range(n)))
-    path.chmod(0o644)
-    return path
 
 
 # ---- --out that no stage can write ----------------------------------------------------------------
@@ -162,56 +129,6 @@ def test_a_prompts_file_without_read_permission_is_one_sentence():
 
 
 # ---- the disk fills up, then space is freed -------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_features_on_a_full_disk_say_so_and_resume_once_space_is_freed(tiny_target_dir, tmp_path):
-    """Before: `SafetensorError ... os error 28` (a traceback). ~600 bytes a token: 24 conversations
-    fill four shards of 200 tokens, more than 64 KiB; the rerun with room finishes the same store."""
-    target = load_target(str(tiny_target_dir))
-    conv = write_generate_folder(tmp_path / "conv", text_rows(24), target.fingerprint())
-    mount = tmp_path / "disk"
-    cmd = (
-        f"{' '.join(EAGLEKIT)} features --target {tiny_target_dir} --data {conv} --out {mount}/feat --device cpu "
-        f"--aux-layer-ids 1,3,4 --teacher-topk 8 --shard-tokens 200 --no-progress"
-    )
-    in_small_disk(
-        f"mount -t tmpfs -o size=64k tmpfs {mount}; {cmd} 2> {tmp_path}/err1; echo $? > {tmp_path}/rc1; "
-        f"ls -A {mount}/feat > {tmp_path}/left; mount -o remount,size=8m {mount}; "
-        f"{cmd} 2> {tmp_path}/err2; echo $? > {tmp_path}/rc2; cp {mount}/feat/manifest.json {tmp_path}/m.json",
-        mount,
-    )
-    err = (tmp_path / "err1").read_text()
-    assert (tmp_path / "rc1").read_text().strip() == "1", err
-    assert "error: the disk is full: shard" in err and "finished shards are kept" in err
-    assert "resumes at this shard" in err and "Traceback" not in err
-    assert not [n for n in (tmp_path / "left").read_text().split() if n.endswith(".tmp")]  # no torn shard left
-    assert (tmp_path / "rc2").read_text().strip() == "0", (tmp_path / "err2").read_text()
-    manifest = json.loads((tmp_path / "m.json").read_text())
-    assert manifest["complete"] is True and manifest["counts"]["samples"] == 24
-
-
-@pytest.mark.slow
-def test_generate_on_a_full_disk_says_so_and_resumes_once_space_is_freed(tiny_target_dir, tmp_path):
-    """Before: `OSError: [Errno 28]` (a traceback), a torn last line in the shard."""
-    prompts = prompts_file(tmp_path, n=40)
-    mount = tmp_path / "disk"
-    cmd = (
-        f"{' '.join(EAGLEKIT)} generate --prompts {prompts} --target {tiny_target_dir} --out {mount}/conv "
-        f"--backend hf --device cpu --max-new-tokens 8 --batch-size 4 --shard-size 1000"
-    )
-    in_small_disk(
-        f"mount -t tmpfs -o size=16k tmpfs {mount}; {cmd} 2> {tmp_path}/err1; echo $? > {tmp_path}/rc1; "
-        f"mount -o remount,size=8m {mount}; {cmd} 2> {tmp_path}/err2; echo $? > {tmp_path}/rc2; "
-        f"cp {mount}/conv/manifest.json {tmp_path}/m.json",
-        mount,
-    )
-    err = (tmp_path / "err1").read_text()
-    assert (tmp_path / "rc1").read_text().strip() == "1", err
-    assert "error: the disk is full" in err and "run the same command again" in err and "Traceback" not in err
-    assert (tmp_path / "rc2").read_text().strip() == "0", (tmp_path / "err2").read_text()
-    manifest = json.loads((tmp_path / "m.json").read_text())
-    assert manifest["counts"]["conversations"] + manifest["counts"]["skipped"] == 40
 
 
 @pytest.mark.parametrize(

@@ -14,28 +14,10 @@ from eaglekit.features.store import FeatureStore
 from eaglekit.targets.capture import capture_aux_states
 from eaglekit.targets.load import load_target
 from eaglekit.train.sources import OfflineSource, OnlineSource
-from tiny import TRAIN_TEXT
-from tiny_conversations import write_generate_folder, write_jsonl
+from tiny_conversations import text_rows, write_generate_folder, write_jsonl
 
 torch.set_num_threads(1)
 AUX = [1, 3, 4]
-
-
-def text_rows(n: int) -> list[dict]:
-    rows = []
-    for i in range(n):
-        q, a = TRAIN_TEXT[i % len(TRAIN_TEXT)], TRAIN_TEXT[(3 * i + 1) % len(TRAIN_TEXT)]
-        rows.append(
-            {
-                "id": f"t{i:04d}",
-                "source": "test",
-                "messages": [
-                    {"role": "user", "content": f"{q} ({i})"},
-                    {"role": "assistant", "content": " ".join([a] * (1 + i % 3))},
-                ],
-            }
-        )
-    return rows
 
 
 @pytest.fixture(scope="module")

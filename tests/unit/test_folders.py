@@ -8,8 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,13 +23,7 @@ from eaglekit.artifacts import (
 )
 from eaglekit.cli import main
 from eaglekit.errors import EaglekitError
-
-
-def dead_pid() -> int:
-    """The pid of a process that has ended, as a SIGKILLed writer's is."""
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
+from processes import dead_pid
 
 
 def users_folder(path: Path) -> Path:

@@ -6,11 +6,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,24 +14,13 @@ from eaglekit.cli import main
 from eaglekit.data.folder import JsonlShards
 from eaglekit.data.generators import make_generator
 from eaglekit.data.local_backend import LocalBackend
-from eaglekit.data.prompts import build_prompts
-from eaglekit.data.readers import SourceSpec
 from eaglekit.data.records import Conversation, Prompt
 from eaglekit.errors import EaglekitError
 from eaglekit.runtime.sampling import Sampling
 from eaglekit.targets import load_target
 from eaglekit.targets.chat import prompt_ids
 from engine_tiny import one_thread  # noqa: F401 (fixture)
-
-QUESTIONS = [
-    "What is the capital of France?",
-    "Count from one to ten.",
-    "Hello!",
-    "Solve 12 * 7.",
-    "Write a Python function that adds two numbers.",
-    "The quick brown fox?",
-    "How can I help you today?",
-]
+from generate_folders import QUESTIONS, make_prompts, read_rows
 
 
 @pytest.fixture(scope="module")
@@ -112,27 +96,6 @@ def test_sampling_follows_the_seed(tiny, kind):
     assert texts(1) == first and texts(2) != first
     greedy = answer_all(backend(tiny, max_new_tokens=8, kind=kind), prompts)
     assert first != [greedy[p.id].answers[0].text for p in prompts]
-
-
-def make_prompts(tmp_path: Path, n: int, multi_every: int = 5) -> Path:
-    rows = [
-        {
-            "id": f"p{i}",
-            "turns": [f"{QUESTIONS[i % len(QUESTIONS)]} ({i})"] + ([f"And then {i}?"] if i % multi_every == 0 else []),
-        }
-        for i in range(n)
-    ]
-    src = tmp_path / "src.jsonl"
-    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out = tmp_path / "prompts"
-    build_prompts([SourceSpec.parse(str(src))], out, validation_fraction=0.2)
-    return out
-
-
-def read_rows(folder: Path) -> list[dict]:
-    return [
-        json.loads(line) for p in sorted(folder.glob("conversations-*.jsonl")) for line in p.read_text().splitlines()
-    ]
 
 
 def test_cli_writes_shards_and_manifest(tmp_path, tiny_target_dir, tiny):
@@ -319,67 +282,6 @@ def test_a_second_writer_is_refused(tmp_path, tiny_target_dir):
     finally:
         os.close(fd)
     assert not any(out.iterdir())
-
-
-@pytest.mark.slow
-def test_resume_after_sigkill_loses_nothing_and_repeats_nothing(tmp_path, tiny_target_dir):
-    n = 40
-    prompts = make_prompts(tmp_path, n, multi_every=4)
-    out = tmp_path / "gen"
-    argv = [
-        "generate",
-        "--prompts",
-        str(prompts),
-        "--target",
-        str(tiny_target_dir),
-        "--out",
-        str(out),
-        "--max-new-tokens",
-        "16",
-        "--batch-size",
-        "1",
-        "--shard-size",
-        "7",
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "eaglekit", *argv]
-    for kill_after in (4, 20):  # kill twice, at different points, with SIGKILL (no cleanup runs)
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.time() + 120
-        while len(read_lines(out)) < kill_after and proc.poll() is None and time.time() < deadline:
-            time.sleep(0.01)
-        assert proc.poll() is None, f"finished before the kill: {proc.stderr.read().decode()[-2000:]}"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        assert not (out / "manifest.json").exists()
-        assert kill_after <= len(read_lines(out)) < n
-    assert main(argv) == 0
-    rows = read_rows(out)
-    ids = [r["id"] for r in rows]
-    assert len(ids) == len(set(ids)) == n and set(ids) == {f"p{i}" for i in range(n)}
-    # Greedy at batch 1 is deterministic: the resumed folder equals one uninterrupted run.
-    clean = tmp_path / "clean"
-    assert main(argv[:6] + [str(clean)] + argv[7:]) == 0
-    assert sorted(rows, key=lambda r: r["id"]) == sorted(read_rows(clean), key=lambda r: r["id"])
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["counts"]["conversations"] == n and manifest["config"]["resumed_from"] >= 20
-    assert manifest["config"]["backend"] == "engine"  # the default local backend
-    # The engine accounts for its time: decode steps and refills (the prompts' prefills) apart.
-    clean_manifest = json.loads((clean / "manifest.json").read_text())
-    loop = clean_manifest["decoder"]["serve_loops"][0]
-    assert (
-        loop["steps"] > 0
-        and loop["refills"] == clean_manifest["counts"]["assistant_turns"] > n
-        and loop["refill_tokens"] <= loop["refill_padded_tokens"]
-    )
-    assert (
-        loop["decode_s"] > 0 and loop["refill_s"] > 0 and loop["wall_s"] >= loop["decode_s"] + loop["refill_s"] - 1e-3
-    )
-    assert loop["resumed_tokens"] > 0  # later turns resumed their conversation's row (the same answers, above)
-
-
-def read_lines(folder: Path) -> list[bytes]:
-    return [line for p in sorted(folder.glob("conversations-*.jsonl")) for line in p.read_bytes().splitlines()]
 
 
 def test_attention_is_a_setting_of_the_engine_backend_only():

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_features import text_rows
 
 from eaglekit.artifacts import write_manifest
 from eaglekit.cli import main
@@ -25,6 +24,7 @@ from eaglekit.targets import load_target
 from eaglekit.train.config import TrainConfig
 from eaglekit.train.loop import Trainer
 from engine_tiny import random_draft
+from tiny_conversations import text_rows
 
 torch.set_num_threads(1)
 AUX = [1, 3, 4]

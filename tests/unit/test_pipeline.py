@@ -646,9 +646,8 @@ def test_a_refused_command_changes_nothing_and_a_deleted_output_is_made_again(
     assert after["features"]["ran"] == state["features"]["ran"]
     assert (out / "draft" / "model.safetensors").is_file() and (out / "export" / "vllm" / "manifest.json").is_file()
     # An edited recipe's `train --overwrite` SIGKILLed mid-run: the old draft waits beside the folder.
-    from test_folders import dead_pid
-
     from eaglekit.pipeline.run import planned
+    from processes import dead_pid
 
     argv = next(s.argv for s in planned(load_recipe(str(path), ["train.lr=0.002"]), out) if s.name == "train")
     state = json.loads((out / "pipeline.json").read_text())
