@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import copy
 import random
-from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch
 from tokenizers import AddedToken
 
+from chat_masks import A1, A2, CONVERSATIONS, Q1, Q2, SYSTEM, Family, check_masks, runs
 from eaglekit.errors import EaglekitError
 from eaglekit.features import conversations as conversations_mod
 from eaglekit.features.conversations import tokenize_conversations
@@ -29,18 +28,6 @@ from tiny import tiny_tokenizer
 
 TEMPLATES = Path(__file__).parents[1] / "assets" / "chat_templates"
 THINK = "<think>\n\n</think>\n\n"  # what Qwen3 writes before an answer without reasoning
-
-
-@dataclass
-class Family:
-    template: str
-    specials: list[str]  # special added tokens
-    bos: str | None
-    eos: str
-    written: Callable[[str, bool, dict], str]  # (answer, is_last_turn, template kwargs) -> model-written text
-    rstrip: list[str] = field(default_factory=list)  # special tokens that swallow whitespace after them
-    plain: list[str] = field(default_factory=list)  # non-special added tokens
-    system: str = "ok"  # "ok" | "refused" (template raises) | "unmaskable"
 
 
 def qwen3_written(answer: str, last: bool, kwargs: dict) -> str:
@@ -107,19 +94,6 @@ FAMILIES = {
     ),
 }
 
-SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
-Q1 = {"role": "user", "content": "What is the capital of France?"}
-A1 = {"role": "assistant", "content": "The capital of France is Paris."}
-Q2 = {"role": "user", "content": "Count from one to ten, café ☕."}
-A2 = {"role": "assistant", "content": "1 2 3 4 5 6 7 8 9 10.\nDone!"}
-CONVERSATIONS = {
-    "single": [Q1, A1],
-    "multi": [Q1, A1, Q2, A2],
-    "system_single": [SYSTEM, Q1, A1],
-    "system_multi": [SYSTEM, Q1, A1, Q2, A2],
-    "ends_with_user": [Q1, A1, Q2],
-}
-
 
 @lru_cache(maxsize=1)
 def base_tokenizer():
@@ -144,47 +118,6 @@ def family_tokenizer(name: str):
     tok.bos_token, tok.eos_token = family.bos, family.eos
     tok.chat_template = (TEMPLATES / f"{family.template}.jinja").read_text()
     return tok
-
-
-def runs(ids: list[int], mask: list[int]) -> list[list[int]]:
-    """Contiguous runs of masked ids."""
-    out: list[list[int]] = []
-    for n, (token, flag) in enumerate(zip(ids, mask)):
-        if flag:
-            if n == 0 or not mask[n - 1]:
-                out.append([])
-            out[-1].append(token)
-    return out
-
-
-def check_masks(tok, messages: list[dict], family: Family, **kwargs) -> None:
-    result = tokenize_conversation(tok, messages, **kwargs)
-    ids, mask = result.input_ids, result.loss_mask
-    assert len(ids) == len(mask) and set(mask) <= {0, 1}
-    full = tok.apply_chat_template(messages, tokenize=False, **kwargs)
-    answers = [m["content"] for m in messages if m["role"] == "assistant"]
-    last_query = max(i for i, m in enumerate(messages) if m["role"] == "user")
-    expected = [
-        family.written(m["content"].split("</think>")[-1].lstrip("\n"), i > last_query, kwargs)
-        for i, m in enumerate(messages)
-        if m["role"] == "assistant"
-    ]
-    # Each assistant turn is one masked run: exactly what the model writes, nothing of headers/user/system.
-    assert [tok.decode(run) for run in runs(ids, mask)] == expected
-    unmasked = tok.decode([t for t, f in zip(ids, mask) if not f])
-    for m in messages:
-        if m["role"] != "assistant":
-            assert m["content"].strip() in unmasked
-    for answer in answers:
-        assert answer.split("</think>")[-1].strip() not in unmasked
-    # All ids give back the rendered text (a token that strips the whitespace after it drops that whitespace).
-    round_trip = tok.decode(tok.encode(full, add_special_tokens=False)) if family.rstrip else full
-    assert tok.decode(ids) == round_trip
-    if "bos_token" in tok.chat_template:
-        assert full.startswith(tok.bos_token)
-    if len(answers) == 1 and messages[-1]["role"] == "assistant":
-        first = mask.index(1)
-        assert ids[:first] == prompt_ids(tok, messages[:-1], **kwargs)
 
 
 @pytest.mark.parametrize("conversation", list(CONVERSATIONS))
@@ -391,18 +324,3 @@ def test_common_prefix_is_the_character_loop():
         a = "".join(rng.choice("ab☕") for _ in range(rng.randint(0, 40)))
         b = a[: rng.randint(0, len(a))] + "".join(rng.choice("ab☕") for _ in range(rng.randint(0, 5)))
         assert common_prefix(a, b) == common_prefix(b, a) == loop(a, b)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("conversation", list(CONVERSATIONS))
-def test_smollm2_real_tokenizer(smollm2_dir, conversation):
-    """The real SmolLM2 tokenizer and its own ChatML template (default system message injected)."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(smollm2_dir)
-    family = Family("smollm2", [], None, "<|im_end|>", lambda a, last, kw: a + "<|im_end|>")
-    check_masks(tok, CONVERSATIONS[conversation], family)
-    if conversation == "single":
-        assert "You are a helpful AI assistant named SmolLM" in tok.apply_chat_template(
-            CONVERSATIONS[conversation], tokenize=False
-        )
