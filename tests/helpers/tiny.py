@@ -144,3 +144,8 @@ def save_tiny_target(folder: Path, arch: str = "llama", *, seed: int = 0, **conf
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return Path(folder)
+
+
+def without_name(fingerprint: dict) -> dict:
+    """A target's fingerprint less its name: a GGUF or source folder and the folder prepared from it share the rest."""
+    return {k: v for k, v in fingerprint.items() if k != "name"}

@@ -23,7 +23,7 @@ from eaglekit.draft.checkpoint import save_draft
 from eaglekit.errors import EaglekitError
 from eaglekit.targets import load_target
 from engine_tiny import one_thread, random_draft  # noqa: F401 (fixture)
-from tiny import save_tiny_target
+from tiny import save_tiny_target, without_name
 
 PROMPTS = ["What is the capital of France?", "Count from one to ten.", "Write a haiku about rain."]
 
@@ -384,18 +384,6 @@ def test_a_prepared_folder_is_its_source_until_its_weights_change(targets, tmp_p
     tensors[name] = tensors[name] + 0.01  # fine-tuned in place
     save_file(tensors, str(weights), metadata={"format": "pt"})
     assert load_target(tmp_path / "t").fingerprint()["weights_hash"] != source["weights_hash"]
-
-
-def without_name(fingerprint: dict) -> dict:
-    return {k: v for k, v in fingerprint.items() if k != "name"}
-
-
-@pytest.mark.slow
-def test_the_gguf_and_its_prepared_folder_share_one_fingerprint(smollm2_dir):
-    from eaglekit.formats.facts import target_facts
-
-    gguf, prepared = target_facts("smollm2").fingerprint, target_facts(str(smollm2_dir)).fingerprint
-    assert without_name(gguf) == without_name(prepared) and gguf["weights_hash"]
 
 
 # ---- text input ----------------------------------------------------------------------------------

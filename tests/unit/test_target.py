@@ -128,14 +128,6 @@ def test_pickle_only_folder_is_refused(tiny_target_dir, tmp_path):
         load_target(str(pick))
 
 
-@pytest.mark.slow
-def test_smollm2_info_from_gguf():
-    info = target_info("smollm2")
-    assert (info.num_layers, info.hidden_size, info.vocab_size) == (30, 576, 49152)
-    assert info.aux_layer_ids == [1, 14, 26]
-    assert info.eos_token == "<|im_end|>"
-
-
 def test_corrupt_generation_config_is_an_error(tiny_target_dir, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(tiny_target_dir, broken)
