@@ -1,5 +1,5 @@
-"""A tiny seeded draft (`make_draft`) and a random training batch with its teacher (`batch_for`),
-shared by the TTT, training-speed and GPU tests."""
+"""A tiny seeded draft (`make_draft`), a random training batch with its teacher (`batch_for`), random
+teachers (`teachers`) and the plain soft CE (`plain_soft_ce`), shared by the TTT, training-speed and GPU tests."""
 
 import torch
 
@@ -7,7 +7,7 @@ from eaglekit.draft.config import DraftConfig
 from eaglekit.draft.model import Eagle3Draft
 from eaglekit.draft.vocab import DraftVocab
 from eaglekit.features.batch import Batch
-from eaglekit.features.teacher import dense_teacher, sparse_teacher, topk_from_logits
+from eaglekit.features.teacher import Teacher, dense_teacher, sparse_teacher, topk_from_logits
 from tiny import tiny_config
 
 
@@ -35,3 +35,18 @@ def batch_for(draft, T=9, B=2, seed=0, teacher_kind="dense", k=None):
         teacher = sparse_teacher(tids.view(B, T, k), tlogp.view(B, T, k), vocab.target_to_draft)
     aux = torch.randn(B, T, draft.config.fused_width, generator=g)
     return Batch(ids, mask, aux, teacher, torch.full((B,), T)), logits
+
+
+def plain_soft_ce(logits, teacher):
+    """The formula `ttt_loss` used before: log_softmax in fp32, then the teacher's cross-entropy."""
+    return teacher.cross_entropy(logits.float().log_softmax(-1))
+
+
+def teachers(B, L, V, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    dense = Teacher(argmax=torch.zeros(B, L, dtype=torch.long), probs=torch.randn(B, L, V, generator=g).softmax(-1))
+    k = 5
+    probs = torch.randn(B, L, k, generator=g).softmax(-1)
+    probs[0, 1] = 0.0  # a position with no teacher entry in the draft vocab
+    sparse = Teacher(argmax=dense.argmax, probs=probs, index=torch.randint(0, V, (B, L, k), generator=g))
+    return {"dense": dense, "sparse": sparse}

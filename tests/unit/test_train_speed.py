@@ -1,5 +1,6 @@
 """The cheaper training step computes what the plain one did: merged TTT attention vs the dense
-formula, the fused soft CE vs log_softmax, and (slow) torch.compile vs eager, in fp32 on tiny shapes."""
+formula, the fused soft CE vs log_softmax, in fp32 on tiny shapes (torch.compile vs eager:
+tests/integration/test_train_speed.py)."""
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ from eaglekit.features.teacher import Teacher
 from eaglekit.train.attention import check_merged_attention, dense_ttt_attention, merged_ttt_attention
 from eaglekit.train.loss import soft_cross_entropy, step_counts, ttt_loss
 from eaglekit.train.ttt import ttt_unroll
-from ttt_batch import batch_for, make_draft
+from ttt_batch import batch_for, make_draft, plain_soft_ce, teachers
 
 torch.set_num_threads(1)
 
@@ -41,21 +42,6 @@ def test_merged_attention_equals_dense_forward_and_gradients(j, nkv):
 def test_merged_attention_self_check_passes_on_cpu():
     check_merged_attention(torch.device("cpu"), torch.float32)
     check_merged_attention(torch.device("cpu"), torch.bfloat16)
-
-
-def plain_soft_ce(logits, teacher):
-    """The formula `ttt_loss` used before: log_softmax in fp32, then the teacher's cross-entropy."""
-    return teacher.cross_entropy(logits.float().log_softmax(-1))
-
-
-def teachers(B, L, V, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    dense = Teacher(argmax=torch.zeros(B, L, dtype=torch.long), probs=torch.randn(B, L, V, generator=g).softmax(-1))
-    k = 5
-    probs = torch.randn(B, L, k, generator=g).softmax(-1)
-    probs[0, 1] = 0.0  # a position with no teacher entry in the draft vocab
-    sparse = Teacher(argmax=dense.argmax, probs=probs, index=torch.randint(0, V, (B, L, k), generator=g))
-    return {"dense": dense, "sparse": sparse}
 
 
 @pytest.mark.parametrize("kind", ["dense", "sparse"])
@@ -123,27 +109,6 @@ def test_new_step_equals_old_step_loss_stats_and_gradients(kind):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
 
 
-def compiled_vs_eager(backend, shapes):
-    """The compiled unroll + loss against the eager one on each (T, B) batch shape."""
-    from eaglekit.train.loop import TTTModel, compiled_unrolled_loss, unrolled_loss
-
-    draft = make_draft()
-    steps = 2
-    model = TTTModel(draft, steps, "merged")
-    params = [p for p in draft.parameters() if p.requires_grad]
-    kw = dict(d2t=draft.d2t, t2d=draft.t2d, weights=[1.0, 0.8])
-    compiled = compiled_unrolled_loss(backend)
-    for T, B in shapes:
-        batch, _ = batch_for(draft, T=T, B=B)
-        den = step_counts(batch.loss_mask, steps)
-        a = compiled(model, batch, den, **kw)
-        b = unrolled_loss(model, batch, den, **kw)
-        torch.testing.assert_close(a.loss, b.loss, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(a.stats, b.stats, atol=1e-5, rtol=1e-5)
-        for x, y in zip(torch.autograd.grad(a.loss, params), torch.autograd.grad(b.loss, params)):
-            torch.testing.assert_close(x, y, atol=1e-6, rtol=1e-4)
-
-
 def test_compiled_steps_share_four_graphs_over_every_step_and_shape():
     """`compiled_steps`: every TTT step and batches of other sizes, one row included (given an empty
     second row), run the same four graphs, and give the eager loss and stats (an int step index or a
@@ -197,19 +162,6 @@ def test_compiled_target_layers_share_one_graph_and_capture_the_same_states(arch
         torch.testing.assert_close(a.logits, b.logits)
     assert counters["stats"]["unique_graphs"] == 1
     torch._dynamo.reset()
-
-
-@pytest.mark.slow
-def test_compiled_step_traces_to_the_eager_numbers():
-    """Dynamo + AOTAutograd (the merged attention's Function, the plain CE), without inductor's codegen
-    (~1-2 minutes of tracing on 2 cores)."""
-    compiled_vs_eager("aot_eager", [(11, 2), (9, 3)])  # the second shape runs the dynamic graph
-
-
-@pytest.mark.slow
-def test_compiled_step_equals_eager_with_inductor():
-    """What --compile runs (inductor's CPU kernels; ~4 minutes on 2 cores, so one shape)."""
-    compiled_vs_eager("inductor", [(11, 2)])
 
 
 def test_compile_refuses_ddp_and_unknown_attention(tmp_path):
@@ -268,23 +220,6 @@ def test_merged_attention_runs_its_kernels_in_the_autocast_dtype():
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), dense_ttt_attention(q, k0, v0, dk, dv), atol=3e-2, rtol=3e-2)
     assert merged_ttt_attention(q, k0, v0, dk, dv).dtype == torch.float32  # no autocast: the inputs' dtype
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("kind", ["dense", "sparse"])
-def test_compiled_soft_ce_equals_the_plain_formula(kind):
-    """`--soft-ce compiled`: the plain formula through inductor (its CPU kernels here; ~1 minute on 2 cores),
-    on two position counts (the graph is dynamic in them)."""
-    for L in (9, 14):
-        teacher = teachers(2, L, 31)[kind]
-        logits = (torch.randn(2, L, 31, generator=torch.Generator().manual_seed(L)) * 3).requires_grad_()
-        weight = torch.rand(2, L, generator=torch.Generator().manual_seed(2))
-        compiled = soft_cross_entropy(logits, teacher, soft_ce="compiled")
-        plain = plain_soft_ce(logits, teacher)
-        torch.testing.assert_close(compiled, plain, atol=1e-5, rtol=1e-5)
-        (g_compiled,) = torch.autograd.grad((compiled * weight).sum(), logits)
-        (g_plain,) = torch.autograd.grad((plain * weight).sum(), logits)
-        torch.testing.assert_close(g_compiled, g_plain, atol=1e-6, rtol=1e-5)
 
 
 def test_soft_ce_choices_are_checked(tmp_path):
