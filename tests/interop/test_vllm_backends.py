@@ -13,19 +13,15 @@ hooks. Two vLLM starts in all (~1 min each on 2 cores, eager), in one module fix
   same manifest apart from the backend's own keys, and the feature store reads both alike.
 
 Run alone: python -m pytest -m vllm tests/interop/test_vllm_backends.py (~4 min on 2 cores).
-The other tests (the recipe's plan, the missing-vLLM error) need no vLLM.
+The tests that need no vLLM (the recipe's plan, the missing-vLLM error) are in tests/unit/test_vllm_backends.py.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import io
 import json
 import os
-import re
 import shutil
 import subprocess
-from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -33,7 +29,6 @@ import torch
 from safetensors.torch import load_file
 
 from eaglekit.cli import main
-from eaglekit.errors import EaglekitError
 from tiny_conversations import CHAT_PROMPTS as PROMPTS
 
 VENV = Path(os.environ.get("EAGLEKIT_VLLM_VENV", Path.home() / ".cache/eaglekit/vllm-venv"))
@@ -188,70 +183,3 @@ def test_features_through_vllm_equal_hf_capture(runs):
 
     stores = [FeatureStore(root / f, target_fingerprint=mh["target"]) for f in ("fv", "fh")]
     assert stores[0].manifest["config"]["aux_layer_ids"] == stores[1].manifest["config"]["aux_layer_ids"]
-
-
-def test_moe_recipe_plan_runs_the_target_only_in_vllm(tmp_path):
-    out = io.StringIO()
-    with redirect_stdout(out):
-        assert (
-            main(
-                [
-                    "run",
-                    "--recipe",
-                    "moe-tp8",
-                    "target=/models/DeepSeek-V3",
-                    "prompts.source=[p.jsonl]",
-                    "--plan",
-                    "--out",
-                    str(tmp_path / "run"),
-                ]
-            )
-            == 0
-        )
-    lines = out.getvalue().splitlines()
-    by_stage = {re.search(r"(?:^|-m )eaglekit (\S+)", line).group(1): line for line in lines}
-    assert sorted(by_stage) == ["doctor", "export", "features", "generate", "prompts", "train"]
-    assert "target prepare" not in out.getvalue() and "synthesize" not in out.getvalue()
-    for stage in ("generate", "features"):
-        assert "--backend vllm --tensor-parallel-size 8" in by_stage[stage]
-        assert "--target /models/DeepSeek-V3" in by_stage[stage]
-    assert "--devices" not in by_stage["generate"]
-    assert "torch.distributed.run --standalone --nproc_per_node 8 -m eaglekit train" in by_stage["train"]
-    assert f"--features {tmp_path / 'run' / 'features'}" in by_stage["train"]
-    exports = [line for line in lines if line.startswith("eaglekit export")]
-    assert [x.split("--format ")[1].split()[0] for x in exports] == ["sglang", "vllm"]
-    assert "--probe" not in by_stage["doctor"] and f"{tmp_path / 'run' / 'export' / 'vllm'}" in by_stage["doctor"]
-    assert not (tmp_path / "run").exists()  # a plan runs and writes nothing
-
-
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed in this environment")
-def test_missing_vllm_is_an_error_with_a_hint(tiny_target_dir, tmp_path):
-    from eaglekit.features.vllm_capture import import_vllm
-
-    with pytest.raises(EaglekitError, match="needs vLLM") as err:
-        import_vllm()
-    assert "pip install vllm" in err.value.hint
-    data = tmp_path / "conv.jsonl"
-    data.write_text(
-        json.dumps(
-            {"id": "x", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
-        )
-        + "\n"
-    )
-    assert (
-        main(
-            [
-                "features",
-                "--backend",
-                "vllm",
-                "--target",
-                str(tiny_target_dir),
-                "--data",
-                str(data),
-                "--out",
-                str(tmp_path / "f"),
-            ]
-        )
-        == 2
-    )
-    assert not (tmp_path / "f").exists()  # refused before anything is written
