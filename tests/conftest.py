@@ -39,11 +39,17 @@ def pytest_configure(config) -> None:
     )
 
 
-# The tiers, from the markers a test already has (the folder, tests/unit, integration, interop, gpu, holds
-# the files by their main tier): `pytest -m unit` is the quick loop (tiny seeded
-# models, no SmolLM2; a few short subprocesses); integration runs the real SmolLM2 or long subprocess runs (`slow`); interop the
-# serving engines' own code (vLLM's tests carry `interop` too); gpu, CUDA (never in CI).
+# The tiers: a test's folder is its tier (tests/unit, integration, interop, gpu), and its markers must
+# say the same, so that a test cannot sit in the wrong folder. `pytest -m unit` is the quick loop (tiny
+# seeded models, no SmolLM2; a few short subprocesses); integration runs the real SmolLM2 or long
+# subprocess runs (`slow`); interop the serving engines' own code (vLLM's tests carry `interop` too);
+# gpu, CUDA (never in CI).
+TIERS = ("unit", "integration", "interop", "gpu")
+TESTS = Path(__file__).parent
+
+
 def tier_of(item) -> str:
+    """The tier a test's markers give it."""
     marks = {m.name for m in item.iter_markers()}
     if "gpu" in marks:
         return "gpu"
@@ -52,11 +58,33 @@ def tier_of(item) -> str:
     return "integration" if "slow" in marks else "unit"
 
 
+def folder_of(item) -> str | None:
+    """The tier a test's folder gives it: tests/<tier>/..., None outside those folders."""
+    try:
+        folder = Path(item.path).resolve().relative_to(TESTS.resolve()).parts[0]
+    except ValueError:
+        return None
+    return folder if folder in TIERS else None
+
+
 def pytest_collection_modifyitems(config, items) -> None:
+    wrong = []
     for item in items:
-        tier = tier_of(item)
-        if tier in ("unit", "integration", "interop"):  # gpu tests carry theirs already
+        tier, folder = tier_of(item), folder_of(item)
+        if tier != folder:
+            marks = sorted({m.name for m in item.iter_markers()} & {"slow", "interop", "vllm", "gpu"})
+            wrong.append(
+                f"  {item.nodeid}: its markers ({', '.join(marks) or 'none of them'}) make it {tier}: "
+                f"move it to tests/{tier}/ or fix its markers"
+            )
+        elif tier in ("unit", "integration", "interop"):  # gpu tests carry theirs already
             item.add_marker(tier)
+    if wrong:
+        raise pytest.UsageError(
+            "A test's folder is its tier (tests/unit: no `slow`, `interop`, `vllm` or `gpu`; tests/integration: "
+            "`slow`; tests/interop: `interop` or `vllm`; tests/gpu: `gpu`); these are in the wrong one:\n"
+            + "\n".join(wrong)
+        )
 
 
 # (env switch, venv env var, default venv, install script): CI sets the switch where the tests must run
