@@ -6,6 +6,8 @@ refills, the captured loop check) give the tokens the eager CPU paths give. Neve
 fp32 everywhere, so outputs must be token-identical; tiny peaked targets keep compiles short.
 """
 
+import copy
+
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ from eaglekit.engine.draft_runner import DraftRunner
 from eaglekit.engine.spec import SpecConfig
 from eaglekit.runtime import Sampling, make_target_runner
 from engine_tiny import AUX, PROMPTS, cycling_model, peaked_model, random_draft
+from oracle_draft import repeat_draft
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 NEW = 24
@@ -24,8 +27,6 @@ TREE = SpecConfig(mode="tree", depth=4, top_k=3, total_tokens=10)
 
 def on(device: str, arch: str = "llama"):
     """A copy of the cached tiny target on `device` (the cache's model stays on the CPU)."""
-    import copy
-
     return copy.deepcopy(peaked_model(arch)).to(device)
 
 
@@ -40,6 +41,24 @@ def test_plain_and_speculative_engines_on_cuda_equal_the_cpu():
         draft = DraftRunner(random_draft(model).to("cuda"), spec=spec, sampling=Sampling(), max_len=128)
         engine = Engine(target, drafter=draft, spec=spec, graphs=True, compile=True)
         assert [engine.generate(p, NEW).tokens for p in PROMPTS] == reference, spec.label()
+
+
+def test_an_eagle31_draft_on_cuda_accepts_what_the_cpu_accepts():
+    """EAGLE-3.1's layout (fc_norm + norm_output) compiled and captured: the repeat oracle, whose per-aux
+    norms matter (tests/helpers/oracle_draft.py), gives the eager CPU engine's tokens and accepted counts."""
+    cpu_model = peaked_model("llama", std=0.1)
+    draft = repeat_draft(cpu_model, draft_vocab=cpu_model.config.vocab_size, fc_norm=True, norm_output=True).eval()
+    aux = list(draft.config.aux_layer_ids)
+
+    def run(model, draft, **kw):
+        drafter = DraftRunner(draft, spec=CHAIN, sampling=Sampling(), max_len=128)
+        engine = Engine(make_target_runner(model, max_len=128, aux_layer_ids=aux), drafter=drafter, spec=CHAIN, **kw)
+        return [(g.tokens, g.accept_lengths) for g in (engine.generate(p, NEW) for p in PROMPTS)]
+
+    expected = run(cpu_model, draft)
+    assert sum(sum(counts) for _, counts in expected) > 10  # the oracle is accepted: a real comparison
+    got = run(copy.deepcopy(cpu_model).to("cuda"), copy.deepcopy(draft).to("cuda"), graphs=True, compile=True)
+    assert got == expected
 
 
 @pytest.mark.parametrize("refill", ["eager", "graphs", "compiled"])
