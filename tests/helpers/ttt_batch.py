@@ -1,5 +1,6 @@
-"""A tiny seeded draft (`make_draft`), a random training batch with its teacher (`batch_for`), random
-teachers (`teachers`) and the plain soft CE (`plain_soft_ce`), shared by the TTT, training-speed and GPU tests."""
+"""A tiny seeded draft (`make_draft`), its naive serving-style rerun per position
+(`naive_chains`), a random training batch with its teacher (`batch_for`), random teachers (`teachers`)
+and the plain soft CE (`plain_soft_ce`), shared by the TTT, training-speed, layout and GPU tests."""
 
 import torch
 
@@ -50,3 +51,26 @@ def teachers(B, L, V, seed=0):
     probs[0, 1] = 0.0  # a position with no teacher entry in the draft vocab
     sparse = Teacher(argmax=dense.argmax, probs=probs, index=torch.randint(0, V, (B, L, k), generator=g))
     return {"dense": dense, "sparse": sparse}
+
+
+@torch.no_grad()
+def naive_chains(draft, aux, input_ids, steps):
+    """Serve each position separately: catch up on the true prefix, then draft `steps` tokens with a KV cache.
+
+    The drafted tokens are replaced by the ground-truth ones (as TTT does), so logits must agree exactly.
+    """
+    B, T = input_ids.shape
+    fused = draft.fuse(aux[:, :-1])
+    tokens = input_ids[:, 1:]
+    L = T - 1
+    out = {}
+    for t in range(L):
+        logits, hidden, kv = draft(tokens[:, : t + 1], fused[:, : t + 1])  # true prefix 0..t
+        out[(0, t)] = logits[:, t]
+        h = hidden[:, t : t + 1]
+        for j in range(1, steps):
+            if t + j >= L:
+                break
+            logits, h, kv = draft(tokens[:, t + j : t + j + 1], h, position_ids=torch.full((B, 1), t + j), past_kv=kv)
+            out[(j, t)] = logits[:, 0]
+    return out

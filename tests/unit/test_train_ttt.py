@@ -15,32 +15,9 @@ from eaglekit.train.attention import ttt_attention
 from eaglekit.train.loss import every_position, step_counts, step_masks, ttt_loss
 from eaglekit.train.optim import load_optimizer_tensors, lr_at, make_optimizer, optimizer_tensors
 from eaglekit.train.ttt import ttt_positions, ttt_unroll
-from ttt_batch import batch_for, make_draft
+from ttt_batch import batch_for, make_draft, naive_chains
 
 torch.set_num_threads(1)
-
-
-@torch.no_grad()
-def naive_chains(draft, aux, input_ids, steps):
-    """Serve each position separately: catch up on the true prefix, then draft `steps` tokens with a KV cache.
-
-    The drafted tokens are replaced by the ground-truth ones (as TTT does), so logits must agree exactly.
-    """
-    B, T = input_ids.shape
-    fused = draft.fuse(aux[:, :-1])
-    tokens = input_ids[:, 1:]
-    L = T - 1
-    out = {}
-    for t in range(L):
-        logits, hidden, kv = draft(tokens[:, : t + 1], fused[:, : t + 1])  # true prefix 0..t
-        out[(0, t)] = logits[:, t]
-        h = hidden[:, t : t + 1]
-        for j in range(1, steps):
-            if t + j >= L:
-                break
-            logits, h, kv = draft(tokens[:, t + j : t + j + 1], h, position_ids=torch.full((B, 1), t + j), past_kv=kv)
-            out[(j, t)] = logits[:, 0]
-    return out
 
 
 def grid_unroll(draft, aux, input_ids, ttt_steps, attention="dense"):
