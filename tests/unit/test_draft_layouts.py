@@ -216,9 +216,15 @@ def test_import_refuses_layout_tensors_the_config_does_not_use(layout_ckpt, tiny
     assert load_draft(tmp_path / "back2").config.norm_output is False
 
 
-def test_a_layout_trains_from_the_cli(data, tmp_path):
+def test_a_layout_trains_from_the_cli(data, tmp_path, capsys):
     """`eaglekit train --fc-norm --norm-output` saves an EAGLE-3.1 draft whose norms trained."""
     main(train_args(data, tmp_path / "run", "--fc-norm", "--norm-output", "--max-steps", "3"))
     draft = load_draft(tmp_path / "run")
     assert draft.config.fc_norm and draft.config.norm_output and not draft.config.norm_before_fc
     assert all(not torch.all(p == 1) for p in draft.fc_norm.parameters())  # trained away from their ones
+    # --init-from keeps the draft's layout; another layout is refused with the flags it was trained with
+    main(train_args(data, tmp_path / "again", "--init-from", str(tmp_path / "run"), "--max-steps", "1"))
+    assert load_draft(tmp_path / "again").config == draft.config
+    assert main(train_args(data, tmp_path / "other", "--init-from", str(tmp_path / "run"), "--norm-before-fc")) != 0
+    err = capsys.readouterr().err
+    assert "another shape" in err and "in its layout (--fc-norm --norm-output)" in err

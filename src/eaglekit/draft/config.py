@@ -14,6 +14,7 @@ from eaglekit.artifacts import AUX_CONVENTION
 from eaglekit.errors import EaglekitError
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
+LAYOUT_KEYS = ("fc_norm", "norm_before_fc", "norm_output")  # EAGLE-3.1's layout flags (`DraftConfig`)
 DRAFT_VOCAB_SIZE = 32000  # the default rows of a draft lm_head (EAGLE-3 and SpecForge use 32k)
 
 

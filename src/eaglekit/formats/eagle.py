@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from eaglekit.draft.config import LAYOUT_KEYS  # EAGLE-3.1's flags, which EAGLE's code lacks
 from eaglekit.errors import EaglekitError
 from eaglekit.formats.base import LAYER_PARAMS, EngineReading, Format, defaults, eaglekit_block, missing
 from eaglekit.formats.names import EMBED, NATIVE_LAYER, VOCAB_MAPS
@@ -20,7 +21,6 @@ if TYPE_CHECKING:  # annotations only
     from eaglekit.formats.detect import Interpretation
 
 ARCHITECTURE = "LlamaForCausalLM"
-LAYOUT_KEYS = ("norm_before_fc", "fc_norm", "norm_output")  # EAGLE-3.1 layouts, which EAGLE's code lacks
 # EAGLE's own code builds rotary embeddings from `rope_scaling["type"]` and knows only these.
 ROPE_TYPES = ("default", "linear", "dynamic")
 

@@ -10,7 +10,7 @@ import torch
 
 from eaglekit.artifacts import hash_share, refuse_unfinished
 from eaglekit.draft.checkpoint import load_draft
-from eaglekit.draft.config import DraftConfig
+from eaglekit.draft.config import LAYOUT_KEYS, DraftConfig
 from eaglekit.draft.model import Eagle3Draft
 from eaglekit.draft.vocab import DraftVocab, build_draft_vocab, count_assistant_tokens
 from eaglekit.errors import EaglekitError
@@ -117,11 +117,11 @@ def build_draft(
 ) -> Eagle3Draft:
     """A freshly initialized draft (seeded) with the target's frozen embedding and the vocab's maps;
     with `start` (the `--init-from` draft) its weights are loaded on top."""
+    layout = {key: getattr(cfg, key) for key in LAYOUT_KEYS}
+    if start is not None and not any(layout.values()):  # --init-from keeps the draft's layout unless told one
+        layout = {key: getattr(start.config, key) for key in LAYOUT_KEYS}
     dcfg = replace(
-        DraftConfig.for_target(target_config, aux_layer_ids=aux_layer_ids, draft_vocab_size=vocab.size),
-        fc_norm=cfg.fc_norm,
-        norm_before_fc=cfg.norm_before_fc,
-        norm_output=cfg.norm_output,
+        DraftConfig.for_target(target_config, aux_layer_ids=aux_layer_ids, draft_vocab_size=vocab.size), **layout
     )
     torch.manual_seed(cfg.seed)
     draft = Eagle3Draft(dcfg)
@@ -138,9 +138,11 @@ def build_draft(
     if start is not None:
         if start.config != dcfg:
             diff = [k for k, v in start.config.to_dict().items() if dcfg.to_dict().get(k) != v]
+            flags = " ".join(f"--{k.replace('_', '-')}" for k in LAYOUT_KEYS if getattr(start.config, k))
             raise EaglekitError(
                 f"--init-from {cfg.init_from} is a draft of another shape ({diff})",
-                hint="start from a draft made for this target and these aux layers",
+                hint="start from a draft made for this target and these aux layers"
+                + (f", in its layout ({flags or 'no layout flags'})" if set(diff) & set(LAYOUT_KEYS) else ""),
             )
         draft.load_state_dict(start.draft_state_dict(), strict=False)
     return draft
