@@ -111,6 +111,3 @@ def train_args(fixture, out, *extra) -> list[str]:
         "--no-progress",
         *extra,
     ]
-
-
-data = train_data  # the fixture by its own name, for a module that imports it so
