@@ -74,3 +74,20 @@ def naive_chains(draft, aux, input_ids, steps):
             logits, h, kv = draft(tokens[:, t + j : t + j + 1], h, position_ids=torch.full((B, 1), t + j), past_kv=kv)
             out[(j, t)] = logits[:, 0]
     return out
+
+
+def check_unroll_against_naive(draft, T, steps):
+    """`ttt_unroll` over a random batch gives, at every (step, position), the logits `naive_chains` serves."""
+    from eaglekit.train.ttt import ttt_unroll
+
+    B = 2
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 300, (B, T), generator=g)
+    aux = torch.randn(B, T, draft.config.fused_width, generator=g)
+    with torch.no_grad():
+        logits = ttt_unroll(draft, aux, ids, steps)
+    ref = naive_chains(draft, aux, ids, steps)
+    assert [tuple(x.shape) for x in logits] == [(B, T - 1, draft.config.draft_vocab_size)] * steps
+    for (j, t), expected in ref.items():
+        torch.testing.assert_close(logits[j][:, t], expected, atol=2e-5, rtol=1e-4)
+    assert len(ref) == sum(T - 1 - j for j in range(steps))

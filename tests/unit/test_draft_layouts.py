@@ -25,11 +25,10 @@ from eaglekit.formats.names import NATIVE_TENSORS, layout_tensors
 from eaglekit.runtime import Sampling, make_target_runner
 from eaglekit.targets.capture import capture_aux_states
 from eaglekit.train.config import TrainConfig
-from eaglekit.train.ttt import ttt_unroll
 from engine_tiny import PROMPTS, one_thread, peaked_model  # noqa: F401 (fixture)
 from oracle_draft import repeat_draft
 from train_tiny import train_args, train_data  # noqa: F401 (fixture `data`)
-from ttt_batch import make_draft, naive_chains
+from ttt_batch import check_unroll_against_naive, make_draft
 
 LAYOUTS = {
     "eagle-3.1": dict(fc_norm=True, norm_output=True),
@@ -90,16 +89,7 @@ def test_fuse_normalizes_the_aux_states_and_norm_output_carries_the_normed_state
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_ttt_unroll_equals_naive_serving_in_each_layout(layout):
-    draft = layout_draft(**LAYOUTS[layout])
-    B, T, steps = 2, 9, 3
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, 300, (B, T), generator=g)
-    aux = torch.randn(B, T, draft.config.fused_width, generator=g)
-    with torch.no_grad():
-        logits = ttt_unroll(draft, aux, ids, steps)
-    ref = naive_chains(draft, aux, ids, steps)
-    for (j, t), expected in ref.items():
-        torch.testing.assert_close(logits[j][:, t], expected, atol=2e-5, rtol=1e-4)
+    check_unroll_against_naive(layout_draft(**LAYOUTS[layout]), T=9, steps=3)
 
 
 @torch.no_grad()

@@ -15,7 +15,7 @@ from eaglekit.train.attention import ttt_attention
 from eaglekit.train.loss import every_position, step_counts, step_masks, ttt_loss
 from eaglekit.train.optim import load_optimizer_tensors, lr_at, make_optimizer, optimizer_tensors
 from eaglekit.train.ttt import ttt_positions, ttt_unroll
-from ttt_batch import batch_for, make_draft, naive_chains
+from ttt_batch import batch_for, check_unroll_against_naive, make_draft
 
 torch.set_num_threads(1)
 
@@ -42,18 +42,7 @@ def grid_unroll(draft, aux, input_ids, ttt_steps, attention="dense"):
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma", "deepseek_v3"])
 def test_ttt_unroll_equals_naive_per_position_serving(arch):
-    draft = make_draft(arch)
-    B, T, steps = 2, 10, 4
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, 300, (B, T), generator=g)
-    aux = torch.randn(B, T, draft.config.fused_width, generator=g)
-    with torch.no_grad():
-        logits = ttt_unroll(draft, aux, ids, steps)
-    ref = naive_chains(draft, aux, ids, steps)
-    assert [tuple(x.shape) for x in logits] == [(B, T - 1, draft.config.draft_vocab_size)] * steps
-    for (j, t), expected in ref.items():
-        torch.testing.assert_close(logits[j][:, t], expected, atol=2e-5, rtol=1e-4)
-    assert len(ref) == sum(T - 1 - j for j in range(steps))
+    check_unroll_against_naive(make_draft(arch), T=10, steps=4)
 
 
 def test_ttt_attention_sees_only_prefix_and_own_chain():
