@@ -214,7 +214,7 @@ def run_doctor(
         report.checks.append(
             Check("probe", report.probe["status"], report.probe["message"], report.probe.get("fix") or "")
         )
-    else:  # a draft of random weights passes every static check (found by a newcomer review, 2026-12-04)
+    else:  # a draft of random weights passes every static check, so say that acceptance went unmeasured
         report.notes.append(
             "acceptance not measured: these are the static checks only, which a draft of random "
             "weights passes too; `--probe` runs the draft against the target and measures its "

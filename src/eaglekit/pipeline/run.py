@@ -443,8 +443,8 @@ def input_files(argv: list[str], run_dir: Path) -> dict[str, list]:
 def check_planned(stages: Sequence["PlannedStage"]) -> None:
     """Parse every planned stage's command with its subcommand's own parser before anything runs: a
     recipe value it refuses (`train.lr=abc`, `bench.mode=trie`) once surfaced minutes into a run,
-    when its stage began (found by a newcomer review, 2026-12-04). Commands holding a value known
-    only once an earlier stage ran (`<...>`) are left to their stage."""
+    when its stage began. Commands holding a value known only once an earlier stage ran (`<...>`)
+    are left to their stage."""
     parser = build_parser()
     for stage in stages:
         if any(arg.startswith("<") for arg in stage.argv):
@@ -633,7 +633,7 @@ def command_line(argv: list[str], processes: int = 1) -> list[str]:
 def run_stage(argv: list[str], processes: int = 1) -> tuple[int, str | None]:
     """(exit code, what crashed) of `eaglekit <argv>`: an argparse exit or an exception that is not an
     EaglekitError (a bug, or an input nothing checked) ends the stage as failed, not the run as
-    "running" forever (found by a newcomer review, 2026-12-04)."""
+    "running" forever."""
     try:
         return run_eaglekit(argv, processes), None
     except SystemExit as stop:  # argparse: a recipe value its stage does not take
