@@ -56,8 +56,8 @@ SWEEP = (
     SpecConfig(mode="tree", depth=4, top_k=4, total_tokens=16),
     SpecConfig(mode="tree", depth=6, top_k=8, total_tokens=32),
 )
-# On a CPU every verified row is compute, and the fastest shapes were short chains (2026-12-04, an
-# H200 draft: chains of 1 / 2 / 3 at 1.32x / 1.34x / 1.03x, docs/results/2026-12-04-cpu-chain-length).
+# On a CPU every verified row is compute, and the fastest shapes were short chains (a GPU-trained draft:
+# BENCHMARKS.md, docs/results/2026-12-04-cpu-chain-length).
 CPU_SWEEP = (
     SpecConfig(mode="chain", k=1),
     SpecConfig(mode="chain", k=2),

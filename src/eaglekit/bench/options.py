@@ -47,8 +47,8 @@ class BenchOptions(EngineOptions):
     hf_prompts: int = option(
         8,
         "HF generate on the first N prompts only (all their turns), compared with plain and "
-        "speculative decoding on the same prompts; HF ran ~30x slower than the engine for "
-        "SmolLM2 on an H200, so all of MT-bench costs minutes (0: all prompts)",
+        "speculative decoding on the same prompts; HF runs tens of times slower than the "
+        "engine (BENCHMARKS.md), so all of MT-bench costs minutes (0: all prompts)",
         group="main",
     )
     warmup: int = option(1, "untimed warm-up generations per method", group="main")

@@ -105,9 +105,10 @@ def run_turns(
     """Every turn by every method, interleaved turn by turn: HF generate (the first `hf_prompts`
     prompts only, 0: all; it is tens of times slower), plain decoding, each speculation setting, plain again.
     Turn k+1 follows the plain turn-k answer. Interleaved, a machine whose speed drifts during the
-    bench slows every method alike instead of the ones that ran last (two identical benches once gave
-    0.89x and 0.60x when whole passes ran one after another); the plain run after the speculative ones
-    brackets them, and how far the two plain runs of a turn differ is reported (`bracket`)."""
+    bench slows every method alike instead of the ones that ran last (two identical benches once
+    disagreed widely when whole passes ran one after another: docs/notes/engine.md, "The bench's
+    order"); the plain run after the speculative ones brackets them, and how far the two plain runs
+    of a turn differ is reported (`bracket`)."""
     tokenizer, stops = target.tokenizer, target.stop_token_ids
     warm_up(
         plain,

@@ -246,7 +246,7 @@ class Engine:
             self.q = torch.zeros(self.spec.k, vd, device=self.device)
         self.root = torch.zeros(1, **long)  # the first root, after the prefill
         # Not compiled: it runs once a generation (after the prefill; the cycle proposes inside its own
-        # graph), and its compile took 12.3 s of the H200 bench stage (2026-12-04-h200-all-data).
+        # graph), and compiling it cost the bench stage seconds (docs/results/2026-12-04-h200-all-data).
         self.proposal = Step(self._propose_root_step, use_graph=self.graphs, name="proposal")
         self.cycle = Step(compiled(self._cycle_step, self.compile, compile_mode), use_graph=self.graphs, name="cycle")
         if self.keep_aux:  # uncompiled, as the proposal: it runs once a window

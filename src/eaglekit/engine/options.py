@@ -91,12 +91,11 @@ class EngineOptions:
 
     def spec_config(self) -> SpecConfig:
         """The speculation shape; an unset --mode / --k follows the device. On a CPU every verified
-        row and draft step is real compute: on a quiet 2-core machine (docs/results/2026-12-01-cpu,
-        SmolLM2 fp32, random draft) a chain-3 cycle cost 2.44 plain steps and a 16-node tree 3.37, so a
-        CPU drafts a short chain. With an H200-trained draft on 6 MT-bench questions (2026-12-04,
-        docs/results/2026-12-04-cpu-chain-length) chains of 1 / 2 / 3 ran 1.32x / 1.34x / 1.03x: the
-        BLAS reads the weights once for two rows, not for four. On CUDA a cycle is one graph and a 32-node tree verifies for about
-        what a chain does."""
+        row and draft step is real compute: a tree's cycle costs more plain steps than a short chain's
+        (docs/results/2026-12-01-cpu), so a CPU drafts a short chain, and with a trained draft a chain of
+        2 ran fastest (BENCHMARKS.md, docs/results/2026-12-04-cpu-chain-length): the BLAS reads the
+        weights once for two rows, not for four. On CUDA a cycle is one graph and a 32-node tree
+        verifies for about what a chain does."""
         import torch
 
         # From the device's name only: the device itself is checked where the target loads.
@@ -113,7 +112,7 @@ class EngineOptions:
     def sampling(self):
         from eaglekit.runtime.sampling import Sampling
 
-        if self.top_k and self.temperature == 0:  # --top-k was the tree's width here before 2026-12-01
+        if self.top_k and self.temperature == 0:  # --top-k once meant the tree's width (now --tree-top-k)
             raise EaglekitError(
                 f"--top-k {self.top_k} is a sampling setting, and decoding is greedy (--temperature 0)",
                 hint=f"for the tree's width pass --tree-top-k {self.top_k}; to sample, set --temperature",

@@ -23,7 +23,7 @@ from torch.utils._triton import has_triton
 from eaglekit.errors import EaglekitError
 
 log = logging.getLogger(__name__)
-COMPILE_MODE = "default"  # the graphs are ours; Inductor fuses (max-autotune took minutes per step on H200)
+COMPILE_MODE = "default"  # the graphs are ours; Inductor fuses (max-autotune took minutes a step: docs/notes/engine.md)
 
 
 def compiled(fn: Callable, enabled: bool, mode: str = COMPILE_MODE, dynamic: bool = False) -> Callable:

@@ -78,8 +78,9 @@ def write_slots(cache: torch.Tensor, slots, new: torch.Tensor) -> torch.Tensor:
         return cache[:, :, : slots.span].index_select(0, slots.rows) if slots.span else new  # [R, h, C|T, d]
     if slots.dim() == 1:
         cache.index_copy_(2, slots, new)
-    else:  # an index_put, not scatter_: Inductor's scatter_ on a cache view rewrote the whole cache
-        B = new.shape[0]  # (two full copies per layer: 22 of a 35 ms step at 512 rows x 2048 slots)
+    else:  # an index_put, not scatter_: Inductor's scatter_ on a cache view rewrote the whole cache (two full
+        # copies per layer, most of a decode step: docs/notes/engine.md, "The batch decoder's KV write")
+        B = new.shape[0]
         rows = torch.arange(B, device=slots.device).view(B, 1)
         cache[rows, :, slots] = new.transpose(1, 2)  # indexed as [B, T, h, d]
     return cache

@@ -41,11 +41,11 @@ TOPK_CHUNK = 128  # top_k's first pass: the largest of every 128 values
 def top_k(x: torch.Tensor, k: int, chunk: int = TOPK_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
     """torch.topk(x, k) over the last dim (values largest first, their indices), in two passes.
 
-    Why: CUDA's topk runs one block per slice, so the tree's [K, Vd] draft log-probs (8 slices of
-    16k) took 73 us a call on an H200, 15 % of a tree cycle (2026-12-02). The first pass takes the k
-    best of every `chunk` values ([..., V // chunk, chunk]: many small slices), the second the k best
-    of those and of the tail (the last V % chunk values). Same values as torch.topk; among equal
-    values either index may come first.
+    Why: CUDA's topk runs one block per slice, so on the tree's [K, Vd] draft log-probs (8 slices of
+    16k) it was a tree cycle's top kernel on a GPU (docs/notes/engine.md, "Top-k in two passes"). The
+    first pass takes the k best of every `chunk` values ([..., V // chunk, chunk]: many small slices),
+    the second the k best of those and of the tail (the last V % chunk values). Same values as
+    torch.topk; among equal values either index may come first.
     x: [..., V] -> values [..., k], indices [..., k] (int64, into V).
     """
     V = x.shape[-1]
