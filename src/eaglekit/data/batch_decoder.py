@@ -18,8 +18,8 @@ A conversation's next turn (a request of the same `session`) goes back to the ro
 ended in, while that row is free: the row's cache still holds the last prompt and answer, so only
 the tokens the new prompt adds after their common prefix are prefilled (attending to the row's
 cached slots). Without it, every turn re-prefilled its whole conversation, and on the recipe's
-multi-turn mix the refills prefilled several times the answers' tokens (docs/notes/engine.md,
-"Refills after the late H200 run").
+multi-turn mix the refills prefilled several times the answers' tokens
+(docs/results/2026-12-01-h200-late).
 
 `serve` takes requests from a function, so a caller can queue a conversation's next turn as soon
 as its answer comes back (`data.local_backend`); `run` answers a list. The runner is the engine's
@@ -136,7 +136,7 @@ def bucket(n: int) -> int:
     and prompt length. Powers of two alone padded the recipe's refills heavily; these steps pad a
     dimension by at most half, for twice the graphs. Each is captured on first use (a warm-up run, the
     capture, a sync), so on a short run the extra buckets can cost more than the padding they save
-    (docs/notes/engine.md, "Refills after the late H200 run"; docs/results/2026-12-01-h200-late)."""
+    (docs/notes/engine.md, "Finer buckets"; docs/results/2026-12-01-h200-late)."""
     power = 1 << (n - 1).bit_length()
     return power * 3 // 4 if n <= power * 3 // 4 else power
 
