@@ -273,9 +273,8 @@ class FastTarget(nn.Module):
     def compiled_layers(self, mode: str, dynamic: bool = False) -> list:
         """The decoder layers under torch.compile ("regional" compilation), made once per (mode, dynamic).
         Every layer runs one compiled graph (dynamo takes a layer's weights and cache as inputs), so
-        Inductor lowers one layer where compiling a whole step lowers them all: SmolLM2's 512-row decode
-        step, compiled whole, took 35-46 s on an H200 (2026-12-04); on a CPU 43.0 s whole against 13.1 s
-        by layer (docs/results/2026-12-04-cpu-regional-compile). `dynamic`: graphs for forwards of any
+        Inductor lowers one layer where compiling a whole step lowers them all: a third of the compile
+        time (docs/notes/engine.md; docs/results/2026-12-04-cpu-regional-compile). `dynamic`: graphs for forwards of any
         rows and tokens but 0 and 1 (refills'), static: one per shape (a decode step's). Run them with `using`."""
         if (mode, dynamic) not in self.compiled_forms:
             self.compiled_forms[mode, dynamic] = [compiled(layer, True, mode, dynamic) for layer in self.layers]
