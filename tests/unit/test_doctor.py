@@ -195,7 +195,7 @@ def test_sglang_names_finding_says_which_versions_it_applies_to(exports, target_
     assert check.status == "fail"
     assert "SGLang 0.5.11 and older silently drop 10 tensors" in check.message
     assert "SGLang 0.5.12 and later load them" in check.message
-    assert "random init in SGLang 0.5.11 and older" in check.message
+    assert "init values in SGLang 0.5.11 and older" in check.message
     assert "every SGLang version loads those" in check.hint
 
     def prefixed(state):

@@ -24,7 +24,6 @@ from eaglekit.formats import export_draft, import_draft
 from eaglekit.formats.names import NATIVE_TENSORS, layout_tensors
 from eaglekit.runtime import Sampling, make_target_runner
 from eaglekit.targets.capture import capture_aux_states
-from eaglekit.train.config import TrainConfig
 from engine_tiny import PROMPTS, one_thread, peaked_model  # noqa: F401 (fixture)
 from oracle_draft import repeat_draft
 from train_tiny import train_args, train_data  # noqa: F401 (fixture `data`)
@@ -35,6 +34,7 @@ LAYOUTS = {
     "norm_before_fc": dict(norm_before_fc=True),
     "fc_norm": dict(fc_norm=True),
     "norm_output": dict(norm_output=True),
+    "both norms": dict(norm_before_fc=True, fc_norm=True),  # the engines apply input_norm, then fc_norm
 }
 
 
@@ -63,10 +63,6 @@ def test_the_layouts_add_the_engines_tensors_and_round_trip_the_config():
     assert layout_tensors(norm_before_fc=False, fc_norm=True, num_aux=3) == tuple(
         f"fc_norm.{i}.weight" for i in range(3)
     )
-    with pytest.raises(EaglekitError, match="one or the other"):
-        replace(cfg, fc_norm=True, norm_before_fc=True)
-    with pytest.raises(EaglekitError, match="--fc-norm and --norm-before-fc"):
-        TrainConfig(target="t", data="x", out="y", fc_norm=True, norm_before_fc=True)
 
 
 def test_fuse_normalizes_the_aux_states_and_norm_output_carries_the_normed_state():
@@ -85,6 +81,34 @@ def test_fuse_normalizes_the_aux_states_and_norm_output_carries_the_normed_state
 
     whole = layout_draft(norm_before_fc=True)
     torch.testing.assert_close(whole.fuse(aux), plain.fuse(whole.input_norm(aux)))
+    both = layout_draft(norm_before_fc=True, fc_norm=True)  # SGLang's and vLLM's order: input_norm, then fc_norm
+    chunks = both.input_norm(aux).chunk(both.config.num_aux, -1)
+    torch.testing.assert_close(both.fuse(aux), plain.fuse(torch.cat([n(c) for n, c in zip(both.fc_norm, chunks)], -1)))
+
+
+def test_every_reader_takes_norm_before_fc_where_the_engines_do(layout_ckpt, tiny_target_dir, tmp_path):
+    """SGLang and vLLM read norm_before_fc from eagle_config first, then top-level: import, the engines'
+    readings and the doctor's probe draft follow the same rule (one reader, `formats.base.read_layout`)."""
+    from eaglekit.formats import interpret, read_folder
+    from eaglekit.formats.registry import FORMATS
+
+    draft = load_draft(layout_ckpt)
+    whole = Eagle3Draft(replace(draft.config, fc_norm=False, norm_output=False, norm_before_fc=True))
+    save_draft(whole, tmp_path / "native")
+    export_draft(tmp_path / "native", "sglang", tmp_path / "exp", target=str(tiny_target_dir))
+    config_path = tmp_path / "exp" / "config.json"
+    config = json.loads(config_path.read_text())
+    config.pop("norm_before_fc")
+    config["eagle_config"]["norm_before_fc"] = True  # where SGLang looks first
+    config_path.write_text(json.dumps(config))
+    interp = interpret(read_folder(tmp_path / "exp"))
+    assert interp.config.norm_before_fc
+    for engine in ("sglang", "vllm"):
+        reading = FORMATS[engine].read(interp, target_vocab=interp.config.vocab_size, target_layers=8)
+        assert reading.layout["norm_before_fc"] and "input_norm.weight" in reading.loads.values(), engine
+    assert not any(FORMATS["eagle"].read(interp, target_vocab=None, target_layers=8).layout.values())
+    import_draft(tmp_path / "exp", tmp_path / "back")
+    assert load_draft(tmp_path / "back").config.norm_before_fc
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
@@ -200,6 +224,9 @@ def test_import_refuses_layout_tensors_the_config_does_not_use(layout_ckpt, tiny
     config_path.write_text(json.dumps(config))
     with pytest.raises(EaglekitError, match="does not use"):
         import_draft(tmp_path / "exp", tmp_path / "back")
+    report = run_doctor(tmp_path / "exp", engine="sglang", target=str(tiny_target_dir))
+    names = next(c for c in report.checks if c.id == "names")
+    assert names.status == "fail" and "write fc_norm: true in config.json" in names.hint
     config["fc_norm"], config["norm_output"] = True, False  # a layout flag dropped: imports, as another model
     config_path.write_text(json.dumps(config))
     import_draft(tmp_path / "exp", tmp_path / "back2")

@@ -16,6 +16,7 @@ import torch
 
 from eaglekit.doctor.checks import Context
 from eaglekit.doctor.probe import ProbeResult, ProbeSetup, TargetRun, probe, with_aux
+from eaglekit.draft.config import LAYOUT_KEYS
 from eaglekit.draft.vocab import d2t_problems
 from eaglekit.formats.names import EMBED
 from eaglekit.formats.registry import FORMATS, aux_configurable
@@ -34,6 +35,7 @@ def engine_setup(ctx: Context) -> ProbeSetup:
         interp.config,
         aux_layer_ids=tuple(r.aux_layer_ids or interp.config.aux_layer_ids),
         norm_before_residual=r.norm_before_residual,
+        **{key: r.layout.get(key, False) for key in LAYOUT_KEYS},  # the norms it builds (none in EAGLE)
     )
     embedding = None
     if r.embedding == "draft":

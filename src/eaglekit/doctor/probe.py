@@ -6,7 +6,7 @@ therefore generates the continuation once per prompt, captures every decoder lay
 in one target forward, and replays chain drafting of k tokens at each verify step the way an
 EAGLE-3 engine runs it (the reference speculative decode, engine/reference.py, with the recording as
 its target): the draft's cache holds the committed prefix, computed from the target's aux states
-(step 0), and steps 1..k-1 feed the draft its own token and pre-norm output. Accept length
+(step 0), and steps 1..k-1 feed the draft its own token and carried output. Accept length
 tau counts the bonus token, per-position acceptance is P(first i+1 drafts accepted) (vLLM's metric).
 
 Because the target's states are kept for all layers, a misreading (other aux layers, one final

@@ -36,16 +36,9 @@ class DraftConfig:
     norm_before_residual: bool = False  # EAGLE-3 / SGLang: the residual is the raw hidden state
     # EAGLE-3.1's layouts, under the names SGLang and vLLM read (docs/contracts.md, "Draft layouts"):
     norm_before_fc: bool = False  # one RMSNorm over the concatenated aux states (`input_norm`)
-    fc_norm: bool = False  # an RMSNorm per aux state (`fc_norm.{i}`)
+    fc_norm: bool = False  # an RMSNorm per aux state (`fc_norm.{i}`), after input_norm when both are set
     norm_output: bool = False  # the next step reads the normed output, not the pre-norm one
     target_num_layers: int | None = None
-
-    def __post_init__(self):
-        if self.norm_before_fc and self.fc_norm:
-            raise EaglekitError(
-                "norm_before_fc and fc_norm both set: eaglekit trains and runs one or the other (speculators too)",
-                hint="choose one RMSNorm before fc: fc_norm (per aux state, EAGLE-3.1) or norm_before_fc (all)",
-            )
 
     @property
     def num_aux(self) -> int:
@@ -120,9 +113,7 @@ class DraftConfig:
             "attention_bias": False,
             "mlp_bias": False,
             "norm_before_residual": self.norm_before_residual,
-            "norm_before_fc": self.norm_before_fc,
-            "fc_norm": self.fc_norm,
-            "norm_output": self.norm_output,
+            **self.layout(),
             "torch_dtype": "bfloat16",
             "eagle_config": {
                 "use_aux_hidden_state": True,
@@ -168,11 +159,13 @@ class DraftConfig:
             rope_parameters=rope,
             hidden_act=d.get("hidden_act", "silu"),
             norm_before_residual=bool(d.get("norm_before_residual", False)),
-            norm_before_fc=bool(d.get("norm_before_fc", False)),
-            fc_norm=bool(d.get("fc_norm", False)),
-            norm_output=bool(d.get("norm_output", False)),
+            **{key: bool(d.get(key, False)) for key in LAYOUT_KEYS},
             target_num_layers=block.get("target_num_layers"),
         )
+
+    def layout(self) -> dict[str, bool]:
+        """The EAGLE-3.1 layout flags, by their config names."""
+        return {key: getattr(self, key) for key in LAYOUT_KEYS}
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -6,7 +6,7 @@ the draft keeps its own KV cache of the committed positions. Each cycle reads to
 
     propose  the draft catches up over the newly committed positions (token i+1 with the target's
              aux states of position i), then drafts k tokens, each step fed its own token and
-             pre-norm output
+             carried output (pre-norm; normed with norm_output)
     verify   one target forward over the sequence and the drafts: the target's token after each
     accept   the longest prefix of drafts equal to the target's tokens (a drafts)
     commit   those a drafts and the target's own next token (tau counts it: a + 1 per cycle)
@@ -66,7 +66,7 @@ def speculative_decode(
             if not 0 <= token < V:  # no target token: never accepted
                 break
             drafts.append(token)
-            if len(drafts) < window:  # its own token and pre-norm output
+            if len(drafts) < window:  # its own token and carried output
                 logits, h, step_kv = draft(token.view(1, 1), h, past_kv=step_kv)
         drafts = torch.stack(drafts) if drafts else tokens[:0]
         # verify

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable
 
 from eaglekit import __version__
 from eaglekit.artifacts import AUX_CONVENTION
-from eaglekit.formats.names import NATIVE_LAYER, NATIVE_TENSORS, VOCAB_MAPS, layout_tensors
+from eaglekit.formats.names import NATIVE_LAYER, NATIVE_TENSORS, VOCAB_MAPS
 from eaglekit.targets.aux import default_aux_layer_ids
 
 if TYPE_CHECKING:  # annotations only
@@ -46,6 +46,9 @@ class EngineReading:
     use_aux: bool = True  # False: one final state is fed and fc is skipped
     draft_vocab_size: int | None = None  # as the engine reads it (None: absent)
     norm_before_residual: bool = False
+    layout: dict[str, bool] = field(
+        default_factory=dict
+    )  # the EAGLE-3.1 flags it builds the draft with (`read_layout`)
     embedding: str = "target"  # "target" or "draft": whose embedding it uses
     problems: list[tuple[str, str, str]] = field(default_factory=list)  # (status, message, hint)
 
@@ -133,9 +136,14 @@ def missing(loads: dict[str, str], skip: tuple[str, ...] = (), layout: tuple[str
     return [n for n in REQUIRED + layout if n not in loads.values() and n not in skip]
 
 
-def engine_layout(flat: dict, num_aux: int) -> tuple[str, ...]:
-    """The EAGLE-3.1 norms SGLang and vLLM build from a flat config (`names.layout_tensors`): both read
-    `fc_norm` top-level and `norm_before_fc` from `eagle_config` first, then top-level."""
+def read_layout(flat: dict, *, use_aux_norm: bool = True) -> dict[str, bool]:
+    """EAGLE-3.1's flags as SGLang and vLLM read a flat config: `norm_before_fc` from `eagle_config`
+    first, then top-level; `fc_norm` top-level (SGLang also takes its older name `use_aux_norm`, vLLM
+    not: `use_aux_norm=False`); `norm_output` top-level. The one reader of them: detect, the
+    engines' readings and the doctor agree."""
     eagle = flat.get("eagle_config") or {}
-    before = bool(eagle.get("norm_before_fc", flat.get("norm_before_fc", False)))
-    return layout_tensors(norm_before_fc=before, fc_norm=bool(flat.get("fc_norm")), num_aux=num_aux)
+    return {
+        "fc_norm": bool(flat.get("fc_norm") or (use_aux_norm and flat.get("use_aux_norm"))),
+        "norm_before_fc": bool(eagle.get("norm_before_fc", flat.get("norm_before_fc", False))),
+        "norm_output": bool(flat.get("norm_output", False)),
+    }

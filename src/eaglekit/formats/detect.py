@@ -21,6 +21,7 @@ import torch
 
 from eaglekit.draft.config import DraftConfig
 from eaglekit.errors import EaglekitError
+from eaglekit.formats.base import read_layout
 from eaglekit.formats.folder import DraftFolder
 from eaglekit.formats.names import EMBED, NATIVE_TENSORS, is_layout_tensor, layer_style, native_name
 from eaglekit.formats.registry import FORMATS
@@ -181,9 +182,7 @@ def interpret(folder: DraftFolder, *, target_num_layers: int | None = None) -> I
         rope_parameters=rope_parameters(flat),
         hidden_act=flat.get("hidden_act") or "silu",
         norm_before_residual=bool(flat.get("norm_before_residual", False)),
-        norm_before_fc=bool(flat.get("norm_before_fc", False)),
-        fc_norm=bool(flat.get("fc_norm", False)),
-        norm_output=bool(flat.get("norm_output", False)),
+        **read_layout(flat),
         target_num_layers=num_layers,
     )
     return Interpretation(

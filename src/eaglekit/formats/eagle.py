@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from eaglekit.draft.config import LAYOUT_KEYS  # EAGLE-3.1's flags, which EAGLE's code lacks
 from eaglekit.errors import EaglekitError
-from eaglekit.formats.base import LAYER_PARAMS, EngineReading, Format, defaults, eaglekit_block, missing
+from eaglekit.formats.base import LAYER_PARAMS, EngineReading, Format, defaults, eaglekit_block, missing, read_layout
 from eaglekit.formats.names import EMBED, NATIVE_LAYER, VOCAB_MAPS
 from eaglekit.targets.aux import default_aux_layer_ids
 
@@ -113,7 +113,7 @@ def engine_reading(interp: Interpretation, target_vocab, target_layers) -> Engin
         r.problems.append(("fail", "EAGLE's loader asserts draft_vocab_size in the config", "write draft_vocab_size"))
     if "bias" not in flat:
         r.problems.append(("warn", "no `bias` key: EAGLE assumes bias=true", 'write "bias": false'))
-    layout = [key for key in LAYOUT_KEYS if flat.get(key)]
+    layout = [key for key, on in read_layout(flat).items() if on]  # EAGLE builds none of them
     if layout:
         r.problems.append(
             (

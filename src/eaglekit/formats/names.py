@@ -35,9 +35,10 @@ NATIVE_TENSORS = (
 EMBED = "embed_tokens.weight"  # the target's; some formats ship a copy
 
 
-def layout_tensors(*, norm_before_fc: bool, fc_norm: bool, num_aux: int) -> tuple[str, ...]:
+def layout_tensors(*, norm_before_fc: bool, fc_norm: bool, num_aux: int, **_) -> tuple[str, ...]:
     """The tensors an EAGLE-3.1 layout adds to `NATIVE_TENSORS`: one RMSNorm over the concatenated aux
-    states (`norm_before_fc`) or one per aux state (`fc_norm`). SGLang's and vLLM's names."""
+    states (`norm_before_fc`) and/or one per aux state (`fc_norm`). SGLang's and vLLM's names. Takes a
+    layout dict whole (`layout_tensors(**layout, num_aux=k)`): `norm_output` adds no tensor."""
     whole = ("input_norm.weight",) if norm_before_fc else ()
     return whole + (tuple(f"fc_norm.{i}.weight" for i in range(num_aux)) if fc_norm else ())
 

@@ -16,11 +16,19 @@ from eaglekit.formats.base import (
     Format,
     defaults,
     eaglekit_block,
-    engine_layout,
     layer_param,
     missing,
+    read_layout,
 )
-from eaglekit.formats.names import EMBED, MODEL_PREFIX, NATIVE_LAYER, NATIVE_TENSORS, VOCAB_MAPS, native_name
+from eaglekit.formats.names import (
+    EMBED,
+    MODEL_PREFIX,
+    NATIVE_LAYER,
+    NATIVE_TENSORS,
+    VOCAB_MAPS,
+    layout_tensors,
+    native_name,
+)
 
 if TYPE_CHECKING:  # annotations only
     from eaglekit.draft.config import DraftConfig
@@ -116,7 +124,8 @@ def engine_reading(interp: Interpretation, target_vocab, target_layers) -> Engin
             )
         )
     bias = bool(flat.get("bias", False))
-    layout = engine_layout(flat, interp.config.num_aux)
+    r.layout = read_layout(flat)
+    layout = layout_tensors(**r.layout, num_aux=interp.config.num_aux)
     for name in interp.folder.tensors:
         bare = name[len(MODEL_PREFIX) :] if name.startswith(MODEL_PREFIX) else name
         if (

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from eaglekit.draft.config import LAYOUT_KEYS
 from eaglekit.errors import EaglekitError
 from eaglekit.formats.base import (
     DEFAULTS,
@@ -21,10 +22,10 @@ from eaglekit.formats.base import (
     Format,
     defaults,
     eaglekit_block,
-    engine_layout,
     missing,
+    read_layout,
 )
-from eaglekit.formats.names import EMBED, MODEL_PREFIX, native_name
+from eaglekit.formats.names import EMBED, MODEL_PREFIX, layout_tensors, native_name
 
 if TYPE_CHECKING:  # annotations only
     from eaglekit.draft.config import DraftConfig
@@ -37,9 +38,7 @@ SPECULATORS_FIELDS = (
     "draft_vocab_size",
     "target_hidden_size",
     "norm_before_residual",
-    "norm_before_fc",
-    "fc_norm",
-    "norm_output",
+    *LAYOUT_KEYS,
     "eagle_aux_hidden_state_layer_ids",
 )
 
@@ -80,9 +79,7 @@ def layer_config(cfg: DraftConfig) -> dict:
         "draft_vocab_size",
         "target_hidden_size",
         "norm_before_residual",
-        "norm_before_fc",
-        "fc_norm",
-        "norm_output",
+        *LAYOUT_KEYS,
         "eagle_config",
         "eaglekit",
     ):
@@ -112,9 +109,7 @@ def write_config(
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
         "norm_before_residual": cfg.norm_before_residual,  # vLLM assumes true when absent
-        "norm_before_fc": cfg.norm_before_fc,
-        "fc_norm": cfg.fc_norm,
-        "norm_output": cfg.norm_output,
+        **cfg.layout(),
         "eagle_aux_hidden_state_layer_ids": VLLM.engine_ids(cfg.aux_layer_ids),
         "torch_dtype": "bfloat16",
         "eaglekit": eaglekit_block(cfg, "vllm", extra),
@@ -131,7 +126,7 @@ def engine_config(interp: Interpretation) -> dict:
     if cfg.get("target_hidden_size") is not None:
         flat["target_hidden_size"] = cfg["target_hidden_size"]
     flat["norm_before_residual"] = cfg.get("norm_before_residual", True)  # vLLM's default for speculators
-    for key in ("norm_before_fc", "fc_norm", "norm_output"):
+    for key in LAYOUT_KEYS:
         flat[key] = cfg.get(key, False)
     if cfg.get("eagle_aux_hidden_state_layer_ids"):
         flat["eagle_aux_hidden_state_layer_ids"] = cfg["eagle_aux_hidden_state_layer_ids"]
@@ -208,7 +203,10 @@ def engine_reading(interp: Interpretation, target_vocab, target_layers) -> Engin
     eagle = flat.get("eagle_config") or {}
     r.use_aux = bool(eagle.get("use_aux_hidden_state", True))
     own_map = r.draft_vocab_size != target_vocab
-    layout = engine_layout(flat, interp.config.num_aux)
+    r.layout = read_layout(flat, use_aux_norm=False)
+    if not r.use_aux:  # one final state is fed: no fc, and no norm before it
+        r.layout.update(fc_norm=False, norm_before_fc=False)
+    layout = layout_tensors(**r.layout, num_aux=interp.config.num_aux)
     for name in interp.folder.tensors:
         if "t2d" in name:
             continue  # vLLM skips t2d

@@ -165,11 +165,6 @@ class TrainConfig:
             raise EaglekitError(f"ttt_steps {self.ttt_steps} < 1", hint="use e.g. --ttt-steps 7")
         if self.schedule not in SCHEDULES:
             raise EaglekitError(f"unknown schedule {self.schedule!r}", hint=f"use one of {SCHEDULES}")
-        if self.fc_norm and self.norm_before_fc:
-            raise EaglekitError(
-                "--fc-norm and --norm-before-fc both set: a draft has one or the other",
-                hint="EAGLE-3.1 is --fc-norm --norm-output",
-            )
         if self.lm_head_init not in ("target", "random"):
             raise EaglekitError(f"unknown lm_head init {self.lm_head_init!r}", hint="use target or random")
         if self.ttt_attention not in ATTENTIONS:

@@ -119,7 +119,9 @@ def build_draft(
     with `start` (the `--init-from` draft) its weights are loaded on top."""
     layout = {key: getattr(cfg, key) for key in LAYOUT_KEYS}
     if start is not None and not any(layout.values()):  # --init-from keeps the draft's layout unless told one
-        layout = {key: getattr(start.config, key) for key in LAYOUT_KEYS}
+        layout = start.config.layout()
+        if any(layout.values()):
+            log.info("--init-from %s: its layout %s carries on", cfg.init_from, layout)
     dcfg = replace(
         DraftConfig.for_target(target_config, aux_layer_ids=aux_layer_ids, draft_vocab_size=vocab.size), **layout
     )
