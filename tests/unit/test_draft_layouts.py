@@ -25,7 +25,8 @@ from eaglekit.formats.names import NATIVE_TENSORS, layout_tensors
 from eaglekit.runtime import Sampling, make_target_runner
 from eaglekit.targets.capture import capture_aux_states
 from engine_tiny import PROMPTS, one_thread, peaked_model  # noqa: F401 (fixture)
-from oracle_draft import repeat_draft
+from oracle_draft import oracle_checkpoint, repeat_draft, save_repeat_target
+from planted import planted
 from train_tiny import train_args, train_data  # noqa: F401 (fixture `data`)
 from ttt_batch import check_unroll_against_naive, make_draft
 
@@ -231,6 +232,24 @@ def test_import_refuses_layout_tensors_the_config_does_not_use(layout_ckpt, tiny
     config_path.write_text(json.dumps(config))
     import_draft(tmp_path / "exp", tmp_path / "back2")
     assert load_draft(tmp_path / "back2").config.norm_output is False
+
+
+def test_the_diagnosis_finds_a_config_that_lost_its_layout(tmp_path):
+    """An EAGLE-3.1 oracle exported for SGLang, its `fc_norm` flag stripped: SGLang drops the norms'
+    weights, acceptance collapses, and the diagnosis names the layout and the line to write."""
+    target = save_repeat_target(tmp_path / "target", seed=4, heads=1)
+    ckpt = oracle_checkpoint(target, tmp_path / "oracle", k=3, num_prompts=4, max_new_tokens=32, fc_norm=True)
+    export_draft(ckpt, "sglang", tmp_path / "export", target=str(target))
+    probe = dict(run_probe=True, max_new_tokens=32, num_prompts=4, engine="sglang")
+    good = run_doctor(tmp_path / "export", str(target), **probe).probe["tau"]
+    lost = planted(tmp_path / "export", tmp_path / "lost", config=lambda cfg: cfg.update(fc_norm=False))
+    report = run_doctor(lost, str(target), **probe)
+    assert report.probe["tau"] - 1 < 0.25 * (good - 1)
+    diagnosis = report.probe["diagnosis"]
+    assert diagnosis["cause"] == "layout", diagnosis
+    restored = next(t for t in diagnosis["tried"] if t["id"] == "layout")
+    assert restored["restores"] and restored["tau"] == pytest.approx(good, abs=0.05)
+    assert diagnosis["fix"] == "write fc_norm: true in config.json"
 
 
 def test_a_layout_trains_from_the_cli(data, tmp_path, capsys):

@@ -18,7 +18,7 @@ from eaglekit.doctor.checks import Context
 from eaglekit.doctor.probe import ProbeResult, ProbeSetup, TargetRun, probe, with_aux
 from eaglekit.draft.config import LAYOUT_KEYS
 from eaglekit.draft.vocab import d2t_problems
-from eaglekit.formats.names import EMBED
+from eaglekit.formats.names import EMBED, is_layout_tensor
 from eaglekit.formats.registry import FORMATS, aux_configurable
 
 # A corrected setup must reach this tau and gain this much over the engine's reading to count.
@@ -129,6 +129,30 @@ def _residual(setup: ProbeSetup, ctx: Context):
     )
 
 
+def _layout(setup: ProbeSetup, ctx: Context):
+    """The EAGLE-3.1 norms the folder holds weights for, built (a config that lost `fc_norm` or
+    `norm_before_fc` still ships their tensors)."""
+    native = ctx.interp.native
+    implied = {
+        "fc_norm": setup.config.fc_norm or any(n.startswith("fc_norm.") for n in native),
+        "norm_before_fc": setup.config.norm_before_fc or "input_norm.weight" in native,
+    }
+    if all(getattr(setup.config, key) == on for key, on in implied.items()):
+        return None
+    norms = {n: t for n, t in native.items() if is_layout_tensor(n)}
+    return replace(
+        setup,
+        label="the norms its weights imply",
+        config=replace(setup.config, **implied),
+        tensors={**setup.tensors, **norms},
+    )
+
+
+def _layout_fix(setup: ProbeSetup, ctx: Context) -> str:
+    flags = [key for key in ("fc_norm", "norm_before_fc") if getattr(setup.config, key)]
+    return "write " + ", ".join(f"{key}: true" for key in flags) + " in config.json"
+
+
 HYPOTHESES = (
     Hypothesis(
         "names",
@@ -163,6 +187,12 @@ HYPOTHESES = (
         "the engine uses the draft's own embedding instead of the target's",
         _embedding,
         lambda s, c: "remove embed_tokens.weight from the folder",
+    ),
+    Hypothesis(
+        "layout",
+        "the config does not ask for the EAGLE-3.1 norms the folder holds weights for (fc_norm, norm_before_fc)",
+        _layout,
+        _layout_fix,
     ),
     Hypothesis(
         "norm_before_residual",
