@@ -134,16 +134,3 @@ def layer_param(bare: str, prefix: str) -> bool:
 
 def missing(loads: dict[str, str], skip: tuple[str, ...] = (), layout: tuple[str, ...] = ()) -> list[str]:
     return [n for n in REQUIRED + layout if n not in loads.values() and n not in skip]
-
-
-def read_layout(flat: dict, *, use_aux_norm: bool = True) -> dict[str, bool]:
-    """EAGLE-3.1's flags as SGLang and vLLM read a flat config: `norm_before_fc` from `eagle_config`
-    first, then top-level; `fc_norm` top-level (SGLang also takes its older name `use_aux_norm`, vLLM
-    not: `use_aux_norm=False`); `norm_output` top-level. The one reader of them: detect, the
-    engines' readings and the doctor agree."""
-    eagle = flat.get("eagle_config") or {}
-    return {
-        "fc_norm": bool(flat.get("fc_norm") or (use_aux_norm and flat.get("use_aux_norm"))),
-        "norm_before_fc": bool(eagle.get("norm_before_fc", flat.get("norm_before_fc", False))),
-        "norm_output": bool(flat.get("norm_output", False)),
-    }

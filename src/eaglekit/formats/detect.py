@@ -21,9 +21,8 @@ import torch
 
 from eaglekit.draft.config import DraftConfig
 from eaglekit.errors import EaglekitError
-from eaglekit.formats.base import read_layout
 from eaglekit.formats.folder import DraftFolder
-from eaglekit.formats.names import EMBED, NATIVE_TENSORS, is_layout_tensor, layer_style, native_name
+from eaglekit.formats.names import EMBED, NATIVE_TENSORS, is_layout_tensor, layer_style, native_name, read_layout
 from eaglekit.formats.registry import FORMATS
 from eaglekit.targets.aux import default_aux_layer_ids
 

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 from eaglekit.draft.config import LAYOUT_KEYS  # EAGLE-3.1's flags, which EAGLE's code lacks
 from eaglekit.errors import EaglekitError
-from eaglekit.formats.base import LAYER_PARAMS, EngineReading, Format, defaults, eaglekit_block, missing, read_layout
-from eaglekit.formats.names import EMBED, NATIVE_LAYER, VOCAB_MAPS
+from eaglekit.formats.base import LAYER_PARAMS, EngineReading, Format, defaults, eaglekit_block, missing
+from eaglekit.formats.names import EMBED, NATIVE_LAYER, VOCAB_MAPS, read_layout
 from eaglekit.targets.aux import default_aux_layer_ids
 
 if TYPE_CHECKING:  # annotations only

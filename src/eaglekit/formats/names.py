@@ -1,4 +1,5 @@
-"""eaglekit's native tensor names, and every name a draft checkpoint writes them under.
+"""eaglekit's native tensor names, every name a draft checkpoint writes them under, and the EAGLE-3.1
+layout flags that add tensors (`read_layout`, `layout_tensors`).
 
 Native names are SGLang's (docs/contracts.md): `fc.weight`, `midlayer.*`, `norm.weight`,
 `lm_head.weight`, `d2t`, `t2d`. The only rename any format needs is the decoder layer's prefix
@@ -41,6 +42,19 @@ def layout_tensors(*, norm_before_fc: bool, fc_norm: bool, num_aux: int, **_) ->
     layout dict whole (`layout_tensors(**layout, num_aux=k)`): `norm_output` adds no tensor."""
     whole = ("input_norm.weight",) if norm_before_fc else ()
     return whole + (tuple(f"fc_norm.{i}.weight" for i in range(num_aux)) if fc_norm else ())
+
+
+def read_layout(flat: dict, *, use_aux_norm: bool = True) -> dict[str, bool]:
+    """EAGLE-3.1's flags as SGLang and vLLM read a flat config: `norm_before_fc` from `eagle_config`
+    first, then top-level; `fc_norm` top-level (SGLang also takes its older name `use_aux_norm`, vLLM
+    not: `use_aux_norm=False`); `norm_output` top-level. The one reader of them: detect, the
+    engines' readings and the doctor agree."""
+    eagle = flat.get("eagle_config") or {}
+    return {
+        "fc_norm": bool(flat.get("fc_norm") or (use_aux_norm and flat.get("use_aux_norm"))),
+        "norm_before_fc": bool(eagle.get("norm_before_fc", flat.get("norm_before_fc", False))),
+        "norm_output": bool(flat.get("norm_output", False)),
+    }
 
 
 def is_layout_tensor(name: str) -> bool:

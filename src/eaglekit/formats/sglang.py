@@ -18,7 +18,6 @@ from eaglekit.formats.base import (
     eaglekit_block,
     layer_param,
     missing,
-    read_layout,
 )
 from eaglekit.formats.names import (
     EMBED,
@@ -28,6 +27,7 @@ from eaglekit.formats.names import (
     VOCAB_MAPS,
     layout_tensors,
     native_name,
+    read_layout,
 )
 
 if TYPE_CHECKING:  # annotations only

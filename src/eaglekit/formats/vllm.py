@@ -23,9 +23,8 @@ from eaglekit.formats.base import (
     defaults,
     eaglekit_block,
     missing,
-    read_layout,
 )
-from eaglekit.formats.names import EMBED, MODEL_PREFIX, layout_tensors, native_name
+from eaglekit.formats.names import EMBED, MODEL_PREFIX, layout_tensors, native_name, read_layout
 
 if TYPE_CHECKING:  # annotations only
     from eaglekit.draft.config import DraftConfig
