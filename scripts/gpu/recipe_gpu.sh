@@ -162,13 +162,18 @@ session() {
   # prompts (>= 2000 characters: passages to summarize or answer from) at full weight first, so that
   # long-input work is a share of its own (3,303 prompts, where T0's 0.2 took ~660).
   local w="\"$prompts/flan_cot.jsonl,weight=0.3\", \"$prompts/t0_train.jsonl,min-chars=2000,name=t0_long\", \"$prompts/t0_train.jsonl,weight=0.2\", \"$prompts/gsm8k_train.jsonl,weight=0.5\", \"$prompts/sgd_dialogues.jsonl,weight=0.1\""
+  # TASKS: task shares made from the files (`template=`: translation, summaries; eaglekit prompts build
+  # --help), ';' between, e.g. TASKS="sharegpt_sample.jsonl,template=translate-fr,weight=0.5"
+  local tasks="" task
+  IFS=';' read -ra task_specs <<< "${TASKS:-}"
+  for task in "${task_specs[@]}"; do tasks+=", \"$prompts/$task\""; done
   local full=""
   for f in "$prompts"/*.jsonl; do
     case $(basename "$f") in flan_cot.jsonl|t0_train.jsonl|gsm8k_train.jsonl|sgd_dialogues.jsonl) ;; *) full+="\"$f\", " ;; esac
   done
   recipe() {  # the recipe with this session's overrides, plus any given
     python3 -m eaglekit run --recipe smollm2-h200 --out "$RUN" gpus="${GPUS:-1}" target="$t" \
-      "prompts.source=[$full$w]" ${TRAIN_S:+"train.time-budget-s=$TRAIN_S"} train.no-progress=true \
+      "prompts.source=[$full$w$tasks]" ${TRAIN_S:+"train.time-budget-s=$TRAIN_S"} train.no-progress=true \
       "bench.prompts=$eval/mt_bench.jsonl" "bench.limit=${LIMIT:-40}" "generate.refill=${REFILL:-graphs}" ${PROFILE:+"train.profile-steps=$PROFILE"} "$@" ${EXTRA:-} 2>&1 | quiet >> "$LOG"
     return "${PIPESTATUS[0]}"
   }

@@ -360,6 +360,32 @@ def test_folder_source_and_id_clashes(tmp_path):
     assert sorted(p["id"] for p in lines(tmp_path / "out", "train")) == ["one/1", "two/1"]
 
 
+def test_a_template_makes_a_share_of_task_prompts_from_a_source(tmp_path):
+    """`FILE,template=translate-fr` beside FILE: each prompt again, wrapped in the task, under its own ids
+    and source name, so both shares survive dedup; the manifest records the template."""
+    f = write_jsonl(
+        tmp_path / "chat.jsonl",
+        [
+            {"id": "a", "turns": ["Write a haiku about rain."]},
+            {"id": "b", "turns": ["Name three rivers.", "And lakes?"]},
+        ],
+    )
+    spec = SourceSpec.parse(f"{f},template=translate-fr,weight=0.5")
+    wrapped = read_source(spec).prompts
+    assert [p.id for p in wrapped] == ["a+translate-fr", "b+translate-fr"]
+    assert {p.source for p in wrapped} == {"chat+translate-fr"}
+    assert wrapped[0].turns == ["Translate the following text into French.\n\nWrite a haiku about rain."]
+    assert wrapped[1].turns[1] == "And lakes?"  # later turns stay the user's
+    manifest = build_prompts([SourceSpec.parse(str(f)), spec], tmp_path / "out", validation_fraction=0.0)
+    plain, task = manifest["counts"]["sources"]
+    assert (plain["unique"], task["unique"], task["duplicates"]) == (2, 2, 0)
+    assert (plain["name"], task["name"]) == ("chat", "chat+translate-fr")
+    assert manifest["config"]["sources"][1]["template"] == "translate-fr"
+    assert "template" not in SourceSpec.parse(str(f)).to_config()  # unchanged for sources without one
+    with pytest.raises(EaglekitError, match="unknown template"):
+        SourceSpec.parse(f"{f},template=translate-klingon")
+
+
 def test_source_spec_errors(tmp_path):
     with pytest.raises(EaglekitError, match="bad source option"):
         SourceSpec.parse("a.jsonl,wieght=2")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -35,8 +35,20 @@ OPTIONS = (
     "min-chars",
     "max-chars",
     "validation-fraction",
+    "template",
 )
 INT_OPTIONS = ("min-chars", "max-chars")
+# Task templates a source's prompts can be wrapped in (`template=NAME`): work the training files rarely
+# hold (translation; summaries of a given text), made from prompts they do hold. The target answers
+# the wrapped prompt as it answers a user's, so the draft learns what the target writes for such work.
+TEMPLATES = {
+    "translate-fr": "Translate the following text into French.\n\n{prompt}",
+    "translate-de": "Translate the following text into German.\n\n{prompt}",
+    "translate-es": "Translate the following text into Spanish.\n\n{prompt}",
+    "translate-zh": "Translate the following text into Chinese.\n\n{prompt}",
+    "translate-en": "Translate the following text into English.\n\n{prompt}",
+    "summarize": "Summarize the following text in a few sentences.\n\n{prompt}",
+}
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,9 @@ class SourceSpec:
         records: key of the list of records when a JSON file holds an object, not a list.
         split: split of a Hugging Face dataset.
         subset: configuration name of a Hugging Face dataset.
+        template: wrap each prompt's first turn in a task template (`TEMPLATES`, e.g. translate-fr),
+            as a share of its own: its prompts are named SOURCE+TEMPLATE and never collide with the
+            unwrapped source's.
         min_chars, max_chars: this source's own length limits, on top of the build's (`min-chars=2000`
             takes a source's long prompts alone: long-input work, e.g. summaries, as its own share; its
             `name` names the share in the manifest, while records that carry a source keep theirs).
@@ -71,6 +86,7 @@ class SourceSpec:
     min_chars: int | None = None
     max_chars: int | None = None
     validation_fraction: float | None = None
+    template: str | None = None
 
     @classmethod
     def parse(cls, text: str) -> "SourceSpec":
@@ -117,6 +133,10 @@ class SourceSpec:
                     hint="e.g. chat.jsonl,validation-fraction=0.05",
                 )
             kwargs["validation_fraction"] = share
+        if "template" in kwargs and kwargs["template"] not in TEMPLATES:
+            raise EaglekitError(
+                f"unknown template {kwargs['template']!r} in {text!r}", hint=f"use one of {', '.join(TEMPLATES)}"
+            )
         if kwargs.get("format", "auto") not in FORMATS:
             raise EaglekitError(
                 f"unknown format {kwargs['format']!r} in {text!r}", hint=f"use one of {', '.join(FORMATS)}"
@@ -130,7 +150,7 @@ class SourceSpec:
         return {
             k: v
             for k, v in self.__dict__.items()
-            if not (k in ("min_chars", "max_chars", "validation_fraction") and v is None)
+            if not (k in ("min_chars", "max_chars", "validation_fraction", "template") and v is None)
         }
 
     def keeps(self, prompt) -> bool:
@@ -143,12 +163,15 @@ class SourceSpec:
     def is_hf(self) -> bool:
         return self.location.startswith("hf:")
 
+    @property
+    def stem(self) -> str:
+        """The dataset's or file's name."""
+        return self.location[3:].split("/")[-1] if self.is_hf else Path(self.location).stem
+
     def display_name(self) -> str:
         if self.name:
             return self.name
-        if self.is_hf:
-            return self.location[3:].split("/")[-1]
-        return Path(self.location).stem
+        return f"{self.stem}+{self.template}" if self.template else self.stem
 
     def files(self) -> list[Path]:
         """The files of a file or folder source, sorted; raises when there are none."""
@@ -183,17 +206,29 @@ def read_source(spec: SourceSpec) -> ReadReport:
     """Read every record of a source; malformed ones are collected, not fatal."""
     report = ReadReport()
     for path, raw_iter in _raw_records(spec):
-        default_name = spec.name or (spec.display_name() if spec.is_hf else path_stem(path))
+        default_name = spec.name or (spec.stem if spec.is_hf else path_stem(path))
         fmt = "text" if spec.format == "auto" and str(path).endswith(".txt") else spec.format
         for index, (where, raw) in enumerate(raw_iter):
             report.records += 1
             try:
                 if isinstance(raw, MalformedRecord):
                     raise raw
-                report.prompts.append(to_prompt(raw, fmt=fmt, source=default_name, index=index, column=spec.column))
+                prompt = to_prompt(raw, fmt=fmt, source=default_name, index=index, column=spec.column)
+                report.prompts.append(wrapped(prompt, spec) if spec.template else prompt)
             except MalformedRecord as err:
                 report.malformed.append(f"{where}: {err}")
     return report
+
+
+def wrapped(prompt: Prompt, spec: SourceSpec) -> Prompt:
+    """The prompt with its first turn in `spec.template`, under its own id and source name."""
+    first = TEMPLATES[spec.template].format(prompt=prompt.turns[0])
+    return replace(
+        prompt,
+        id=f"{prompt.id}+{spec.template}",
+        source=spec.name or f"{prompt.source}+{spec.template}",
+        turns=[first, *prompt.turns[1:]],
+    )
 
 
 def path_stem(path: str) -> str:
