@@ -23,7 +23,7 @@
 #      arms      issue 39's A/B: a draft per ARMS variant (train flags, ';' between, "-" the recipe's own) trained
 #                ARM_S seconds on the run's conversations, each benched on MT-bench and HumanEval + Alpaca;
 #      peer      issue 39's peer: speculators trained beside the run's draft for its train seconds, both benched;
-#      gputests  the gpu tier's batch-decoder tests (CUDA against the CPU, token for token), at most 300 s.
+#      gputests  the gpu tier, tests/gpu (CUDA against the CPU, token for token), at most 600 s.
 #   PRE names benches to run before the recipe (e.g. PRE=kernels: timings on an idle GPU, first).
 # Env: W (work folder, /root/work), GPUS (1), TRAIN_S (train.time-budget-s; default the recipe's), LIMIT (MT-bench prompts),
 # REFILL (generate.refill: graphs, the recipe's, eager or compiled), PROFILE (train.profile-steps A:B: the
@@ -146,8 +146,8 @@ PY
         PEER_PY=$W/peer-py PREP_WORKERS=8 PROBE_ARGS="--engine vllm --device cuda" \
           BENCH_ARGS="--prompts $eval/mt_bench.jsonl --limit ${LIMIT:-20} --max-new-tokens 256 --no-hf $(bench_shape) --device cuda" \
           bash scripts/peer/run_speculators.sh "$RUN" "$W/peer" 2>&1 | quiet | grep -v "^+ " | tail -30 >> "$LOG" ;;
-      gputests)  # the CUDA paths of the batch decoder against the CPU's, token for token
-        timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_gpu.py -k batch_decoder 2>&1 | tail -5 >> "$LOG" ;;
+      gputests)  # the engine's and the batch decoder's CUDA paths against the CPU's, token for token
+        timeout 600 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu 2>&1 | tail -15 >> "$LOG" ;;
       none) continue ;;   # BENCHES=none: the recipe's run alone
       *) stamp "unknown bench $b (chain, sweep, heldout, generate, kernels, regen, profile, arms, peer, gputests, none)"; continue ;;
     esac
