@@ -17,7 +17,7 @@ from eaglekit.draft.vocab import d2t_problems
 from eaglekit.formats.base import EngineReading, Format
 from eaglekit.formats.detect import Interpretation, rope_parameters
 from eaglekit.formats.facts import TargetFacts
-from eaglekit.formats.names import LAYER_ALIASES, NATIVE_LAYER, is_layout_tensor, native_name
+from eaglekit.formats.names import LAYER_ALIASES, NATIVE_LAYER, implied_layout, native_name
 from eaglekit.formats.registry import FORMATS, aux_configurable
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
@@ -97,10 +97,10 @@ def check_names(ctx: Context) -> Check:
         hints.append(fmt.rename_layers)
     if any(n.startswith("model.") for n in r.refused):
         hints.append("drop the `model.` prefix from tensor names")
-    unbuilt = {native_name(n)[0] for n in r.dropped + r.refused if is_layout_tensor(native_name(n)[0])}
-    if unbuilt:  # the weights are there; the config does not ask for the norms they fill
-        flags = sorted({"norm_before_fc" if n == "input_norm.weight" else "fc_norm" for n in unbuilt})
-        hints.append(f"write {', '.join(f'{f}: true' for f in flags)} in config.json: the folder holds their weights")
+    unbuilt = implied_layout({native_name(n)[0] for n in r.dropped + r.refused})
+    if any(unbuilt.values()):  # the weights are there; the config does not ask for the norms they fill
+        flags = ", ".join(f"{flag}: true" for flag, on in unbuilt.items() if on)
+        hints.append(f"write {flags} in config.json: the folder holds their weights")
     hints.append(f"`eaglekit export --format {ctx.engine}` writes the names {ctx.engine} loads")
     return Check("names", FAIL, "; ".join(parts), "; ".join(hints))
 

@@ -18,7 +18,7 @@ from eaglekit.doctor.checks import Context
 from eaglekit.doctor.probe import ProbeResult, ProbeSetup, TargetRun, probe, with_aux
 from eaglekit.draft.config import LAYOUT_KEYS
 from eaglekit.draft.vocab import d2t_problems
-from eaglekit.formats.names import EMBED, is_layout_tensor
+from eaglekit.formats.names import EMBED, implied_layout, is_layout_tensor
 from eaglekit.formats.registry import FORMATS, aux_configurable
 
 # A corrected setup must reach this tau and gain this much over the engine's reading to count.
@@ -133,10 +133,7 @@ def _layout(setup: ProbeSetup, ctx: Context):
     """The EAGLE-3.1 norms the folder holds weights for, built (a config that lost `fc_norm` or
     `norm_before_fc` still ships their tensors)."""
     native = ctx.interp.native
-    implied = {
-        "fc_norm": setup.config.fc_norm or any(n.startswith("fc_norm.") for n in native),
-        "norm_before_fc": setup.config.norm_before_fc or "input_norm.weight" in native,
-    }
+    implied = {key: getattr(setup.config, key) or on for key, on in implied_layout(native).items()}
     if all(getattr(setup.config, key) == on for key, on in implied.items()):
         return None
     norms = {n: t for n, t in native.items() if is_layout_tensor(n)}

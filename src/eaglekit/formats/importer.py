@@ -22,7 +22,7 @@ from eaglekit.errors import EaglekitError
 from eaglekit.formats.detect import Interpretation, interpret
 from eaglekit.formats.facts import TargetFacts, target_facts
 from eaglekit.formats.folder import DraftFolder, read_folder
-from eaglekit.formats.names import NATIVE_TENSORS, VOCAB_MAPS, layout_tensors
+from eaglekit.formats.names import VOCAB_MAPS
 from eaglekit.targets.aux import check_aux_layer_ids
 
 log = logging.getLogger(__name__)
@@ -46,13 +46,11 @@ def strict_reading(folder: DraftFolder, *, target_num_layers: int | None) -> Int
     problems = list(reading.conflicts)
     if reading.unknown:
         problems.append(f"tensors with no EAGLE-3 meaning {reading.unknown[:6]}")
-    cfg = reading.config
-    layout = layout_tensors(norm_before_fc=cfg.norm_before_fc, fc_norm=cfg.fc_norm, num_aux=cfg.num_aux)
-    missing = [n for n in NATIVE_TENSORS + layout if n not in reading.native and n not in VOCAB_MAPS]
+    with torch.device("meta"):  # shapes only, no memory
+        expected = Eagle3Draft(reading.config).draft_state_dict()  # the native tensors, in the config's layout
+    missing = [n for n in expected if n not in reading.native and n not in VOCAB_MAPS]
     if missing:
         problems.append(f"missing tensors {missing[:6]}")
-    with torch.device("meta"):  # shapes only, no memory
-        expected = Eagle3Draft(cfg).draft_state_dict()
     unused = [name for name in reading.native if name not in expected]
     if unused:
         problems.append(f"tensors {unused[:6]} that the config's layout does not use (norm_before_fc / fc_norm)")

@@ -62,6 +62,14 @@ def is_layout_tensor(name: str) -> bool:
     return name == "input_norm.weight" or (name.startswith("fc_norm.") and name.endswith(".weight"))
 
 
+def implied_layout(names) -> dict[str, bool]:
+    """The norm flags native tensor names ask for (`layout_tensors` read backwards)."""
+    return {
+        "fc_norm": any(n.startswith("fc_norm.") and n.endswith(".weight") for n in names),
+        "norm_before_fc": "input_norm.weight" in names,
+    }
+
+
 def native_name(name: str) -> tuple[str, str | None]:
     """Map one checkpoint name to its native name.
 
