@@ -24,7 +24,8 @@
 #                ARM_S seconds on the run's conversations, each benched on MT-bench and HumanEval + Alpaca;
 #      peer      issue 39's peer: speculators trained beside the run's draft for its train seconds, both benched;
 #      gputests  the gpu tier, tests/gpu (CUDA against the CPU, token for token), at most 600 s.
-#   PRE names benches to run before the recipe (e.g. PRE=kernels: timings on an idle GPU, first).
+#   PRE names benches to run before the recipe (e.g. PRE=kernels: timings on an idle GPU, first), BESIDE
+#   benches to run beside it (BESIDE=gputests: checks, not timings; the benches after it wait for them).
 # Env: W (work folder, /root/work), GPUS (1), TRAIN_S (train.time-budget-s; default the recipe's), LIMIT (MT-bench prompts),
 # REFILL (generate.refill: graphs, the recipe's, eager or compiled), PROFILE (train.profile-steps A:B: the
 # training loop's torch.profiler table, run/draft/profile.txt), EXTRA (more SECTION.KEY=VALUE overrides,
@@ -178,6 +179,10 @@ session() {
     return "${PIPESTATUS[0]}"
   }
   [[ -n ${PRE:-} ]] && BENCHES=$PRE benches "" "$eval" "$prompts"     # before the recipe: an idle GPU
+  # beside the recipe, for checks whose figures are not timings (BESIDE=gputests: the GPU tier while
+  # the data stages run; the arms' and the recipe's training is timed, so it waits for them)
+  local beside=""
+  if [[ -n ${BESIDE:-} ]]; then BENCHES=$BESIDE benches "" "$eval" "$prompts" & beside=$!; fi
   t0=$(date +%s); stamp "pipeline starts"
   recipe
   local code=$?
@@ -199,6 +204,7 @@ session() {
     recipe train.compile=false
     stamp "pipeline (no compile) exit $? after $(( $(date +%s) - t0 )) s"
   fi
+  [[ -n $beside ]] && { stamp "waiting for the benches beside ($BESIDE)"; wait "$beside"; }
   benches "$RUN/draft" "$eval" "$prompts"
   stamp "session done"
 }
@@ -218,6 +224,9 @@ pack() {  # what exists so far, in one archive (files back from $OUT: at most 8)
     [[ -e $f ]] && files+=("${f#"$W"/}")
   done
   for f in "$W"/be-*/bench_engine.json "$W"/be-*/bench_engine.md "$W"/regen-*/manifest.json "$W"/profile-*/profile_batch.json; do
+    [[ -e $f ]] && files+=("${f#"$W"/}")
+  done
+  for f in "$W"/arm-*/draft/{manifest.json,log.jsonl,config.json} "$W"/arm-*/{bench,heldout}/{results.json,report.md} "$W"/gputests.log; do
     [[ -e $f ]] && files+=("${f#"$W"/}")
   done
   for f in "$W"/peer/{peer.txt,calibrate.log,train.log,prepare.log,compare/table.md} "$W"/peer/compare/*/{doctor.json,bench/results.json}; do
@@ -241,7 +250,7 @@ case $VERB in
   start)
     : "${EAGLEKIT_SMOLLM2_DIR:?run setup.sh first}"
     PROMPTS=${2:?prompts folder}; EVAL=${3:?eval folder}
-    export -f session benches bench_shape train_flags stamp quiet; export W RUN LOG PROFILE EXTRA BENCHES PRE KERNELS BE_ARGS ARMS ARM_S REGEN REGEN_LIMIT PROFILE_ROWS
+    export -f session benches bench_shape train_flags stamp quiet; export W RUN LOG PROFILE EXTRA BENCHES PRE BESIDE KERNELS BE_ARGS ARMS ARM_S REGEN REGEN_LIMIT PROFILE_ROWS
     setsid nohup bash -c "session '$PROMPTS' '$EVAL'" > "$W/session.out" 2>&1 < /dev/null &
     stamp "session launched (pid $!)"; sleep 2; cat "$LOG" ;;
   bench)   # a draft trained in an earlier session: the three benches alone, in the background
