@@ -62,6 +62,21 @@ class Teacher:
             return -(self.probs * log_q).sum(-1)
         return -(self.probs * log_q.gather(-1, self.index)).sum(-1)
 
+    def acceptance(self, q: torch.Tensor) -> torch.Tensor:
+        """Acceptance rate sum_v min(p(v), q(v)) = 1 - TV(p, q) per position: the chance that speculative
+        sampling accepts a token drawn from q. Sparse: the sum over the k ids is exact (p is zero
+        elsewhere; a padding entry has p = 0 and adds nothing).
+
+        Args:
+            q: [B, T, Vd] draft probabilities (float32).
+
+        Returns:
+            [B, T] float32.
+        """
+        if self.index is None:
+            return torch.minimum(self.probs, q).sum(-1)
+        return torch.minimum(self.probs, q.gather(-1, self.index)).sum(-1)
+
 
 def dense_teacher(logits: torch.Tensor, draft_ids: torch.Tensor) -> Teacher:
     """The exact teacher from full target logits.

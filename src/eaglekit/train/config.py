@@ -16,6 +16,7 @@ from eaglekit.targets.options import DEFAULT_TARGET, TARGET_HELP
 RESUME_FREE = ("resume", "overwrite", "progress", "out", "ttt_attention", "soft_ce", "compile", "profile_steps")
 ATTENTIONS = ("merged", "dense")  # train/attention.py implements them
 SOFT_CES = ("plain", "fused", "compiled")  # train/loss.py
+OBJECTIVES = ("soft-ce", "lk-alpha", "lk-hybrid")  # train/loss.py
 SCHEDULES = ("cosine", "linear", "constant")  # train/optim.py
 
 
@@ -130,6 +131,14 @@ class TrainConfig:
         group="training",
         choices=SOFT_CES,
     )
+    objective: str = option(
+        "soft-ce",
+        "what training minimizes: soft-ce (the soft cross-entropy against the target), lk-alpha "
+        "(-log of the acceptance rate alpha = sum_v min(p, q)) or lk-hybrid (the soft CE and 1 - alpha, "
+        "blended by alpha); the LK losses are not yet A/B'd (docs/notes/training.md)",
+        group="training",
+        choices=OBJECTIVES,
+    )
     compile: bool = option(
         False,
         "torch.compile each TTT step's work, four graphs that every TTT step shares, and "
@@ -171,6 +180,14 @@ class TrainConfig:
             raise EaglekitError(f"unknown TTT attention {self.ttt_attention!r}", hint=f"use one of {ATTENTIONS}")
         if self.soft_ce not in SOFT_CES:
             raise EaglekitError(f"unknown soft CE {self.soft_ce!r}", hint=f"use one of {SOFT_CES}")
+        if self.objective not in OBJECTIVES:
+            raise EaglekitError(f"unknown objective {self.objective!r}", hint=f"use one of {OBJECTIVES}")
+        if self.objective != "soft-ce" and self.soft_ce != "plain":
+            raise EaglekitError(
+                f"--soft-ce {self.soft_ce} is a kernel of the soft-ce objective; --objective {self.objective} "
+                "runs its own formula (eagerly, or traced by --compile)",
+                hint=f"drop --soft-ce {self.soft_ce}, or use --objective soft-ce",
+            )
         if self.compile and self.soft_ce != "plain":
             raise EaglekitError(
                 "--compile runs the plain soft CE (inductor fuses it itself)",
@@ -207,7 +224,10 @@ class TrainConfig:
         return d
 
     def resume_key(self) -> dict:
-        return {k: v for k, v in self.to_dict().items() if k not in RESUME_FREE}
+        key = {k: v for k, v in self.to_dict().items() if k not in RESUME_FREE}
+        if key["objective"] == "soft-ce":  # a state written before --objective existed trained soft-ce
+            del key["objective"]
+        return key
 
 
 CONFIG_FIELDS = tuple(f.name for f in fields(TrainConfig))

@@ -68,6 +68,7 @@ def unrolled_loss(
     t2d: torch.Tensor,
     weights: list[float],
     soft_ce: str = "plain",
+    objective: str = "soft-ce",
     every_position: bool = False,
     steps: StepFunctions | None = None,
 ) -> StepOutput:
@@ -87,6 +88,7 @@ def unrolled_loss(
         weights=weights,
         denominators=denominators,
         soft_ce=soft_ce,
+        objective=objective,
         positions=positions,
         steps=steps,
     )
@@ -185,9 +187,8 @@ class Trainer:
                 compile_target_layers(self.run.train.model)
         if cfg.soft_ce == "compiled":
             check_inductor(self.device, "--soft-ce compiled")
-        self.step_loss = (
-            compiled_unrolled_loss() if cfg.compile else functools.partial(unrolled_loss, soft_ce=cfg.soft_ce)
-        )
+        step_loss = compiled_unrolled_loss() if cfg.compile else functools.partial(unrolled_loss, soft_ce=cfg.soft_ce)
+        self.step_loss = functools.partial(step_loss, objective=cfg.objective)
         self.names = [n for n, p in self.draft.named_parameters() if p.requires_grad]
         params = dict(self.draft.named_parameters())
         self.optimizer = make_optimizer(
@@ -316,8 +317,9 @@ class Trainer:
         lengths = self.run.train.lengths
         return sum(lengths[i] for indices in micro for i in indices)
 
-    def train_step(self) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """Forward/backward over this rank's micro-batches; returns (stats, grad norm, tokens).
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
+        """Forward/backward over this rank's micro-batches; returns (stats, grad norm, tokens, loss): the
+        loss is this rank's share of the step's (the objective's value, float64; ranks sum to the step's).
 
         Nothing here waits for the device (the grad norm stays a tensor until it is logged), so the
         host queues the next batch while the device still works on this one.
@@ -327,6 +329,7 @@ class Trainer:
         denominators = sum(step_counts(b.loss_mask, cfg.ttt_steps) for b in batches)
         self.dist.all_reduce(denominators)
         stats = torch.zeros(cfg.ttt_steps, len(STATS), dtype=torch.float64, device=self.device)
+        loss = torch.zeros((), dtype=torch.float64, device=self.device)
         tokens = self.step_tokens(self.step)
         for n, batch in enumerate(batches):
             sync = n == len(batches) - 1 or not self.dist.enabled
@@ -339,6 +342,7 @@ class Trainer:
                 # DDP averages gradients over ranks; the loss is already normalized globally.
                 (out.loss * self.dist.world_size).backward()
             stats += out.stats
+            loss += out.loss.detach()
             del out
         grad_norm = torch.nn.utils.clip_grad_norm_(
             [p for p in self.draft.parameters() if p.requires_grad], cfg.max_grad_norm
@@ -355,7 +359,7 @@ class Trainer:
             group["lr"] = lr
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return stats, grad_norm, tokens
+        return stats, grad_norm, tokens, loss
 
     def queue_finite_check(self, stats: torch.Tensor, grad_norm: torch.Tensor) -> None:
         """Check step `self.step`'s loss and grad norm for NaN/Inf without making the host wait: its
@@ -512,7 +516,8 @@ class Trainer:
         self.model.train()
         started = time.perf_counter()
         window = torch.zeros(cfg.ttt_steps, len(STATS), dtype=torch.float64, device=self.device)
-        window_tokens, window_start = 0, time.perf_counter()
+        window_loss = torch.zeros(1, dtype=torch.float64, device=self.device)  # the objective's, summed over steps
+        window_tokens, window_steps, window_start = 0, 0, time.perf_counter()
         train_metrics = None
         # Time budget: size the schedule from the measured speed, refined as the run settles.
         refits = [] if cfg.time_budget_s is None else budget_refits(self.step, self.max_steps_cap)
@@ -529,11 +534,13 @@ class Trainer:
                 tracker.event("val", 0, **metrics)
                 self.save_best(metrics)
             while self.step < self.total_steps:
-                stats, grad_norm, tokens = self.train_step()
+                stats, grad_norm, tokens, loss = self.train_step()
                 self.step += 1
                 self.queue_finite_check(stats, grad_norm)
                 window += stats
+                window_loss += loss
                 window_tokens += tokens
+                window_steps += 1
                 if cfg.time_budget_s is not None and last_fit is None:
                     # The first step holds the start-up (a --compile run compiles in it, minutes on a
                     # GPU: docs/notes/training.md): fits measure the pace after it, or they size the run
@@ -549,12 +556,13 @@ class Trainer:
                     counts = torch.cat(
                         [
                             window.flatten(),
+                            window_loss,
                             torch.tensor([float(window_tokens)], dtype=torch.float64, device=self.device),
                         ]
                     )
                     self.dist.all_reduce(counts)
                     elapsed = time.perf_counter() - window_start
-                    train_metrics = metrics_from_stats(counts[:-1].view_as(window))
+                    train_metrics = metrics_from_stats(counts[:-2].view_as(window))
                     tok_s = float(counts[-1]) / max(elapsed, 1e-9)
                     memory = (
                         {"max_mem_gib": round(torch.cuda.max_memory_allocated(self.device) / 2**30, 2)}
@@ -565,6 +573,7 @@ class Trainer:
                         "train",
                         self.step,
                         lr=self.optimizer.param_groups[0]["lr"],
+                        loss=round(float(counts[-2]) / window_steps, 5),  # the objective's mean a step
                         grad_norm=float(grad_norm),
                         tokens_per_s=round(tok_s, 1),
                         elapsed_s=round(time.perf_counter() - started, 2),
@@ -578,7 +587,8 @@ class Trainer:
                         tau=f"{train_metrics['sim_accept_length']:.2f}",
                     )
                     window.zero_()
-                    window_tokens, window_start = 0, time.perf_counter()
+                    window_loss.zero_()
+                    window_tokens, window_steps, window_start = 0, 0, time.perf_counter()
                 tracker.progress(1)
                 last = self.step == self.total_steps
                 if self.run.val is not None and (self.step % cfg.val_every == 0 or last):

@@ -17,6 +17,20 @@ The soft cross-entropy -sum_v p(v) log q(v), q = softmax(z), in two forms:
   x 16384 draft ids); the fused one keeps only the logits (in their own dtype, bf16 under autocast)
   and the lse, works in fp32 on position chunks of bounded size, and recomputes softmax(z) in the
   backward: ce = lse(z) * sum_v p(v) - sum_v p(v) z(v), dz = dce * (softmax(z) * sum p - p).
+
+`--objective` picks what the loss is (`objective_loss`); soft-ce, the default, is the above. The LK
+losses ("LK Losses: Direct Acceptance Rate Optimization for Speculative Decoding", arXiv 2602.23881)
+optimize the acceptance rate alpha = sum_v min(p(v), q(v)) = 1 - TV(p, q) (`Teacher.acceptance`), the
+chance that speculative sampling accepts a token drawn from q, against the same p the soft CE uses:
+- lk-alpha: -log alpha. Its gradient is TV's divided by alpha, so it does not vanish while the draft
+  still puts little mass where p is (pure TV's does, from scratch).
+- lk-hybrid: lam * soft CE + (1 - lam) * (1 - alpha), lam = exp(-LK_ETA * mean alpha) with the mean over
+  the step's trained positions of the micro-batch, detached: mostly the soft CE while the draft's
+  acceptance is low, mostly TV as it rises. The paper blends KL, which is the soft CE less the
+  teacher's entropy: the same gradient, since lam is a constant of the backward.
+Both run the plain formula (log-softmax or softmax in fp32), eagerly or traced by `train --compile`;
+`--soft-ce` picks the soft-ce objective's kernel only (config.py refuses it with the LK losses). The
+metric sums keep the soft CE under every objective, so runs with different objectives compare on `ce`.
 """
 
 from __future__ import annotations
@@ -30,9 +44,11 @@ from eaglekit.errors import EaglekitError
 from eaglekit.features.batch import Batch, counted_positions
 from eaglekit.features.teacher import Teacher
 from eaglekit.metrics import STATS, serving_walks
-from eaglekit.train.config import SOFT_CES
+from eaglekit.train.config import OBJECTIVES, SOFT_CES
 
 CHUNK_ELEMENTS = 2**27  # fp32 working set per chunk of the fused soft CE: 512 MiB
+LK_ETA = 3.0  # lk-hybrid's decay of the soft CE's weight with the acceptance rate (docs/notes/training.md)
+ALPHA_FLOOR = torch.finfo(torch.float32).tiny  # -log alpha stays finite where q underflows on p's support
 
 
 # ---- the soft cross-entropy -----------------------------------------------------------------------
@@ -122,12 +138,47 @@ class SoftCrossEntropy(torch.autograd.Function):
         return grad, None, None, None
 
 
+# ---- the objective ---------------------------------------------------------------------------------
+
+
+def objective_loss(
+    logits: torch.Tensor, teacher: Teacher, trained: torch.Tensor, *, objective: str = "soft-ce", soft_ce: str = "plain"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-position loss and soft CE [B, L] (fp32) of `logits` [B, L, Vd] against `teacher`.
+
+    trained: [B, L] bool, the positions the loss counts (lk-hybrid's weight is their mean acceptance).
+    objective: soft-ce (the loss is the soft CE, by the `soft_ce` kernel), lk-alpha or lk-hybrid (the
+    module docstring; plain formulas only).
+    """
+    if objective == "soft-ce":
+        ce = soft_cross_entropy(logits, teacher, soft_ce=soft_ce)
+        return ce, ce
+    if objective not in OBJECTIVES:
+        raise EaglekitError(f"unknown objective {objective!r}", hint=f"use one of {', '.join(OBJECTIVES)}")
+    if soft_ce != "plain":
+        raise EaglekitError(f"--objective {objective} runs no --soft-ce {soft_ce}", hint="drop --soft-ce")
+    if objective == "lk-alpha":
+        # softmax alone keeps one fp32 [B, L, Vd] tensor for the backward, as the plain soft CE does;
+        # the soft CE is only a metric here.
+        alpha = teacher.acceptance(torch.softmax(logits, -1, dtype=torch.float32))
+        with torch.no_grad():
+            ce = plain_soft_cross_entropy(logits, teacher)
+        return -torch.log(alpha.clamp(min=ALPHA_FLOOR)), ce
+    log_q = torch.log_softmax(logits, -1, dtype=torch.float32)  # lk-hybrid: both terms take gradients
+    ce = teacher.cross_entropy(log_q)
+    alpha = teacher.acceptance(log_q.exp())
+    with torch.no_grad():
+        mean_alpha = (alpha * trained).sum() / trained.sum().clamp(min=1)
+        lam = torch.exp(-LK_ETA * mean_alpha)
+    return lam * ce + (1 - lam) * (1 - alpha), ce
+
+
 # ---- the TTT loss ---------------------------------------------------------------------------------
 
 
 @dataclass
 class StepOutput:
-    loss: torch.Tensor  # scalar: sum_j w_j * sum(ce_j) / denominators_j
+    loss: torch.Tensor  # scalar: sum_j w_j * sum(loss_j) / denominators_j (loss_j: the objective's)
     stats: torch.Tensor  # [ttt_steps, len(STATS)] float64 sums (all-reducible; eaglekit.metrics)
 
 
@@ -164,6 +215,7 @@ def ttt_loss(
     denominators: torch.Tensor,
     walk: bool = False,
     soft_ce: str = "plain",
+    objective: str = "soft-ce",
     positions: tuple[torch.Tensor, torch.Tensor] | None = None,
     steps=None,
 ) -> StepOutput:
@@ -178,10 +230,11 @@ def ttt_loss(
             and ranks), so accumulation and DDP give the loss of one big batch.
         walk: also replay greedy chain decoding (`metrics.serving_walk`; validation only, it syncs to the CPU).
         soft_ce: plain, fused or compiled (`soft_cross_entropy`).
+        objective: soft-ce, lk-alpha or lk-hybrid (`objective_loss`).
         positions: (rows, positions) [N] of the logits (`ttt.ttt_positions`, which must hold every
             counted one); None: the whole grid.
         steps: the step functions (`ttt.EAGER_STEPS` or `ttt.compiled_steps()`, whose `score` runs the
-            plain soft CE); None: `score_step` eagerly.
+            plain soft CE, and the objective given here); None: `score_step` eagerly.
     """
     score = score_step if steps is None else steps.score
     if positions is None:
@@ -197,7 +250,7 @@ def ttt_loss(
     run = torch.zeros(rows.shape, dtype=torch.long, device=device)  # [N]
     chain = torch.ones(rows.shape, dtype=torch.bool, device=device)  # step 0 follows no miss
     for j, step_logits in enumerate(logits):  # [N, Vd]
-        ce_sum, chain, run, stats[j, :7] = score(
+        loss_sum, chain, run, stats[j, :7] = score(
             step_logits,
             counted,
             batch.teacher,
@@ -210,8 +263,9 @@ def ttt_loss(
             chain,
             run,
             soft_ce=soft_ce,
+            objective=objective,
         )
-        loss = loss + weights[j] * ce_sum / denominators[j].clamp(min=1).float()
+        loss = loss + weights[j] * loss_sum / denominators[j].clamp(min=1).float()
     if walk:  # row j: a served chain of j + 1 drafts
         grid = torch.zeros(counted.shape[0], T - 1, dtype=torch.long, device=device)
         grid[rows, pos] = run
@@ -222,7 +276,19 @@ def ttt_loss(
 
 
 def score_step(
-    step_logits, counted, teacher: Teacher, input_ids, rows, pos, j, d2t, t2d, chain, run, soft_ce: str = "plain"
+    step_logits,
+    counted,
+    teacher: Teacher,
+    input_ids,
+    rows,
+    pos,
+    j,
+    d2t,
+    t2d,
+    chain,
+    run,
+    soft_ce: str = "plain",
+    objective: str = "soft-ce",
 ):
     """Step j's loss sum and metric sums at `positions` (rows, pos [N]); j: 0-d long tensor.
 
@@ -232,8 +298,8 @@ def score_step(
             correct steps so far.
 
     Returns:
-        ce_sum (scalar fp32, the soft CE summed over the trained positions), chain, run, and the
-        metric sums [7] float64 (`STATS`' first seven).
+        loss_sum (scalar fp32, the objective's loss summed over the trained positions), chain, run,
+        and the metric sums [7] float64 (`STATS`' first seven; their loss_sum is the soft CE's).
     """
     T = counted.shape[1]
     raw = pos + 1 + j  # the raw position whose p step j predicts
@@ -242,9 +308,10 @@ def score_step(
     mask = counted[rows, raw] & inside  # [N]
     target = teacher.at(rows, raw)  # [1, N, ...]
     in_vocab = t2d[target.argmax[0]]
-    ce = soft_cross_entropy(step_logits.unsqueeze(0), target, soft_ce=soft_ce)[0]  # [N] fp32
     trained = mask & in_vocab
-    ce_sum = (ce * trained).sum()
+    loss, ce = objective_loss(step_logits.unsqueeze(0), target, trained[None], objective=objective, soft_ce=soft_ce)
+    loss_sum = (loss[0] * trained).sum()  # loss [1, N] fp32
+    ce_sum = loss_sum if objective == "soft-ce" else (ce[0] * trained).sum()
     with torch.no_grad():
         guess = step_logits.argmax(-1)  # = argmax of log q
         correct = (guess + d2t[guess]) == target.argmax[0]  # compared in target ids
@@ -257,4 +324,4 @@ def score_step(
         sums = torch.stack(
             [mask.sum(), (correct & mask).sum(), chain.sum(), prev.sum(), ce_sum.detach(), trained.sum(), agree.sum()]
         ).double()
-    return ce_sum, chain, run, sums
+    return loss_sum, chain, run, sums

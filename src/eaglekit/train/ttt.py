@@ -176,7 +176,8 @@ def compile_guards():
 @functools.cache
 def compiled_steps(backend: str = "inductor") -> StepFunctions:
     """`EAGER_STEPS` under torch.compile, dynamic in the batch's sizes, the plain soft CE (inductor fuses
-    it itself). A shape that would recompile past dynamo's limit raises instead of running eagerly."""
+    it itself; `score`'s objective is the caller's). A shape that would recompile past dynamo's limit
+    raises instead of running eagerly."""
 
     def compiled(fn, **fixed):
         graph = torch.compile(
