@@ -21,7 +21,8 @@
 #                (default "reduce+matvec reduce+matvec%max-autotune-no-cudagraphs": Inductor's own GEMMs),
 #                with BE_ARGS (more bench_engine flags, e.g. "--trees 6/8/32,4/4/16");
 #      arms      issue 39's A/B: a draft per ARMS variant (train flags, ';' between, "-" the recipe's own) trained
-#                ARM_S seconds on the run's conversations, each benched on MT-bench and HumanEval + Alpaca;
+#                ARM_S seconds each in turn (or ARM_STEPS steps, all at once) on the run's conversations, each
+#                benched on MT-bench and HumanEval + Alpaca;
 #      peer      issue 39's peer: speculators trained beside the run's draft for its train seconds, both benched;
 #      gputests  the gpu tier, tests/gpu (CUDA against the CPU, token for token), at most 600 s.
 #   PRE names benches to run before the recipe (e.g. PRE=kernels: timings on an idle GPU, first), BESIDE
@@ -113,11 +114,12 @@ PY
             --out "$W/profile-$rows" 2>&1 | quiet | tail -40 >> "$LOG"
         done ;;
       arms)      # issue 39's A/B: one draft per ARMS variant (train flags; ';' between; "-" = the recipe's own),
-                 # each trained for ARM_S seconds on the run's conversations, then benched on MT-bench
-                 # (the recipe's tree, LIMIT questions) and on the held-out set (HumanEval + Alpaca, 10 each);
-                 # compiled, as the recipe benches (`--no-compile` with graphs failed to capture the cycle on CUDA
-                 # until its fix in accept.py, not yet rerun on a GPU)
-        local i=0 flags
+                 # each trained on the run's conversations, then benched on MT-bench (the recipe's tree, LIMIT
+                 # questions) and on the held-out set (HumanEval + Alpaca, 10 each), compiled as the recipe benches.
+                 # ARM_S seconds each, one after another (variants whose step costs differ: --compile, a vocab);
+                 # or, with ARM_STEPS, ARM_STEPS optimizer steps each, all arms at once on the one GPU (variants of
+                 # equal step cost: an objective, a layout, an lr), their benches at once too: tau, not speed
+        local i=0 flags pids=()
         python3 - "$eval" "$W/heldout10.jsonl" <<'PY'
 import itertools, sys
 from pathlib import Path
@@ -127,15 +129,13 @@ PY
         IFS=';' read -ra variants <<< "${ARMS:--}"
         for flags in "${variants[@]}"; do
           i=$((i + 1)); [[ $flags == "-" ]] && flags=""
-          stamp "arm $i: train ${ARM_S:-240} s with [$flags]"
-          python3 -m eaglekit train --target "$t" --data "$RUN/conversations" $(train_flags) --device cuda --no-progress \
-            --time-budget-s "${ARM_S:-240}" $flags --out "$W/arm-$i/draft" 2>&1 | quiet | grep -v "^step" | tail -8 >> "$LOG"
-          python3 -m eaglekit bench --target "$t" --draft "$W/arm-$i/draft" --prompts "$eval/mt_bench.jsonl" --limit "${LIMIT:-20}" \
-            --max-new-tokens 256 --no-hf $(bench_shape) --out "$W/arm-$i/bench" 2>&1 | quiet | tail -12 >> "$LOG"
-          python3 -m eaglekit bench --target "$t" --draft "$W/arm-$i/draft" --prompts "$W/heldout10.jsonl" \
-            --max-new-tokens 256 --no-hf $(bench_shape) --out "$W/arm-$i/heldout" 2>&1 | quiet | tail -12 >> "$LOG"
-          stamp "arm $i [$flags] done"
-        done ;;
+          if [[ -n ${ARM_STEPS:-} ]]; then
+            arm "$i" "$t" "$eval" "--max-steps $ARM_STEPS" "$flags" & pids+=($!)
+          else
+            arm "$i" "$t" "$eval" "--time-budget-s ${ARM_S:-240}" "$flags"
+          fi
+        done
+        (( ${#pids[@]} )) && wait "${pids[@]}" ;;
       peer)      # issue 39: vLLM's speculators beside eaglekit (scripts/peer/run_speculators.sh): the run's
                  # conversations and target, the train stage's seconds (calibrated to its step time), its draft
                  # imported, both benched on MT-bench in the recipe's shape and probed by the doctor
@@ -154,6 +154,21 @@ PY
     esac
     stamp "bench $b done after $(( $(date +%s) - t0 )) s"
   done
+}
+
+arm() {  # one arm of the `arms` bench: train (with its budget flags, then its own), bench on MT-bench and held out
+  local i=$1 t=$2 eval=$3 budget=$4 flags=$5 log=$W/arm-$1/arm.log
+  mkdir -p "$W/arm-$i"
+  stamp "arm $i: train ($budget) with [$flags]"
+  { python3 -m eaglekit train --target "$t" --data "$RUN/conversations" $(train_flags) --device cuda --no-progress \
+      $budget $flags --out "$W/arm-$i/draft" 2>&1 | quiet | grep -v "^step" | tail -8
+    python3 -m eaglekit bench --target "$t" --draft "$W/arm-$i/draft" --prompts "$eval/mt_bench.jsonl" --limit "${LIMIT:-20}" \
+      --max-new-tokens 256 --no-hf $(bench_shape) --out "$W/arm-$i/bench" 2>&1 | quiet | tail -12
+    python3 -m eaglekit bench --target "$t" --draft "$W/arm-$i/draft" --prompts "$W/heldout10.jsonl" \
+      --max-new-tokens 256 --no-hf $(bench_shape) --out "$W/arm-$i/heldout" 2>&1 | quiet | tail -12
+  } > "$log"
+  { echo "--- arm $i [$flags]"; cat "$log"; } >> "$LOG"
+  stamp "arm $i [$flags] done"
 }
 
 session() {
@@ -250,7 +265,7 @@ case $VERB in
   start)
     : "${EAGLEKIT_SMOLLM2_DIR:?run setup.sh first}"
     PROMPTS=${2:?prompts folder}; EVAL=${3:?eval folder}
-    export -f session benches bench_shape train_flags stamp quiet; export W RUN LOG PROFILE EXTRA BENCHES PRE BESIDE KERNELS BE_ARGS ARMS ARM_S REGEN REGEN_LIMIT PROFILE_ROWS
+    export -f session benches arm bench_shape train_flags stamp quiet; export W RUN LOG PROFILE EXTRA BENCHES PRE BESIDE KERNELS BE_ARGS ARMS ARM_S ARM_STEPS REGEN REGEN_LIMIT PROFILE_ROWS
     setsid nohup bash -c "session '$PROMPTS' '$EVAL'" > "$W/session.out" 2>&1 < /dev/null &
     stamp "session launched (pid $!)"; sleep 2; cat "$LOG" ;;
   bench)   # a draft trained in an earlier session: the three benches alone, in the background
