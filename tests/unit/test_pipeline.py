@@ -697,3 +697,23 @@ def test_plan_checks_every_value_as_its_stage_would(override, said, tmp_path, ca
     assert main(["run", "--recipe", "quick", "--plan", "--out", str(tmp_path / "r"), override]) == 2
     assert said in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_a_recipe_training_eagle31_norms_for_an_export_without_them_is_refused_before_anything_runs(tmp_path):
+    """EAGLE's code has no EAGLE-3.1 norms: `train.fc-norm` with the eagle export would fail at the export
+    stage, after the whole run; the recipe is refused at once, naming the export to drop."""
+    from eaglekit.pipeline.recipe import apply_override, load_recipe
+    from eaglekit.pipeline.run import check_layout_export, run_pipeline
+
+    check_layout_export(load_recipe("smollm2-h200"))  # the norms, exported for SGLang and vLLM only
+    recipe = load_recipe("quick")
+    check_layout_export(recipe)  # no norms: every format
+    apply_override(recipe, "train.norm-output=true")
+    with pytest.raises(
+        EaglekitError, match="train.norm-output trains EAGLE-3.1's norms, which the eagle export"
+    ) as err:
+        run_pipeline(recipe, tmp_path / "run")
+    assert "export.formats=['sglang', 'vllm']" in err.value.hint
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+    apply_override(recipe, "export.formats=[sglang, vllm]")
+    check_layout_export(recipe)

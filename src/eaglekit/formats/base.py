@@ -83,6 +83,7 @@ class Format:
     drops: Callable[[list[str]], list[str]] | None = None  # dropped names as findings by version (None: all)
     missing_where: Callable[[list[str]], str] = lambda dropped: ""  # the versions that leave missing params random
     rename_layers: str | None = None  # the hint for a folder with another format's layer prefix (None: it loads it)
+    holds_layout: bool = True  # whether its engine runs EAGLE-3.1's norms (`DraftConfig.layout`)
 
     def engine_ids(self, aux_layer_ids) -> list[int]:
         """eaglekit's aux ids (output of layer i) as this format's config holds them."""

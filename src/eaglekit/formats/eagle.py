@@ -62,7 +62,9 @@ def write_config(
         problems.append("target_hidden_size != hidden_size (EAGLE then expects the embedding in the checkpoint)")
     if cfg.norm_before_residual:
         problems.append("norm_before_residual=true (EAGLE's layer keeps the raw hidden state as residual)")
-    problems += [f"{key}=true (EAGLE's draft has no EAGLE-3.1 norms)" for key in LAYOUT_KEYS if getattr(cfg, key)]
+    problems += [
+        f"{key}=true (EAGLE's draft has no EAGLE-3.1 norms)" for key in LAYOUT_KEYS if getattr(cfg, key)
+    ]  # holds_layout
     if cfg.target_num_layers is None:
         problems.append("the target's layer count is unknown (pass --target)")
     else:
@@ -152,4 +154,5 @@ EAGLE = Format(
     fc_only_if_widths_differ=True,
     without_draft_vocab_size="EAGLE's loader refuses the config",
     rename_layers="rename layers.0.* to midlayer.*",
+    holds_layout=False,
 )

@@ -64,6 +64,7 @@ from eaglekit.artifacts import (
 )
 from eaglekit.cli import build_parser, main
 from eaglekit.data.options import LOCAL_BACKENDS, GenerateOptions
+from eaglekit.draft.config import LAYOUT_KEYS
 from eaglekit.engine.spec import SpecConfig
 from eaglekit.errors import EaglekitError
 from eaglekit.features.options import FeaturesOptions
@@ -854,9 +855,25 @@ def check_doctor_export(recipe: dict) -> None:
         )
 
 
+def check_layout_export(recipe: dict) -> None:
+    """A draft trained with EAGLE-3.1's norms (`train.fc-norm` ...) cannot be written for an engine
+    whose code has none (EAGLE's): refuse such a recipe before anything runs, not at its export stage."""
+    train = recipe.get("train") or {}
+    layout = [key.replace("_", "-") for key in LAYOUT_KEYS if train.get(key.replace("_", "-"))]
+    formats = list((recipe.get("export") or {}).get("formats") or FORMATS)
+    lacking = [f for f in formats if f in FORMATS and not FORMATS[f].holds_layout]
+    if layout and lacking:
+        raise EaglekitError(
+            f"train.{', train.'.join(layout)} trains EAGLE-3.1's norms, which the {', '.join(lacking)} "
+            f"export cannot hold (its engine's code has none)",
+            hint=f"export.formats={[f for f in formats if f not in lacking]}, or drop the norm flags from train",
+        )
+
+
 def run_locked(recipe: dict, out: Path, stop_before: str | None) -> dict:
     pipe = Pipeline(recipe, out, stop_before)
     check_doctor_export(recipe)
+    check_layout_export(recipe)
     pipe.whole_plan, pipe.plan_is_whole = plan_so_far(recipe, out)
     check_planned(pipe.whole_plan)
     for stage in until_stop(pipe.whole_plan, stop_before):  # a stage folder of the user's is refused now, not hours in
