@@ -26,7 +26,7 @@
 #      peer      issue 39's peer: speculators trained beside the run's draft for its train seconds, both benched;
 #      gputests  the gpu tier, tests/gpu (CUDA against the CPU, token for token), at most 600 s.
 #   PRE names benches to run before the recipe (e.g. PRE=kernels: timings on an idle GPU, first), BESIDE
-#   benches to run beside it (BESIDE=gputests: checks, not timings; the benches after it wait for them).
+#   benches to run beside its data stages (BESIDE=gputests: checks, not timings; training waits for them).
 # Env: W (work folder, /root/work), GPUS (1), TRAIN_S (train.time-budget-s; default the recipe's), LIMIT (MT-bench prompts),
 # REFILL (generate.refill: graphs, the recipe's, eager or compiled), PROFILE (train.profile-steps A:B: the
 # training loop's torch.profiler table, run/draft/profile.txt), EXTRA (more SECTION.KEY=VALUE overrides,
@@ -187,18 +187,23 @@ session() {
   for f in "$prompts"/*.jsonl; do
     case $(basename "$f") in flan_cot.jsonl|t0_train.jsonl|gsm8k_train.jsonl|sgd_dialogues.jsonl) ;; *) full+="\"$f\", " ;; esac
   done
-  recipe() {  # the recipe with this session's overrides, plus any given
+  recipe() {  # the recipe with this session's overrides, plus any given (STOP: --stop-before, which comes last)
     python3 -m eaglekit run --recipe smollm2-h200 --out "$RUN" gpus="${GPUS:-1}" target="$t" \
       "prompts.source=[$full$w$tasks]" ${TRAIN_S:+"train.time-budget-s=$TRAIN_S"} train.no-progress=true \
-      "bench.prompts=$eval/mt_bench.jsonl" "bench.limit=${LIMIT:-40}" "generate.refill=${REFILL:-graphs}" ${PROFILE:+"train.profile-steps=$PROFILE"} "$@" ${EXTRA:-} 2>&1 | quiet >> "$LOG"
+      "bench.prompts=$eval/mt_bench.jsonl" "bench.limit=${LIMIT:-40}" "generate.refill=${REFILL:-graphs}" ${PROFILE:+"train.profile-steps=$PROFILE"} "$@" ${EXTRA:-} ${STOP:+--stop-before "$STOP"} 2>&1 | quiet >> "$LOG"
     return "${PIPESTATUS[0]}"
   }
   [[ -n ${PRE:-} ]] && BENCHES=$PRE benches "" "$eval" "$prompts"     # before the recipe: an idle GPU
-  # beside the recipe, for checks whose figures are not timings (BESIDE=gputests: the GPU tier while
-  # the data stages run; the arms' and the recipe's training is timed, so it waits for them)
+  # beside the recipe's data stages, checks whose figures are not timings (BESIDE=gputests: the GPU
+  # tier while the target answers the prompts); training is timed, so it starts once they are done
   local beside=""
   if [[ -n ${BESIDE:-} ]]; then BENCHES=$BESIDE benches "" "$eval" "$prompts" & beside=$!; fi
   t0=$(date +%s); stamp "pipeline starts"
+  if [[ -n $beside && ${EXTRA:-} != *--stop-before* ]]; then   # the data stages, then training alone
+    STOP=train recipe
+    stamp "data stages exit $? after $(( $(date +%s) - t0 )) s; waiting for the benches beside ($BESIDE)"
+    wait "$beside"; beside=""
+  fi
   recipe
   local code=$?
   stamp "pipeline exit $code after $(( $(date +%s) - t0 )) s"
