@@ -12,7 +12,7 @@
 #   2. the benches named in BENCHES, in its order (default "chain heldout generate"):
 #      chain     eaglekit bench chain k=5 on MT-bench with the new draft;
 #      sweep     eaglekit bench --sweep (two chains, two trees) on 8 MT-bench questions: the fastest shape;
-#      heldout   eaglekit bench tree on prompts the recipe never saw or tuned on (HumanEval + Alpaca, 20 each);
+#      heldout   eaglekit bench tree on prompts the recipe never saw or tuned on (HumanEval, Alpaca, translation: 20 each);
 #      generate  bench_generate.py: the engine's batch decoder beside HF generate at the same batch;
 #      regen     eaglekit generate again on the run's prompts (REGEN_LIMIT, default 10,000), once per REGEN variant
 #                (extra flags, ';' between variants), into $W/regen-N: the decoder lines side by side;
@@ -53,6 +53,21 @@ t = load_recipe('smollm2-h200')['train']
 print(' '.join(to_flags({k: v for k, v in t.items() if k != 'time-budget-s'})))"
 }
 
+heldout_set() {  # EVAL N OUT: N HumanEval, N Alpaca and N translation prompts (the last N MT-bench first turns
+                 # wrapped in `prompts build`'s translate-fr template, category "translation"), none trained on
+  python3 - "$1" "$2" "$3" <<'PY'
+import itertools, json, sys
+from pathlib import Path
+from eaglekit.data.readers import TEMPLATES
+ev, n, out = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+lines = [l for name in ("humaneval.jsonl", "alpaca.jsonl") for l in itertools.islice(open(ev / name), n)]
+for r in [json.loads(l) for l in open(ev / "mt_bench.jsonl")][-n:]:
+    turn = TEMPLATES["translate-fr"].format(prompt=r["turns"][0])
+    lines.append(json.dumps({"id": f"{r['id']}+translate-fr", "source": "mt_bench+translate-fr", "category": "translation", "turns": [turn]}) + "\n")
+out.write_text("".join(lines))
+PY
+}
+
 bench_tree() {  # what the recipe's bench stage measures, for a draft trained earlier (HF generate on 8 prompts)
   local draft=$1 eval=$2 t0
   t0=$(date +%s)
@@ -74,13 +89,7 @@ benches() {  # after the recipe, each of $BENCHES in turn (default: chain heldou
         python3 -m eaglekit bench --target "$t" --draft "$draft" --prompts "$eval/mt_bench.jsonl" --limit 8 \
           --max-new-tokens 256 --no-hf --sweep --out "$W/bench-sweep" --overwrite 2>&1 | quiet | tail -30 >> "$LOG" ;;
       heldout)   # a tree on prompts the recipe never saw or tuned on
-        python3 - "$eval" "$W/heldout.jsonl" <<'PY'
-import itertools, json, sys
-from pathlib import Path
-ev, out = Path(sys.argv[1]), Path(sys.argv[2])
-lines = [l for name in ("humaneval.jsonl", "alpaca.jsonl") for l in itertools.islice(open(ev / name), 20)]
-out.write_text("".join(lines))
-PY
+        heldout_set "$eval" 20 "$W/heldout.jsonl"
         python3 -m eaglekit bench --target "$t" --draft "$draft" --prompts "$W/heldout.jsonl" \
           --max-new-tokens 256 --no-hf $(bench_shape) --out "$W/bench-heldout" --overwrite \
           2>&1 | quiet | tail -30 >> "$LOG" ;;
@@ -115,17 +124,12 @@ PY
         done ;;
       arms)      # issue 39's A/B: one draft per ARMS variant (train flags; ';' between; "-" = the recipe's own),
                  # each trained on the run's conversations, then benched on MT-bench (the recipe's tree, LIMIT
-                 # questions) and on the held-out set (HumanEval + Alpaca, 10 each), compiled as the recipe benches.
+                 # questions) and on the held-out set (HumanEval, Alpaca, translation: 10 each), compiled as the recipe benches.
                  # ARM_S seconds each, one after another (variants whose step costs differ: --compile, a vocab);
                  # or, with ARM_STEPS, ARM_STEPS optimizer steps each, all arms at once on the one GPU (variants of
                  # equal step cost: an objective, a layout, an lr), their benches at once too: tau, not speed
         local i=0 flags pids=()
-        python3 - "$eval" "$W/heldout10.jsonl" <<'PY'
-import itertools, sys
-from pathlib import Path
-ev, out = Path(sys.argv[1]), Path(sys.argv[2])
-out.write_text("".join(l for name in ("humaneval.jsonl", "alpaca.jsonl") for l in itertools.islice(open(ev / name), 10)))
-PY
+        heldout_set "$eval" 10 "$W/heldout10.jsonl"
         IFS=';' read -ra variants <<< "${ARMS:--}"
         for flags in "${variants[@]}"; do
           i=$((i + 1)); [[ $flags == "-" ]] && flags=""
@@ -270,13 +274,13 @@ case $VERB in
   start)
     : "${EAGLEKIT_SMOLLM2_DIR:?run setup.sh first}"
     PROMPTS=${2:?prompts folder}; EVAL=${3:?eval folder}
-    export -f session benches arm bench_shape train_flags stamp quiet; export W RUN LOG PROFILE EXTRA BENCHES PRE BESIDE KERNELS BE_ARGS ARMS ARM_S ARM_STEPS REGEN REGEN_LIMIT PROFILE_ROWS
+    export -f session benches arm heldout_set bench_shape train_flags stamp quiet; export W RUN LOG PROFILE EXTRA BENCHES PRE BESIDE KERNELS BE_ARGS ARMS ARM_S ARM_STEPS REGEN REGEN_LIMIT PROFILE_ROWS
     setsid nohup bash -c "session '$PROMPTS' '$EVAL'" > "$W/session.out" 2>&1 < /dev/null &
     stamp "session launched (pid $!)"; sleep 2; cat "$LOG" ;;
   bench)   # a draft trained in an earlier session: the three benches alone, in the background
     : "${EAGLEKIT_SMOLLM2_DIR:?run setup.sh first}"
     DRAFT=${2:?draft folder}; EVAL=${3:?eval folder}
-    export -f bench_tree benches bench_shape stamp quiet; export W RUN LOG BENCHES KERNELS
+    export -f bench_tree benches heldout_set bench_shape stamp quiet; export W RUN LOG BENCHES KERNELS
     setsid nohup bash -c "bench_tree '$DRAFT' '$EVAL'; benches '$DRAFT' '$EVAL'; stamp 'session done'" \
       > "$W/session.out" 2>&1 < /dev/null &
     stamp "benches launched (pid $!)"; sleep 2; cat "$LOG" ;;
