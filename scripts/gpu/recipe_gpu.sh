@@ -184,14 +184,14 @@ session() {
   local w="\"$prompts/flan_cot.jsonl,weight=0.3\", \"$prompts/t0_train.jsonl,min-chars=2000,name=t0_long\", \"$prompts/t0_train.jsonl,weight=0.2\", \"$prompts/gsm8k_train.jsonl,weight=0.5\", \"$prompts/sgd_dialogues.jsonl,weight=0.1\""
   # TASKS: task shares made from the files (`template=`: translation, summaries; eaglekit prompts build
   # --help), ';' between, e.g. TASKS="sharegpt_sample.jsonl,template=translate-fr,weight=0.5"
-  local tasks="" task
-  IFS=';' read -ra task_specs <<< "${TASKS:-}"
-  for task in "${task_specs[@]}"; do tasks+=", \"$prompts/$task\""; done
   local full=""
   for f in "$prompts"/*.jsonl; do
     case $(basename "$f") in flan_cot.jsonl|t0_train.jsonl|gsm8k_train.jsonl|sgd_dialogues.jsonl) ;; *) full+="\"$f\", " ;; esac
   done
   recipe() {  # the recipe with this session's overrides, plus any given (STOP: --stop-before, which comes last)
+    local tasks="" task
+    IFS=';' read -ra task_specs <<< "${TASKS:-}"
+    for task in "${task_specs[@]}"; do tasks+=", \"$prompts/$task\""; done
     python3 -m eaglekit run --recipe smollm2-h200 --out "$RUN" gpus="${GPUS:-1}" target="$t" \
       "prompts.source=[$full$w$tasks]" ${TRAIN_S:+"train.time-budget-s=$TRAIN_S"} train.no-progress=true \
       "bench.prompts=$eval/mt_bench.jsonl" "bench.limit=${LIMIT:-40}" "generate.refill=${REFILL:-graphs}" ${PROFILE:+"train.profile-steps=$PROFILE"} "$@" ${EXTRA:-} ${STOP:+--stop-before "$STOP"} 2>&1 | quiet >> "$LOG"
@@ -221,6 +221,11 @@ session() {
     stamp "generate failed: the pipeline again with generate.attention=sdpa (said so in the results)"
     REFILL=eager recipe generate.attention=sdpa
     stamp "pipeline (sdpa) exit $? after $(( $(date +%s) - t0 )) s"
+  fi
+  if [[ -n ${ALT_TASKS:-} ]]; then   # a second data set for the arms: the same mix plus these task shares
+    t0=$(date +%s)
+    RUN=$W/run-alt TASKS=$ALT_TASKS STOP=train recipe
+    stamp "the data stages with ALT_TASKS into $W/run-alt: exit $? after $(( $(date +%s) - t0 )) s"
   fi
   if [[ $code != 0 ]] && grep -q "stage train failed" "$LOG" && [[ ${EXTRA:-} == *train.compile=true* ]]; then
     stamp "train failed with --compile: the pipeline again with train.compile=false, its draft folder cleared (said so in the results)"
