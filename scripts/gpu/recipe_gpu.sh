@@ -161,10 +161,15 @@ benches() {  # after the recipe, each of $BENCHES in turn (default: chain heldou
 }
 
 arm() {  # one arm of the `arms` bench: train (with its budget flags, then its own), bench on MT-bench and held out
-  local i=$1 t=$2 eval=$3 budget=$4 flags=$5 log=$W/arm-$1/arm.log
+  local i=$1 t=$2 eval=$3 budget=$4 flags=$5 log=$W/arm-$1/arm.log base f
+  # `--no-X` in an arm's flags drops the recipe's switch `--X` (train's switches have one form only)
+  base=" $(train_flags) "
+  for f in $flags; do
+    if [[ $f == --no-* && $base == *" --${f#--no-} "* ]]; then base=${base/" --${f#--no-} "/ }; flags=${flags/$f/}; fi
+  done
   mkdir -p "$W/arm-$i"
-  stamp "arm $i: train ($budget) with [$flags]"
-  { python3 -m eaglekit train --target "$t" --data "$RUN/conversations" $(train_flags) --device cuda --no-progress \
+  stamp "arm $i: train ($budget) with [$flags]${base:+ on [$base]}"
+  { python3 -m eaglekit train --target "$t" --data "$RUN/conversations" $base --device cuda --no-progress \
       $budget $flags --out "$W/arm-$i/draft" 2>&1 | quiet | grep -v "^step" | tail -8
     python3 -m eaglekit bench --target "$t" --draft "$W/arm-$i/draft" --prompts "$eval/mt_bench.jsonl" --limit "${LIMIT:-20}" \
       --max-new-tokens 256 --no-hf $(bench_shape) --out "$W/arm-$i/bench" 2>&1 | quiet | tail -12
