@@ -22,7 +22,7 @@
 #                with BE_ARGS (more bench_engine flags, e.g. "--trees 6/8/32,4/4/16");
 #      arms      issue 39's A/B: a draft per ARMS variant (train flags, ';' between, "-" the recipe's own) trained
 #                ARM_S seconds each in turn (or ARM_STEPS steps, all at once) on the run's conversations, each
-#                benched on MT-bench and HumanEval + Alpaca;
+#                benched on MT-bench and the held-out set (HumanEval, Alpaca, translation);
 #      peer      issue 39's peer: speculators trained beside the run's draft for its train seconds, both benched;
 #      gputests  the gpu tier, tests/gpu (CUDA against the CPU, token for token), at most 600 s.
 #   PRE names benches to run before the recipe (e.g. PRE=kernels: timings on an idle GPU, first), BESIDE
@@ -260,7 +260,7 @@ pack() {  # what exists so far, in one archive (files back from $OUT: at most 8)
   for f in "$W"/be-*/bench_engine.json "$W"/be-*/bench_engine.md "$W"/regen-*/manifest.json "$W"/profile-*/profile_batch.json; do
     [[ -e $f ]] && files+=("${f#"$W"/}")
   done
-  for f in "$W"/arm-*/draft/{manifest.json,log.jsonl,config.json} "$W"/arm-*/{bench,heldout}/{results.json,report.md} "$W"/gputests.log; do
+  for f in "$W"/arm-*/draft/{manifest.json,log.jsonl,config.json} "$W"/arm-*/{bench,heldout}/{results.json,report.md}; do
     [[ -e $f ]] && files+=("${f#"$W"/}")
   done
   for f in "$W"/peer/{peer.txt,calibrate.log,train.log,prepare.log,compare/table.md} "$W"/peer/compare/*/{doctor.json,bench/results.json}; do
