@@ -301,6 +301,7 @@ case $VERB in
     [[ -e $LOG ]] || { echo "no session on this machine ($LOG is missing): it is not the one that ran start" >&2; exit 3; }
     end=$(( $(date +%s) + ${2:?seconds} ))
     while (( $(date +%s) < end )) && ! grep -q "session done" "$LOG"; do sleep 10; done
-    pack; tail -40 "$LOG" ;;
+    pack; tail -40 "$LOG"
+    echo "[wait] $(ls "$OUT" | wc -l) files in \$OUT; at most 8 come back: copy nothing more there (add it to pack)" ;;
   *) echo "unknown verb $VERB (start, bench, wait)"; exit 2 ;;
 esac
