@@ -65,7 +65,8 @@ class Teacher:
     def acceptance(self, q: torch.Tensor) -> torch.Tensor:
         """Acceptance rate sum_v min(p(v), q(v)) = 1 - TV(p, q) per position: the chance that speculative
         sampling accepts a token drawn from q. Sparse: the sum over the k ids is exact (p is zero
-        elsewhere; a padding entry has p = 0 and adds nothing).
+        elsewhere; an out-of-vocab entry has p = 0 and adds nothing; sequence padding rows are
+        never trained).
 
         Args:
             q: [B, T, Vd] draft probabilities (float32).

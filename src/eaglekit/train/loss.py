@@ -227,7 +227,8 @@ def ttt_loss(
         d2t: [Vd] offsets, t2d: [V] bool (the draft's vocab buffers).
         weights: per-step loss weights (decay**j).
         denominators: [ttt_steps] counted positions of the whole optimizer step (all micro-batches
-            and ranks), so accumulation and DDP give the loss of one big batch.
+            and ranks), so accumulation and DDP give the loss of one big batch (lk-hybrid: but for its weight,
+            which each micro-batch takes from its own acceptance).
         walk: also replay greedy chain decoding (`metrics.serving_walk`; validation only, it syncs to the CPU).
         soft_ce: plain, fused or compiled (`soft_cross_entropy`).
         objective: soft-ce, lk-alpha or lk-hybrid (`objective_loss`).
