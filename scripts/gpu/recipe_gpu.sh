@@ -168,7 +168,7 @@ arm() {  # one arm of the `arms` bench: train (with its budget flags, then its o
     if [[ $f == --no-* && $base == *" --${f#--no-} "* ]]; then base=${base/" --${f#--no-} "/ }; flags=${flags/$f/}; fi
   done
   mkdir -p "$W/arm-$i"
-  stamp "arm $i: train ($budget) with [$flags]${base:+ on [$base]}"
+  stamp "arm $i: train ($budget) with [$flags] on [$base]"
   { python3 -m eaglekit train --target "$t" --data "$RUN/conversations" $base --device cuda --no-progress \
       $budget $flags --out "$W/arm-$i/draft" 2>&1 | quiet | grep -v "^step" | tail -8
     python3 -m eaglekit bench --target "$t" --draft "$W/arm-$i/draft" --prompts "$eval/mt_bench.jsonl" --limit "${LIMIT:-20}" \
@@ -227,16 +227,16 @@ session() {
     REFILL=eager recipe generate.attention=sdpa
     stamp "pipeline (sdpa) exit $? after $(( $(date +%s) - t0 )) s"
   fi
-  if [[ -n ${ALT_TASKS:-} ]]; then   # a second data set for the arms: the same mix plus these task shares
-    t0=$(date +%s)
-    RUN=$W/run-alt TASKS=$ALT_TASKS STOP=train recipe
-    stamp "the data stages with ALT_TASKS into $W/run-alt: exit $? after $(( $(date +%s) - t0 )) s"
-  fi
   if [[ $code != 0 ]] && grep -q "stage train failed" "$LOG" && [[ ${EXTRA:-} == *train.compile=true* ]]; then
     stamp "train failed with --compile: the pipeline again with train.compile=false, its draft folder cleared (said so in the results)"
     rm -rf "$RUN/draft"        # another train command starts fresh, and train refuses a non-empty folder
     recipe train.compile=false
     stamp "pipeline (no compile) exit $? after $(( $(date +%s) - t0 )) s"
+  fi
+  if [[ -n ${ALT_TASKS:-} ]]; then   # a second data set for the arms: the same mix plus these task shares
+    t0=$(date +%s)
+    RUN=$W/run-alt TASKS=$ALT_TASKS STOP=train recipe
+    stamp "the data stages with ALT_TASKS into $W/run-alt: exit $? after $(( $(date +%s) - t0 )) s"
   fi
   [[ -n $beside ]] && { stamp "waiting for the benches beside ($BESIDE)"; wait "$beside"; }
   benches "$RUN/draft" "$eval" "$prompts"

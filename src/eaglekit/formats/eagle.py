@@ -62,9 +62,7 @@ def write_config(
         problems.append("target_hidden_size != hidden_size (EAGLE then expects the embedding in the checkpoint)")
     if cfg.norm_before_residual:
         problems.append("norm_before_residual=true (EAGLE's layer keeps the raw hidden state as residual)")
-    problems += [
-        f"{key}=true (EAGLE's draft has no EAGLE-3.1 norms)" for key in LAYOUT_KEYS if getattr(cfg, key)
-    ]  # holds_layout
+    problems += [f"{key}=true (EAGLE's draft has no EAGLE-3.1 norms)" for key in LAYOUT_KEYS if getattr(cfg, key)]
     if cfg.target_num_layers is None:
         problems.append("the target's layer count is unknown (pass --target)")
     else:
