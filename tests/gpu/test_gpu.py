@@ -61,11 +61,11 @@ def test_an_eagle31_draft_on_cuda_accepts_what_the_cpu_accepts():
     assert got == expected
 
 
-@pytest.mark.parametrize("refill", ["eager", "graphs", "compiled"])
-def test_batch_decoder_on_cuda_equals_the_eager_cpu_decoder(refill):
-    """Flex attention in the captured step, rows refilled (eagerly, replaying a graph per bucket, or compiled)
-    while others decode, a conversation's next turn queued after its answer and resumed in its row
-    (the CPU reference prefills it whole)."""
+@pytest.mark.parametrize("refill, capture_after", [("eager", 0), ("graphs", 0), ("graphs", 1), ("compiled", 0)])
+def test_batch_decoder_on_cuda_equals_the_eager_cpu_decoder(refill, capture_after):
+    """Flex attention in the captured step, rows refilled (eagerly, replaying a graph per bucket, its
+    first forward eager where capture_after is 1, or compiled) while others decode, a conversation's
+    next turn queued after its answer and resumed in its row (the CPU reference prefills it whole)."""
     prompts = PROMPTS + [[9, 8, 7, 6, 5, 4, 3, 2] * 9, [100, 200]]
     limits = [20, 3, 9, 5, 7]
 
@@ -94,7 +94,7 @@ def test_batch_decoder_on_cuda_equals_the_eager_cpu_decoder(refill):
     reference, _ = serve(
         peaked_model("llama"), sessions=False, graphs=False, compile=False, runner_kw={"attention": "sdpa"}
     )
-    got, decoder = serve(on("cuda"), graphs=True, compile=True, refill=refill)
+    got, decoder = serve(on("cuda"), graphs=True, compile=True, refill=refill, refill_capture_after=capture_after)
     assert decoder.runner.attention == "flex"
     assert got == reference
     stats = decoder.stats()

@@ -120,6 +120,7 @@ def test_a_sessions_next_turn_resumes_its_row_and_answers_as_a_fresh_prefill(arc
         compile=False,
         chunk=2,
         refill=refill,
+        refill_capture_after=0,  # the graph of every bucket, at its first use
     )
     queue = [Request(p, 5, key=("first", s), session=s) for s, p in enumerate(first)]
     got = {}
@@ -181,6 +182,36 @@ def test_a_refill_padding_cap_splits_graphed_refills_by_length():
         run(0.5)
 
 
+def test_graphed_refills_capture_a_bucket_after_its_first_eager_forwards():
+    """--refill-capture-after N: a bucket's first N forwards run eagerly, the next one captures its
+    graph, and the answers do not change (a bucket used N times or fewer is never captured)."""
+    model = peaked_model("llama")
+    prompts = PROMPTS + [[9, 8, 7, 6, 5, 4, 3, 2] * 9] + [p[::-1] for p in PROMPTS]
+
+    def run(after):
+        decoder = BatchDecoder(
+            make_target_runner(model, max_len=128, batch_size=2),
+            sampling=Sampling(),
+            graphs=False,
+            compile=False,
+            chunk=2,
+            refill="graphs",
+            refill_capture_after=after,
+        )
+        return [c.tokens for c in decoder.run(prompts, 3, [])], decoder
+
+    (first, at_first), (late, at_second), (never, uncaptured) = run(0), run(1), run(1000)
+    assert first == late == never == [g.tokens for g in singles_of(model, prompts, [3] * len(prompts))]
+    uses = uncaptured.bucket_uses  # nothing captured: every forward of every bucket counted
+    assert not uncaptured.refill_steps and sum(uses.values()) == uncaptured.stats()["refill_forwards"]
+    assert any(n >= 2 for n in uses.values()) and any(n == 1 for n in uses.values())  # the test has both kinds
+    assert set(at_first.refill_steps) == set(uses) and at_first.stats()["refill_eager_forwards"] == 0
+    assert set(at_second.refill_steps) == {key for key, n in uses.items() if n >= 2}
+    assert at_second.stats()["refill_eager_forwards"] == len(uses)
+    with pytest.raises(EaglekitError, match="--refill-capture-after -1"):
+        run(-1)
+
+
 def test_common_prefix_of_token_lists():
     assert [
         common_prefix(a, b)
@@ -212,6 +243,7 @@ def test_graphed_refills_equal_eager_ones():
             compile=False,
             chunk=2,
             refill=refill,
+            refill_capture_after=0,  # the graph of every bucket, at its first use
         )
         queue = [Request(p, n, key=("first", i)) for i, (p, n) in enumerate(zip(first, limits))]
         got = {}
@@ -331,7 +363,7 @@ def test_stop_loops_ends_an_answer_where_its_loop_is_found():
 
 def test_graphed_refills_and_loop_check_through_the_graph_code_paths(monkeypatch):
     """With stand-in CUDA graphs (captured steps replayed on CPU): the refill graphs are captured per
-    bucket on first use and replayed with each refill's inputs, and the loop check runs as a captured
+    bucket on first use (or after its first eager forward) and replayed with each refill's inputs, and the loop check runs as a captured
     step; the answers equal the eager decoder's."""
     model = cycling_model([[10, 11], [20, 21, 22], list(range(40, 100))])
     prompts = [[11, 10] * 6, [6, 20], [7, 40], [41] * 11 + [42], [5, 10], [7, 50, 51]]
@@ -349,10 +381,12 @@ def test_graphed_refills_and_loop_check_through_the_graph_code_paths(monkeypatch
 
     eager, _ = run(graphs=False)
     fake_cuda_graphs(monkeypatch)
-    graphed, decoder = run(graphs=True, refill="graphs")
+    graphed, decoder = run(graphs=True, refill="graphs", refill_capture_after=0)
     assert graphed == eager and "loop" in {reason for _, reason in eager}
     assert decoder.loop_check.graph is not None and decoder.step.graph is not None
     assert decoder.refill_steps and all(step.graph is not None for step, _ in decoder.refill_steps.values())
+    late, decoder = run(graphs=True, refill="graphs", refill_capture_after=1)  # eager first, replays after
+    assert late == eager and decoder.stats()["refill_eager_forwards"] > 0
 
 
 def test_eager_cpu_steps_attend_to_the_used_slots_only():
@@ -486,6 +520,7 @@ def test_compiled_refills_answer_as_eager_ones_in_two_graphs():
             compile=refill == "compiled",
             chunk=2,
             refill=refill,
+            refill_capture_after=0,  # the graph of every bucket, at its first use
         )
         queue = [Request(p, 3 + i, key=("first", i), session=i) for i, p in enumerate(first)]
         got = {}
@@ -522,6 +557,7 @@ def test_compiled_refills_with_one_row():
             compile=False,
             chunk=2,
             refill=refill,
+            refill_capture_after=0,  # the graph of every bucket, at its first use
         )
         got[refill] = [c.tokens for c in decoder.run(prompts, 6, [])]
         assert decoder.stats()["refills"] == len(prompts)  # the build's compile is not counted

@@ -42,6 +42,7 @@ from typing import Callable, Hashable, Iterator
 import torch
 from tqdm import tqdm
 
+from eaglekit.data.options import REFILL_CAPTURE_AFTER
 from eaglekit.data.quality import MAX_PERIOD
 from eaglekit.errors import EaglekitError
 from eaglekit.runtime.flex import BLOCK
@@ -71,6 +72,13 @@ def check_stop_loops(window: int, slots: int | None = None) -> None:
             + (f" with {slots} slots a row" if slots is not None else "")
             + " is not a loop check's window (stop_loops)",
             hint="give a window of at least 2 tokens (e.g. 128), at most the slots, or 0 for off",
+        )
+
+
+def check_refill_capture_after(uses: int) -> None:
+    if uses < 0:
+        raise EaglekitError(
+            f"--refill-capture-after {uses} is negative", hint="give the eager forwards a bucket runs first, 0 or more"
         )
 
 
@@ -243,6 +251,9 @@ class BatchDecoder:
             docs/results/2026-12-01-h200-night: this form is not timed on a GPU yet).
         refill_padding: at most this many padded tokens per prompt token in one refill forward; 0:
             the default, 2 for an eager CPU refill (compute-bound), no cap elsewhere.
+        refill_capture_after: graphed refills run a bucket's first N forwards eagerly and capture it
+            at its N+1-th (0: at its first): a capture costs several eager forwards, and a bucket that
+            a run uses a few times never pays it back.
         stop_loops: W > 0 ends a row (finish_reason "loop") once its answer's last W tokens repeat a
             block of p <= min(W / 2, MAX_PERIOD) tokens (so the block occurs at least 3 times in a
             row), checked on the device after every `chunk` steps; 0: answers run to a stop or their limit.
@@ -260,6 +271,7 @@ class BatchDecoder:
         prefill_tokens: int = PREFILL_TOKENS,
         refill: str = "eager",
         refill_padding: float = 0.0,
+        refill_capture_after: int = REFILL_CAPTURE_AFTER,
         stop_loops: int = 0,
     ):
         self.runner, self.sampling, self.chunk, self.prefill_tokens = runner, sampling, chunk, prefill_tokens
@@ -292,6 +304,7 @@ class BatchDecoder:
         )
         self.refill_tokens = self.refill_padded_tokens = self.resumed_tokens = 0
         self.refill_forwards = self.captures = 0  # refill forwards; refill graphs captured (first uses)
+        self.eager_refill_forwards = 0  # graphed refills run eagerly, their bucket not captured yet
         self.capture_s = 0.0  # host seconds of those captures
         # A free row whose cache a session's next turn can resume: session -> (row, tokens at its slots 0..)
         self.kept: dict[Hashable, tuple[int, list[int]]] = {}
@@ -312,6 +325,9 @@ class BatchDecoder:
         # compute (docs/notes/engine.md, "Refills and the stage's time split"). Graphed refills replay
         # one CUDA graph per (rows, prompt length) bucket, captured on first use.
         self.refill_steps: dict[tuple[int, int, int], tuple[Step, tuple[torch.Tensor, ...]]] = {}
+        check_refill_capture_after(refill_capture_after)
+        self.capture_after = refill_capture_after
+        self.bucket_uses: dict[tuple[int, int, int], int] = {}  # eager forwards of a bucket not captured yet
         self.refill_pool = torch.cuda.graph_pool_handle() if graphs and refill == "graphs" else None
         # Compiled refills: sizes 0 and 1 would each compile again (dynamo specializes them), so a
         # refill has at least 2 rows and 2 tokens (`_padded_rows`, `_padded_length`): two graphs in all,
@@ -471,11 +487,17 @@ class BatchDecoder:
 
     def _refill_graphed(self, inputs: tuple[torch.Tensor, ...], span: int) -> None:
         """The refill as a replay of its bucket's graph (ids [R, P], n, budget, rows, cached [R]; C),
-        captured on the bucket's first use with these inputs in its buffers: the capture's warm-up
-        runs the refill, and the replay runs it again (the same state; sampled, the replay's token is
-        the one kept)."""
+        captured on the bucket's first use after `capture_after` eager forwards, with these inputs in
+        its buffers: the capture's warm-up runs the refill, and the replay runs it again (the same
+        state; sampled, the replay's token is the one kept)."""
         R, P = inputs[0].shape
-        first_use = (R, P, span) not in self.refill_steps
+        key = (R, P, span)
+        first_use = key not in self.refill_steps
+        if first_use and self.bucket_uses.get(key, 0) < self.capture_after:  # not worth a capture yet
+            self.bucket_uses[key] = self.bucket_uses.get(key, 0) + 1
+            self.eager_refill_forwards += 1
+            self._refill_rows(*inputs, span=span)
+            return
         if first_use:
             buffers = tuple(torch.empty_like(t) for t in inputs)
             step = Step(
@@ -484,8 +506,8 @@ class BatchDecoder:
                 name=f"refill {R}x{P}" + (f" reading {span} slots" if span else ""),
                 pool=self.refill_pool,
             )
-            self.refill_steps[(R, P, span)] = step, buffers
-        step, buffers = self.refill_steps[(R, P, span)]
+            self.refill_steps[key] = step, buffers
+        step, buffers = self.refill_steps[key]
         for buffer, t in zip(buffers, inputs):
             buffer.copy_(t, non_blocking=True)
         if first_use:
@@ -744,6 +766,7 @@ class BatchDecoder:
             "refill_forwards": self.refill_forwards,
             "refill_graphs": self.captures,
             "refill_capture_s": round(self.capture_s, 3),
+            "refill_eager_forwards": self.eager_refill_forwards,
             "loop_stops": self.loop_stops,
             **{f"host_{part}_s": round(seconds, 3) for part, seconds in getattr(self, "host", {}).items()},
             "cover_steps": round(self.cover_total / self.cover_rounds, 2) if getattr(self, "cover_rounds", 0) else None,

@@ -31,10 +31,11 @@ from eaglekit.data.batch_decoder import (
     Request,
     batch_attention,
     batch_runner,
+    check_refill_capture_after,
     check_refill_padding,
     check_stop_loops,
 )
-from eaglekit.data.options import GenerateOptions
+from eaglekit.data.options import REFILL_CAPTURE_AFTER, GenerateOptions
 from eaglekit.errors import EaglekitError
 from eaglekit.runtime.sampling import Sampling
 from eaglekit.targets.load import text_config
@@ -141,7 +142,8 @@ class EngineGenerator(Streaming):
         chunk: decode steps between host checks.
         max_len: cache slots per row of the first decoder (default: what the first request needs,
             rounded up to `SLOTS`, at least `MIN_SLOTS` with flex attention, at most the target's context).
-        refill: "eager", "graphs" or "compiled" prefills of the rows that free up (`data.batch_decoder.BatchDecoder`).
+        refill: "eager", "graphs" or "compiled" prefills of the rows that free up (`data.batch_decoder.BatchDecoder`);
+            refill_padding, refill_capture_after: its padding cap and graphed buckets' eager forwards.
         stop_loops: end an answer once its last N tokens repeat a block (`data.batch_decoder.BatchDecoder`); 0: off.
     """
 
@@ -165,6 +167,7 @@ class EngineGenerator(Streaming):
         max_len: int | None = None,
         refill: str = "eager",
         refill_padding: float = 0.0,
+        refill_capture_after: int = REFILL_CAPTURE_AFTER,
         stop_loops: int = 0,
     ):
         if not stop_ids:
@@ -173,6 +176,7 @@ class EngineGenerator(Streaming):
         self.model, self.stop_ids, self.sampling, self.batch_size = model, list(stop_ids), sampling, batch_size
         self.runner, self.attention, self.chunk, self.first_max_len = runner, attention, chunk, max_len
         self.refill, self.refill_padding, self.stop_loops = refill, refill_padding, stop_loops
+        self.refill_capture_after = refill_capture_after
         self.graphs = cuda if graphs is None else graphs
         self.compile = cuda if compile is None else compile
         self.context = getattr(text_config(model.config), "max_position_embeddings", None)
@@ -216,6 +220,7 @@ class EngineGenerator(Streaming):
                 chunk=self.chunk,
                 refill=self.refill,
                 refill_padding=self.refill_padding,
+                refill_capture_after=self.refill_capture_after,
                 stop_loops=self.stop_loops,
             )
             self.max_len, self.builds = runner.max_len, self.builds + 1
@@ -289,6 +294,7 @@ class EngineSettings:
     cache_slots: int | None = _default("cache_slots")
     refill: str = _default("refill")
     refill_padding: float = _default("refill_padding")
+    refill_capture_after: int = _default("refill_capture_after")
     stop_loops: int = _default("stop_loops")
 
     @classmethod
@@ -302,6 +308,7 @@ class EngineSettings:
                 raise EaglekitError(f"--cache-slots {self.cache_slots}", hint="give the slots per row, e.g. 4096")
             check_stop_loops(self.stop_loops, self.cache_slots)
             check_refill_padding(self.refill_padding)
+            check_refill_capture_after(self.refill_capture_after)
             return
         for f in fields(self):
             value = getattr(self, f.name)
@@ -337,6 +344,7 @@ def make_generator(
             max_len=engine.cache_slots,
             refill=engine.refill,
             refill_padding=engine.refill_padding,
+            refill_capture_after=engine.refill_capture_after,
             stop_loops=engine.stop_loops,
         )
     if backend == "hf":

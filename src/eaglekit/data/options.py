@@ -18,6 +18,10 @@ BACKENDS = ("local", "engine", "hf", "openai", "vllm")
 LOCAL_BACKENDS = ("local", "engine", "hf")
 ATTENTIONS = ("auto", "flex", "sdpa", "matmul")
 REFILLS = ("eager", "graphs", "compiled")
+# Eager forwards of a graphed refill bucket before its capture: a capture costs about what 4 eager
+# forwards lose to replays, so a bucket is captured once it has shown it is reused (ski rental; the
+# A/B in BENCHMARKS.md, generation throughput).
+REFILL_CAPTURE_AFTER = 4
 GROUPS = {"main": None, "local": "local generation", "vllm": "vllm backend", "openai": "openai backend"}
 WORKER_SKIPS = ("out", "overwrite", "device")  # the parent's own: each worker gets its own
 WORKER_SKIP_GROUPS = ("vllm", "openai")  # --devices refuses these backends
@@ -86,6 +90,13 @@ class GenerateOptions:
         "(split by length where more): a long prompt stops padding short ones "
         "to its length; 0 = the default: 2 for an eager CPU refill, no cap "
         "elsewhere (one forward up to the token budget)",
+        group="local",
+    )
+    refill_capture_after: int = option(
+        REFILL_CAPTURE_AFTER,
+        "graphed refills: run each bucket's first N forwards eagerly and capture its graph at the "
+        "next one (a capture costs several eager forwards, and a bucket that a run uses a few times "
+        "never pays it back); 0 = capture on first use",
         group="local",
     )
     stop_loops: int = option(

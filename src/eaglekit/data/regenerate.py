@@ -317,7 +317,8 @@ def _finish(
             log.info(
                 "decoder: %d rows x %d slots, %d steps (%s ms each), occupancy %.2f; device seconds: "
                 "decode %s, refill %s (%d forwards, %d prompt tokens, %d padded, %d resumed from the rows' "
-                "caches; %d graphs captured in %s s of it), other %s of %s wall",
+                "caches; %d graphs captured in %s s of it, %d forwards eager before their bucket's capture), "
+                "other %s of %s wall",
                 loop["rows"],
                 loop["slots"],
                 loop["steps"],
@@ -331,6 +332,7 @@ def _finish(
                 loop.get("resumed_tokens", 0),
                 loop.get("refill_graphs", 0),
                 loop.get("refill_capture_s", 0),
+                loop.get("refill_eager_forwards", 0),
                 loop["other_s"],
                 loop["wall_s"],
             )
