@@ -71,8 +71,13 @@ class DraftLayer(nn.Module):
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+    """[-x2, x1] for x = [x1, x2] (the last dim's halves), as a roll and a sign: under torch.compile
+    both fuse into the rope's kernel, where torch.cat((-x2, x1)) wrote each half in a kernel of its
+    own (four more launches a layer for q and k: scripts/gpu/kernel_counts.py). The same values (a
+    negation is exact). The target runners' rope too (`runtime.target_fast`)."""
+    half = x.shape[-1] // 2
+    rolled = x.roll(half, dims=-1)  # [x2, x1]
+    return torch.where(torch.arange(x.shape[-1], device=x.device) < half, -rolled, rolled)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

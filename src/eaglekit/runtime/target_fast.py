@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eaglekit.draft.model import rotate_half  # one rope for the draft and the target runners
 from eaglekit.errors import EaglekitError
 from eaglekit.runtime.flex import flex_mask
 from eaglekit.runtime.graphs import compiled
@@ -99,11 +100,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x = x.float()
     x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x.to(dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
 
 
 def fused(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
