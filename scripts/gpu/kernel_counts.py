@@ -5,7 +5,10 @@ with the same scheduler and fusion rules a CUDA build uses and writes the same k
 kernels, which this script counts in the graph's `call` (launches of generated kernels, of extern
 kernels such as cuBLAS's mm, and of ATen ops such as SDPA) for each --kernels variant (bench_engine.py's syntax) and
 forward of --rows tokens. A layer's count is the 2-layer graph's minus the 1-layer graph's; the
-rest (embedding, final norm, LM head) is printed apart. Nothing runs: these are counts, not times.
+rest (embedding, final norm, LM head) is printed apart. `--cycle` counts instead the engine's whole
+compiled steps on the full-depth model with a random draft: the plain decode step, and one
+speculation cycle per shape (verify, accept, commit, the draft's catch-up and next proposal), beside
+the target's forward over the verified rows alone. Nothing runs: these are counts, not times.
 Block sizes and split reductions depend on the device and are not what a GPU would pick.
 
 Needs the triton wheel importable (the CPU torch does not ship it):
@@ -105,6 +108,78 @@ def forward_launches(config, layers: int, rows: int, variant: str, written) -> C
     return launches(lambda *a: runner(*a)[0], (ids, positions[None], positions, mask), written)
 
 
+def spec_of(shape: str):
+    """chain:K or tree:DEPTH/TOP_K/TOKENS as a SpecConfig."""
+    from eaglekit.engine.spec import SpecConfig
+
+    mode, _, numbers = shape.partition(":")
+    if mode == "chain":
+        return SpecConfig(mode="chain", k=int(numbers))
+    depth, top_k, total = (int(n) for n in numbers.split("/"))
+    return SpecConfig(mode="tree", depth=depth, top_k=top_k, total_tokens=total)
+
+
+def step_launches(run, written: list[str]) -> Counter:
+    """Launches in the graph that `run` compiles first (it stops at that graph's code)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    written.clear()
+    try:
+        run()
+    except Exception as err:
+        if not any(isinstance(e, CodegenDone) for e in (err, err.__cause__, getattr(err, "inner_exception", None))):
+            raise
+    call = written[-1][written[-1].index("def call(") :]
+    kinds = Counter(name.split("_")[1] for name in re.findall(r"\b(triton_\w+)\.run\(", call))
+    kinds.update(f"extern:{name}" for name in re.findall(r"extern_kernels\.(\w+)\(", call))
+    kinds.update(f"aten:{name}" for name in re.findall(r"torch\.ops\.aten\.(\w+)\.\w+\(", call))
+    return kinds
+
+
+def cycle_launches(config, shape: str, variant: str, written) -> dict:
+    """The engine's plain decode step and one speculation cycle of `shape`, whole graphs, on the full
+    model with a random draft (bf16), and the target's forward over the cycle's rows alone."""
+    from eaglekit.engine import Engine
+    from eaglekit.engine.draft_runner import DraftRunner
+    from eaglekit.formats.load import random_draft_for
+    from eaglekit.runtime import Sampling, make_target_runner
+    from eaglekit.targets.info import default_aux_layer_ids
+
+    spec = spec_of(shape)
+    model = shaped(config, config.num_hidden_layers)
+    aux = default_aux_layer_ids(config.num_hidden_layers)
+    options = kernel_options(variant)
+    runner = make_target_runner(model, max_len=512, aux_layer_ids=aux, **options)
+    draft = random_draft_for(model, "cpu")
+    draft_kernels = {k: v for k, v in options.items() if k in ("small_rows", "attention_rows")}
+    drafter = DraftRunner(draft, spec=spec, sampling=Sampling(), max_len=512, **draft_kernels)
+    ids = list(range(5, 5 + START))
+    plain = step_launches(lambda: Engine(runner, compile=True).generate(ids, 8, speculative=False), written)
+    cycle = step_launches(lambda: Engine(runner, drafter=drafter, spec=spec, compile=True).generate(ids, 8), written)
+    rows = spec.num_nodes
+    positions = torch.arange(START, START + rows)
+    mask = cache_mask(causal_block(rows), START, START, runner.max_len)
+    forward = launches(
+        lambda *a: runner(*a)[0], (torch.zeros(1, rows, dtype=torch.long), positions[None], positions, mask), written
+    )
+    out = {
+        "shape": shape,
+        "kernels": variant,
+        "decode_step": sum(plain.values()),
+        "cycle": sum(cycle.values()),
+        "verify_forward": sum(forward.values()),
+        "cycle_kinds": dict(cycle),
+    }
+    print(
+        f"{variant} {shape}: plain decode step {out['decode_step']} launches; cycle {out['cycle']} "
+        f"({', '.join(f'{k} {v}' for k, v in sorted(cycle.items()))}), of which the target's {rows}-row "
+        f"forward alone {out['verify_forward']}, the rest {out['cycle'] - out['verify_forward']}",
+        flush=True,
+    )
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -116,6 +191,12 @@ def main() -> None:
     p.add_argument("--rows", default="1,6,16", help="tokens per forward (1 = a decode step, 6 = a chain-5 verify)")
     p.add_argument("--kernels", default="reduce+matvec,reduce+matvec@6,reduce+matvec@16/16")
     p.add_argument("--json", type=Path, help="also write the counts here")
+    p.add_argument(
+        "--cycle",
+        default=None,
+        help="count the engine's compiled steps instead, for these speculation shapes (bench's syntax: "
+        "chain:5,tree:4/4/16), with the first --kernels variant",
+    )
     args = p.parse_args()
     if args.model == "8b":
         config = llama_8b("meta").config
@@ -125,6 +206,14 @@ def main() -> None:
 
         config = load_target(DEFAULT_TARGET, device="cpu").model.config
     written = triton_codegen_on_cpu()
+    if args.cycle:
+        variant = args.kernels.split(",")[0].strip()
+        results = [cycle_launches(config, shape.strip(), variant, written) for shape in args.cycle.split(",")]
+        if args.json:
+            args.json.write_text(
+                json.dumps({"model": args.model, "torch": torch.__version__, "cycles": results}, indent=1)
+            )
+        return
     results = []
     for variant in [v.strip() for v in args.kernels.split(",") if v.strip()]:
         for rows in [int(r) for r in args.rows.split(",")]:
