@@ -286,7 +286,13 @@ class FastTarget(nn.Module):
             self.layer_calls = before
 
     def move_kv(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        move_slots(self.kv_store, src, dst)  # every layer, k and v at once
+        """Through each layer's own views, not the store they view: a graph that wrote the layers'
+        views and also the store made Inductor copy every layer's cache out and back around each
+        write (two more launches a write, 120 a SmolLM2 cycle: scripts/gpu/kernel_counts.py --cycle);
+        compiled, these moves fuse into a few kernels."""
+        for layer in self.layers:
+            move_slots(layer.cache.k, src, dst)
+            move_slots(layer.cache.v, src, dst)
 
 
 @torch.no_grad()
