@@ -87,8 +87,7 @@ def write_slots(cache: torch.Tensor, slots, new: torch.Tensor) -> torch.Tensor:
 
 
 class KVCache(nn.Module):
-    """Keys and values of one attention layer: [B, h, L, d] each, preallocated (or views of a
-    `stacked_caches` store, so that compaction moves every layer at once)."""
+    """Keys and values of one attention layer: [B, h, L, d] each, preallocated (or views given)."""
 
     def __init__(
         self,
@@ -117,17 +116,6 @@ class KVCache(nn.Module):
         """Store k/v [B', h, T, d] at slots ([T], [B, T] or a `Refill`, see `write_slots`); return
         what attention reads: the whole cache (k, v), or the new k/v for a Refill."""
         return write_slots(self.k, slots, k), write_slots(self.v, slots, v)
-
-
-def stacked_caches(layers: int, batch_size: int, heads: int, max_len: int, head_dim: int, *, dtype, device):
-    """One store [2, layers, B, h, L, d] and a KVCache per layer viewing its slice: a tree's
-    compaction is then one gather and one scatter for the whole model instead of four per layer."""
-    store = torch.zeros(2, layers, batch_size, heads, max_len, head_dim, dtype=dtype, device=device)
-    caches = [
-        KVCache(batch_size, heads, max_len, head_dim, dtype=dtype, device=device, k=store[0, i], v=store[1, i])
-        for i in range(layers)
-    ]
-    return store, caches
 
 
 def move_slots(cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:

@@ -40,7 +40,6 @@ from eaglekit.runtime.kv import (
     causal_block,
     group_mask,
     move_slots,
-    stacked_caches,
 )
 from eaglekit.targets.capture import decoder_layers
 from eaglekit.targets.info import check_aux_layer_ids
@@ -216,10 +215,10 @@ class FastTarget(nn.Module):
         self.hidden_size, self.vocab_size = cfg.hidden_size, model.get_output_embeddings().weight.shape[0]
         p = next(model.parameters())
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        store, caches = stacked_caches(
-            len(layers), batch_size, cfg.num_key_value_heads, max_len, head_dim, dtype=p.dtype, device=p.device
-        )
-        self.register_buffer("kv_store", store, persistent=False)  # [2, layers, B, h, L, d]
+        caches = [
+            KVCache(batch_size, cfg.num_key_value_heads, max_len, head_dim, dtype=p.dtype, device=p.device)
+            for _ in layers
+        ]  # [B, h, L, d] each
         self.attention, self.matvec, self.small_rows = attention, matvec, check_small_rows(small_rows)
         self.attention_rows = small_rows if attention_rows is None else attention_rows
         self.layers = nn.ModuleList(
