@@ -74,20 +74,7 @@ def triton_codegen_on_cpu() -> list[str]:
 
 def launches(fn, args, written: list[str]) -> Counter:
     """Kernel launches in fn's compiled graph: 'red'/'per'/'poi' Triton kernels, extern kernels by name."""
-    import torch._dynamo
-
-    torch._dynamo.reset()
-    written.clear()
-    try:
-        torch.compile(fn, dynamic=False)(*args)
-    except Exception as err:  # dynamo and Inductor wrap what the backend raised
-        if not any(isinstance(e, CodegenDone) for e in (err, err.__cause__, getattr(err, "inner_exception", None))):
-            raise
-    call = written[-1][written[-1].index("def call(") :]
-    kinds = Counter(name.split("_")[1] for name in re.findall(r"\b(triton_\w+)\.run\(", call))
-    kinds.update(f"extern:{name}" for name in re.findall(r"extern_kernels\.(\w+)\(", call))
-    kinds.update(f"aten:{name}" for name in re.findall(r"torch\.ops\.aten\.(\w+)\.\w+\(", call))
-    return kinds
+    return step_launches(lambda: torch.compile(fn, dynamic=False)(*args), written)
 
 
 def shaped(config, layers: int):
@@ -120,14 +107,15 @@ def spec_of(shape: str):
 
 
 def step_launches(run, written: list[str]) -> Counter:
-    """Launches in the graph that `run` compiles first (it stops at that graph's code)."""
+    """Launches in the graph that `run` compiles first (it stops at that graph's code): 'red'/'per'/'poi'
+    Triton kernels, extern kernels and ATen ops by name."""
     import torch._dynamo
 
     torch._dynamo.reset()
     written.clear()
     try:
         run()
-    except Exception as err:
+    except Exception as err:  # dynamo and Inductor wrap what the backend raised
         if not any(isinstance(e, CodegenDone) for e in (err, err.__cause__, getattr(err, "inner_exception", None))):
             raise
     call = written[-1][written[-1].index("def call(") :]
