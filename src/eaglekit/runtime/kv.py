@@ -87,7 +87,7 @@ def write_slots(cache: torch.Tensor, slots, new: torch.Tensor) -> torch.Tensor:
 
 
 class KVCache(nn.Module):
-    """Keys and values of one attention layer: [B, h, L, d] each, preallocated (or views given)."""
+    """Keys and values of one attention layer: [B, h, L, d] each, preallocated."""
 
     def __init__(
         self,
@@ -99,18 +99,12 @@ class KVCache(nn.Module):
         dtype,
         device,
         value_dim: int | None = None,
-        k: torch.Tensor | None = None,
-        v: torch.Tensor | None = None,
     ):
         super().__init__()
         shape = (batch_size, heads, max_len, head_dim)
         vshape = shape[:3] + (value_dim or head_dim,)
-        k = torch.zeros(shape, dtype=dtype, device=device) if k is None else k
-        v = torch.zeros(vshape, dtype=dtype, device=device) if v is None else v
-        if tuple(k.shape) != shape or tuple(v.shape) != vshape:
-            raise ValueError(f"cache views {tuple(k.shape)}/{tuple(v.shape)} are not {shape}/{vshape}")
-        self.register_buffer("k", k, persistent=False)
-        self.register_buffer("v", v, persistent=False)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(vshape, dtype=dtype, device=device), persistent=False)
 
     def write(self, slots, k: torch.Tensor, v: torch.Tensor):
         """Store k/v [B', h, T, d] at slots ([T], [B, T] or a `Refill`, see `write_slots`); return

@@ -285,10 +285,10 @@ class FastTarget(nn.Module):
             self.layer_calls = before
 
     def move_kv(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Through each layer's own views, not the store they view: a graph that wrote the layers'
-        views and also the store made Inductor copy every layer's cache out and back around each
-        write (two more launches a write, 120 a SmolLM2 cycle: scripts/gpu/kernel_counts.py --cycle);
-        compiled, these moves fuse into a few kernels."""
+        """Layer by layer, each its own cache: when the caches were views of one store and this moved
+        the store, a graph writing both made Inductor copy every layer's cache out and back around
+        each K/V write (two more launches a write: scripts/gpu/kernel_counts.py --cycle); compiled,
+        these moves fuse into a few kernels."""
         for layer in self.layers:
             move_slots(layer.cache.k, src, dst)
             move_slots(layer.cache.v, src, dst)
