@@ -87,12 +87,17 @@ def shaped(config, layers: int):
     return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval().requires_grad_(False)
 
 
-def forward_launches(config, layers: int, rows: int, variant: str, written) -> Counter:
-    runner = FastTarget(shaped(config, layers), max_len=512, check=False, **kernel_options(variant))
+def runner_launches(runner, rows: int, written) -> Counter:
+    """Launches of one forward of `runner` over `rows` new tokens after START cached ones."""
     ids = torch.zeros(1, rows, dtype=torch.long)
     positions = torch.arange(START, START + rows)
     mask = cache_mask(causal_block(rows), START, START, runner.max_len)
     return launches(lambda *a: runner(*a)[0], (ids, positions[None], positions, mask), written)
+
+
+def forward_launches(config, layers: int, rows: int, variant: str, written) -> Counter:
+    runner = FastTarget(shaped(config, layers), max_len=512, check=False, **kernel_options(variant))
+    return runner_launches(runner, rows, written)
 
 
 def spec_of(shape: str):
@@ -146,11 +151,7 @@ def cycle_launches(config, shape: str, variant: str, written) -> dict:
     plain = step_launches(lambda: Engine(runner, compile=True).generate(ids, 8, speculative=False), written)
     cycle = step_launches(lambda: Engine(runner, drafter=drafter, spec=spec, compile=True).generate(ids, 8), written)
     rows = spec.num_nodes
-    positions = torch.arange(START, START + rows)
-    mask = cache_mask(causal_block(rows), START, START, runner.max_len)
-    forward = launches(
-        lambda *a: runner(*a)[0], (torch.zeros(1, rows, dtype=torch.long), positions[None], positions, mask), written
-    )
+    forward = runner_launches(runner, rows, written)
     out = {
         "shape": shape,
         "kernels": variant,
