@@ -235,6 +235,9 @@ class FastTarget(nn.Module):
         cos, sin = decoder.rotary_emb(self.norm, torch.arange(max_len, device=p.device)[None])
         self.register_buffer("cos", cos[0], persistent=False)  # [L, d], model dtype like HF
         self.register_buffer("sin", sin[0], persistent=False)
+        self.register_buffer(
+            "move_index", torch.zeros(2 * max_len, dtype=torch.long, device=p.device), persistent=False
+        )  # [2L] move_kv's src then dst slots
         if check:
             check_against_hf(self, model)
 
@@ -242,7 +245,7 @@ class FastTarget(nn.Module):
     def aux_width(self) -> int:
         return len(self.aux_layer_ids) * self.hidden_size
 
-    @torch.no_grad()  # inference only; the caches are views of one store, written in place
+    @torch.no_grad()  # inference only; the layers' caches are written in place
     def forward(self, input_ids, positions, slots, mask, last_only: bool = False):
         """input_ids/positions [B, T], slots [T], mask [B|1, 1, T, L] bool -> logits [B, T, V], aux [B, T, A].
 
@@ -285,10 +288,16 @@ class FastTarget(nn.Module):
             self.layer_calls = before
 
     def move_kv(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Layer by layer, each its own cache: when the caches were views of one store and this moved
-        the store, a graph writing both made Inductor copy every layer's cache out and back around
-        each K/V write (two more launches a write: scripts/gpu/kernel_counts.py --cycle); compiled,
-        these moves fuse into a few kernels."""
+        """cache[dst] = cache[src] in every layer's cache, src/dst [S].
+
+        Each layer has its own cache: when they were views of one store and this moved the store, a
+        graph writing both made Inductor copy every layer's cache out and back around each K/V write.
+        The slots go through `move_index` first: a scatter index computed in the graph (the engine's
+        n + rows) kept Inductor from fusing the layers' moves, one kernel each (61 for SmolLM2's
+        tree cycle); read from a buffer they fuse into a few (scripts/gpu/kernel_counts.py --cycle)."""
+        S = src.shape[0]
+        self.move_index[: 2 * S].copy_(torch.cat([src, dst]))
+        src, dst = self.move_index[:S], self.move_index[S : 2 * S]
         for layer in self.layers:
             move_slots(layer.cache.k, src, dst)
             move_slots(layer.cache.v, src, dst)
