@@ -81,6 +81,17 @@ class DraftRunner(nn.Module):
         self.register_buffer(
             "last_hidden", torch.zeros(1, cfg.hidden_size, dtype=p.dtype, device=p.device), persistent=False
         )  # [1, H]
+        if (
+            spec.mode == "tree"
+        ):  # the tree's fixed bookkeeping, made once: built per cycle, each piece was a fill kernel
+            K, D = spec.top_k, spec.depth
+            level = torch.cat([torch.zeros(K, dtype=torch.long), torch.arange(1, D).repeat_interleave(K * K)])
+            self.register_buffer("cand_depth", (level + 1).to(p.device), persistent=False)  # [C] candidate depth
+            self.register_buffer("root_children", torch.full((K,), -1, device=p.device), persistent=False)  # [K]
+            self.register_buffer("first_front", torch.arange(K, device=p.device), persistent=False)  # [K]
+            self.register_buffer(
+                "no_ancestors", torch.zeros(K, spec.draft_region, dtype=torch.bool, device=p.device), persistent=False
+            )  # [K, R]
 
     def step(self, tokens, hidden, positions, slots, mask):
         """One draft forward over T rows: tokens [T], hidden [T, H], positions/slots [T] -> [T, H]."""
@@ -148,15 +159,13 @@ class DraftRunner(nn.Module):
     def tree(self, root, n) -> Tree:
         """EAGLE-2 dynamic tree (docs/algorithms.md §3): expand the K best frontier nodes per level."""
         K, D, dev = self.spec.top_k, self.spec.depth, root.device
-        R = self.spec.draft_region
         value, ids = top_logp(self.logits(self.last_hidden)[0], K)  # [K]
         front_tok, front_val = self.vocab_map[ids], value  # [K]
-        front_id = torch.arange(K, device=dev)  # candidate index
+        front_id = self.first_front  # candidate index
         front_hidden = self.last_hidden.expand(K, -1)  # parent output [K, H]
-        front_anc = torch.zeros(K, R, dtype=torch.bool, device=dev)  # visible draft slots
-        long = dict(dtype=torch.long, device=dev)
+        front_anc = self.no_ancestors  # visible draft slots [K, R]
         toks, vals = [front_tok], [value]  # every recorded candidate
-        parents, depths = [torch.full((K,), -1, **long)], [torch.full((K,), 1, **long)]
+        parents = [self.root_children]
         recorded = K
         for level in range(1, D):
             base = (level - 1) * K
@@ -171,7 +180,6 @@ class DraftRunner(nn.Module):
             toks.append(cand_tok)
             vals.append(cand_val)
             parents.append(front_id.repeat_interleave(K))
-            depths.append(torch.full((K * K,), level + 1, **long))
             best = torch.topk(cand_val, K).indices  # next frontier, global
             row = best // K
             front_tok, front_val, front_id = cand_tok[best], cand_val[best], recorded + best
@@ -182,7 +190,7 @@ class DraftRunner(nn.Module):
             torch.cat(toks),
             torch.cat(parents),
             torch.cat(vals),
-            torch.cat(depths),
+            self.cand_depth,
             self.spec.num_nodes,
             D,
         )
