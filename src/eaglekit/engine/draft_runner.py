@@ -81,9 +81,8 @@ class DraftRunner(nn.Module):
         self.register_buffer(
             "last_hidden", torch.zeros(1, cfg.hidden_size, dtype=p.dtype, device=p.device), persistent=False
         )  # [1, H]
-        if (
-            spec.mode == "tree"
-        ):  # the tree's fixed bookkeeping, made once: built per cycle, each piece was a fill kernel
+        # The tree's fixed bookkeeping, made once: built in every cycle, each piece was a fill kernel.
+        if spec.mode == "tree":
             K, D = spec.top_k, spec.depth
             level = torch.cat([torch.zeros(K, dtype=torch.long), torch.arange(1, D).repeat_interleave(K * K)])
             self.register_buffer("cand_depth", (level + 1).to(p.device), persistent=False)  # [C] candidate depth

@@ -292,9 +292,9 @@ class FastTarget(nn.Module):
 
         Each layer has its own cache: when they were views of one store and this moved the store, a
         graph writing both made Inductor copy every layer's cache out and back around each K/V write.
-        The slots go through `move_index` first: a scatter index computed in the graph (the engine's
-        n + rows) kept Inductor from fusing the layers' moves, one kernel each (61 for SmolLM2's
-        tree cycle); read from a buffer they fuse into a few (scripts/gpu/kernel_counts.py --cycle)."""
+        The slots go through `move_index` first: with a scatter index computed in the graph (the
+        engine's n + rows) Inductor wrote each layer's move as a kernel of its own; read from a buffer
+        they fuse into a few (docs/notes/engine.md, "Launches counted without a GPU")."""
         S = src.shape[0]
         self.move_index[: 2 * S].copy_(torch.cat([src, dst]))
         src, dst = self.move_index[:S], self.move_index[S : 2 * S]
