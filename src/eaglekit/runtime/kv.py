@@ -89,22 +89,11 @@ def write_slots(cache: torch.Tensor, slots, new: torch.Tensor) -> torch.Tensor:
 class KVCache(nn.Module):
     """Keys and values of one attention layer: [B, h, L, d] each, preallocated."""
 
-    def __init__(
-        self,
-        batch_size: int,
-        heads: int,
-        max_len: int,
-        head_dim: int,
-        *,
-        dtype,
-        device,
-        value_dim: int | None = None,
-    ):
+    def __init__(self, batch_size: int, heads: int, max_len: int, head_dim: int, *, dtype, device):
         super().__init__()
         shape = (batch_size, heads, max_len, head_dim)
-        vshape = shape[:3] + (value_dim or head_dim,)
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v", torch.zeros(vshape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
 
     def write(self, slots, k: torch.Tensor, v: torch.Tensor):
         """Store k/v [B', h, T, d] at slots ([T], [B, T] or a `Refill`, see `write_slots`); return
