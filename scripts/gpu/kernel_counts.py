@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from bench_engine import kernel_options, llama_8b  # noqa: E402
+from bench_engine import kernel_options, llama_8b, tree_shape  # noqa: E402
 
 from eaglekit.runtime.kv import cache_mask, causal_block  # noqa: E402
 from eaglekit.runtime.target_fast import FastTarget  # noqa: E402
@@ -101,14 +101,13 @@ def forward_launches(config, layers: int, rows: int, variant: str, written) -> C
 
 
 def spec_of(shape: str):
-    """chain:K or tree:DEPTH/TOP_K/TOKENS as a SpecConfig."""
+    """chain:K or tree:DEPTH/TOP_K/TOKENS (bench_engine's --trees form) as a SpecConfig."""
     from eaglekit.engine.spec import SpecConfig
 
     mode, _, numbers = shape.partition(":")
     if mode == "chain":
         return SpecConfig(mode="chain", k=int(numbers))
-    depth, top_k, total = (int(n) for n in numbers.split("/"))
-    return SpecConfig(mode="tree", depth=depth, top_k=top_k, total_tokens=total)
+    return tree_shape(numbers)
 
 
 def step_launches(run, written: list[str]) -> Counter:
@@ -183,8 +182,8 @@ def main() -> None:
     p.add_argument(
         "--cycle",
         default=None,
-        help="count the engine's compiled steps instead, for these speculation shapes (bench's syntax: "
-        "chain:5,tree:4/4/16), with the first --kernels variant",
+        help="count the engine's compiled steps instead, for these speculation shapes (chain:K or "
+        "tree:DEPTH/TOP_K/TOKENS, e.g. chain:5,tree:4/4/16), with the first --kernels variant",
     )
     args = p.parse_args()
     if args.model == "8b":
