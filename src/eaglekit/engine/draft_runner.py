@@ -6,6 +6,8 @@
                                          (token t+1, fc(aux_t)) and is written at cache slot t
     propose(root, n)                     chain (k - 1 steps) or EAGLE-2 tree (depth - 1 expansions)
                                          from the output of the last caught-up entry
+    fixed_shape                          a Tree whose parents / depth / anc every proposal repeats
+                                         (chains, the oracle), or None where they vary (trees)
 
 `OracleDrafter` replays a known continuation (the target's own greedy output) as a perfect draft,
 to measure the engine apart from draft quality. Both return a `Proposal`.
@@ -81,6 +83,10 @@ class DraftRunner(nn.Module):
         self.register_buffer(
             "last_hidden", torch.zeros(1, cfg.hidden_size, dtype=p.dtype, device=p.device), persistent=False
         )  # [1, H]
+        # A chain's parents, depths and mask never change: the engine writes them once, not each cycle.
+        self.fixed_shape = (
+            chain_tree(torch.zeros(spec.k + 1, dtype=torch.long, device=p.device)) if spec.mode == "chain" else None
+        )
         # The tree's fixed bookkeeping, made once: built in every cycle, each piece was a fill kernel.
         if spec.mode == "tree":
             K, D = spec.top_k, spec.depth
@@ -226,6 +232,7 @@ class OracleDrafter(nn.Module):
         self.register_buffer("depth", torch.tensor(depth, device=device), persistent=False)
         self.register_buffer("shift", torch.tensor(shift, device=device), persistent=False)
         self.register_buffer("anc", tree.anc.to(device), persistent=False)
+        self.fixed_shape = Tree(tokens=self.shift, parents=self.parents, depth=self.depth, anc=self.anc)
 
     def set_reference(self, reference: list[int]) -> None:
         """The sequence to replay (prompt + continuation), by position; copied in place (graphs keep it)."""

@@ -230,6 +230,11 @@ class Engine:
             depth=torch.zeros(N, **long),
             anc=torch.zeros(N, N, dtype=torch.bool, device=self.device),
         )
+        # A drafter whose shape never changes (a chain, the oracle) has it written once, here and
+        # after each capture's reset; the cycle then copies only the tokens.
+        self.fixed_shape = getattr(self.drafter, "fixed_shape", None)
+        self.proposed = ("tokens",) if self.fixed_shape is not None else ("tokens", "parents", "depth", "anc")
+        self._reset_tree()
         self.acc = torch.zeros(D + 3, **long)  # [count, bonus, path (D + 1)]
         self.cycle_index = torch.zeros(1, **long)  # cycles run since the prefill
         self.counts = torch.zeros(self.L + 1, **long)  # counts[c] = drafts accepted in cycle c
@@ -280,18 +285,21 @@ class Engine:
                     for t in (self.chunk_ids, self.chunk_start, self.chunk_last):
                         t.zero_()
                 if self.drafter is not None:
-                    for t in (
-                        self.n,
-                        self.acc,
-                        self.root,
-                        self.cycle_index,
-                        self.tree.tokens,
-                        self.tree.parents,
-                        self.tree.depth,
-                    ):
+                    for t in (self.n, self.acc, self.root, self.cycle_index):
                         t.zero_()
-                    self.tree.anc.copy_(torch.eye(self.tree.size, dtype=torch.bool))  # no empty mask row
+                    self._reset_tree()
                 step.capture()
+
+    def _reset_tree(self) -> None:
+        """An empty tree, or the drafter's fixed shape; the mask has no empty row either way."""
+        self.tree.tokens.zero_()
+        if self.fixed_shape is not None:
+            for name in ("parents", "depth", "anc"):
+                getattr(self.tree, name).copy_(getattr(self.fixed_shape, name))
+        else:
+            self.tree.parents.zero_()
+            self.tree.depth.zero_()
+            self.tree.anc.copy_(torch.eye(self.tree.size, dtype=torch.bool))
 
     # ---- plain decoding -------------------------------------------------------------------
 
@@ -436,7 +444,7 @@ class Engine:
 
     def _propose(self, root: torch.Tensor) -> None:
         proposal = self.drafter.propose(root, self.n)
-        for name in ("tokens", "parents", "depth", "anc"):
+        for name in self.proposed:
             getattr(self.tree, name).copy_(getattr(proposal.tree, name))
         if self.sampled_chain:
             self.q.copy_(proposal.q)
