@@ -145,9 +145,9 @@ def test_sliding_window_shorter_than_the_cache_is_refused():
 
 
 def test_kernel_forms_compute_the_same_math():
-    """The forms `attend` and `linear` pick inside torch.compile (reduce attention, matvec linears)
-    equal the eager ones, with a ragged mask (rows that see different slots)."""
-    from eaglekit.runtime.kernels import matvec_linear, matvec_swiglu
+    """The forms `attend` and `linear` pick inside torch.compile (reduce attention, matvec linears, the
+    output projection by heads) equal the eager ones, with a ragged mask (rows that see different slots)."""
+    from eaglekit.runtime.kernels import matvec_linear, matvec_swiglu, output_projection, project_by_heads
     from eaglekit.runtime.kv import attend_matmul, attend_reduce, attend_sdpa
 
     g = torch.Generator().manual_seed(0)
@@ -164,6 +164,11 @@ def test_kernel_forms_compute_the_same_math():
         torch.testing.assert_close(matvec_linear(x, w, None), torch.nn.functional.linear(x, w))
         gate, up = torch.nn.functional.linear(x, w, b).chunk(2, dim=-1)
         torch.testing.assert_close(matvec_swiglu(x, w, b), torch.nn.functional.silu(gate) * up)
+    out = attend_sdpa(q, k, v, mask)[0]  # [heads 2, T 6, d 8] -> [6, 24] through w [24, 2 * 8]
+    for bias in (b, None):
+        flat = torch.nn.functional.linear(out.transpose(0, 1).reshape(6, 16), w, bias)
+        torch.testing.assert_close(output_projection(out, w, bias), flat)
+    assert not project_by_heads(1, 64)  # eager: the usual transpose and F.linear
 
 
 def test_matvec_forms_fuse_at_most_sixteen_rows():

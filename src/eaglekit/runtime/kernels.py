@@ -141,6 +141,26 @@ def matvec_swiglu(x: torch.Tensor, w13: torch.Tensor, b13: torch.Tensor | None) 
     )
 
 
+def project_by_heads(rows: int, head_dim: int) -> bool:
+    """Whether a one-sequence forward of `rows` tokens takes `output_projection`: inside torch.compile,
+    at most head_dim / 4 rows, so that its partial outputs stay within a quarter of the weight's bytes."""
+    return torch.compiler.is_compiling() and rows <= head_dim // 4
+
+
+def output_projection(out: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """One sequence's attention output out [heads, T, d] times the output projection's weight
+    [N, heads * d] -> [T, N] as one batched matmul over the heads, whose partial outputs [heads, T, N]
+    are summed by adds that Inductor fuses into the next kernel (the residual add and the norm). The
+    usual form first copies the heads side by side for one mm, a launch of its own. The partials are
+    rounded to the dtype before the sum, as a tensor-parallel output projection's are."""
+    heads, T, d = out.shape
+    partial = torch.matmul(out, weight.view(-1, heads, d).permute(1, 2, 0))  # [heads, T, N]
+    y = partial[0]
+    for h in range(1, heads):
+        y = y + partial[h]
+    return y if bias is None else y + bias
+
+
 def matvec(x: torch.Tensor, weights, biases, epilogue) -> torch.Tensor:
     """epilogue(*[x @ w.T + b in float32]) as broadcast products and sums: x [..., K], each w [N, K].
 

@@ -30,6 +30,8 @@ from eaglekit.runtime.kernels import (
     kernel_for_rows,
     linear,
     matvec_swiglu,
+    output_projection,
+    project_by_heads,
 )
 from eaglekit.runtime.kv import (
     ATTENTION_KINDS,
@@ -156,8 +158,11 @@ class FastLayer(nn.Module):
         # A refill's prompts attend to themselves ([R, 1, T, T]) or to their rows' first C slots: no
         # cache blocks to skip, so flex (which wants L a multiple of its block) has nothing to gain there.
         kind = "sdpa" if isinstance(slots, Refill) else kernel_for_rows(self.attention, T, self.attention_rows)
-        out = attend(q, k_all, v_all, mask, kind).transpose(1, 2).reshape(B, T, self.nh * self.d)
-        x = x + linear(out, self.wo, self.bo, rows)
+        out = attend(q, k_all, v_all, mask, kind)  # [B, heads, T, d]
+        if B == 1 and not rows and project_by_heads(T, self.d):  # a compiled verify (matvec steps fuse their own)
+            x = x + output_projection(out[0], self.wo, self.bo)
+        else:
+            x = x + linear(out.transpose(1, 2).reshape(B, T, self.nh * self.d), self.wo, self.bo, rows)
         h = rms_norm(x, self.ln2, self.eps)
         if rows and torch.compiler.is_compiling():
             act = matvec_swiglu(h, self.w13, self.b13)
