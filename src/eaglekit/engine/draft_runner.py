@@ -83,10 +83,6 @@ class DraftRunner(nn.Module):
         self.register_buffer(
             "last_hidden", torch.zeros(1, cfg.hidden_size, dtype=p.dtype, device=p.device), persistent=False
         )  # [1, H]
-        # A chain's parents, depths and mask never change: the engine writes them once, not each cycle.
-        self.fixed_shape = (
-            chain_tree(torch.zeros(spec.k + 1, dtype=torch.long, device=p.device)) if spec.mode == "chain" else None
-        )
         # The tree's fixed bookkeeping, made once: built in every cycle, each piece was a fill kernel.
         if spec.mode == "tree":
             K, D = spec.top_k, spec.depth
@@ -97,6 +93,13 @@ class DraftRunner(nn.Module):
             self.register_buffer(
                 "no_ancestors", torch.zeros(K, spec.draft_region, dtype=torch.bool, device=p.device), persistent=False
             )  # [K, R]
+
+    @property
+    def fixed_shape(self) -> Tree | None:
+        """A chain's parents, depths and mask never change: the engine writes them once, not each cycle."""
+        if self.spec.mode != "chain":
+            return None
+        return chain_tree(torch.zeros(self.spec.k + 1, dtype=torch.long, device=self.last_hidden.device))
 
     def step(self, tokens, hidden, positions, slots, mask):
         """One draft forward over T rows: tokens [T], hidden [T, H], positions/slots [T] -> [T, H]."""
@@ -232,7 +235,11 @@ class OracleDrafter(nn.Module):
         self.register_buffer("depth", torch.tensor(depth, device=device), persistent=False)
         self.register_buffer("shift", torch.tensor(shift, device=device), persistent=False)
         self.register_buffer("anc", tree.anc.to(device), persistent=False)
-        self.fixed_shape = Tree(tokens=self.shift, parents=self.parents, depth=self.depth, anc=self.anc)
+
+    @property
+    def fixed_shape(self) -> Tree:
+        """The oracle's tree is the same every cycle (only its tokens change)."""
+        return Tree(tokens=self.shift, parents=self.parents, depth=self.depth, anc=self.anc)
 
     def set_reference(self, reference: list[int]) -> None:
         """The sequence to replay (prompt + continuation), by position; copied in place (graphs keep it)."""
