@@ -1,6 +1,8 @@
 """Pure engine parts on hand-built inputs: tree masks and positions, EAGLE-2 rerank, greedy
 acceptance, cache masks, and statistical tests that sampling verification is lossless."""
 
+import functools
+
 import pytest
 import torch
 
@@ -272,8 +274,10 @@ def test_sampling_verification_keeps_the_target_distribution(kind):
 
 def test_fused_draft_projections_and_top_logp_compute_the_unfused_math():
     """DraftRunner's inference forms: q/k/v and gate/up as one matmul each (`Eagle3Draft.fused_weights`),
-    and the tree's top-k of log-probs as top-k of the logits less their logsumexp."""
+    the output projection by heads, and the tree's top-k of log-probs as top-k of the logits less their
+    logsumexp."""
     from eaglekit.engine.draft_runner import top_logp
+    from eaglekit.runtime.kernels import output_projection
     from engine_tiny import peaked_model, random_draft
 
     draft = random_draft(peaked_model("llama"))
@@ -287,6 +291,8 @@ def test_fused_draft_projections_and_top_logp_compute_the_unfused_math():
         assert a.shape == b.shape and torch.allclose(a, b, atol=1e-6)
     out = torch.randn(1, draft.config.num_attention_heads, 5, draft.config.head_dim, generator=g)
     assert torch.allclose(draft.finish(out, hidden), draft.finish(out, hidden, w13=w13), atol=1e-6)
+    by_heads = functools.partial(output_projection, bias=None)  # the compiled few-row form
+    assert torch.allclose(draft.finish(out, hidden), draft.finish(out, hidden, by_heads=by_heads), atol=1e-5)
     assert draft.fused_weights()[0] is wqkv  # one copy per draft, shared by its runners
     with torch.no_grad():
         draft.midlayer.mlp.up_proj.weight.mul_(2)  # a changed weight: made again

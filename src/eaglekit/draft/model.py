@@ -172,14 +172,25 @@ class Eagle3Draft(nn.Module):
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, residual
 
     def finish(
-        self, attn_out: torch.Tensor, residual: torch.Tensor, linear=F.linear, w13: torch.Tensor | None = None
+        self,
+        attn_out: torch.Tensor,
+        residual: torch.Tensor,
+        linear=F.linear,
+        w13: torch.Tensor | None = None,
+        by_heads=None,
     ) -> torch.Tensor:
         """[B, nh, T, hd] attention output + [B, T, H] residual -> [B, T, H] the carried state: the layer's
         pre-norm output, normed with `norm_output`. `logits` takes it either way.
-        w13: gate and up weights concatenated (`fused_weights`): one matmul for the two (inference)."""
+        w13: gate and up weights concatenated (`fused_weights`): one matmul for the two (inference).
+        by_heads: the output projection as (out [nh, T, hd], weight) -> [T, H] for B = 1
+        (`runtime.kernels.output_projection`, inference); None: the heads side by side, then `linear`."""
         B, _, T, _ = attn_out.shape
         layer, mlp = self.midlayer, self.midlayer.mlp
-        h = residual + linear(attn_out.transpose(1, 2).reshape(B, T, -1), layer.self_attn.o_proj.weight)
+        wo = layer.self_attn.o_proj.weight
+        if by_heads is not None and B == 1:
+            h = residual + by_heads(attn_out[0], wo)
+        else:
+            h = residual + linear(attn_out.transpose(1, 2).reshape(B, T, -1), wo)
         x = layer.post_attention_layernorm(h)
         if w13 is None:
             gate, up = linear(x, mlp.gate_proj.weight), linear(x, mlp.up_proj.weight)

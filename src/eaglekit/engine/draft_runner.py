@@ -26,7 +26,15 @@ from torch import nn
 from eaglekit.draft.model import Eagle3Draft
 from eaglekit.engine.spec import SpecConfig
 from eaglekit.engine.tree import Tree, chain_tree, select_tree, tree_from_parents
-from eaglekit.runtime.kernels import SMALL_ROWS, check_small_rows, default_kernels, kernel_for_rows, linear
+from eaglekit.runtime.kernels import (
+    SMALL_ROWS,
+    check_small_rows,
+    default_kernels,
+    kernel_for_rows,
+    linear,
+    output_projection,
+    project_by_heads,
+)
 from eaglekit.runtime.kv import KVCache, attend, cache_mask, causal_block, group_mask
 from eaglekit.runtime.sampling import Sampling, sample, top_k
 
@@ -112,7 +120,14 @@ class DraftRunner(nn.Module):
         # Compiled matvec forms keep gate and up two reductions of one shape: Inductor fuses them with the SwiGLU.
         matvec = torch.compiler.is_compiling() and tokens.shape[0] <= self.matvec_rows
         w13 = None if matvec else self.w13
-        return self.draft.finish(attend(q, k_all, v_all, mask, kind), residual, self.linear, w13=w13)[0]
+        by_heads = (
+            None
+            if matvec or not project_by_heads(tokens.shape[0], q.shape[-1])
+            else partial(output_projection, bias=None)
+        )
+        return self.draft.finish(
+            attend(q, k_all, v_all, mask, kind), residual, self.linear, w13=w13, by_heads=by_heads
+        )[0]
 
     def logits(self, hidden):
         """[T, H] draft outputs -> [T, Vd] float32 draft-vocab logits."""
