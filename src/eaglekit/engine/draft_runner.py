@@ -253,8 +253,8 @@ class OracleDrafter(nn.Module):
 
     @property
     def fixed_shape(self) -> Tree:
-        """The oracle's tree is the same every cycle (only its tokens change)."""
-        return Tree(tokens=self.shift, parents=self.parents, depth=self.depth, anc=self.anc)
+        """The oracle's tree is the same every cycle (only its tokens change; these are zeros)."""
+        return Tree(tokens=torch.zeros_like(self.shift), parents=self.parents, depth=self.depth, anc=self.anc)
 
     def set_reference(self, reference: list[int]) -> None:
         """The sequence to replay (prompt + continuation), by position; copied in place (graphs keep it)."""
