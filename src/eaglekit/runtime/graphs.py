@@ -24,6 +24,10 @@ from eaglekit.errors import EaglekitError
 
 log = logging.getLogger(__name__)
 COMPILE_MODE = "default"  # the graphs are ours; Inductor fuses (max-autotune took minutes a step: docs/notes/engine.md)
+# Inductor skips a fusion that saves under `score_fusion_memory_threshold` bytes of traffic (default 10). At
+# batch 1 a step is its launches, and K's and V's cache writes share only the slot index: fused, one launch
+# fewer per layer (docs/notes/engine.md, "Launches counted without a GPU").
+ENGINE_INDUCTOR_OPTIONS = {"score_fusion_memory_threshold": 1}
 
 
 def compiled(fn: Callable, enabled: bool, mode: str = COMPILE_MODE, dynamic: bool = False) -> Callable:
@@ -36,7 +40,10 @@ def compiled(fn: Callable, enabled: bool, mode: str = COMPILE_MODE, dynamic: boo
     # Every engine compiles its own steps; raise the per-function cache so sweeps stay compiled.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 512)
-    return torch.compile(fn, mode=mode, dynamic=dynamic)
+    import torch._inductor  # a mode is a set of options; torch.compile takes one or the other
+
+    options = {**torch._inductor.list_mode_options(mode, dynamic), **ENGINE_INDUCTOR_OPTIONS}
+    return torch.compile(fn, options=options, dynamic=dynamic)
 
 
 def check_inductor(device: torch.device, what: str) -> None:
