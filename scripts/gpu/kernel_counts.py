@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from bench_engine import kernel_options, llama_8b, tree_shape  # noqa: E402
 
+from eaglekit.runtime.graphs import compiled  # noqa: E402
 from eaglekit.runtime.kv import cache_mask, causal_block  # noqa: E402
 from eaglekit.runtime.target_fast import FastTarget  # noqa: E402
 
@@ -73,8 +74,9 @@ def triton_codegen_on_cpu() -> list[str]:
 
 
 def launches(fn, args, written: list[str]) -> Counter:
-    """Kernel launches in fn's compiled graph: 'red'/'per'/'poi' Triton kernels, extern kernels by name."""
-    return step_launches(lambda: torch.compile(fn, dynamic=False)(*args), written)
+    """Kernel launches in fn's graph, compiled as the engine compiles its steps (`graphs.compiled`):
+    'red'/'per'/'poi' Triton kernels, extern kernels by name."""
+    return step_launches(lambda: compiled(fn, True)(*args), written)
 
 
 def shaped(config, layers: int):
