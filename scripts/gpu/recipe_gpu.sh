@@ -6,6 +6,7 @@
 #   bash scripts/gpu/recipe_gpu.sh start PROMPTS_DIR EVAL_DIR   # launch the session, return at once
 #   bash scripts/gpu/recipe_gpu.sh wait SECONDS                 # follow it; pack what exists into $OUT
 #   bash scripts/gpu/recipe_gpu.sh bench DRAFT_DIR EVAL_DIR     # steps 1's bench stage, 2 and 3 for an earlier draft
+#   bash scripts/gpu/recipe_gpu.sh only [EVAL_DIR]              # BENCHES alone, those that need no draft (kernels, gputests)
 # The session, in order (each step timed in $W/session.log):
 #   1. eaglekit run --recipe smollm2-h200 on every prompt file of PROMPTS_DIR (weights below), bench
 #      stage on MT-bench (EVAL_DIR/mt_bench.jsonl), in the recipe's bench shape;
@@ -24,7 +25,7 @@
 #                ARM_S seconds each in turn (or ARM_STEPS steps, all at once) on the run's conversations, each
 #                benched on MT-bench and the held-out set (HumanEval, Alpaca, translation);
 #      peer      issue 39's peer: speculators trained beside the run's draft for its train seconds, both benched;
-#      gputests  the gpu tier, tests/gpu (CUDA against the CPU, token for token), at most 600 s.
+#      gputests  the gpu tier, tests/gpu (CUDA against the CPU, token for token), at most 600 s (GPUTESTS_K: pytest -k).
 #   PRE names benches to run before the recipe (e.g. PRE=kernels: timings on an idle GPU, first), BESIDE
 #   benches to run beside its data stages (BESIDE=gputests: checks, not timings; training waits for them).
 # Env: W (work folder, /root/work), GPUS (1), TRAIN_S (train.time-budget-s; default the recipe's), LIMIT (MT-bench prompts),
@@ -152,7 +153,7 @@ benches() {  # after the recipe, each of $BENCHES in turn (default: chain heldou
           BENCH_ARGS="--prompts $eval/mt_bench.jsonl --limit ${LIMIT:-20} --max-new-tokens 256 --no-hf $(bench_shape) --device cuda" \
           bash scripts/peer/run_speculators.sh "$RUN" "$W/peer" 2>&1 | quiet | grep -v "^+ " | tail -30 >> "$LOG" ;;
       gputests)  # the engine's and the batch decoder's CUDA paths against the CPU's, token for token
-        timeout 600 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu 2>&1 | tail -15 >> "$LOG" ;;
+        timeout 600 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu ${GPUTESTS_K:+-k "$GPUTESTS_K"} 2>&1 | tail -15 >> "$LOG" ;;
       none) continue ;;   # BENCHES=none: the recipe's run alone
       *) stamp "unknown bench $b (chain, sweep, heldout, generate, kernels, regen, profile, arms, peer, gputests, none)"; continue ;;
     esac
@@ -294,6 +295,11 @@ case $VERB in
     setsid nohup bash -c "bench_tree '$DRAFT' '$EVAL'; benches '$DRAFT' '$EVAL'; stamp 'session done'" \
       > "$W/session.out" 2>&1 < /dev/null &
     stamp "benches launched (pid $!)"; sleep 2; cat "$LOG" ;;
+  only)    # BENCHES that need no draft of this session (kernels, gputests), in the background
+    : "${EAGLEKIT_SMOLLM2_DIR:?run setup.sh first}"
+    export -f benches stamp quiet; export W RUN LOG BENCHES KERNELS BE_ARGS GPUTESTS_K
+    setsid nohup bash -c "benches '' '${2:-}'; stamp 'session done'" > "$W/session.out" 2>&1 < /dev/null &
+    stamp "benches launched (pid $!)"; sleep 2; cat "$LOG" ;;
   wait)
     OUT=${OUT:?OUT is the folder that comes back}
     # A fresh machine (the one that ran `start` was given back between the calls) has no session:
@@ -303,5 +309,5 @@ case $VERB in
     while (( $(date +%s) < end )) && ! grep -q "session done" "$LOG"; do sleep 10; done
     pack; tail -40 "$LOG"
     echo "[wait] $(ls "$OUT" | wc -l) files in \$OUT; at most 8 come back: copy nothing more there (add it to pack)" ;;
-  *) echo "unknown verb $VERB (start, bench, wait)"; exit 2 ;;
+  *) echo "unknown verb $VERB (start, bench, only, wait)"; exit 2 ;;
 esac
