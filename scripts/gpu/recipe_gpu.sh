@@ -153,7 +153,9 @@ benches() {  # after the recipe, each of $BENCHES in turn (default: chain heldou
           BENCH_ARGS="--prompts $eval/mt_bench.jsonl --limit ${LIMIT:-20} --max-new-tokens 256 --no-hf $(bench_shape) --device cuda" \
           bash scripts/peer/run_speculators.sh "$RUN" "$W/peer" 2>&1 | quiet | grep -v "^+ " | tail -30 >> "$LOG" ;;
       gputests)  # the engine's and the batch decoder's CUDA paths against the CPU's, token for token
-        timeout 600 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu ${GPUTESTS_K:+-k "$GPUTESTS_K"} 2>&1 | tail -15 >> "$LOG" ;;
+        # the whole output to gputests.log (packed): the log's tail holds a failure's name, not its cause
+        timeout 600 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu ${GPUTESTS_K:+-k "$GPUTESTS_K"} 2>&1 \
+          | grep -v "^DEBUG" > "$W/gputests.log"; tail -15 "$W/gputests.log" >> "$LOG" ;;
       none) continue ;;   # BENCHES=none: the recipe's run alone
       *) stamp "unknown bench $b (chain, sweep, heldout, generate, kernels, regen, profile, arms, peer, gputests, none)"; continue ;;
     esac
@@ -251,7 +253,8 @@ pack() {  # what exists so far, in one archive (files back from $OUT: at most 8)
     [[ -e $RUN/$f ]] && files+=("run/$f")
   done
   for f in bench-tree/results.json bench-tree/report.md bench-chain/results.json bench-chain/report.md \
-           bench-sweep/results.json bench-heldout/results.json bench-heldout/report.md bench-generate/bench_generate.json; do
+           bench-sweep/results.json bench-heldout/results.json bench-heldout/report.md bench-generate/bench_generate.json \
+           gputests.log; do
     [[ -e $W/$f ]] && files+=("$f")
   done
   for f in "$RUN"/scaling/scaling.{json,md,svg} "$RUN"/scaling/frac-*/draft/{manifest.json,log.jsonl} \

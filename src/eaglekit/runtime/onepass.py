@@ -7,8 +7,8 @@ one program per (batch row, kv head) over the query rows that share the head, an
 of slots that no query row may see (a short context in a long cache reads only its own slots).
 
 It runs where Triton runs (CUDA, or `TRITON_INTERPRET=1` on a CPU for tests); `kv.attend_onepass`
-takes the matmul form elsewhere. Inside torch.compile Inductor calls the kernel as it is, and CUDA
-graphs capture it like any other.
+takes the matmul form elsewhere. It is a custom op (`torch.library.triton_op`), so torch.compile
+traces one call and Inductor inlines the kernel into the step; CUDA graphs capture it like any other.
 """
 
 from __future__ import annotations
@@ -82,18 +82,25 @@ def onepass_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     """q [B, h, R, d], k/v [B, h, L, d], mask [B|1, 1, R, L] bool (True = attend) -> [B, h, R, d].
 
     R (the kv head's query rows: heads per kv head x tokens) is padded to a power of two of at least
-    16 for the kernel's dot products; d must be a power of two (64, 128)."""
-    B, h, R, d = q.shape
-    L = k.shape[-2]
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    out = torch.empty_like(q)
-    block_r = max(16, 1 << (R - 1).bit_length())
-    _onepass[(B * h,)](
-        q, k, v, mask, out,
-        R, L, d ** -0.5,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), mask.stride(0) if mask.shape[0] > 1 else 0, mask.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        HEADS=h, D=d, BLOCK_R=block_r, BLOCK_L=64,
-    )  # fmt: skip
-    return out
+    16 for the kernel's dot products; d must be a power of two of at least 16 (64, 128). A custom op
+    (`torch.library.triton_op`): torch.compile sees one opaque call, Inductor still inlines the kernel."""
+    q, k, v, mask = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, mask))
+    return torch.ops.eaglekit.onepass_attention(q, k, v, mask)
+
+
+if triton is not None:
+
+    @torch.library.triton_op("eaglekit::onepass_attention", mutates_args=())
+    def _onepass_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        B, h, R, d = q.shape
+        out = torch.empty_like(q)
+        kernel = torch.library.wrap_triton(_onepass)
+        kernel[(B * h,)](
+            q, k, v, mask, out,
+            R, k.shape[-2], d ** -0.5,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), mask.stride(0) if mask.shape[0] > 1 else 0, mask.stride(2),
+            out.stride(0), out.stride(1), out.stride(2),
+            HEADS=h, D=d, BLOCK_R=max(16, 1 << (R - 1).bit_length()), BLOCK_L=64,
+        )  # fmt: skip
+        return out
