@@ -72,24 +72,6 @@ if triton is not None:
         out = acc / tl.where(s_sum == 0.0, 1.0, s_sum)[:, None]  # a row that sees no slot: zeros
         tl.store(out_ptr + b * so_b + h * so_h + rows[:, None] * so_r + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=live[:, None])  # fmt: skip
 
-
-def onepass_runs(q: torch.Tensor) -> bool:
-    """Whether the kernel runs for q: Triton is installed and q is on CUDA, or Triton's interpreter is on."""
-    return triton is not None and (q.is_cuda or INTERPRETED)
-
-
-def onepass_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """q [B, h, R, d], k/v [B, h, L, d], mask [B|1, 1, R, L] bool (True = attend) -> [B, h, R, d].
-
-    R (the kv head's query rows: heads per kv head x tokens) is padded to a power of two of at least
-    16 for the kernel's dot products; d must be a power of two of at least 16 (64, 128). A custom op
-    (`torch.library.triton_op`): torch.compile sees one opaque call, Inductor still inlines the kernel."""
-    q, k, v, mask = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, mask))
-    return torch.ops.eaglekit.onepass_attention(q, k, v, mask)
-
-
-if triton is not None:
-
     @torch.library.triton_op("eaglekit::onepass_attention", mutates_args=())
     def _onepass_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         B, h, R, d = q.shape
@@ -104,3 +86,18 @@ if triton is not None:
             HEADS=h, D=d, BLOCK_R=max(16, 1 << (R - 1).bit_length()), BLOCK_L=64,
         )  # fmt: skip
         return out
+
+
+def onepass_runs(q: torch.Tensor) -> bool:
+    """Whether the kernel runs for q: Triton is installed and q is on CUDA, or Triton's interpreter is on."""
+    return triton is not None and (q.is_cuda or INTERPRETED)
+
+
+def onepass_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """q [B, h, R, d], k/v [B, h, L, d], mask [B|1, 1, R, L] bool (True = attend) -> [B, h, R, d].
+
+    R (the kv head's query rows: heads per kv head x tokens) is padded to a power of two of at least
+    16 for the kernel's dot products; d must be a power of two of at least 16 (64, 128). A custom op
+    (`torch.library.triton_op`): torch.compile sees one opaque call, Inductor still inlines the kernel."""
+    q, k, v, mask = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, mask))
+    return torch.ops.eaglekit.onepass_attention(q, k, v, mask)
