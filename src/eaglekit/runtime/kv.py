@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eaglekit.errors import EaglekitError
 from eaglekit.runtime.flex import attend_flex
 from eaglekit.runtime.onepass import onepass_attention, onepass_runs
 
@@ -166,9 +167,14 @@ def attend_reduce(q, k, v, mask):
 
 def attend_onepass(q, k, v, mask):
     """One Triton kernel for scores, softmax and weighted sum (`runtime.onepass`) where Triton runs,
-    the matmul form elsewhere (a CPU, as `reduce` outside torch.compile). q [B, h, R, d] -> [B, h, R, d]."""
+    the matmul form on a CPU (as `reduce` outside torch.compile). q [B, h, R, d] -> [B, h, R, d]."""
     if onepass_runs(q):
         return onepass_attention(q, k, v, mask)
+    if q.is_cuda:
+        raise EaglekitError(
+            "attention 'onepass' on CUDA needs triton, which this environment lacks",
+            hint="install triton (it ships with the CUDA wheels of torch), or pick another attention kind",
+        )
     return attend_matmul(q, k, v, mask)
 
 
