@@ -288,13 +288,13 @@ case $VERB in
   start)
     : "${EAGLEKIT_SMOLLM2_DIR:?run setup.sh first}"
     PROMPTS=${2:?prompts folder}; EVAL=${3:?eval folder}
-    export -f session benches arm heldout_set bench_shape train_flags stamp quiet; export W RUN LOG PROFILE EXTRA BENCHES PRE BESIDE KERNELS BE_ARGS ARMS ARM_S ARM_STEPS REGEN REGEN_LIMIT PROFILE_ROWS
+    export -f session benches arm heldout_set bench_shape train_flags stamp quiet; export W RUN LOG PROFILE EXTRA BENCHES PRE BESIDE KERNELS BE_ARGS ARMS ARM_S ARM_STEPS REGEN REGEN_LIMIT PROFILE_ROWS GPUTESTS_K
     setsid nohup bash -c "session '$PROMPTS' '$EVAL'" > "$W/session.out" 2>&1 < /dev/null &
     stamp "session launched (pid $!)"; sleep 2; cat "$LOG" ;;
   bench)   # a draft trained in an earlier session: the three benches alone, in the background
     : "${EAGLEKIT_SMOLLM2_DIR:?run setup.sh first}"
     DRAFT=${2:?draft folder}; EVAL=${3:?eval folder}
-    export -f bench_tree benches heldout_set bench_shape stamp quiet; export W RUN LOG BENCHES KERNELS
+    export -f bench_tree benches heldout_set bench_shape stamp quiet; export W RUN LOG BENCHES KERNELS BE_ARGS GPUTESTS_K
     setsid nohup bash -c "bench_tree '$DRAFT' '$EVAL'; benches '$DRAFT' '$EVAL'; stamp 'session done'" \
       > "$W/session.out" 2>&1 < /dev/null &
     stamp "benches launched (pid $!)"; sleep 2; cat "$LOG" ;;
