@@ -30,9 +30,10 @@ if triton is not None:
     @triton.jit
     def _onepass(
         q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr,
-        R, L, scale,
+        R, L,
         sq_b, sq_h, sq_r, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l, sm_b, sm_r, so_b, so_h, so_r,
-        HEADS: tl.constexpr, D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr,
+        # SCALE is a constexpr: a float argument reaches Inductor's launch as fp64 and makes p·v a mixed-dtype dot
+        HEADS: tl.constexpr, D: tl.constexpr, SCALE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr,
     ):  # fmt: skip
         b, h = tl.program_id(0) // HEADS, tl.program_id(0) % HEADS
         rows, dims = tl.arange(0, BLOCK_R), tl.arange(0, D)
@@ -57,7 +58,7 @@ if triton is not None:
                 k = tl.load(
                     k_ptr + b * sk_b + h * sk_h + slots[:, None] * sk_l + dims[None, :], mask=inside[:, None], other=0.0
                 )
-                scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee") * scale  # [BLOCK_R, BLOCK_L]
+                scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee") * SCALE  # [BLOCK_R, BLOCK_L]
                 scores = tl.where(seen, scores, float("-inf"))
                 m_new = tl.maximum(m, tl.max(scores, 1))
                 base = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that see nothing yet stay at 0
@@ -79,11 +80,11 @@ if triton is not None:
         kernel = torch.library.wrap_triton(_onepass)
         kernel[(B * h,)](
             q, k, v, mask, out,
-            R, k.shape[-2], d ** -0.5,
+            R, k.shape[-2],
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), mask.stride(0) if mask.shape[0] > 1 else 0, mask.stride(2),
             out.stride(0), out.stride(1), out.stride(2),
-            HEADS=h, D=d, BLOCK_R=max(16, 1 << (R - 1).bit_length()), BLOCK_L=64,
+            HEADS=h, D=d, SCALE=d ** -0.5, BLOCK_R=max(16, 1 << (R - 1).bit_length()), BLOCK_L=64,
         )  # fmt: skip
         return out
 
