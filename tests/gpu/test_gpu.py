@@ -43,23 +43,6 @@ def test_plain_and_speculative_engines_on_cuda_equal_the_cpu():
         assert [engine.generate(p, NEW).tokens for p in PROMPTS] == reference, spec.label()
 
 
-def test_the_onepass_attention_kernel_in_captured_engines_equals_the_cpu():
-    """attention="onepass" (one Triton kernel a few-row attention, `runtime.onepass`) in the target and
-    the draft, compiled and captured: the eager CPU engine's tokens, plain, chain and tree."""
-    cpu = Engine(make_target_runner(peaked_model("llama"), max_len=128, aux_layer_ids=AUX))
-    reference = [cpu.generate(p, NEW, speculative=False).tokens for p in PROMPTS]
-    model = on("cuda")
-    target = make_target_runner(model, max_len=128, aux_layer_ids=AUX, attention="onepass")
-    plain = Engine(target, graphs=True, compile=True)
-    assert [plain.generate(p, NEW, speculative=False).tokens for p in PROMPTS] == reference
-    for spec in (CHAIN, TREE):
-        draft = DraftRunner(
-            random_draft(model).to("cuda"), spec=spec, sampling=Sampling(), max_len=128, attention="onepass"
-        )
-        engine = Engine(target, drafter=draft, spec=spec, graphs=True, compile=True)
-        assert [engine.generate(p, NEW).tokens for p in PROMPTS] == reference, spec.label()
-
-
 def test_an_eagle31_draft_on_cuda_accepts_what_the_cpu_accepts():
     """EAGLE-3.1's layout (fc_norm + norm_output) compiled and captured: the repeat oracle, whose per-aux
     norms matter (tests/helpers/oracle_draft.py), gives the eager CPU engine's tokens and accepted counts."""

@@ -57,10 +57,9 @@ def check_small_rows(small_rows: int) -> int:
 
 
 def kernel_for_rows(attention: str, rows: int, attention_rows: int) -> str:
-    """The attention kind a forward of `rows` tokens uses: "reduce" and "onepass" only for forwards of
-    at most `attention_rows` tokens (the broadcast form re-reads the cache for every query row; the
-    one-pass kernel holds every row in one program), "matmul" above."""
-    return "matmul" if attention in ("reduce", "onepass") and rows > attention_rows else attention
+    """The attention kind a forward of `rows` tokens uses: "reduce" only for forwards of at most
+    `attention_rows` tokens (the broadcast form re-reads the cache for every query row), "matmul" above."""
+    return "matmul" if attention == "reduce" and rows > attention_rows else attention
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, max_rows: int = 0) -> torch.Tensor:

@@ -16,9 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eaglekit.errors import EaglekitError
 from eaglekit.runtime.flex import attend_flex
-from eaglekit.runtime.onepass import onepass_attention, onepass_runs
 
 
 @dataclass(frozen=True)
@@ -165,19 +163,6 @@ def attend_reduce(q, k, v, mask):
     return (probs.unsqueeze(-1) * v.unsqueeze(2).float()).sum(3).to(v.dtype)
 
 
-def attend_onepass(q, k, v, mask):
-    """One Triton kernel for scores, softmax and weighted sum (`runtime.onepass`) where Triton runs,
-    the matmul form on a CPU (as `reduce` outside torch.compile). q [B, h, R, d] -> [B, h, R, d]."""
-    if onepass_runs(q):
-        return onepass_attention(q, k, v, mask)
-    if q.is_cuda:
-        raise EaglekitError(
-            "attention 'onepass' on CUDA needs triton, which this environment lacks",
-            hint="install triton (it ships with the CUDA wheels of torch), or pick another attention kind",
-        )
-    return attend_matmul(q, k, v, mask)
-
-
 # Same math, different kernels; which is fastest depends on the device and the shapes
 # (scripts/gpu/bench_engine.py parts a and p measure them side by side). "flex" reads only the
 # cache blocks a row can see (`runtime.flex`): batched decoding with rows at different lengths.
@@ -186,5 +171,4 @@ ATTENTION_KINDS = {
     "matmul": attend_matmul,
     "reduce": attend_reduce,
     "flex": attend_flex,
-    "onepass": attend_onepass,
 }
