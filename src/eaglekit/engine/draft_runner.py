@@ -36,7 +36,7 @@ from eaglekit.runtime.kernels import (
     project_by_heads,
 )
 from eaglekit.runtime.kv import KVCache, attend, cache_mask, causal_block, group_mask
-from eaglekit.runtime.sampling import Sampling, sample, top_k
+from eaglekit.runtime.sampling import ROUNDS_MAX_K, Sampling, sample, top_k, top_k_rounds
 
 
 @dataclass
@@ -221,8 +221,9 @@ class DraftRunner(nn.Module):
 
 def top_logp(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The k largest log-softmax values of logits [..., Vd] and their ids: top-k of the raw logits less
-    their logsumexp, where log_softmax would write and reread all Vd values for k of them."""
-    values, ids = top_k(logits, k)
+    their logsumexp, where log_softmax would write and reread all Vd values for k of them. A tree's
+    few children a node take rounds of max (`top_k_rounds`: logits are finite)."""
+    values, ids = top_k_rounds(logits, k) if k <= ROUNDS_MAX_K else top_k(logits, k)
     return values - logits.logsumexp(-1, keepdim=True), ids
 
 
