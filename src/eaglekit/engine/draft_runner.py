@@ -203,7 +203,7 @@ class DraftRunner(nn.Module):
             toks.append(cand_tok)
             vals.append(cand_val)
             parents.append(front_id.repeat_interleave(K))
-            best = torch.topk(cand_val, K).indices  # next frontier, global
+            best = top_k_rounds(cand_val, K)[1]  # next frontier, global (finite values: rounds of max)
             row = best // K
             front_tok, front_val, front_id = cand_tok[best], cand_val[best], recorded + best
             front_hidden, front_anc = out[row], front_anc[row]
