@@ -182,7 +182,9 @@ class DraftRunner(nn.Module):
     def tree(self, root, n) -> Tree:
         """EAGLE-2 dynamic tree (docs/algorithms.md §3): expand the K best frontier nodes per level."""
         K, D, dev = self.spec.top_k, self.spec.depth, root.device
-        value, ids = top_logp(self.logits(self.last_hidden)[0], K)  # [K]
+        # The root's children by raw logits: every candidate descends from the root, so the root's
+        # normalizer is one constant in every value below, which no ranking sees (a logsumexp fewer).
+        value, ids = top_logp(self.logits(self.last_hidden)[0], K, normalized=False)  # [K]
         front_tok, front_val = self.vocab_map[ids], value  # [K]
         front_id = self.first_front  # candidate index
         front_hidden = self.last_hidden.expand(K, -1)  # parent output [K, H]
@@ -219,12 +221,13 @@ class DraftRunner(nn.Module):
         )
 
 
-def top_logp(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def top_logp(logits: torch.Tensor, k: int, normalized: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The k largest log-softmax values of logits [..., Vd] and their ids: top-k of the raw logits less
-    their logsumexp, where log_softmax would write and reread all Vd values for k of them. A tree's
-    few children a node take rounds of max (`top_k_rounds`: logits are finite)."""
+    their logsumexp, where log_softmax would write and reread all Vd values for k of them (the raw
+    logits with normalized=False). A tree's few children a node take rounds of max (`top_k_rounds`:
+    logits are finite)."""
     values, ids = top_k_rounds(logits, k) if k <= ROUNDS_MAX_K else top_k(logits, k)
-    return values - logits.logsumexp(-1, keepdim=True), ids
+    return (values - logits.logsumexp(-1, keepdim=True) if normalized else values), ids
 
 
 class OracleDrafter(nn.Module):

@@ -80,7 +80,7 @@ def select_tree(
         root: [1] the root token.
         cand_tokens: [C] target ids of all recorded candidates, in generation (level-major) order.
         cand_parents: [C] candidate index of each candidate's parent, -1 for children of the root.
-        cand_values: [C] cumulative draft log-probability along the path.
+        cand_values: [C] cumulative draft log-probability along the path (up to one constant shared by all).
         cand_depth: [C] depth of each candidate (1 = child of the root).
         num_nodes: N, root included (docs/algorithms.md §3: total_token counts the root).
         max_depth: deepest candidate depth.
