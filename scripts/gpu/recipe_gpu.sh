@@ -20,7 +20,8 @@
 #      profile   profile_batch.py (one decode step and one refill, top kernels) at each of PROFILE_ROWS rows;
 #      kernels   bench_engine.py part c (oracle chain 5 and tree 32) for each VARIANT[%COMPILE_MODE] in KERNELS
 #                (default "reduce+matvec reduce+matvec%max-autotune-no-cudagraphs": Inductor's own GEMMs),
-#                with BE_ARGS (more bench_engine flags, e.g. "--trees 6/8/32,4/4/16");
+#                with BE_ARGS (more bench_engine flags, e.g. "--trees 6/8/32,4/4/16"); KERNELS_DRAFTS=both adds
+#                the random-draft rows (a real draft's device work: its catch-up, steps, top-k and tree build);
 #      arms      issue 39's A/B: a draft per ARMS variant (train flags, ';' between, "-" the recipe's own) trained
 #                ARM_S seconds each in turn (or ARM_STEPS steps, all at once) on the run's conversations, each
 #                benched on MT-bench and the held-out set (HumanEval, Alpaca, translation);
@@ -102,7 +103,7 @@ benches() {  # after the recipe, each of $BENCHES in turn (default: chain heldou
         local k v mode
         for k in ${KERNELS:-reduce+matvec reduce+matvec%max-autotune-no-cudagraphs}; do
           v=${k%%%*}; mode=default; [[ $k == *%* ]] && mode=${k#*%}     # VARIANT[%COMPILE_MODE]
-          python3 scripts/gpu/bench_engine.py --parts c --oracle-only --kernels "$v" --compile-mode "$mode" --target "$t" ${BE_ARGS:-} \
+          python3 scripts/gpu/bench_engine.py --parts c $([[ ${KERNELS_DRAFTS:-oracle} == both ]] || echo --oracle-only) --kernels "$v" --compile-mode "$mode" --target "$t" ${BE_ARGS:-} \
             --out "$W/be-${k//[^a-z0-9]/_}" 2>&1 | quiet | grep "^| c " >> "$LOG"
         done ;;
       regen)     # issue 12: the generate stage again on the run's prompts, once per REGEN variant (flags; ';' between)
@@ -288,19 +289,19 @@ case $VERB in
   start)
     : "${EAGLEKIT_SMOLLM2_DIR:?run setup.sh first}"
     PROMPTS=${2:?prompts folder}; EVAL=${3:?eval folder}
-    export -f session benches arm heldout_set bench_shape train_flags stamp quiet; export W RUN LOG PROFILE EXTRA BENCHES PRE BESIDE KERNELS BE_ARGS ARMS ARM_S ARM_STEPS REGEN REGEN_LIMIT PROFILE_ROWS GPUTESTS_K
+    export -f session benches arm heldout_set bench_shape train_flags stamp quiet; export W RUN LOG PROFILE EXTRA BENCHES PRE BESIDE KERNELS BE_ARGS ARMS ARM_S ARM_STEPS REGEN REGEN_LIMIT PROFILE_ROWS GPUTESTS_K KERNELS_DRAFTS
     setsid nohup bash -c "session '$PROMPTS' '$EVAL'" > "$W/session.out" 2>&1 < /dev/null &
     stamp "session launched (pid $!)"; sleep 2; cat "$LOG" ;;
   bench)   # a draft trained in an earlier session: the three benches alone, in the background
     : "${EAGLEKIT_SMOLLM2_DIR:?run setup.sh first}"
     DRAFT=${2:?draft folder}; EVAL=${3:?eval folder}
-    export -f bench_tree benches heldout_set bench_shape stamp quiet; export W RUN LOG BENCHES KERNELS BE_ARGS GPUTESTS_K
+    export -f bench_tree benches heldout_set bench_shape stamp quiet; export W RUN LOG BENCHES KERNELS KERNELS_DRAFTS BE_ARGS GPUTESTS_K
     setsid nohup bash -c "bench_tree '$DRAFT' '$EVAL'; benches '$DRAFT' '$EVAL'; stamp 'session done'" \
       > "$W/session.out" 2>&1 < /dev/null &
     stamp "benches launched (pid $!)"; sleep 2; cat "$LOG" ;;
   only)    # BENCHES that need no draft of this session (kernels, gputests), in the background
     : "${EAGLEKIT_SMOLLM2_DIR:?run setup.sh first}"
-    export -f benches stamp quiet; export W RUN LOG BENCHES KERNELS BE_ARGS GPUTESTS_K
+    export -f benches stamp quiet; export W RUN LOG BENCHES KERNELS KERNELS_DRAFTS BE_ARGS GPUTESTS_K
     setsid nohup bash -c "benches '' '${2:-}'; stamp 'session done'" > "$W/session.out" 2>&1 < /dev/null &
     stamp "benches launched (pid $!)"; sleep 2; cat "$LOG" ;;
   wait)
