@@ -36,7 +36,7 @@ from eaglekit.runtime.kernels import (
     project_by_heads,
 )
 from eaglekit.runtime.kv import KVCache, attend, cache_mask, causal_block, group_mask
-from eaglekit.runtime.sampling import ROUNDS_MAX_K, Sampling, sample, top_k, top_k_rounds
+from eaglekit.runtime.sampling import Sampling, sample, top_k_finite
 
 
 @dataclass
@@ -205,7 +205,7 @@ class DraftRunner(nn.Module):
             toks.append(cand_tok)
             vals.append(cand_val)
             parents.append(front_id.repeat_interleave(K))
-            best = top_k_rounds(cand_val, K)[1]  # next frontier, global (finite values: rounds of max)
+            best = top_k_finite(cand_val, K)[1]  # next frontier, global
             row = best // K
             front_tok, front_val, front_id = cand_tok[best], cand_val[best], recorded + best
             front_hidden, front_anc = out[row], front_anc[row]
@@ -224,9 +224,8 @@ class DraftRunner(nn.Module):
 def top_logp(logits: torch.Tensor, k: int, normalized: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The k largest log-softmax values of logits [..., Vd] and their ids: top-k of the raw logits less
     their logsumexp, where log_softmax would write and reread all Vd values for k of them (the raw
-    logits with normalized=False). A tree's few children a node take rounds of max (`top_k_rounds`:
-    logits are finite)."""
-    values, ids = top_k_rounds(logits, k) if k <= ROUNDS_MAX_K else top_k(logits, k)
+    logits with normalized=False)."""
+    values, ids = top_k_finite(logits, k)
     return (values - logits.logsumexp(-1, keepdim=True) if normalized else values), ids
 
 

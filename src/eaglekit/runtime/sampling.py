@@ -83,6 +83,12 @@ def top_k_rounds(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.stack(values, -1), torch.stack(indices, -1)
 
 
+def top_k_finite(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`top_k` for finite x (the draft's logits, sums of its log-probs): rounds of max for a few
+    (k <= ROUNDS_MAX_K), the two passes above."""
+    return top_k_rounds(x, k) if k <= ROUNDS_MAX_K else top_k(x, k)
+
+
 def target_probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     """[..., V] logits -> [..., V] float32 probabilities after temperature, top-k and top-p."""
     logits = logits.float() / sampling.temperature
