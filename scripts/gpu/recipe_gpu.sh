@@ -11,6 +11,8 @@
 #   1. eaglekit run --recipe smollm2-h200 on every prompt file of PROMPTS_DIR (weights below), bench
 #      stage on MT-bench (EVAL_DIR/mt_bench.jsonl), in the recipe's bench shape;
 #   2. the benches named in BENCHES, in its order (default "chain heldout generate"):
+#      tree      eaglekit bench on MT-bench in the recipe's tree shape (as the recipe's bench stage, which
+#                --stop-before export-sglang skips; with SPEC_ARGS);
 #      chain     eaglekit bench chain k=5 on MT-bench with the new draft;
 #      sweep     eaglekit bench --sweep (two chains, two trees) on 8 MT-bench questions: the fastest shape;
 #      heldout   eaglekit bench tree on prompts the recipe never saw or tuned on (HumanEval, Alpaca, translation: 20 each);
@@ -27,6 +29,9 @@
 #                benched on MT-bench and the held-out set (HumanEval, Alpaca, translation);
 #      peer      issue 39's peer: speculators trained beside the run's draft for its train seconds, both benched;
 #      gputests  the gpu tier, tests/gpu (CUDA against the CPU, token for token), at most 600 s (GPUTESTS_K: pytest -k).
+#   SPEC_ARGS: more `eaglekit bench` flags for every bench of a draft (tree, chain, sweep, heldout, arms, peer),
+#   e.g. "--no-plain-fallback": tau as the draft earns it, speculating throughout (with the fallback on,
+#   stretches where the draft is weak run as plain steps and leave the tau: it reads high).
 #   PRE names benches to run before the recipe (e.g. PRE=kernels: timings on an idle GPU, first), BESIDE
 #   benches to run beside its data stages (BESIDE=gputests: checks, not timings; training waits for them).
 # Env: W (work folder, /root/work), GPUS (1), TRAIN_S (train.time-budget-s; default the recipe's), LIMIT (MT-bench prompts),
@@ -75,7 +80,7 @@ bench_tree() {  # what the recipe's bench stage measures, for a draft trained ea
   t0=$(date +%s)
   python3 -m eaglekit bench --target "$EAGLEKIT_SMOLLM2_DIR" --draft "$draft" --prompts "$eval/mt_bench.jsonl" \
     --limit "${LIMIT:-40}" --max-new-tokens 256 $(bench_shape) \
-    --out "$W/bench-tree" --overwrite 2>&1 | quiet | tail -30 >> "$LOG"
+    ${SPEC_ARGS:-} --out "$W/bench-tree" --overwrite 2>&1 | quiet | tail -30 >> "$LOG"
   stamp "bench tree (MT-bench) done after $(( $(date +%s) - t0 )) s"
 }
 
@@ -84,16 +89,17 @@ benches() {  # after the recipe, each of $BENCHES in turn (default: chain heldou
   for b in ${BENCHES:-chain heldout generate}; do
     t0=$(date +%s)
     case $b in
+      tree)      bench_tree "$draft" "$eval"; continue ;;   # it stamps its own line
       chain)     # the draft on MT-bench as a chain of 5
         python3 -m eaglekit bench --target "$t" --draft "$draft" --prompts "$eval/mt_bench.jsonl" --limit "${LIMIT:-40}" \
-          --max-new-tokens 256 --no-hf --mode chain --k 5 --out "$W/bench-chain" --overwrite 2>&1 | quiet | tail -30 >> "$LOG" ;;
+          --max-new-tokens 256 --no-hf --mode chain --k 5 ${SPEC_ARGS:-} --out "$W/bench-chain" --overwrite 2>&1 | quiet | tail -30 >> "$LOG" ;;
       sweep)     # the bench's own shape sweep (chains of 3 and 5, trees 4/4/16 and 6/8/32) on 8 MT-bench questions
         python3 -m eaglekit bench --target "$t" --draft "$draft" --prompts "$eval/mt_bench.jsonl" --limit 8 \
-          --max-new-tokens 256 --no-hf --sweep --out "$W/bench-sweep" --overwrite 2>&1 | quiet | tail -30 >> "$LOG" ;;
+          --max-new-tokens 256 --no-hf --sweep ${SPEC_ARGS:-} --out "$W/bench-sweep" --overwrite 2>&1 | quiet | tail -30 >> "$LOG" ;;
       heldout)   # a tree on prompts the recipe never saw or tuned on
         heldout_set "$eval" 20 "$W/heldout.jsonl"
         python3 -m eaglekit bench --target "$t" --draft "$draft" --prompts "$W/heldout.jsonl" \
-          --max-new-tokens 256 --no-hf $(bench_shape) --out "$W/bench-heldout" --overwrite \
+          --max-new-tokens 256 --no-hf $(bench_shape) ${SPEC_ARGS:-} --out "$W/bench-heldout" --overwrite \
           2>&1 | quiet | tail -30 >> "$LOG" ;;
       generate)  # the engine's batch decoder beside HF generate at the same batch
         [[ -n $prompts ]] || { stamp "bench_generate skipped: no prompts folder"; continue; }
@@ -151,14 +157,14 @@ benches() {  # after the recipe, each of $BENCHES in turn (default: chain heldou
         fi
         printf '#!/usr/bin/env bash\nPYTHONPATH=/tmp/peer-site:${PYTHONPATH:-} exec python3 "$@"\n' > "$W/peer-py"; chmod +x "$W/peer-py"
         PEER_PY=$W/peer-py PREP_WORKERS=8 PROBE_ARGS="--engine vllm --device cuda" \
-          BENCH_ARGS="--prompts $eval/mt_bench.jsonl --limit ${LIMIT:-20} --max-new-tokens 256 --no-hf $(bench_shape) --device cuda" \
+          BENCH_ARGS="--prompts $eval/mt_bench.jsonl --limit ${LIMIT:-20} --max-new-tokens 256 --no-hf $(bench_shape) ${SPEC_ARGS:-} --device cuda" \
           bash scripts/peer/run_speculators.sh "$RUN" "$W/peer" 2>&1 | quiet | grep -v "^+ " | tail -30 >> "$LOG" ;;
       gputests)  # the engine's and the batch decoder's CUDA paths against the CPU's, token for token
         # the whole output to gputests.log (packed): the log's tail holds a failure's name, not its cause
         timeout 600 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu ${GPUTESTS_K:+-k "$GPUTESTS_K"} 2>&1 \
           | grep -v "^DEBUG" > "$W/gputests.log"; tail -15 "$W/gputests.log" >> "$LOG" ;;
       none) continue ;;   # BENCHES=none: the recipe's run alone
-      *) stamp "unknown bench $b (chain, sweep, heldout, generate, kernels, regen, profile, arms, peer, gputests, none)"; continue ;;
+      *) stamp "unknown bench $b (tree, chain, sweep, heldout, generate, kernels, regen, profile, arms, peer, gputests, none)"; continue ;;
     esac
     stamp "bench $b done after $(( $(date +%s) - t0 )) s"
   done
@@ -176,9 +182,9 @@ arm() {  # one arm of the `arms` bench: train (with its budget flags, then its o
   { python3 -m eaglekit train --target "$t" --data "$RUN/conversations" $base --device cuda --no-progress \
       $budget $flags --out "$W/arm-$i/draft" 2>&1 | quiet | grep -v "^step" | tail -8
     python3 -m eaglekit bench --target "$t" --draft "$W/arm-$i/draft" --prompts "$eval/mt_bench.jsonl" --limit "${LIMIT:-20}" \
-      --max-new-tokens 256 --no-hf $(bench_shape) --out "$W/arm-$i/bench" 2>&1 | quiet | tail -12
+      --max-new-tokens 256 --no-hf $(bench_shape) ${SPEC_ARGS:-} --out "$W/arm-$i/bench" 2>&1 | quiet | tail -12
     python3 -m eaglekit bench --target "$t" --draft "$W/arm-$i/draft" --prompts "$W/heldout10.jsonl" \
-      --max-new-tokens 256 --no-hf $(bench_shape) --out "$W/arm-$i/heldout" 2>&1 | quiet | tail -12
+      --max-new-tokens 256 --no-hf $(bench_shape) ${SPEC_ARGS:-} --out "$W/arm-$i/heldout" 2>&1 | quiet | tail -12
   } > "$log"
   { echo "--- arm $i [$flags]"; cat "$log"; } >> "$LOG"
   stamp "arm $i [$flags] done"
@@ -289,13 +295,13 @@ case $VERB in
   start)
     : "${EAGLEKIT_SMOLLM2_DIR:?run setup.sh first}"
     PROMPTS=${2:?prompts folder}; EVAL=${3:?eval folder}
-    export -f session benches arm heldout_set bench_shape train_flags stamp quiet; export W RUN LOG PROFILE EXTRA BENCHES PRE BESIDE KERNELS BE_ARGS ARMS ARM_S ARM_STEPS REGEN REGEN_LIMIT PROFILE_ROWS GPUTESTS_K KERNELS_DRAFTS
+    export -f session benches bench_tree arm heldout_set bench_shape train_flags stamp quiet; export W RUN LOG PROFILE EXTRA BENCHES SPEC_ARGS LIMIT PRE BESIDE KERNELS BE_ARGS ARMS ARM_S ARM_STEPS REGEN REGEN_LIMIT PROFILE_ROWS GPUTESTS_K KERNELS_DRAFTS
     setsid nohup bash -c "session '$PROMPTS' '$EVAL'" > "$W/session.out" 2>&1 < /dev/null &
     stamp "session launched (pid $!)"; sleep 2; cat "$LOG" ;;
   bench)   # a draft trained in an earlier session: the three benches alone, in the background
     : "${EAGLEKIT_SMOLLM2_DIR:?run setup.sh first}"
     DRAFT=${2:?draft folder}; EVAL=${3:?eval folder}
-    export -f bench_tree benches heldout_set bench_shape stamp quiet; export W RUN LOG BENCHES KERNELS KERNELS_DRAFTS BE_ARGS GPUTESTS_K
+    export -f bench_tree benches heldout_set bench_shape stamp quiet; export W RUN LOG BENCHES SPEC_ARGS LIMIT KERNELS KERNELS_DRAFTS BE_ARGS GPUTESTS_K
     setsid nohup bash -c "bench_tree '$DRAFT' '$EVAL'; benches '$DRAFT' '$EVAL'; stamp 'session done'" \
       > "$W/session.out" 2>&1 < /dev/null &
     stamp "benches launched (pid $!)"; sleep 2; cat "$LOG" ;;

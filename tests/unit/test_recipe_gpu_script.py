@@ -97,3 +97,20 @@ def test_checks_beside_the_data_stages_finish_before_training_starts(tmp_path):
     assert tests < runs[1]  # the recipe goes on to train only once the GPU tier is done
     assert log.index("bench gputests done") < log.index("pipeline exit")
     assert calls[-1].startswith("-m eaglekit bench") and "--mode chain" in calls[-1]
+
+
+def test_spec_args_reach_every_bench_of_the_draft(tmp_path):
+    # --no-plain-fallback in SPEC_ARGS: every tau of the session counted speculating throughout
+    calls, log = run_session(
+        tmp_path, BENCHES="tree chain heldout", SPEC_ARGS="--no-plain-fallback", LIMIT="7", EXTRA="generate.limit=5"
+    )
+    benches = [c for c in calls if c.startswith("-m eaglekit bench")]
+    assert len(benches) == 3 and all("--no-plain-fallback" in c for c in benches)
+    assert (
+        "--mode tree" in benches[0]
+        and "--limit 7" in benches[0]
+        and "--out " + str(tmp_path / "work" / "bench-tree") in benches[0]
+    )
+    assert "--mode chain" in benches[1] and "--limit 7" in benches[1]
+    assert "heldout.jsonl" in benches[2]
+    assert "bench tree (MT-bench) done" in log and "unknown bench" not in log
