@@ -18,7 +18,7 @@ from eaglekit.engine.spec import SpecConfig
 from eaglekit.engine.tree import chain_tree, select_tree, tree_from_parents
 from eaglekit.errors import EaglekitError
 from eaglekit.runtime.kv import cache_mask
-from eaglekit.runtime.sampling import Sampling, target_probs, top_k, top_k_rounds
+from eaglekit.runtime.sampling import Sampling, target_probs, top_k
 from engine_tiny import chi_square_pvalue, one_thread  # noqa: F401 (fixture)
 
 #        0 (root)
@@ -140,20 +140,6 @@ def test_accept_is_the_one_entry_for_greedy_a_sampled_chain_and_a_tree():
     tables = chain_sampling_tables(chain.tokens, target_probs(logits[:4], sampling), q)
     want = chain_sampling_accept(*tables, torch.rand(3, dtype=torch.float64))
     assert got == [x.tolist() for x in want]
-
-
-def test_top_k_rounds_matches_torch_topk():
-    """The rounds form (the tree's few children a node): torch.topk's values, largest first, indices that
-    hold them, and k distinct indices when every value ties."""
-    g = torch.Generator().manual_seed(5)
-    for shape in [(16384,), (4, 16384), (2, 3, 300)]:
-        x = torch.randn(*shape, generator=g)
-        for k in (1, 4, 8):
-            values, indices = top_k_rounds(x, k)
-            expected = torch.topk(x, k)
-            assert torch.equal(values, expected.values) and torch.equal(indices, expected.indices)
-    values, indices = top_k_rounds(torch.zeros(4, 64), 8)
-    assert torch.equal(values, torch.zeros(4, 8)) and all(len(set(r.tolist())) == 8 for r in indices)
 
 
 def test_target_probs_top_k_and_top_p():

@@ -36,7 +36,7 @@ from eaglekit.runtime.kernels import (
     project_by_heads,
 )
 from eaglekit.runtime.kv import KVCache, attend, cache_mask, causal_block, group_mask
-from eaglekit.runtime.sampling import Sampling, sample, top_k_finite
+from eaglekit.runtime.sampling import Sampling, sample, top_k
 
 
 @dataclass
@@ -182,9 +182,7 @@ class DraftRunner(nn.Module):
     def tree(self, root, n) -> Tree:
         """EAGLE-2 dynamic tree (docs/algorithms.md §3): expand the K best frontier nodes per level."""
         K, D, dev = self.spec.top_k, self.spec.depth, root.device
-        # The root's children by raw logits: every candidate descends from the root, so the root's
-        # normalizer is one constant in every value below, which no ranking sees (a logsumexp fewer).
-        value, ids = top_logp(self.logits(self.last_hidden)[0], K, normalized=False)  # [K]
+        value, ids = top_logp(self.logits(self.last_hidden)[0], K)  # [K]
         front_tok, front_val = self.vocab_map[ids], value  # [K]
         front_id = self.first_front  # candidate index
         front_hidden = self.last_hidden.expand(K, -1)  # parent output [K, H]
@@ -205,7 +203,7 @@ class DraftRunner(nn.Module):
             toks.append(cand_tok)
             vals.append(cand_val)
             parents.append(front_id.repeat_interleave(K))
-            best = top_k_finite(cand_val, K)[1]  # next frontier, global
+            best = torch.topk(cand_val, K).indices  # next frontier, global
             row = best // K
             front_tok, front_val, front_id = cand_tok[best], cand_val[best], recorded + best
             front_hidden, front_anc = out[row], front_anc[row]
@@ -221,12 +219,11 @@ class DraftRunner(nn.Module):
         )
 
 
-def top_logp(logits: torch.Tensor, k: int, normalized: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def top_logp(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The k largest log-softmax values of logits [..., Vd] and their ids: top-k of the raw logits less
-    their logsumexp, where log_softmax would write and reread all Vd values for k of them (the raw
-    logits with normalized=False)."""
-    values, ids = top_k_finite(logits, k)
-    return (values - logits.logsumexp(-1, keepdim=True) if normalized else values), ids
+    their logsumexp, where log_softmax would write and reread all Vd values for k of them."""
+    values, ids = top_k(logits, k)
+    return values - logits.logsumexp(-1, keepdim=True), ids
 
 
 class OracleDrafter(nn.Module):

@@ -80,24 +80,20 @@ def select_tree(
         root: [1] the root token.
         cand_tokens: [C] target ids of all recorded candidates, in generation (level-major) order.
         cand_parents: [C] candidate index of each candidate's parent, -1 for children of the root.
-        cand_values: [C] cumulative draft log-probability along the path (up to one constant shared by all).
+        cand_values: [C] cumulative draft log-probability along the path.
         cand_depth: [C] depth of each candidate (1 = child of the root).
         num_nodes: N, root included (docs/algorithms.md §3: total_token counts the root).
         max_depth: deepest candidate depth.
 
     Values only decrease along a path, and ties go to the earlier (shallower) candidate, so every
-    kept node's parent is kept too (docs/algorithms.md §3 step 4). The selection is ranks, a cumsum
-    and comparisons, not topk, sort and a scatter: reductions Inductor fuses, where each of those is
-    an ATen call of its own on a GPU.
+    kept node's parent is kept too (docs/algorithms.md §3 step 4).
     """
-    C, dev = cand_tokens.shape[0], cand_tokens.device
-    order = torch.arange(C, device=dev)
-    v = cand_values.float()
-    ahead = (v[None, :] > v[:, None]) | ((v[None, :] == v[:, None]) & (order[None, :] < order[:, None]))  # [C, C]
-    is_kept = ahead.sum(1) < num_nodes - 1  # [C]: the N-1 best, ties to the earlier candidate
-    count = is_kept.long().cumsum(0)  # [C]: kept candidates up to each one
-    slot = torch.where(is_kept, count, -1)  # flattened index of a kept candidate (root = 0), else -1
-    kept = (count[None, :] < torch.arange(1, num_nodes, device=dev)[:, None]).sum(1)  # [N-1] generation order
+    C = cand_tokens.shape[0]
+    order = torch.arange(C, device=cand_tokens.device)
+    key = cand_values.double() - order.double() * 1e-9  # tie -> earlier candidate first
+    kept = torch.topk(key, num_nodes - 1).indices.sort().values  # [N-1] generation order
+    slot = torch.full((C,), -1, dtype=torch.long, device=cand_tokens.device)
+    slot[kept] = torch.arange(1, num_nodes, device=cand_tokens.device)  # flattened index, root = 0
     kept_parent = cand_parents[kept]
     parents = torch.where(kept_parent >= 0, slot[kept_parent.clamp(min=0)], 0)
     tokens = torch.cat([root.view(1), cand_tokens[kept]])

@@ -61,34 +61,6 @@ def top_k(x: torch.Tensor, k: int, chunk: int = TOPK_CHUNK) -> tuple[torch.Tenso
     return values, indices.gather(-1, pick)
 
 
-ROUNDS_MAX_K = 8  # top_k_rounds' limit: one masked max a round, each pass reads the whole row
-
-
-def top_k_rounds(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """torch.topk(x, k) over the last dim as k rounds of max, each masking the ids picked before it.
-
-    Why: on a GPU `top_k` is two ATen topk calls (a few kernels each) and the gathers between them; the
-    rounds are reductions over one row that Inductor fuses with each other and with the ops that read x
-    (the tree's logsumexp), where topk is an extern call no fusion crosses. For finite x only: a row with
-    fewer than k finite values could pick an id twice. Among equal values either id may come first.
-    x: [..., V] -> values [..., k], indices [..., k] (int64, into V).
-    """
-    ids = torch.arange(x.shape[-1], device=x.device)  # [V]
-    values, indices = [], []
-    for _ in range(k):
-        value, index = x.max(-1)  # [...]
-        values.append(value)
-        indices.append(index)
-        x = x.masked_fill(ids == index.unsqueeze(-1), float("-inf"))  # pointwise: fused into the next round
-    return torch.stack(values, -1), torch.stack(indices, -1)
-
-
-def top_k_finite(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`top_k` for finite x (the draft's logits, sums of its log-probs): rounds of max for a few
-    (k <= ROUNDS_MAX_K), the two passes above."""
-    return top_k_rounds(x, k) if k <= ROUNDS_MAX_K else top_k(x, k)
-
-
 def target_probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     """[..., V] logits -> [..., V] float32 probabilities after temperature, top-k and top-p."""
     logits = logits.float() / sampling.temperature
