@@ -156,7 +156,9 @@ benches() {  # after the recipe, each of $BENCHES in turn (default: chain heldou
           python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/peer-site .device/peerwhl/*.whl 2>&1 | tail -2 >> "$LOG"
         fi
         printf '#!/usr/bin/env bash\nPYTHONPATH=/tmp/peer-site:${PYTHONPATH:-} exec python3 "$@"\n' > "$W/peer-py"; chmod +x "$W/peer-py"
-        PEER_PY=$W/peer-py PREP_WORKERS=8 PROBE_ARGS="--engine vllm --device cuda" \
+        # its fused loss (a Triton autotuner) does not trace under this image's torch.compile: its eager
+        # loss instead, the one deviation from its defaults here (docs/results/2026-12-07-h100-peer-run)
+        PEER_ARGS=${PEER_ARGS:---loss-implementation eager} PEER_PY=$W/peer-py PREP_WORKERS=8 PROBE_ARGS="--engine vllm --device cuda" \
           BENCH_ARGS="--prompts $eval/mt_bench.jsonl --limit ${LIMIT:-20} --max-new-tokens 256 --no-hf $(bench_shape) ${SPEC_ARGS:-} --device cuda" \
           bash scripts/peer/run_speculators.sh "$RUN" "$W/peer" 2>&1 | quiet | grep -v "^+ " | tail -30 >> "$LOG" ;;
       gputests)  # the engine's and the batch decoder's CUDA paths against the CPU's, token for token
@@ -307,7 +309,7 @@ case $VERB in
     stamp "benches launched (pid $!)"; sleep 2; cat "$LOG" ;;
   only)    # BENCHES that need no draft of this session (kernels, gputests), in the background
     : "${EAGLEKIT_SMOLLM2_DIR:?run setup.sh first}"
-    export -f benches stamp quiet; export W RUN LOG BENCHES KERNELS KERNELS_DRAFTS BE_ARGS GPUTESTS_K
+    export -f benches bench_tree heldout_set bench_shape stamp quiet; export W RUN LOG BENCHES SPEC_ARGS LIMIT KERNELS KERNELS_DRAFTS BE_ARGS GPUTESTS_K
     setsid nohup bash -c "benches '' '${2:-}'; stamp 'session done'" > "$W/session.out" 2>&1 < /dev/null &
     stamp "benches launched (pid $!)"; sleep 2; cat "$LOG" ;;
   wait)

@@ -88,14 +88,21 @@ ms = [float(x) for x in re.findall(r"step_ms=([0-9.e+-]+)", text)]
 if len(ms) < 4:
     sys.exit(f"the calibration log holds {len(ms)} step times (profile/step_ms): see {sys.argv[1]}")
 steady = statistics.median(ms[len(ms) // 2:])            # the second half: past warm-up and compiles
-startup = max(0.0, wall - sum(ms) / 1000)                 # loading, compiling, one validation, saving: paid again
-steps = max(1, int((budget - startup) * 1000 / steady))
-per_epoch = re.search(r"Epoch 0\b[^\n\r]*?\b\d+/(\d+)\b", text)  # "Epoch 0  43% ━━━   3/7  [...]"
-print(f"{steady:.1f} {steps} {math.ceil(steps / int(per_epoch.group(1))) if per_epoch else 20}")
+# step_ms times the step alone; the training bar's rate ("3/678 [...] , 22 it/s") also holds the wait for
+# the data loader, which the real run pays too: planned on step_ms alone, a GPU run overran its budget
+# and was stopped mid-schedule (docs/results/2026-12-07-h100-peer-run)
+bars = re.findall(r"Epoch 0\b[^\n\r]*?\b(\d+)/(\d+)\s+\[[^\]]*?([0-9.]+) it/s", text)
+total = max((int(t) for _, t, _ in bars), default=0)     # the training bar's length (the validation's is shorter)
+rates = [float(r) for done, t, r in bars if int(t) == total and int(done) > len(ms) // 2 and float(r) > 0]
+per_step = max(steady, 1000 / rates[-1]) if rates else steady
+# loading, the first steps' compiles, one validation, saving: paid again by the real run
+startup = max(0.0, wall - len(ms) * per_step / 1000)
+steps = max(1, int((budget - startup) * 1000 / per_step))
+print(f"{per_step:.1f} {steps} {math.ceil(steps / total) if total else 20}")
 PY
 )
   STEPS=(--max-steps "$MAX_STEPS" --epochs "$EPOCHS")
-  echo "peer calibration: ${CALIBRATE:-60} steps in ${wall}s (not counted), steady ${STEP_MS} ms a step -> --max-steps $MAX_STEPS --epochs $EPOCHS for ${BUDGET_S}s" | tee -a "$WORK/peer.txt"
+  echo "peer calibration: ${CALIBRATE:-60} steps in ${wall}s (not counted), ${STEP_MS} ms a step (step time or the bar's rate, the slower) -> --max-steps $MAX_STEPS --epochs $EPOCHS for ${BUDGET_S}s" | tee -a "$WORK/peer.txt"
 fi
 say timeout -s TERM -k 300 "$BUDGET_S" "$PEER_PY" scripts/peer/cpu_shim.py "${ARGS[@]}" "${STEPS[@]}"
 start=$(date +%s)
