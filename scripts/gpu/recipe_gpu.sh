@@ -30,8 +30,8 @@
 #      peer      issue 39's peer: speculators trained beside the run's draft for its train seconds, both benched;
 #      gputests  the gpu tier, tests/gpu (CUDA against the CPU, token for token), at most 600 s (GPUTESTS_K: pytest -k).
 #   SPEC_ARGS: more `eaglekit bench` flags for every bench of a draft (tree, chain, sweep, heldout, arms, peer),
-#   e.g. "--no-plain-fallback": tau as the draft earns it, speculating throughout (with the fallback on,
-#   stretches where the draft is weak run as plain steps and leave the tau: it reads high).
+#   e.g. "--no-plain-fallback": one run, speculating throughout (by default each bench also runs its turns
+#   that way beside the fallback's run: the draft's own tau is `summary.throughout`).
 #   PRE names benches to run before the recipe (e.g. PRE=kernels: timings on an idle GPU, first), BESIDE
 #   benches to run beside its data stages (BESIDE=gputests: checks, not timings; training waits for them).
 # Env: W (work folder, /root/work), GPUS (1), TRAIN_S (train.time-budget-s; default the recipe's), LIMIT (MT-bench prompts),

@@ -171,3 +171,32 @@ def test_each_prompt_and_category_says_how_much_was_decoded_plainly():
         if line.startswith(("| a |", "| b |", "| **all** |", "| weak |", "| strong |"))
     ]
     assert [row.rsplit("|", 2)[1].strip() for row in rows] == ["80%", "0%", "67%", "80%", "0%"]
+
+
+def test_the_chosen_shape_also_runs_speculating_throughout(tmp_path, tiny_target_dir, prompts_file):
+    """With the fallback on, the same engine runs the same turns again without it: the draft's own tau
+    (the fallback's tau counts only the cycles it let run), in the summary, the verdict and the report."""
+    from eaglekit.draft.checkpoint import save_draft
+    from eaglekit.targets import load_target
+    from engine_tiny import random_draft
+
+    target = load_target(tiny_target_dir)
+    folder = save_draft(random_draft(target.model, aux=[1, 3, 4]), tmp_path / "draft")
+    shape = ["--mode", "chain", "--k", "2", "--cache-slots", "256"]
+    result, text = bench(tmp_path, tiny_target_dir, prompts_file, str(folder), *shape)
+    spec, s = result["turns"][0]["spec"], result["summary"]
+    assert set(spec) == {"chain k=2", "chain k=2 throughout"}
+    assert spec["chain k=2"]["plain_tokens"] > 0  # a random-weight draft: the fallback takes over
+    pure = spec["chain k=2 throughout"]
+    assert (pure["plain_tokens"], pure["fallbacks"], pure["cycle_cost"]) == (0, 0, None)
+    accepts = pure["accept_lengths"]
+    assert len(accepts) >= 8 and s["throughout"]["tau"] == pytest.approx(1 + sum(accepts) / len(accepts), abs=1e-3)
+    assert s["tau"] == pytest.approx(result["prompts"][0]["tau"])  # the headline's tau is the fallback run's
+    assert "Speculating throughout (no plain fallback" in text and "the draft's own tau is" in s["verdict"]
+    assert json.loads((tmp_path / "bench" / "manifest.json").read_text())["summary"]["throughout"]["tau"] == (
+        s["throughout"]["tau"]
+    )
+    # speculating throughout already: one run, nothing to add
+    result, text = bench(tmp_path, tiny_target_dir, prompts_file, str(folder), *shape, "--no-plain-fallback")
+    assert set(result["turns"][0]["spec"]) == {"chain k=2"} and "throughout" not in result["summary"]
+    assert "Speculating throughout" not in text

@@ -4,6 +4,9 @@ out/manifest.json   stage "bench": config, target fingerprint, inputs, counts
 out/results.json    summary + per prompt + per turn (+ sweep: each shape on the first --sweep-prompts
                     prompts; the summary is the chosen shape's on all, and says why: `shape_choice`)
 out/report.md       the markdown table
+With the plain fallback on (the default), the chosen shape also runs speculating throughout, in the same
+engine on the same turns (`summary.throughout`): with the fallback, stretches where the draft is weak run
+as plain steps and leave the tau, so only this tau is the draft's own accept length.
 out/acceptance.png  acceptance per position and tau per prompt (needs matplotlib)
 """
 
@@ -45,6 +48,13 @@ from eaglekit.targets.load import load_target, resolve_device
 log = logging.getLogger(__name__)
 
 STAND_INS = ("oracle", "random")  # --draft values that are not a folder
+THROUGHOUT = " throughout"  # the label's suffix of a shape run without the plain fallback
+
+
+def throughout(method: Method) -> Method:
+    """The same engine speculating throughout: the tau the plain fallback cannot select."""
+    return Method(method.label + THROUGHOUT, method.engine, method.oracle, plain_fallback=False)
+
 
 # Shapes tried by --sweep (EAGLE-2/3 use trees of depth 6-8, top-k 10, 60 tokens on 7-8B targets). Four:
 # on a GPU each costs one compile of its cycle (~40-60 s for SmolLM2), and they run on the first
@@ -159,6 +169,7 @@ def benchmark(cfg: BenchOptions, command: str = "") -> dict:
     categories = prompt_categories(cfg.prompts)[0]
     run = dict(max_new_tokens=cfg.max_new_tokens, hf_prompts=cfg.hf_prompts, seed=cfg.seed)
     sweep, choice, best = None, None, 0
+    both = spec.plain_fallback  # the fallback's run and one speculating throughout (stand-ins have it off)
     if cfg.sweep:
         # Every shape on the first few prompts; then the chosen one on all of them, in the same engines
         # (the target loads once, each shape's cycle compiles once). Where the few are all the prompts,
@@ -183,12 +194,21 @@ def benchmark(cfg: BenchOptions, command: str = "") -> dict:
             turns, timing = sweep_turns, sweep_timing
         else:
             log.info("bench: %s on all %d prompts", specs[best].label(), len(prompts))
+            chosen = [methods[best], throughout(methods[best])] if both else [methods[best]]
             turns, timing = run_turns(
-                engines[0], [methods[best]], target, prompts, hf=cfg.hf, warmup=cfg.warmup if cfg.hf else 0, **run
+                engines[0], chosen, target, prompts, hf=cfg.hf, warmup=cfg.warmup if cfg.hf else 0, **run
             )  # the engines are warm
     else:
-        turns, timing = run_turns(engines[0], methods, target, prompts, hf=cfg.hf, warmup=cfg.warmup, **run)
-    result = summarize(turns, specs[best].label(), specs[best].max_depth, sampling.greedy, categories)
+        runs = [*methods, throughout(methods[0])] if both else methods
+        turns, timing = run_turns(engines[0], runs, target, prompts, hf=cfg.hf, warmup=cfg.warmup, **run)
+    label = specs[best].label()
+    result = summarize(turns, label, specs[best].max_depth, sampling.greedy, categories)
+    if both and label + THROUGHOUT in turns[0].spec:
+        result["summary"]["throughout"] = throughout_summary(
+            summarize(turns, label + THROUGHOUT, specs[best].max_depth, sampling.greedy, categories)["summary"]
+        )
+    elif both:  # a sweep whose few prompts were all of them: its runs are the bench
+        result["summary"]["throughout"] = None
     if choice is not None:
         result["summary"]["shape_choice"] = choice
     profile = slow_cycle_profile(engines[best], result["summary"], turns[0].ids, cfg.max_new_tokens)
@@ -231,6 +251,18 @@ def benchmark(cfg: BenchOptions, command: str = "") -> dict:
     if note:
         (log.warning if note.bug else log.info)(note.text.replace("**", ""))
     return result
+
+
+def throughout_summary(summary: dict) -> dict:
+    """What the run speculating throughout adds to the summary: the draft's own tau, per position and
+    per category, and that run's speedup and cycle."""
+    keep = ("tau", "speedup", "spec_tok_s", "per_position_acceptance", "efficiency", "cycles", "greedy_match")
+    cats = summary["by_category"]
+    return {
+        **{k: summary[k] for k in keep},
+        "cycle_plain_steps": (summary.get("cycle") or {}).get("plain_steps"),
+        "by_category": {name: {"tau": c["tau"], "speedup": c["speedup"]} for name, c in cats.items()} if cats else None,
+    }
 
 
 def slow_cycle_profile(engine: Engine, summary: dict, prompt_ids: list[int], max_new_tokens: int) -> dict | None:
@@ -282,19 +314,22 @@ def write_outputs(result: dict, cfg: BenchOptions, out: str | Path) -> dict:
         counts={"prompts": s["prompts"], "turns": s["turns"], "cycles": s["cycles"]},
         extra={
             "summary": {
-                k: s[k]
-                for k in (
-                    "tau",
-                    "speedup",
-                    "per_prompt_speedup",
-                    "baseline_tok_s",
-                    "spec_tok_s",
-                    "hf_tok_s",
-                    "greedy_match",
-                    "device",
-                    "date",
-                    "timing",
-                )
+                "throughout": s.get("throughout"),  # None: speculating throughout already, or a stand-in
+                **{
+                    k: s[k]
+                    for k in (
+                        "tau",
+                        "speedup",
+                        "per_prompt_speedup",
+                        "baseline_tok_s",
+                        "spec_tok_s",
+                        "hf_tok_s",
+                        "greedy_match",
+                        "device",
+                        "date",
+                        "timing",
+                    )
+                },
             },
             "unfinished_draft": s.get("unfinished_draft"),
         },

@@ -171,6 +171,23 @@ def fallback_line(summary: dict) -> str | None:
     )
 
 
+def throughout_line(t: dict) -> str:
+    """The run speculating throughout, in one paragraph: the draft's own tau, per position and category."""
+    cats = t.get("by_category") or {}
+    return (
+        f"Speculating throughout (no plain fallback; the same engine, the same turns): **tau {t['tau']:.2f}**, "
+        f"{t['speedup']:.2f}x; per position "
+        + ", ".join(f"{p:.3f}" for p in t["per_position_acceptance"])
+        + (
+            "; by category " + ", ".join(f"{name} {c['tau']:.2f}" for name, c in cats.items() if c["tau"] is not None)
+            if cats
+            else ""
+        )
+        + ". This tau is the draft's own accept length: with the fallback, stretches where the draft is weak "
+        "run as plain steps and leave the tau, so the tau above reads high."
+    )
+
+
 SHORT_TURN = 32  # new tokens a turn below which tok/s and speedups measure the prefill more than the cycle
 
 
@@ -192,6 +209,9 @@ def verdict(summary: dict, profile: dict | None = None) -> str:
             f" {summary['plain_share']:.0%} of the speculative runs' tokens were decoded by plain steps "
             "(plain fallback), and the speedup includes them."
         )
+    t = summary.get("throughout")
+    if t and summary.get("plain_tokens"):  # the tau above is then the fallback's selection of cycles
+        text += f" Speculating throughout, the draft's own tau is {t['tau']:.2f} ({t['speedup']:.2f}x)."
     if speed < 1 and steps:  # tau tokens a cycle for `steps` steps' time: it pays above tau = steps
         text += f" A draft pays here only above tau {steps:.2f}."
     if profile:
@@ -339,6 +359,8 @@ def markdown(result: dict) -> str:
     fallback = fallback_line(s)
     if fallback:  # right below the headline it qualifies
         lines += [fallback, ""]
+    if s.get("throughout"):
+        lines += [throughout_line(s["throughout"]), ""]
     if s.get("per_prompt_speedup"):
         lines += [speedup_line(s), ""]
     if s.get("by_category"):

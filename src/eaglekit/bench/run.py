@@ -88,6 +88,7 @@ class Method:
     label: str
     engine: Engine
     oracle: object | None = None
+    plain_fallback: bool | None = None  # None: as the engine's spec says; False: speculate throughout
 
 
 def run_turns(
@@ -174,7 +175,7 @@ def warm_up(
         for method in methods:
             if method.oracle is not None:
                 method.oracle.set_reference(ids + reference)
-            method.engine.generate(ids, max_new_tokens, seed=seed)
+            method.engine.generate(ids, max_new_tokens, seed=seed, plain_fallback=method.plain_fallback)
 
 
 ORACLE_ROUNDS = 3
@@ -210,7 +211,9 @@ def speculate(method: Method, turn: Turn, *, max_new_tokens: int, seed: int | No
         method.oracle.set_reference(turn.ids + reference)
         if rounds > 1:
             log.info("%s turn %d: oracle settled after %d rounds", turn.prompt_id, turn.turn, rounds)
-    turn.spec[method.label] = method.engine.generate(turn.ids, max_new_tokens, seed=seed)
+    turn.spec[method.label] = method.engine.generate(
+        turn.ids, max_new_tokens, seed=seed, plain_fallback=method.plain_fallback
+    )
 
 
 # Plain decoding this much faster or slower after the speculative runs than before: ratios untrustworthy.

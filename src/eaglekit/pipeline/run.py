@@ -1067,6 +1067,9 @@ def summarize(out: Path) -> tuple[bool, str]:
             f"bench: tau {summary['tau']}, speedup {summary['speedup']}x over plain decoding "
             f"({summary['spec']}, {bench.with_name('report.md')})"
         )
+        if summary.get("throughout"):  # the draft's own tau, which the fallback's run does not count
+            t = summary["throughout"]
+            lines.append(f"bench speculating throughout: tau {t['tau']}, speedup {t['speedup']}x")
         warning = (summary.get("timing") or {}).get("warning")
         if warning:  # the bench's own doubt about the figures above
             lines.append(f"bench warning: {warning}")

@@ -490,6 +490,14 @@ def speed_section(data: RunData) -> str:
                         f"{fmt_num(s['speedup_vs_hf'])}x" if s.get("speedup_vs_hf") else "HF generate not run",
                     ],
                     ["tau", s["tau"]],
+                    [
+                        "tau speculating throughout (no plain fallback: the draft's own)",
+                        f"{s['throughout']['tau']} ({fmt_num(s['throughout']['speedup'])}x)"
+                        if s.get("throughout")
+                        else "the run above speculated throughout"
+                        if not s.get("plain_fallback")
+                        else "not run",
+                    ],
                     ["greedy output equal to plain decoding", s.get("greedy_match")],
                     ["prompts / turns / cycles", f"{s['prompts']} / {s['turns']} / {s['cycles']}"],
                 ],
