@@ -245,7 +245,8 @@ def slice_row(out: Path, fraction: float, steps: int, state: dict) -> dict:
     results = folder / RUN_BENCH / BENCH_RESULTS
     if results.is_file():
         s = read_json(results, "slice bench results")["summary"]
-        row.update(bench_tau=s["tau"], speedup=s["speedup"], bench_spec=s["spec"])
+        # the draft's own tau (speculating throughout) where the bench ran it: the fallback's tau reads high
+        row.update(bench_tau=(s.get("throughout") or s)["tau"], speedup=s["speedup"], bench_spec=s["spec"])
     row["status"] = {"running": "unfinished", "done": "done", "not run": "not run"}.get(row["status"], "failed")
     return row
 
