@@ -11,7 +11,10 @@
 #   PEER_PY    the peer venv's python (default /tmp/peer-venv/bin/python; docs/peers.md installs it)
 #   PY         eaglekit's python (default python3)
 #   OURS       eaglekit's draft to compare with (default RUN/draft)
-#   BUDGET_S   the peer's wall-clock training budget (default: RUN's train stage seconds from pipeline.json)
+#   BUDGET_S   the GPU seconds both trainers get (default: RUN's train stage seconds from pipeline.json).
+#              eaglekit's train stage runs the target inside them (online); the peer captures the target's
+#              hidden states first, so with COUNT_CAPTURE=1 (default) that capture's seconds come out of its
+#              training budget: equal GPU minutes. COUNT_CAPTURE=0: equal train seconds (capture free)
 #   CALIBRATE  steps of a first, short peer run that measures its step time (default 60; 0: none). The
 #              peer's schedule decays over its steps (`--max-steps`), not over wall-clock time, so
 #              without this a budget cuts it mid-schedule. The real run then gets
@@ -58,8 +61,18 @@ if [[ ! -f $WORK/data/token_freq.pt ]]; then
 fi
 # 2. the target's hidden states in the peer's offline format (what vLLM's extraction would write)
 say $PY "$HERE/speculators_data.py" hidden "$WORK/data" --target "$TARGET" --device "$DEVICE"
+t_capture=$(date +%s)
 $PY "$HERE/speculators_data.py" hidden "$WORK/data" --target "$TARGET" --device "$DEVICE" | tee -a "$WORK/peer.txt"
+CAPTURE_S=$(secs "$t_capture")
+# a capture found on disk is not redone (seconds ~0): its first run's seconds are what it cost
+if [[ -s $WORK/data/capture_seconds ]] && (( CAPTURE_S <= 1 )); then CAPTURE_S=$(cat "$WORK/data/capture_seconds")
+else echo "$CAPTURE_S" > "$WORK/data/capture_seconds"; fi
 echo "peer data (tokens, prepare-data, hidden states): $(secs "$t0")s, $(du -sh "$WORK/data" | cut -f1) on disk" | tee -a "$WORK/peer.txt"
+if [[ ${COUNT_CAPTURE:-1} == 1 ]]; then
+  (( BUDGET_S - CAPTURE_S > 0 )) || { echo "the capture (${CAPTURE_S}s) took the whole budget (${BUDGET_S}s)" >&2; exit 1; }
+  echo "peer train budget: ${BUDGET_S}s less its capture's ${CAPTURE_S}s (the target's forwards, which eaglekit's train stage runs inside its own): $(( BUDGET_S - CAPTURE_S ))s" | tee -a "$WORK/peer.txt"
+  BUDGET_S=$(( BUDGET_S - CAPTURE_S ))
+fi
 
 # 3. the peer trains with its own defaults for the budget (SIGTERM: it saves ckpt/interrupted itself).
 # Its own draft layout (norm_before_fc, norm_output, norm_before_residual: eaglekit imports and runs
