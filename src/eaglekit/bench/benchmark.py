@@ -4,10 +4,11 @@ out/manifest.json   stage "bench": config, target fingerprint, inputs, counts
 out/results.json    summary + per prompt + per turn (+ sweep: each shape on the first --sweep-prompts
                     prompts; the summary is the chosen shape's on all, and says why: `shape_choice`)
 out/report.md       the markdown table
+out/acceptance.png  acceptance per position and tau per prompt (needs matplotlib)
+
 With the plain fallback on (the default), the chosen shape also runs speculating throughout, in the same
 engine on the same turns (`summary.throughout`): with the fallback, stretches where the draft is weak run
 as plain steps and leave the tau, so only this tau is the draft's own accept length.
-out/acceptance.png  acceptance per position and tau per prompt (needs matplotlib)
 """
 
 from __future__ import annotations
