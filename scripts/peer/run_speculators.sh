@@ -94,26 +94,8 @@ if (( ${CALIBRATE:-60} > 0 )); then   # the peer's step time, from its own per-s
   wall=$(secs "$start")
   # --max-steps ends an epoch, not the run (each later epoch trains one more step and validates), so
   # the real run also gets the epochs that hold its steps: the loader's length is its progress bar's total.
-  read -r STEP_MS MAX_STEPS EPOCHS < <($PY - "$WORK/calibrate.log" "$wall" "$BUDGET_S" <<'PY'
-import math, re, statistics, sys
-text, wall, budget = open(sys.argv[1]).read(), float(sys.argv[2]), float(sys.argv[3])
-ms = [float(x) for x in re.findall(r"step_ms=([0-9.e+-]+)", text)]
-if len(ms) < 4:
-    sys.exit(f"the calibration log holds {len(ms)} step times (profile/step_ms): see {sys.argv[1]}")
-steady = statistics.median(ms[len(ms) // 2:])            # the second half: past warm-up and compiles
-# step_ms times the step alone; the training bar's rate ("3/678 [...] , 22 it/s") also holds the wait for
-# the data loader, which the real run pays too: planned on step_ms alone, a GPU run overran its budget
-# and was stopped mid-schedule (docs/results/2026-12-07-h100-peer-run)
-bars = re.findall(r"Epoch 0\b[^\n\r]*?\b(\d+)/(\d+)\s+\[[^\]]*?([0-9.]+) it/s", text)
-total = max((int(t) for _, t, _ in bars), default=0)     # the training bar's length (the validation's is shorter)
-rates = [float(r) for done, t, r in bars if int(t) == total and int(done) > len(ms) // 2 and float(r) > 0]
-per_step = max(steady, 1000 / rates[-1]) if rates else steady
-# loading, the first steps' compiles, one validation, saving: paid again by the real run
-startup = max(0.0, wall - len(ms) * per_step / 1000)
-steps = max(1, int((budget - startup) * 1000 / per_step))
-print(f"{per_step:.1f} {steps} {math.ceil(steps / total) if total else 20}")
-PY
-)
+  read -r STEP_MS MAX_STEPS EPOCHS < <($PY "$HERE/calibration.py" "$WORK/calibrate.log" --wall "$wall" --budget "$BUDGET_S")
+  [[ -n ${MAX_STEPS:-} ]] || { echo "no plan from the calibration run: see $WORK/calibrate.log" >&2; exit 1; }
   STEPS=(--max-steps "$MAX_STEPS" --epochs "$EPOCHS")
   echo "peer calibration: ${CALIBRATE:-60} steps in ${wall}s (not counted), ${STEP_MS} ms a step (step time or the bar's rate, the slower) -> --max-steps $MAX_STEPS --epochs $EPOCHS for ${BUDGET_S}s" | tee -a "$WORK/peer.txt"
 fi
