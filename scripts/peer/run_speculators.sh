@@ -61,12 +61,12 @@ if [[ ! -f $WORK/data/token_freq.pt ]]; then
 fi
 # 2. the target's hidden states in the peer's offline format (what vLLM's extraction would write)
 say $PY "$HERE/speculators_data.py" hidden "$WORK/data" --target "$TARGET" --device "$DEVICE"
+# a capture found on disk is not redone: what it cost is its first run's seconds, kept beside it
+reused=$([[ -s $WORK/data/capture_seconds ]] && compgen -G "$WORK/data/hidden_states/hs_*.safetensors" >/dev/null && echo 1)
 t_capture=$(date +%s)
 $PY "$HERE/speculators_data.py" hidden "$WORK/data" --target "$TARGET" --device "$DEVICE" | tee -a "$WORK/peer.txt"
-CAPTURE_S=$(secs "$t_capture")
-# a capture found on disk is not redone (seconds ~0): its first run's seconds are what it cost
-if [[ -s $WORK/data/capture_seconds ]] && (( CAPTURE_S <= 1 )); then CAPTURE_S=$(cat "$WORK/data/capture_seconds")
-else echo "$CAPTURE_S" > "$WORK/data/capture_seconds"; fi
+if [[ -n $reused ]]; then CAPTURE_S=$(cat "$WORK/data/capture_seconds")
+else CAPTURE_S=$(secs "$t_capture"); echo "$CAPTURE_S" > "$WORK/data/capture_seconds"; fi
 echo "peer data (tokens, prepare-data, hidden states): $(secs "$t0")s, $(du -sh "$WORK/data" | cut -f1) on disk" | tee -a "$WORK/peer.txt"
 if [[ ${COUNT_CAPTURE:-1} == 1 ]]; then
   (( BUDGET_S - CAPTURE_S > 0 )) || { echo "the capture (${CAPTURE_S}s) took the whole budget (${BUDGET_S}s)" >&2; exit 1; }
