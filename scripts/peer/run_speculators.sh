@@ -62,7 +62,7 @@ fi
 # 2. the target's hidden states in the peer's offline format (what vLLM's extraction would write)
 say $PY "$HERE/speculators_data.py" hidden "$WORK/data" --target "$TARGET" --device "$DEVICE"
 # a capture found on disk is not redone: what it cost is its first run's seconds, kept beside it
-reused=$([[ -s $WORK/data/capture_seconds ]] && compgen -G "$WORK/data/hidden_states/hs_*.safetensors" >/dev/null && echo 1)
+reused=$([[ -s $WORK/data/capture_seconds ]] && compgen -G "$WORK/data/hidden_states/hs_*.safetensors" >/dev/null && echo 1 || true)
 t_capture=$(date +%s)
 $PY "$HERE/speculators_data.py" hidden "$WORK/data" --target "$TARGET" --device "$DEVICE" | tee -a "$WORK/peer.txt"
 if [[ -n $reused ]]; then CAPTURE_S=$(cat "$WORK/data/capture_seconds")
