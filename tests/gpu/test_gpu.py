@@ -43,6 +43,27 @@ def test_plain_and_speculative_engines_on_cuda_equal_the_cpu():
         assert [engine.generate(p, NEW).tokens for p in PROMPTS] == reference, spec.label()
 
 
+def test_the_recipes_shapes_compile_at_a_real_vocabulary():
+    """Inductor's kernels depend on sizes: a one-row top-k over a tiny model's vocabulary stays one
+    reduction, over a real draft vocabulary it is split, and a tree build that compiled on the tiny
+    models failed there (torch 2.11, docs/results/2026-12-07-cpu-tree-build). SmolLM2's vocabulary and
+    a 16k draft vocabulary, the recipe's tree, the sweep's large tree and a chain of 5, compiled and
+    captured, give plain CUDA decoding's tokens (fp32)."""
+    model = copy.deepcopy(peaked_model("llama", seed=3, vocab_size=49152)).to("cuda")
+    target = make_target_runner(model, max_len=128, aux_layer_ids=AUX)
+    reference = [Engine(target, graphs=True, compile=True).generate(p, NEW, speculative=False).tokens for p in PROMPTS]
+    for spec in (
+        SpecConfig(mode="tree", depth=4, top_k=4, total_tokens=16),
+        SpecConfig(mode="tree", depth=6, top_k=8, total_tokens=32),
+        SpecConfig(mode="chain", k=5),
+    ):
+        draft = DraftRunner(
+            random_draft(model, draft_vocab=16384).to("cuda"), spec=spec, sampling=Sampling(), max_len=128
+        )
+        engine = Engine(target, drafter=draft, spec=spec, graphs=True, compile=True)
+        assert [engine.generate(p, NEW).tokens for p in PROMPTS] == reference, spec.label()
+
+
 def test_an_eagle31_draft_on_cuda_accepts_what_the_cpu_accepts():
     """EAGLE-3.1's layout (fc_norm + norm_output) compiled and captured: the repeat oracle, whose per-aux
     norms matter (tests/helpers/oracle_draft.py), gives the eager CPU engine's tokens and accepted counts."""
