@@ -193,6 +193,7 @@ def test_the_chosen_shape_also_runs_speculating_throughout(tmp_path, tiny_target
     assert len(accepts) >= 8 and s["throughout"]["tau"] == pytest.approx(1 + sum(accepts) / len(accepts), abs=1e-3)
     assert s["tau"] == pytest.approx(result["prompts"][0]["tau"])  # the headline's tau is the fallback run's
     assert "Speculating throughout (no plain fallback" in text and "the draft's own tau is" in s["verdict"]
+    assert "so the tau above reads high" in text  # the fallback's run had plain tokens
     assert (
         json.loads((tmp_path / "bench" / "manifest.json").read_text())["summary"]["throughout"]["tau"]
         == (s["throughout"]["tau"])

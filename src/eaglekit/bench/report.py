@@ -171,9 +171,16 @@ def fallback_line(summary: dict) -> str | None:
     )
 
 
-def throughout_line(t: dict) -> str:
-    """The run speculating throughout, in one paragraph: the draft's own tau, per position and category."""
+def throughout_line(t: dict, plain_tokens: int) -> str:
+    """The run speculating throughout, in one paragraph: the draft's own tau, per position and category
+    (`plain_tokens`: those the fallback's run decoded plainly; none, and the two runs speculated alike)."""
     cats = t.get("by_category") or {}
+    why = (
+        "This tau is the draft's own accept length: with the fallback, stretches where the draft is weak run "
+        "as plain steps and leave the tau, so the tau above reads high."
+        if plain_tokens
+        else "The fallback's run decoded no token plainly, so the two taus count the same kind of cycles."
+    )
     return (
         f"Speculating throughout (no plain fallback; the same engine, the same turns): **tau {t['tau']:.2f}**, "
         f"{t['speedup']:.2f}x; per position "
@@ -183,8 +190,8 @@ def throughout_line(t: dict) -> str:
             if cats
             else ""
         )
-        + ". This tau is the draft's own accept length: with the fallback, stretches where the draft is weak "
-        "run as plain steps and leave the tau, so the tau above reads high."
+        + ". "
+        + why
     )
 
 
@@ -360,7 +367,7 @@ def markdown(result: dict) -> str:
     if fallback:  # right below the headline it qualifies
         lines += [fallback, ""]
     if s.get("throughout"):
-        lines += [throughout_line(s["throughout"]), ""]
+        lines += [throughout_line(s["throughout"], s.get("plain_tokens", 0)), ""]
     if s.get("per_prompt_speedup"):
         lines += [speedup_line(s), ""]
     if s.get("by_category"):
