@@ -31,16 +31,19 @@ def final_weights(out: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_resume_after_sigkill_is_bit_identical(data, tmp_path):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_resume_after_sigkill_is_bit_identical(data, tmp_path, optimizer):
     steps = 40
     reference = tmp_path / "ref"
-    train(config(data, reference, max_steps=steps))
+    train(config(data, reference, max_steps=steps, optimizer=optimizer))
     out = tmp_path / "killed"
     cmd = [
         sys.executable,
         "-m",
         "eaglekit",
         *train_args(data, out, "--max-steps", str(steps), "--save-every", "4", "--val-every", "6", "--log-every", "2"),
+        "--optimizer",
+        optimizer,
     ]
     proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     latest = out / "trainer_state" / "latest.json"
@@ -71,6 +74,8 @@ def test_resume_after_sigkill_is_bit_identical(data, tmp_path):
                 "--log-every",
                 "2",
                 "--resume",
+                "--optimizer",
+                optimizer,
             ),
         ],
         env=ENV,
@@ -93,9 +98,11 @@ def free_port() -> int:
 
 
 @pytest.mark.slow
-def test_ddp_two_processes_equal_one_process_with_accumulation(data, tmp_path):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_ddp_two_processes_equal_one_process_with_accumulation(data, tmp_path, optimizer):
+    """Each rank steps its own optimizers on the gradients DDP averaged: Muon needs no sharding here."""
     single = tmp_path / "single"
-    train(config(data, single, max_steps=6, grad_accum=2, val_every=6, save_every=6))
+    train(config(data, single, max_steps=6, grad_accum=2, val_every=6, save_every=6, optimizer=optimizer))
     ddp = tmp_path / "ddp"
     cmd = [
         sys.executable,
@@ -110,6 +117,8 @@ def test_ddp_two_processes_equal_one_process_with_accumulation(data, tmp_path):
         "-m",
         "eaglekit",
         *train_args(data, ddp, "--max-steps", "6", "--val-every", "6", "--save-every", "6", "--log-every", "2"),
+        "--optimizer",
+        optimizer,
     ]
     run = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -117,7 +126,7 @@ def test_ddp_two_processes_equal_one_process_with_accumulation(data, tmp_path):
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-6, msg=name)
     m = json.loads((ddp / "manifest.json").read_text())
-    assert m["world_size"] == 2
+    assert m["world_size"] == 2 and m["config"]["optimizer"] == optimizer
     single_val = json.loads((single / "manifest.json").read_text())["history"][-1]
     assert m["history"][-1]["positions"] == single_val["positions"]  # all validation data seen once
 

@@ -18,6 +18,7 @@ ATTENTIONS = ("merged", "dense")  # train/attention.py implements them
 SOFT_CES = ("plain", "fused", "compiled")  # train/loss.py
 OBJECTIVES = ("soft-ce", "lk-alpha", "lk-hybrid")  # train/loss.py
 SCHEDULES = ("cosine", "linear", "constant")  # train/optim.py
+OPTIMIZERS = ("adamw", "muon")  # train/optim.py
 
 
 def profile_window(text: str) -> tuple[int, int]:
@@ -107,6 +108,21 @@ class TrainConfig:
     schedule: str = option("cosine", "learning-rate schedule", group="training", choices=SCHEDULES)
     warmup_steps: int | None = option(None, "default: 2%% of the steps", group="training")
     weight_decay: float = option(0.0, "AdamW weight decay", group="training")
+    optimizer: str = option(
+        "adamw",
+        "adamw over every trained parameter, or muon: Muon over the weight matrices of fc and the draft "
+        "layer, AdamW over the rest (lm_head, norms); muon is not yet A/B'd (docs/notes/training.md)",
+        group="training",
+        choices=OPTIMIZERS,
+    )
+    muon_lr: float | None = option(
+        None,
+        "--optimizer muon: the Muon matrices' peak learning rate, on the same schedule "
+        "(updates scaled to AdamW's RMS, so it reads as --lr; default: --lr)",
+        group="training",
+    )
+    muon_momentum: float = option(0.95, "--optimizer muon: Muon's momentum", group="training")
+    muon_weight_decay: float = option(0.1, "--optimizer muon: Muon's weight decay", group="training")
     betas: tuple[float, float] = (0.9, 0.95)
     max_grad_norm: float = option(0.5, "gradient clipping norm", group="training")
     seed: int = option(0, "seed of the initialization and the data order", group="training")
@@ -176,6 +192,15 @@ class TrainConfig:
             raise EaglekitError(f"unknown schedule {self.schedule!r}", hint=f"use one of {SCHEDULES}")
         if self.lm_head_init not in ("target", "random"):
             raise EaglekitError(f"unknown lm_head init {self.lm_head_init!r}", hint="use target or random")
+        if self.optimizer not in OPTIMIZERS:
+            raise EaglekitError(f"unknown optimizer {self.optimizer!r}", hint=f"use one of {OPTIMIZERS}")
+        muon_set = [f.name for f in fields(self) if f.name.startswith("muon_") and getattr(self, f.name) != f.default]
+        if self.optimizer != "muon" and muon_set:
+            flags = " ".join(f"--{k.replace('_', '-')}" for k in muon_set)
+            raise EaglekitError(
+                f"{flags}: settings of Muon, and --optimizer is {self.optimizer}",
+                hint=f"add --optimizer muon, or drop {flags}",
+            )
         if self.ttt_attention not in ATTENTIONS:
             raise EaglekitError(f"unknown TTT attention {self.ttt_attention!r}", hint=f"use one of {ATTENTIONS}")
         if self.soft_ce not in SOFT_CES:
@@ -214,6 +239,10 @@ class TrainConfig:
     def online(self) -> bool:
         return self.data is not None
 
+    @property
+    def muon_peak_lr(self) -> float:
+        return self.lr if self.muon_lr is None else self.muon_lr
+
     def step_weights(self) -> list[float]:
         return [self.step_decay**j for j in range(self.ttt_steps)]
 
@@ -225,8 +254,13 @@ class TrainConfig:
 
     def resume_key(self) -> dict:
         key = {k: v for k, v in self.to_dict().items() if k not in RESUME_FREE}
-        if key["objective"] == "soft-ce":  # a state written before --objective existed trained soft-ce
+        # Settings added since states were first written, left out at the values those states trained
+        # with (the Muon settings mean nothing under adamw), so such states still resume.
+        if key["objective"] == "soft-ce":
             del key["objective"]
+        if key["optimizer"] == "adamw":
+            for k in [k for k in key if k == "optimizer" or k.startswith("muon_")]:
+                del key[k]
         return key
 
 

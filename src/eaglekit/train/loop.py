@@ -36,7 +36,7 @@ from eaglekit.train.attention import check_merged_attention, plan_free_attention
 from eaglekit.train.config import TrainConfig
 from eaglekit.train.data import BatchPlan, eval_batches
 from eaglekit.train.loss import StepOutput, step_counts, ttt_loss
-from eaglekit.train.optim import load_optimizer_tensors, lr_at, make_optimizer, optimizer_tensors
+from eaglekit.train.optim import lr_at, make_draft_optimizer
 from eaglekit.train.profiling import StepProfiler
 from eaglekit.train.setup import Run, prepare
 from eaglekit.train.state import latest_state, load_state, restore_rng, save_state
@@ -191,9 +191,7 @@ class Trainer:
         self.step_loss = functools.partial(step_loss, objective=cfg.objective)
         self.names = [n for n, p in self.draft.named_parameters() if p.requires_grad]
         params = dict(self.draft.named_parameters())
-        self.optimizer = make_optimizer(
-            [(n, params[n]) for n in self.names], lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas)
-        )
+        self.optimizer = make_draft_optimizer([(n, params[n]) for n in self.names], cfg)
         self.plan = BatchPlan(
             self.run.train.lengths,
             batch_tokens=cfg.batch_tokens,
@@ -277,7 +275,7 @@ class Trainer:
         if missing:
             raise EaglekitError(f"trainer state lacks {sorted(missing)[:4]}", hint="the state is damaged")
         self.draft.load_state_dict(draft_t, strict=False)
-        load_optimizer_tensors(self.optimizer, opt_t, state["optimizer"], self.names)
+        self.optimizer.load_state_tensors(opt_t, state["optimizer"])
         restore_rng(rng_t)
         self.step = int(state["step"])
         self.total_steps = int(state["total_steps"])
@@ -347,18 +345,18 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(
             [p for p in self.draft.parameters() if p.requires_grad], cfg.max_grad_norm
         )
-        lr = lr_at(
-            self.step,
-            lr=cfg.lr,
-            warmup_steps=self.warmup_steps(),
-            total_steps=self.total_steps,
-            schedule=cfg.schedule,
-            min_lr_ratio=cfg.min_lr_ratio,
+        self.optimizer.set_lr(
+            functools.partial(
+                lr_at,
+                self.step,
+                warmup_steps=self.warmup_steps(),
+                total_steps=self.total_steps,
+                schedule=cfg.schedule,
+                min_lr_ratio=cfg.min_lr_ratio,
+            )
         )
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()
         return stats, grad_norm, tokens, loss
 
     def queue_finite_check(self, stats: torch.Tensor, grad_norm: torch.Tensor) -> None:
@@ -443,7 +441,7 @@ class Trainer:
         self.check_finite()
         if not self.dist.main:
             return
-        tensors, meta = optimizer_tensors(self.optimizer, self.names)
+        tensors, meta = self.optimizer.state_tensors()
         state = {
             "step": self.step,
             "total_steps": self.total_steps,
@@ -470,6 +468,7 @@ class Trainer:
             "train_metrics": train_metrics,
             "steps": {"done": self.step, "total": self.total_steps, "per_epoch": round(self.plan.steps_per_epoch(), 3)},
             "world_size": self.dist.world_size,
+            "optimizers": self.optimizer.names(),  # which trains which parameters
         }
         counts = dict(self.run.counts)
         return write_manifest(
@@ -572,7 +571,8 @@ class Trainer:
                     tracker.event(
                         "train",
                         self.step,
-                        lr=self.optimizer.param_groups[0]["lr"],
+                        lr=self.optimizer.lr(),
+                        **({"muon_lr": self.optimizer.lr("muon")} if "muon" in self.optimizer.parts else {}),
                         loss=round(float(counts[-2]) / window_steps, 5),  # the objective's mean a step
                         grad_norm=float(grad_norm),
                         tokens_per_s=round(tok_s, 1),

@@ -3,9 +3,9 @@
     OUT/trainer_state/latest.json          {"step": N, "dir": "step-0000N"}  (replaced atomically)
     OUT/trainer_state/step-0000N/
         draft.safetensors      every draft tensor in float32 (the training weights, d2t, t2d)
-        optimizer.safetensors  AdamW moments and step counters, named `<param>.<key>`
+        optimizer.safetensors  AdamW moments and step counters (and Muon's momentum), named `<param>.<key>`
         rng.safetensors        torch CPU (and CUDA) generator states
-        state.json             step, resolved config, optimizer groups, best metrics, history
+        state.json             step, resolved config, each optimizer's groups, best metrics, history
 
 A state folder is written beside the others and only then named in latest.json; older folders are
 deleted afterwards, so a kill at any moment leaves one complete state to resume from.
