@@ -1,5 +1,5 @@
 """The training levers of train/optim.py: `--optimizer muon` (Muon over the hidden matrices, AdamW over
-the rest); its optimizer state round trip and an exact resume, on a tiny target."""
+the rest) and `--freeze-lm-head`; their optimizer state round trip and an exact resume, on a tiny target."""
 
 import json
 
@@ -7,7 +7,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from eaglekit.draft.checkpoint import load_draft
+from eaglekit.draft.vocab import DraftVocab
 from eaglekit.errors import EaglekitError
+from eaglekit.targets.load import load_target
 from eaglekit.train import loop
 from eaglekit.train.loop import train
 from eaglekit.train.loss import step_counts, ttt_loss
@@ -142,8 +145,8 @@ class Killed(Exception):
 
 @pytest.mark.parametrize(
     "levers",
-    [{}, {"optimizer": "muon", "muon_lr": 6e-3}],
-    ids=["adamw", "muon"],
+    [{}, {"optimizer": "muon", "muon_lr": 6e-3}, {"freeze_lm_head": True}],
+    ids=["adamw", "muon", "frozen-head"],
 )
 def test_resume_after_a_crash_is_bit_identical(data, tmp_path, monkeypatch, levers):
     """In process (the SIGKILL between checkpoints is tests/integration/test_train_loop.py's): a run that
@@ -171,12 +174,42 @@ def test_resume_after_a_crash_is_bit_identical(data, tmp_path, monkeypatch, leve
             assert torch.equal(a[name], b[name]), name
 
 
+def target_rows(data, d2t):
+    head = load_target(data["target"]).model.get_output_embeddings().weight.detach().float()
+    return head[DraftVocab.from_d2t(d2t, head.shape[0]).draft_ids]
+
+
+def test_freeze_lm_head_keeps_the_targets_rows_and_trains_the_rest(data, tmp_path):
+    start = train(config(data, tmp_path / "start", max_steps=0, freeze_lm_head=True))
+    manifest = train(config(data, tmp_path / "run", max_steps=12, freeze_lm_head=True))
+    assert manifest["complete"] and "lm_head.weight" not in sum(manifest["optimizers"].values(), [])
+    assert start["trainable_parameters"] == manifest["trainable_parameters"]
+    before, after = load_draft(tmp_path / "start"), load_draft(tmp_path / "run")
+    rows = target_rows(data, after.d2t)
+    assert torch.equal(after.lm_head.weight, rows)  # saved all the same (exports need it)
+    assert torch.equal(final_state(tmp_path / "run")[0]["lm_head.weight"], rows)
+    for name, weight in after.draft_state_dict().items():
+        if name != "lm_head.weight" and weight.is_floating_point():
+            assert not torch.equal(weight, before.draft_state_dict()[name]), name
+    unfrozen = train(config(data, tmp_path / "unfrozen", max_steps=2))
+    assert unfrozen["trainable_parameters"] == manifest["trainable_parameters"] + rows.numel()
+    # --init-from keeps a frozen head frozen; a head trained away from the target's rows cannot be frozen
+    again = train(config(data, tmp_path / "again", max_steps=2, freeze_lm_head=True, init_from=str(tmp_path / "run")))
+    assert again["complete"] and torch.equal(load_draft(tmp_path / "again").lm_head.weight, rows)
+    with pytest.raises(EaglekitError, match="trained away from them") as err:
+        train(config(data, tmp_path / "refused", freeze_lm_head=True, init_from=str(tmp_path / "unfrozen")))
+    assert "drop --freeze-lm-head" in err.value.hint
+
+
 def test_lever_settings_that_would_do_nothing_are_refused(data, tmp_path):
+    with pytest.raises(EaglekitError, match="--lm-head-init random") as err:
+        config(data, tmp_path, freeze_lm_head=True, lm_head_init="random")
+    assert "drop --lm-head-init" in err.value.hint
     with pytest.raises(EaglekitError, match="--muon-lr --muon-momentum: settings of Muon") as err:
         config(data, tmp_path, muon_lr=0.02, muon_momentum=0.9)
     assert "--optimizer muon" in err.value.hint
-    # a state written before these options existed (adamw) still resumes: its key lacks them
+    # a state written before these options existed (adamw, a trained head) still resumes: its key lacks them
     key = config(data, tmp_path).resume_key()
-    assert not {"optimizer", "muon_lr", "muon_momentum", "muon_weight_decay"} & set(key)
-    muon = config(data, tmp_path, optimizer="muon").resume_key()
-    assert muon["optimizer"] == "muon" and muon["muon_momentum"] == 0.95
+    assert not {"optimizer", "muon_lr", "muon_momentum", "muon_weight_decay", "freeze_lm_head"} & set(key)
+    muon = config(data, tmp_path, optimizer="muon", freeze_lm_head=True).resume_key()
+    assert muon["optimizer"] == "muon" and muon["muon_momentum"] == 0.95 and muon["freeze_lm_head"]

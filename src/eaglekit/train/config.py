@@ -85,6 +85,12 @@ class TrainConfig:
         group="draft",
         choices=("target", "random"),
     )
+    freeze_lm_head: bool = option(
+        False,
+        "keep lm_head at the target's rows of the draft vocab (--lm-head-init target): not trained, "
+        "not in the optimizer, still in the checkpoint",
+        group="draft",
+    )
     # EAGLE-3.1's layouts (SGLang's and vLLM's names; docs/contracts.md, "Draft layouts")
     fc_norm: bool = option(False, "an RMSNorm on each aux state before fc (EAGLE-3.1)", group="draft")
     norm_before_fc: bool = option(False, "one RMSNorm over the concatenated aux states before fc", group="draft")
@@ -192,6 +198,12 @@ class TrainConfig:
             raise EaglekitError(f"unknown schedule {self.schedule!r}", hint=f"use one of {SCHEDULES}")
         if self.lm_head_init not in ("target", "random"):
             raise EaglekitError(f"unknown lm_head init {self.lm_head_init!r}", hint="use target or random")
+        if self.freeze_lm_head and self.lm_head_init != "target":
+            raise EaglekitError(
+                f"--freeze-lm-head keeps lm_head at the target's rows, and --lm-head-init {self.lm_head_init} "
+                "starts it elsewhere",
+                hint="drop --lm-head-init (target is the default), or drop --freeze-lm-head",
+            )
         if self.optimizer not in OPTIMIZERS:
             raise EaglekitError(f"unknown optimizer {self.optimizer!r}", hint=f"use one of {OPTIMIZERS}")
         muon_set = [f.name for f in fields(self) if f.name.startswith("muon_") and getattr(self, f.name) != f.default]
@@ -261,6 +273,8 @@ class TrainConfig:
         if key["optimizer"] == "adamw":
             for k in [k for k in key if k == "optimizer" or k.startswith("muon_")]:
                 del key[k]
+        if not key["freeze_lm_head"]:
+            del key["freeze_lm_head"]
         return key
 
 

@@ -468,7 +468,8 @@ class Trainer:
             "train_metrics": train_metrics,
             "steps": {"done": self.step, "total": self.total_steps, "per_epoch": round(self.plan.steps_per_epoch(), 3)},
             "world_size": self.dist.world_size,
-            "optimizers": self.optimizer.names(),  # which trains which parameters
+            "optimizers": self.optimizer.names(),  # which trains which parameters (a frozen lm_head is in none)
+            "trainable_parameters": sum(p.numel() for p in self.draft.parameters() if p.requires_grad),
         }
         counts = dict(self.run.counts)
         return write_manifest(

@@ -18,7 +18,8 @@ from eaglekit.errors import EaglekitError
 from eaglekit.train.config import SCHEDULES, TrainConfig  # declared beside the options that take them
 
 # Matrices that Muon leaves to AdamW although they are 2-D: the ones that map tokens (Keller Jordan's
-# convention, which speculators follows). The embedding is the target's and frozen.
+# convention, which speculators follows). The embedding is the target's and frozen; lm_head is trained
+# unless --freeze-lm-head.
 ADAMW_MATRICES = ("embed_tokens", "lm_head")
 
 

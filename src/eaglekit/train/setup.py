@@ -146,7 +146,16 @@ def build_draft(
                 hint="start from a draft made for this target and these aux layers"
                 + (f", in its layout ({flags or 'no layout flags'})" if set(diff) & set(LAYOUT_KEYS) else ""),
             )
+        target_rows = draft.lm_head.weight.detach().clone()
         draft.load_state_dict(start.draft_state_dict(), strict=False)
+        if cfg.freeze_lm_head and not torch.equal(draft.lm_head.weight, target_rows):
+            raise EaglekitError(
+                f"--freeze-lm-head keeps lm_head at the target's rows, and the lm_head of --init-from "
+                f"{cfg.init_from} was trained away from them",
+                hint="drop --freeze-lm-head to train on from its lm_head, or start from a draft trained with it",
+            )
+    if cfg.freeze_lm_head:  # neither trained nor in the optimizer; saved all the same (exports need it)
+        draft.lm_head.weight.requires_grad_(False)
     return draft
 
 
