@@ -9,7 +9,8 @@ alone) and the training bar's rate ("29/678 [ 0:00:45 < 0:00:30 , 22 it/s ]", wh
 for the data loader that the real run pays too). Start-up is the calibration's wall time beyond its
 steps at that cost: loading, the first steps' compiles, a validation, saving, all paid again.
 `--max-steps` ends an epoch, not the run, so the real run also gets the epochs that hold its steps
-(the bar's length is the loader's).
+(the bar's length is the loader's). A budget that start-up would mostly eat is refused: the peer's
+draft from a few steps says nothing of the trainer (a 130-s budget gave it one step).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import sys
 from pathlib import Path
 
 EPOCHS_UNKNOWN = 20  # the peer's own default epochs, where no bar says the loader's length
+MIN_TRAINING_SHARE = 0.25  # of the budget left for steps once start-up is paid; below it, no plan
 
 
 def plan(text: str, wall: float, budget: float) -> tuple[float, int, int]:
@@ -35,6 +37,13 @@ def plan(text: str, wall: float, budget: float) -> tuple[float, int, int]:
     rates = [float(r) for done, t, r in bars if int(t) == total and int(done) > len(ms) // 2 and float(r) > 0]
     per_step = max(steady, 1000 / rates[-1]) if rates else steady
     startup = max(0.0, wall - len(ms) * per_step / 1000)
+    if budget - startup < MIN_TRAINING_SHARE * budget:
+        raise ValueError(
+            f"the peer's start-up ({startup:.0f} s: loading, its first steps' compile) leaves "
+            f"{max(budget - startup, 0):.0f} s of the {budget:.0f}-s budget for training, under "
+            f"{MIN_TRAINING_SHARE:.0%}: give both trainers a longer budget (the recipe's), "
+            "or COUNT_CAPTURE=0"
+        )
     steps = max(1, int((budget - startup) * 1000 / per_step))
     return per_step, steps, math.ceil(steps / total) if total else EPOCHS_UNKNOWN
 

@@ -46,3 +46,15 @@ def test_a_log_without_step_times_is_an_error(tmp_path, capsys):
     path.write_text("Traceback (most recent call last):\n  ...\n")
     assert calibration.main([str(path), "--wall", "5", "--budget", "100"]) == 1
     assert "0 step times" in capsys.readouterr().err
+
+
+def test_a_budget_that_start_up_would_mostly_eat_is_refused(tmp_path, capsys):
+    # the H100's second run: 20 steps in 171 s (a 103-s first-step compile), 71 ms a step, 130 s left
+    # after the capture: the plan was one step; now it is an error naming the start-up
+    text = log(["1.03e+05", "397.9"] + ["38.0"] * 16 + ["71.4"] * 2, 14)
+    with pytest.raises(ValueError, match="start-up"):
+        calibration.plan(text, wall=171.0, budget=130.0)
+    path = tmp_path / "calibrate.log"
+    path.write_text(text)
+    assert calibration.main([str(path), "--wall", "171", "--budget", "130"]) == 1
+    assert "longer budget" in capsys.readouterr().err
