@@ -109,7 +109,8 @@ def training_tau(manifest: dict | None, k: int) -> tuple[float | None, str]:
         if 1 <= k <= len(by_k):
             return float(by_k[k - 1]), f"training's walk accept length (chain of {k})"
         walk = best.get("walk_accept_length")
-        if walk is not None and (block.get("config") or {}).get("ttt_steps") == k:
+        config = block.get("config") or {}
+        if walk is not None and (config.get("val_ttt_steps") or config.get("ttt_steps")) == k:
             return float(walk), f"training's walk accept length (chain of {k})"
         cond = best.get("cond_acc")
         if isinstance(cond, list) and cond:

@@ -99,6 +99,12 @@ class TrainConfig:
     )
     # training
     ttt_steps: int = option(7, "unrolled draft steps", group="training")
+    val_ttt_steps: int | None = option(
+        None,
+        "draft steps validation unrolls (default: --ttt-steps); more scores the draft at served chains "
+        "longer than it trains, so drafts of different --ttt-steps compare at one chain length",
+        group="training",
+    )
     step_decay: float = option(0.8, "loss weight of step j is decay**j", group="training")
     max_length: int = option(2048, "online: truncate conversations", group="training")
     batch_tokens: int = option(8192, "rows x padded length per micro-batch", group="training")
@@ -204,6 +210,12 @@ class TrainConfig:
                 "starts it elsewhere",
                 hint="drop --lm-head-init (target is the default), or drop --freeze-lm-head",
             )
+        if self.val_ttt_steps is not None and self.val_ttt_steps < self.ttt_steps:
+            raise EaglekitError(
+                f"--val-ttt-steps {self.val_ttt_steps} would not score the draft's trained steps "
+                f"(--ttt-steps {self.ttt_steps})",
+                hint=f"use --val-ttt-steps {self.ttt_steps} or more, or drop it",
+            )
         if self.optimizer not in OPTIMIZERS:
             raise EaglekitError(f"unknown optimizer {self.optimizer!r}", hint=f"use one of {OPTIMIZERS}")
         muon_set = [f.name for f in fields(self) if f.name.startswith("muon_") and getattr(self, f.name) != f.default]
@@ -258,6 +270,11 @@ class TrainConfig:
     def step_weights(self) -> list[float]:
         return [self.step_decay**j for j in range(self.ttt_steps)]
 
+    @property
+    def val_steps(self) -> int:
+        """The draft steps validation unrolls: the served chains it predicts go up to this length."""
+        return self.ttt_steps if self.val_ttt_steps is None else self.val_ttt_steps
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["aux_layer_ids"] = list(self.aux_layer_ids) if self.aux_layer_ids is not None else None
@@ -275,6 +292,8 @@ class TrainConfig:
                 del key[k]
         if not key["freeze_lm_head"]:
             del key["freeze_lm_head"]
+        if key["val_ttt_steps"] is None:
+            del key["val_ttt_steps"]
         return key
 
 

@@ -409,22 +409,23 @@ class Trainer:
         self.model.eval()
         val = self.run.val
         batches = eval_batches(val.lengths, batch_tokens=self.cfg.batch_tokens, max_batch_size=self.cfg.max_batch_size)
-        stats = torch.zeros(self.cfg.ttt_steps, len(STATS), dtype=torch.float64, device=self.device)
-        ones = torch.ones(self.cfg.ttt_steps, dtype=torch.float64, device=self.device)
+        # --val-ttt-steps may unroll past the trained steps: the draft runs on as served (every step
+        # shares its weights). Validation reads the sums (`stats`); the loss's weights go unused.
+        steps = self.cfg.val_steps
+        stats = torch.zeros(steps, len(STATS), dtype=torch.float64, device=self.device)
+        ones = torch.ones(steps, dtype=torch.float64, device=self.device)
         for indices in batches[self.dist.rank :: self.dist.world_size]:
             with self.target_guards():
                 batch = val.batch(indices, self.device)
             with self.amp():
-                positions = device_positions(batch, self.cfg.ttt_steps)
-                logits = ttt_unroll(
-                    self.draft, batch.aux, batch.input_ids, self.cfg.ttt_steps, self.cfg.ttt_attention, positions
-                )
+                positions = device_positions(batch, steps)
+                logits = ttt_unroll(self.draft, batch.aux, batch.input_ids, steps, self.cfg.ttt_attention, positions)
                 stats += ttt_loss(
                     logits,
                     batch,
                     self.draft.d2t,
                     self.draft.t2d,
-                    weights=self.weights,
+                    weights=[self.cfg.step_decay**j for j in range(steps)],
                     denominators=ones,
                     walk=True,
                     positions=positions,

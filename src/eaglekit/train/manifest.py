@@ -27,7 +27,7 @@ def predicted_accept_length(manifest: dict | None, k: int | None = None) -> floa
     """The accept length training predicts for a served chain of `k` drafts: the walk (greedy chain
     decoding replayed over the validation answers) capped at k, `walk_accept_length_by_k[k-1]`; None
     where the run did not unroll k steps (a walk of 7 is not a prediction for a chain of 5: it commits
-    more a cycle). k None: the walk at the run's own `ttt_steps`."""
+    more a cycle). k None: the walk at the depth validation unrolled."""
     best = (manifest or {}).get("best") or {}
     if k is None:
         return best.get("walk_accept_length")
@@ -45,8 +45,10 @@ def validation_label(manifest: dict | None) -> str:
 def prediction_text(manifest: dict | None, k: int | None = None) -> str:
     """ "predicted accept length X for a chain of k on <workload>": training's prediction, said with the
     chain length and the workload it holds for. k: the served chain's (a bench or probe of k drafts);
-    where the run did not unroll k steps, or k is None, the walk at the run's own `ttt_steps`, named so."""
-    steps = ((manifest or {}).get("config") or {}).get("ttt_steps")
+    where the run did not unroll k steps, or k is None, the walk at the depth validation unrolled
+    (`--val-ttt-steps`, else `ttt_steps`), named so."""
+    config = (manifest or {}).get("config") or {}
+    steps = config.get("val_ttt_steps") or config.get("ttt_steps")
     walk = predicted_accept_length(manifest, k)
     if walk is None or k is None:
         walk, k = predicted_accept_length(manifest), steps
