@@ -180,12 +180,15 @@ arm() {  # one arm of the `arms` bench: train (with its budget flags, then its o
     if [[ $f == --no-* && $base == *" --${f#--no-} "* ]]; then base=${base/" --${f#--no-} "/ }; flags=${flags/$f/}; fi
   done
   mkdir -p "$W/arm-$i"
-  stamp "arm $i: train ($budget) with [$flags] on [$base]"
-  { python3 -m eaglekit train --target "$t" --data "$RUN/conversations" $base --device cuda --no-progress \
-      $budget $flags --out "$W/arm-$i/draft" 2>&1 | quiet | grep -v "^step" | tail -8
-    python3 -m eaglekit bench --target "$t" --draft "$W/arm-$i/draft" --prompts "$eval/mt_bench.jsonl" --limit "${LIMIT:-20}" \
+  # "run": the recipe's own draft, benched as the arms are and not trained again (the baseline for free)
+  local draft=$W/arm-$i/draft
+  if [[ $flags == run ]]; then draft=$RUN/draft; stamp "arm $i: the run's own draft"
+  else stamp "arm $i: train ($budget) with [$flags] on [$base]"; fi
+  { [[ $flags == run ]] || python3 -m eaglekit train --target "$t" --data "$RUN/conversations" $base --device cuda --no-progress \
+      $budget $flags --out "$draft" 2>&1 | quiet | grep -v "^step" | tail -8
+    python3 -m eaglekit bench --target "$t" --draft "$draft" --prompts "$eval/mt_bench.jsonl" --limit "${LIMIT:-20}" \
       --max-new-tokens 256 --no-hf $(bench_shape) ${SPEC_ARGS:-} --out "$W/arm-$i/bench" 2>&1 | quiet | tail -12
-    python3 -m eaglekit bench --target "$t" --draft "$W/arm-$i/draft" --prompts "$W/heldout10.jsonl" \
+    python3 -m eaglekit bench --target "$t" --draft "$draft" --prompts "$W/heldout10.jsonl" \
       --max-new-tokens 256 --no-hf $(bench_shape) ${SPEC_ARGS:-} --out "$W/arm-$i/heldout" 2>&1 | quiet | tail -12
   } > "$log"
   { echo "--- arm $i [$flags]"; cat "$log"; } >> "$LOG"
