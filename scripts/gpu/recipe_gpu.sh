@@ -140,6 +140,7 @@ benches() {  # after the recipe, each of $BENCHES in turn (default: chain heldou
         heldout_set "$eval" 10 "$W/heldout10.jsonl"
         IFS=';' read -ra variants <<< "${ARMS:--}"
         for flags in "${variants[@]}"; do
+          flags=${flags#"${flags%%[![:space:]]*}"}; flags=${flags%"${flags##*[![:space:]]}"}   # "- ; run": "-", "run"
           i=$((i + 1)); [[ $flags == "-" ]] && flags=""
           if [[ -n ${ARM_STEPS:-} ]]; then
             arm "$i" "$t" "$eval" "--max-steps $ARM_STEPS" "$flags" & pids+=($!)
@@ -180,9 +181,13 @@ arm() {  # one arm of the `arms` bench: train (with its budget flags, then its o
     if [[ $f == --no-* && $base == *" --${f#--no-} "* ]]; then base=${base/" --${f#--no-} "/ }; flags=${flags/$f/}; fi
   done
   mkdir -p "$W/arm-$i"
-  # "run": the recipe's own draft, benched as the arms are and not trained again (the baseline for free)
+  # "run": the recipe's own draft, benched as the arms are and not trained again: a baseline for arms of
+  # ARM_S = the recipe's TRAIN_S on the run's conversations (its steps and seconds are stamped: compare)
   local draft=$W/arm-$i/draft
-  if [[ $flags == run ]]; then draft=$RUN/draft; stamp "arm $i: the run's own draft"
+  if [[ $flags == run ]]; then
+    draft=$RUN/draft
+    [[ -f $draft/manifest.json ]] || { stamp "arm $i skipped: no draft in $RUN (drop --stop-before train, or use -)"; return; }
+    stamp "arm $i: the run's own draft ($(python3 -c "import json,sys; m=json.load(open(sys.argv[1])); print(m['steps']['done'], 'steps,', m['config']['time_budget_s'], 's budget')" "$draft/manifest.json"))"
   else stamp "arm $i: train ($budget) with [$flags] on [$base]"; fi
   { [[ $flags == run ]] || python3 -m eaglekit train --target "$t" --data "$RUN/conversations" $base --device cuda --no-progress \
       $budget $flags --out "$draft" 2>&1 | quiet | grep -v "^step" | tail -8

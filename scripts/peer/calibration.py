@@ -10,7 +10,7 @@ for the data loader that the real run pays too). Start-up is the calibration's w
 steps at that cost: loading, the first steps' compiles, a validation, saving, all paid again.
 `--max-steps` ends an epoch, not the run, so the real run also gets the epochs that hold its steps
 (the bar's length is the loader's). A budget that start-up would mostly eat is refused: the peer's
-draft from a few steps says nothing of the trainer (a 130-s budget gave it one step).
+draft from a few steps says nothing of the trainer (docs/peers.md).
 """
 
 from __future__ import annotations

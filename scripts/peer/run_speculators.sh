@@ -95,7 +95,7 @@ if (( ${CALIBRATE:-60} > 0 )); then   # the peer's step time, from its own per-s
   # --max-steps ends an epoch, not the run (each later epoch trains one more step and validates), so
   # the real run also gets the epochs that hold its steps: the loader's length is its progress bar's total.
   read -r STEP_MS MAX_STEPS EPOCHS < <($PY "$HERE/calibration.py" "$WORK/calibrate.log" --wall "$wall" --budget "$BUDGET_S")
-  [[ -n ${MAX_STEPS:-} ]] || { echo "no plan from the calibration run: see $WORK/calibrate.log" >&2; exit 1; }
+  [[ -n ${MAX_STEPS:-} ]] || { echo "no plan from the calibration run (the reason is above; its log: $WORK/calibrate.log)" >&2; exit 1; }
   STEPS=(--max-steps "$MAX_STEPS" --epochs "$EPOCHS")
   echo "peer calibration: ${CALIBRATE:-60} steps in ${wall}s (not counted), ${STEP_MS} ms a step (step time or the bar's rate, the slower) -> --max-steps $MAX_STEPS --epochs $EPOCHS for ${BUDGET_S}s" | tee -a "$WORK/peer.txt"
 fi

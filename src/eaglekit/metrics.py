@@ -102,7 +102,7 @@ def metrics_from_stats(stats) -> dict:
     tau     = 1 + sum_j prod_{i<=j} cond_i (tokens per target forward with a chain of ttt_steps drafts)
     walk_accept_length: tokens per target forward when greedy chain decoding is replayed over the
         data (`serving_walk`; validation only): what an engine measures on these prompts.
-    walk_accept_length_by_k: the same for a served chain of k = 1 .. ttt_steps drafts (the per-step
+    walk_accept_length_by_k: the same for a served chain of k = 1 .. the steps unrolled (the per-step
         estimate 1 + sum prod cond over-predicts a served chain: it weights positions evenly).
     data_greedy_agreement: share of counted positions whose next token in the data is the target's
         argmax; near 1 on data the target regenerated greedily, low on data written by someone else

@@ -62,7 +62,7 @@ def test_muon_holds_the_hidden_matrices_and_adamw_the_rest(data, tmp_path):
     """Keller Jordan's convention: Muon orthogonalizes the matrices of fc and the draft layer; lm_head
     (a matrix that maps to tokens), the norms and the frozen embedding are not Muon's."""
     draft = make_draft()
-    optimizer = draft_optimizer(draft, config(data, tmp_path, optimizer="muon", muon_lr=0.02))
+    optimizer = draft_optimizer(draft, config(data, tmp_path, optimizer="muon", muon_lr=0.02, muon_weight_decay=0.1))
     assert optimizer.names() == {"muon": MUON, "adamw": ADAMW}
     assert isinstance(optimizer.parts["muon"].optimizer, torch.optim.Muon)
     group = optimizer.parts["muon"].optimizer.param_groups[0]

@@ -1,6 +1,8 @@
 """`--val-ttt-steps`: validation unrolls the draft past its trained steps, so drafts of different
 `--ttt-steps` are scored at one served chain length; the trained steps' figures are unchanged."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -46,3 +48,25 @@ def test_validation_deeper_than_training_keeps_the_trained_steps_figures(data, t
 def test_validation_shallower_than_training_is_refused(data, tmp_path):
     with pytest.raises(EaglekitError, match="--val-ttt-steps 2"):
         config(data, tmp_path / "run", ttt_steps=3, val_ttt_steps=2)
+
+
+def test_the_reports_training_section_draws_a_validation_deeper_than_training():
+    # training logs its 2 steps, validation 4 (--val-ttt-steps 4): the accuracy chart has every
+    # step each logged, the loss sums training's steps on both, the tau is labelled with its chain
+    from eaglekit.report.collect import Part, RunData
+    from eaglekit.report.html import training_section, weighted_loss
+
+    train_event = {"step": 4, "acc": [0.5, 0.4], "ce": [1.0, 2.0], "sim_accept_length": 1.7}
+    val_event = {
+        "step": 4,
+        "acc": [0.6, 0.5, 0.4, 0.3],
+        "ce": [1.0, 2.0, 3.0, 4.0],
+        "sim_accept_length": 2.1,
+        "walk_accept_length": 1.9,
+    }
+    training = Part("done", data={"train": [train_event], "val": [val_event], "step_decay": 0.5, "ttt_steps": 2})
+    empty = Part("missing")
+    html = training_section(RunData(Path("run"), None, "", training, empty, empty, empty))
+    assert "val acc_3" in html and "train acc_1" in html and "train acc_2" not in html
+    assert "val walk tau (chain 4)" in html
+    assert weighted_loss(val_event, 0.5, 2) == weighted_loss(train_event, 0.5, 2) == 2.0

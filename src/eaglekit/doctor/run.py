@@ -22,6 +22,7 @@ from eaglekit.formats.options import ExportOptions
 from eaglekit.formats.registry import FORMATS
 from eaglekit.metrics import cumulative_acceptance
 from eaglekit.targets.load import DTYPES, dtype_name, load_target, resolve_device
+from eaglekit.train.manifest import validated_steps
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +110,7 @@ def training_tau(manifest: dict | None, k: int) -> tuple[float | None, str]:
         if 1 <= k <= len(by_k):
             return float(by_k[k - 1]), f"training's walk accept length (chain of {k})"
         walk = best.get("walk_accept_length")
-        config = block.get("config") or {}
-        if walk is not None and (config.get("val_ttt_steps") or config.get("ttt_steps")) == k:
+        if walk is not None and validated_steps(block) == k:
             return float(walk), f"training's walk accept length (chain of {k})"
         cond = best.get("cond_acc")
         if isinstance(cond, list) and cond:

@@ -134,8 +134,10 @@ def stages_section(data: RunData) -> str:
     return "\n".join(out)
 
 
-def weighted_loss(event: dict, decay: float | None) -> float | None:
-    ce = event.get("ce") or []
+def weighted_loss(event: dict, decay: float | None, steps: int | None = None) -> float | None:
+    """The TTT loss of an event over its first `steps` steps (None: all), so a validation unrolled
+    deeper than training (`--val-ttt-steps`) is summed as training's is."""
+    ce = (event.get("ce") or [])[:steps]
     if not ce or decay is None:
         return None
     return sum(decay**j * c for j, c in enumerate(ce))
@@ -148,11 +150,12 @@ def training_section(data: RunData) -> str:
     if part.note:
         out.append(f'<p class="note">{escape(part.note)}</p>')
     train, val = d.get("train", []), d.get("val", [])
-    decay = d.get("step_decay")
+    decay, trained = d.get("step_decay"), d.get("ttt_steps")
+    validated = max([len(e.get("acc") or []) for e in val] or [0])  # deeper than trained with --val-ttt-steps
     out.append('<div class="figures">')
     # loss
     series = [
-        Series(name, [e["step"] for e in events], [weighted_loss(e, decay) for e in events], dashed=dashed)
+        Series(name, [e["step"] for e in events], [weighted_loss(e, decay, trained) for e in events], dashed=dashed)
         for name, events, dashed in (("train", train, True), ("validation", val, False))
         if events
     ]
@@ -168,16 +171,15 @@ def training_section(data: RunData) -> str:
     steps = max([len(e.get("acc") or []) for e in train + val] or [0])
     series = []
     for j in range(steps):
-        color = None
         for name, events, dashed in (("val", val, False), ("train", train, True)):
-            if events:
-                color = PALETTE[j % len(PALETTE)]
+            ys = [(e.get("acc") or [])[j] if j < len(e.get("acc") or []) else None for e in events]
+            if any(y is not None for y in ys):  # training logs no steps past its own (--val-ttt-steps)
                 series.append(
                     Series(
                         f"{name} acc_{j}",
                         [e["step"] for e in events],
-                        [(e.get("acc") or [None] * steps)[j] for e in events],
-                        color=color,
+                        ys,
+                        color=PALETTE[j % len(PALETTE)],
                         dashed=dashed,
                     )
                 )
@@ -198,8 +200,13 @@ def training_section(data: RunData) -> str:
     # tau
     series = []
     if val:
-        series.append(Series("val simulated tau", [e["step"] for e in val], [e.get("sim_accept_length") for e in val]))
-        series.append(Series("val walk tau", [e["step"] for e in val], [e.get("walk_accept_length") for e in val]))
+        chain = f" (chain {validated})" if trained and validated > trained else ""  # training's sums run to `trained`
+        series.append(
+            Series(f"val simulated tau{chain}", [e["step"] for e in val], [e.get("sim_accept_length") for e in val])
+        )
+        series.append(
+            Series(f"val walk tau{chain}", [e["step"] for e in val], [e.get("walk_accept_length") for e in val])
+        )
     if train:
         series.append(
             Series(

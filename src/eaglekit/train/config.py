@@ -123,7 +123,7 @@ class TrainConfig:
     optimizer: str = option(
         "adamw",
         "adamw over every trained parameter, or muon: Muon over the weight matrices of fc and the draft "
-        "layer, AdamW over the rest (lm_head, norms); muon is not yet A/B'd (docs/notes/training.md)",
+        "layer, AdamW over the rest (lm_head, norms)",
         group="training",
         choices=OPTIMIZERS,
     )
@@ -134,7 +134,8 @@ class TrainConfig:
         group="training",
     )
     muon_momentum: float = option(0.95, "--optimizer muon: Muon's momentum", group="training")
-    muon_weight_decay: float = option(0.1, "--optimizer muon: Muon's weight decay", group="training")
+    # 0 as AdamW's --weight-decay, so --optimizer muon changes the optimizer alone (speculators uses 0.1)
+    muon_weight_decay: float = option(0.0, "--optimizer muon: Muon's weight decay", group="training")
     betas: tuple[float, float] = (0.9, 0.95)
     max_grad_norm: float = option(0.5, "gradient clipping norm", group="training")
     seed: int = option(0, "seed of the initialization and the data order", group="training")
@@ -267,8 +268,9 @@ class TrainConfig:
     def muon_peak_lr(self) -> float:
         return self.lr if self.muon_lr is None else self.muon_lr
 
-    def step_weights(self) -> list[float]:
-        return [self.step_decay**j for j in range(self.ttt_steps)]
+    def step_weights(self, steps: int | None = None) -> list[float]:
+        """The loss weight decay**j of each step j (of `steps`, default --ttt-steps)."""
+        return [self.step_decay**j for j in range(self.ttt_steps if steps is None else steps)]
 
     @property
     def val_steps(self) -> int:

@@ -425,7 +425,7 @@ class Trainer:
                     batch,
                     self.draft.d2t,
                     self.draft.t2d,
-                    weights=[self.cfg.step_decay**j for j in range(steps)],
+                    weights=self.cfg.step_weights(steps),
                     denominators=ones,
                     walk=True,
                     positions=positions,

@@ -42,13 +42,19 @@ def validation_label(manifest: dict | None) -> str:
     return workload.get("label") or "held-out conversations"
 
 
+def validated_steps(manifest: dict | None) -> int | None:
+    """The draft steps training's validation unrolled (`--val-ttt-steps`, else `--ttt-steps`): the
+    longest served chain its walk predicts."""
+    config = (manifest or {}).get("config") or {}
+    return config.get("val_ttt_steps") or config.get("ttt_steps")
+
+
 def prediction_text(manifest: dict | None, k: int | None = None) -> str:
     """ "predicted accept length X for a chain of k on <workload>": training's prediction, said with the
     chain length and the workload it holds for. k: the served chain's (a bench or probe of k drafts);
     where the run did not unroll k steps, or k is None, the walk at the depth validation unrolled
     (`--val-ttt-steps`, else `ttt_steps`), named so."""
-    config = (manifest or {}).get("config") or {}
-    steps = config.get("val_ttt_steps") or config.get("ttt_steps")
+    steps = validated_steps(manifest)
     walk = predicted_accept_length(manifest, k)
     if walk is None or k is None:
         walk, k = predicted_accept_length(manifest), steps
