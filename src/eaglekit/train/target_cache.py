@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import weakref
 
 import torch
 
@@ -65,15 +66,22 @@ def check_host_memory(needed: int, tokens: int) -> None:
 
 
 def page_lock(tensor: torch.Tensor) -> None:
-    """Pin a host tensor in place, so the copies to and from the device run asynchronously. Not
-    `pin_memory=True`: torch's pinned allocator rounds a block up to a power of two, which would lock
-    up to twice the arena. The process's exit releases it."""
+    """Pin a host tensor in place, so the copies to and from the device run asynchronously (`unlock`
+    releases it). Not `pin_memory=True`: torch's pinned allocator rounds a block up to a power of
+    two, which would lock up to twice the arena."""
     code = int(torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), tensor.nbytes, 0))
     if code != 0:
         raise EaglekitError(
             f"could not page-lock {size_text(tensor.nbytes)} of host memory for --cache-target (CUDA error {code})",
             hint="raise the locked-memory limit (ulimit -l), or drop --cache-target",
         )
+
+
+def unlock(pointers: list[int]) -> None:
+    """Undo `page_lock` before the memory is freed: `eaglekit run` may train in its own process and
+    go on, and the driver must not keep pages registered that the allocator hands out again."""
+    for pointer in pointers:
+        torch.cuda.cudart().cudaHostUnregister(pointer)
 
 
 class TargetCache:
@@ -98,6 +106,8 @@ class TargetCache:
         if page_locked:
             page_lock(self.aux)
             page_lock(self.last)
+            # Runs when the cache is collected, before its arenas are freed.
+            weakref.finalize(self, unlock, [self.aux.data_ptr(), self.last.data_ptr()])
         self.copies: list[torch.cuda.Event] = []  # device-to-host copies not yet known to be done
         self.logits_dtype = None  # the dtype of the target's own logits, once checked (`check_head`)
         self.batches_cached = 0
