@@ -178,3 +178,32 @@ def test_compiled_training_step_on_cuda_equals_the_eager_one():
         got = capture_aux_states(target, ids, list(AUX))
     err = (got.aux_hidden - eager.aux_hidden).norm() / eager.aux_hidden.norm()  # reductions reordered: rounding only
     assert err < 1e-5, err
+
+
+def test_target_cache_on_cuda_reads_back_what_the_target_gave():
+    """`train --cache-target` on CUDA: page-locked arenas (cudaHostRegister), asynchronous copies both
+    ways; a batch read back equals the one the target ran, its aux states and teacher exactly (bf16)."""
+    from eaglekit.draft.vocab import DraftVocab
+    from eaglekit.features.conversations import Sample
+    from eaglekit.train.sources import OnlineSource
+    from eaglekit.train.target_cache import attach_target_caches
+    from tiny import tiny_model
+
+    torch.manual_seed(0)
+    target = tiny_model("llama").eval().to("cuda", torch.bfloat16)
+    lengths = [17, 9, 23, 5]
+    samples = [Sample(str(i), torch.randint(3, 200, (n,)), torch.arange(n) >= n // 3) for i, n in enumerate(lengths)]
+    vocab = DraftVocab(draft_ids=torch.arange(2, 120), vocab_size=target.config.vocab_size)
+    source = OnlineSource(target, samples, list(AUX), vocab)
+    (cache,) = attach_target_caches([source, None], page_locked=True)
+    assert cache.aux.is_pinned() and cache.last.is_pinned() and cache.tokens == sum(lengths)
+    device = torch.device("cuda")
+    ran = source.batch([2, 0, 1], device)
+    read = source.batch([2, 0, 1], device)
+    assert (cache.batches_target, cache.batches_cached) == (1, 1)
+    real = torch.arange(ran.input_ids.shape[1], device="cuda") < ran.lengths[:, None]  # [B, T]
+    assert torch.equal(read.aux[real], ran.aux[real])
+    assert torch.equal(read.teacher.argmax[real], ran.teacher.argmax[real])
+    assert torch.equal(read.teacher.probs[real], ran.teacher.probs[real])
+    source.batch([3], device)  # another sample: the target runs for it, then it is held too
+    assert cache.holds([0, 1, 2, 3]) and cache.batches_target == 2

@@ -12,8 +12,19 @@ from eaglekit.targets.options import DEFAULT_TARGET, TARGET_HELP
 
 # Settings that may differ between a run and its resumption without changing a single number, or
 # (the kernel choices: ttt_attention, soft_ce, compile) only by float rounding; a state written before they
-# existed still resumes.
-RESUME_FREE = ("resume", "overwrite", "progress", "out", "ttt_attention", "soft_ce", "compile", "profile_steps")
+# existed still resumes. cache_target is one of them: the cached passes train on the target's own states
+# (bit-identical on CPU; on a GPU a conversation's states may round differently in another batch's shapes).
+RESUME_FREE = (
+    "resume",
+    "overwrite",
+    "progress",
+    "out",
+    "ttt_attention",
+    "soft_ce",
+    "compile",
+    "cache_target",
+    "profile_steps",
+)
 ATTENTIONS = ("merged", "dense")  # train/attention.py implements them
 SOFT_CES = ("plain", "fused", "compiled")  # train/loss.py
 OBJECTIVES = ("soft-ce", "lk-alpha", "lk-hybrid")  # train/loss.py
@@ -177,6 +188,14 @@ class TrainConfig:
         "(docs/notes/training.md); off until the per-step graphs' compile is timed there",
         group="training",
     )
+    cache_target: bool = option(
+        False,
+        "online, one process: keep the target's aux states and final hidden state of each conversation in "
+        "host memory the first time the target runs on it, and read them back on later passes and "
+        "validations instead of running the target again ((aux layers + 1) x hidden size x the target's "
+        "dtype bytes a token; not yet timed on a GPU: docs/notes/training.md)",
+        group="training",
+    )
     # reporting
     val_every: int = option(200, "validate every N steps (and at the end)", group="reporting")
     save_every: int = option(200, "write the resume state every N steps", group="reporting")
@@ -242,6 +261,11 @@ class TrainConfig:
             raise EaglekitError(
                 "--compile runs the plain soft CE (inductor fuses it itself)",
                 hint=f"drop --soft-ce {self.soft_ce}, or drop --compile",
+            )
+        if self.cache_target and not self.online:
+            raise EaglekitError(
+                "--cache-target keeps the online target's states, and --features trains from a store already",
+                hint="drop --cache-target, or train online with --data",
             )
         if self.precision not in ("auto", "fp32", "bf16"):
             raise EaglekitError(f"unknown precision {self.precision!r}", hint="use auto, fp32 or bf16")

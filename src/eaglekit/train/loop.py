@@ -40,6 +40,7 @@ from eaglekit.train.optim import lr_at, make_draft_optimizer
 from eaglekit.train.profiling import StepProfiler
 from eaglekit.train.setup import Run, prepare
 from eaglekit.train.state import latest_state, load_state, restore_rng, save_state
+from eaglekit.train.target_cache import attach_target_caches, cache_summary, check_target_cache_supported
 from eaglekit.train.tracker import Tracker
 from eaglekit.train.ttt import COMPILE_OPTIONS, StepFunctions, compile_guards, compiled_steps, ttt_positions, ttt_unroll
 
@@ -168,8 +169,15 @@ class Trainer:
         self.device = self.dist.device
         self.autocast = cfg.precision == "bf16" or (cfg.precision == "auto" and self.device.type == "cuda")
         self.check_out_folder()
+        if cfg.cache_target:  # before the target loads
+            check_target_cache_supported(self.dist.world_size)
         self.out.mkdir(parents=True, exist_ok=True)
         self.run: Run = prepare(cfg, self.dist)
+        self.target_caches = (
+            attach_target_caches([self.run.train, self.run.val], page_locked=self.device.type == "cuda")
+            if cfg.cache_target
+            else []
+        )
         self.draft = self.run.draft.to(self.device)
         if cfg.ttt_attention == "merged":  # private SDPA ops: refuse a PyTorch where they mean something else
             check_merged_attention(self.device, torch.bfloat16 if self.autocast else torch.float32)
@@ -471,6 +479,7 @@ class Trainer:
             "world_size": self.dist.world_size,
             "optimizers": self.optimizer.names(),  # which trains which parameters (a frozen lm_head is in none)
             "trainable_parameters": sum(p.numel() for p in self.draft.parameters() if p.requires_grad),
+            "target_cache": cache_summary(self.target_caches) if self.cfg.cache_target else None,
         }
         counts = dict(self.run.counts)
         return write_manifest(

@@ -2,7 +2,8 @@
 
 - `OfflineSource` reads stored shards (aux states + top-k teacher) lazily.
 - `OnlineSource` keeps the target co-resident and runs it per batch (nothing on disk); its teacher
-  is the exact target softmax over the draft vocab.
+  is the exact target softmax over the draft vocab. With `--cache-target` (train/target_cache.py) a
+  batch the target has already run is read back from host memory instead.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from eaglekit.features.conversations import Sample, conversation_files
 from eaglekit.features.store import FeatureStore
 from eaglekit.features.teacher import dense_teacher, sparse_teacher
 from eaglekit.targets.capture import capture_aux_states
+from eaglekit.train.target_cache import TargetCache
 
 
 class OfflineSource:
@@ -96,6 +98,7 @@ class OnlineSource:
         self.ids = [s.id for s in samples]
         self.target_device = model.get_input_embeddings().weight.device  # sharded targets: the first device
         self.draft_ids = vocab.draft_ids.to(self.target_device)
+        self.cache: TargetCache | None = None  # --cache-target (`attach_target_caches`)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -115,19 +118,40 @@ class OnlineSource:
         if self.target_device.type == "cuda":  # page-locked: the copies do not wait for the device
             host = {k: v.pin_memory() for k, v in host.items()}
         ids = host["input_ids"].to(self.target_device, non_blocking=True)
-        # No attention mask: the rows are right-padded (features/batch.py), so the causal mask keeps the
-        # padding from every real token, and SDPA runs its causal flash kernel, not the masked one.
-        cap = capture_aux_states(self.model, ids, self.aux_layer_ids, return_logits=True)
-        teacher = dense_teacher(cap.logits, self.draft_ids.to(cap.logits.device))
-        del cap.logits
+        if self.cache is not None and self.cache.holds(indices):
+            aux, teacher = self.cached(indices, T)
+        else:
+            aux, teacher = self.run_target(indices, ids)
         return Batch(
             input_ids=ids.to(device, non_blocking=True),
             loss_mask=host["loss_mask"].to(device, non_blocking=True),
-            aux=cap.aux_hidden.to(device),
+            aux=aux.to(device),
             teacher=teacher.to(device),
             lengths=host["lengths"].to(device, non_blocking=True),
             host_loss_mask=host["loss_mask"],
         )
+
+    def run_target(self, indices: list[int], ids: torch.Tensor):
+        """(aux [B, T, A*H], teacher) from the target's forward on ids [B, T]; kept in the cache if on."""
+        # No attention mask: the rows are right-padded (features/batch.py), so the causal mask keeps the
+        # padding from every real token, and SDPA runs its causal flash kernel, not the masked one.
+        cap = capture_aux_states(self.model, ids, self.aux_layer_ids, return_logits=True)
+        if self.cache is not None:
+            if self.cache.logits_dtype is None:  # the first batch the target runs
+                self.cache.check_head(self.model.get_output_embeddings(), cap.logits, cap.last_hidden)
+            self.cache.store(indices, cap.aux_hidden, cap.last_hidden)
+            self.cache.batches_target += 1
+        teacher = dense_teacher(cap.logits, self.draft_ids.to(cap.logits.device))
+        del cap.logits
+        return cap.aux_hidden, teacher
+
+    def cached(self, indices: list[int], length: int):
+        """(aux [B, T, A*H], teacher) read back from the cache: the target does not run."""
+        aux, last = self.cache.load(indices, length, self.target_device)  # [B, T, A*H], [B, T, H]
+        head = self.model.get_output_embeddings()
+        logits = head(last.to(head.weight.device)).to(self.cache.logits_dtype)  # [B, T, V]
+        self.cache.batches_cached += 1
+        return aux, dense_teacher(logits, self.draft_ids.to(logits.device))
 
 
 def validation_workload(cfg, val: OfflineSource | OnlineSource | None) -> dict | None:
