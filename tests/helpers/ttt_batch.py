@@ -91,3 +91,18 @@ def check_unroll_against_naive(draft, T, steps):
     for (j, t), expected in ref.items():
         torch.testing.assert_close(logits[j][:, t], expected, atol=2e-5, rtol=1e-4)
     assert len(ref) == sum(T - 1 - j for j in range(steps))
+
+
+def take_steps(draft, optimizer, n=2):
+    """n optimizer steps of a 2-step TTT unroll on `batch_for(draft)` (a state to save and compare)."""
+    from eaglekit.train.loss import step_counts, ttt_loss
+    from eaglekit.train.ttt import ttt_unroll
+
+    batch, _ = batch_for(draft)
+    for _ in range(n):
+        logits = ttt_unroll(draft, batch.aux, batch.input_ids, 2)
+        ttt_loss(
+            logits, batch, draft.d2t, draft.t2d, weights=[1, 0.8], denominators=step_counts(batch.loss_mask, 2)
+        ).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()

@@ -13,14 +13,12 @@ from eaglekit.errors import EaglekitError
 from eaglekit.targets.load import load_target
 from eaglekit.train import loop
 from eaglekit.train.loop import train
-from eaglekit.train.loss import step_counts, ttt_loss
 from eaglekit.train.optim import make_draft_optimizer, make_optimizer, optimizer_tensors
-from eaglekit.train.ttt import ttt_unroll
 from train_tiny import (
     config,
     train_data,  # noqa: F401 (fixture `data`)
 )
-from ttt_batch import batch_for, make_draft
+from ttt_batch import make_draft, take_steps
 
 torch.set_num_threads(1)
 
@@ -45,17 +43,6 @@ ADAMW = [  # in the optimizer's order: the matrix (weight decay), then the norms
 
 def draft_optimizer(draft, cfg):
     return make_draft_optimizer([(n, p) for n, p in draft.named_parameters() if p.requires_grad], cfg)
-
-
-def take_steps(draft, optimizer, n=2):
-    batch, _ = batch_for(draft)
-    for _ in range(n):
-        logits = ttt_unroll(draft, batch.aux, batch.input_ids, 2)
-        ttt_loss(
-            logits, batch, draft.d2t, draft.t2d, weights=[1, 0.8], denominators=step_counts(batch.loss_mask, 2)
-        ).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
 
 
 def test_muon_holds_the_hidden_matrices_and_adamw_the_rest(data, tmp_path):

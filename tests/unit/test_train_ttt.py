@@ -15,7 +15,7 @@ from eaglekit.train.attention import ttt_attention
 from eaglekit.train.loss import every_position, step_counts, step_masks, ttt_loss
 from eaglekit.train.optim import load_optimizer_tensors, lr_at, make_optimizer, optimizer_tensors
 from eaglekit.train.ttt import ttt_positions, ttt_unroll
-from ttt_batch import batch_for, check_unroll_against_naive, make_draft
+from ttt_batch import batch_for, check_unroll_against_naive, make_draft, take_steps
 
 torch.set_num_threads(1)
 
@@ -187,14 +187,7 @@ def test_optimizer_state_round_trips_exactly_without_pickle():
     names = [n for n, p in draft.named_parameters() if p.requires_grad]
     params = dict(draft.named_parameters())
     opt = make_optimizer([(n, params[n]) for n in names], lr=1e-3, weight_decay=0.01, betas=(0.9, 0.95))
-    batch, _ = batch_for(draft)
-    for _ in range(2):
-        logits = ttt_unroll(draft, batch.aux, batch.input_ids, 2)
-        ttt_loss(
-            logits, batch, draft.d2t, draft.t2d, weights=[1, 0.8], denominators=step_counts(batch.loss_mask, 2)
-        ).loss.backward()
-        opt.step()
-        opt.zero_grad()
+    take_steps(draft, opt)
     tensors, meta = optimizer_tensors(opt, names)
     assert all(isinstance(v, torch.Tensor) for v in tensors.values())
     opt2 = make_optimizer([(n, params[n]) for n in names], lr=5.0, weight_decay=0.0, betas=(0.5, 0.5))
