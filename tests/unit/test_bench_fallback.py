@@ -106,12 +106,16 @@ def test_a_random_or_oracle_draft_speculates_throughout(tmp_path, tiny_target_di
     assert "Plain fallback off" in text
 
 
-def test_the_sweep_takes_the_runs_plain_fallback(tmp_path, tiny_target_dir, prompts_file):
+def test_the_sweep_takes_the_runs_plain_fallback(tmp_path, tiny_target_dir, prompts_file, monkeypatch):
     """A weak (random-weight) draft folder: every swept shape falls back, as the single shape does."""
     from eaglekit.draft.checkpoint import save_draft
+    from eaglekit.engine.generate import Engine
     from eaglekit.targets import load_target
     from engine_tiny import random_draft
 
+    # A cycle's cost as given, not timed: on a tiny CPU model a cycle costs about a plain step, and a
+    # loaded machine's timings let some shape's cycles look as if they paid (this test failed so)
+    monkeypatch.setattr(Engine, "_cost", lambda self: 3.0)
     target = load_target(tiny_target_dir)
     folder = save_draft(random_draft(target.model, aux=[1, 3, 4]), tmp_path / "draft")
     result, text = bench(tmp_path, tiny_target_dir, prompts_file, str(folder), "--sweep", "--cache-slots", "256")
