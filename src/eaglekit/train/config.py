@@ -193,7 +193,7 @@ class TrainConfig:
         "online, one process: keep the target's aux states and final hidden state of each conversation in "
         "host memory the first time the target runs on it, and read them back on later passes and "
         "validations instead of running the target again ((aux layers + 1) x hidden size x the target's "
-        "dtype bytes a token; not yet timed on a GPU: docs/notes/training.md)",
+        "dtype bytes a token; docs/notes/training.md)",
         group="training",
     )
     # reporting

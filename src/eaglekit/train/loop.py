@@ -197,9 +197,9 @@ class Trainer:
             check_inductor(self.device, "--soft-ce compiled")
         step_loss = compiled_unrolled_loss() if cfg.compile else functools.partial(unrolled_loss, soft_ce=cfg.soft_ce)
         self.step_loss = functools.partial(step_loss, objective=cfg.objective)
-        self.names = [n for n, p in self.draft.named_parameters() if p.requires_grad]
-        params = dict(self.draft.named_parameters())
-        self.optimizer = make_draft_optimizer([(n, params[n]) for n in self.names], cfg)
+        self.optimizer = make_draft_optimizer(
+            [(n, p) for n, p in self.draft.named_parameters() if p.requires_grad], cfg
+        )
         self.plan = BatchPlan(
             self.run.train.lengths,
             batch_tokens=cfg.batch_tokens,
