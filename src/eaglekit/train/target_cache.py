@@ -55,7 +55,9 @@ def check_host_memory(needed: int, tokens: int) -> None:
     """Refuse arenas that would take more than HOST_SHARE of the memory the host has available."""
     available = available_host_bytes()
     if available is None:
-        log.debug("--cache-target: no MemAvailable in /proc/meminfo; host memory not checked")
+        log.warning(
+            "--cache-target: no MemAvailable in /proc/meminfo; %s of host memory not checked", size_text(needed)
+        )
         return
     if needed > HOST_SHARE * available:
         raise EaglekitError(
