@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from eaglekit.data.batch_decoder import generate_batch  # noqa: E402
 from eaglekit.engine import DraftRunner, Engine, OracleDrafter, SpecConfig  # noqa: E402
+from eaglekit.errors import EaglekitError  # noqa: E402
 from eaglekit.runtime import Sampling, make_target_runner  # noqa: E402
 from eaglekit.runtime.kv import ATTENTION_KINDS  # noqa: E402
 from eaglekit.targets.load import resolve_device  # noqa: E402
@@ -238,10 +239,9 @@ PLAIN_ENGINES: dict = {}
 def tree_shape(text: str) -> SpecConfig:
     """ "4/4/16" -> the tree of depth 4, top-k 4 and 16 nodes verified a cycle (root included)."""
     try:
-        depth, top_k, total = (int(x) for x in text.strip().split("/"))
-    except ValueError:
+        return SpecConfig.parse(f"tree:{text}")
+    except EaglekitError:
         raise SystemExit(f"--trees: {text!r} is not DEPTH/TOP_K/TOTAL_TOKENS, e.g. 4/4/16") from None
-    return SpecConfig(mode="tree", depth=depth, top_k=top_k, total_tokens=total)
 
 
 def kernel_options(variant: str) -> dict:

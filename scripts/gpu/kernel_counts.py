@@ -34,8 +34,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from bench_engine import kernel_options, llama_8b, tree_shape  # noqa: E402
+from bench_engine import kernel_options, llama_8b  # noqa: E402
 
+from eaglekit.engine.spec import SpecConfig  # noqa: E402
 from eaglekit.runtime.graphs import compiled  # noqa: E402
 from eaglekit.runtime.kv import cache_mask, causal_block  # noqa: E402
 from eaglekit.runtime.target_fast import FastTarget  # noqa: E402
@@ -102,16 +103,6 @@ def forward_launches(config, layers: int, rows: int, variant: str, written) -> C
     return runner_launches(runner, rows, written)
 
 
-def spec_of(shape: str):
-    """chain:K or tree:DEPTH/TOP_K/TOKENS (bench_engine's --trees form) as a SpecConfig."""
-    from eaglekit.engine.spec import SpecConfig
-
-    mode, _, numbers = shape.partition(":")
-    if mode == "chain":
-        return SpecConfig(mode="chain", k=int(numbers))
-    return tree_shape(numbers)
-
-
 def step_launches(run, written: list[str]) -> Counter:
     """Launches in the graph that `run` compiles first (it stops at that graph's code): 'red'/'per'/'poi'
     Triton kernels, extern kernels and ATen ops by name."""
@@ -140,7 +131,7 @@ def cycle_launches(config, shape: str, variant: str, written) -> dict:
     from eaglekit.runtime import Sampling, make_target_runner
     from eaglekit.targets.info import default_aux_layer_ids
 
-    spec = spec_of(shape)
+    spec = SpecConfig.parse(shape)
     model = shaped(config, config.num_hidden_layers)
     aux = default_aux_layer_ids(config.num_hidden_layers)
     options = kernel_options(variant)

@@ -14,7 +14,8 @@
 #      tree      eaglekit bench on MT-bench in the recipe's tree shape (as the recipe's bench stage, which
 #                --stop-before export-sglang skips; with SPEC_ARGS);
 #      chain     eaglekit bench chain k=5 on MT-bench with the new draft;
-#      sweep     eaglekit bench --sweep (two chains, two trees) on 8 MT-bench questions: the fastest shape;
+#      sweep     eaglekit bench --sweep on 8 MT-bench questions (SWEEP_SHAPES: --sweep-shapes, default two chains and
+#                two trees; SWEEP_PROMPTS: --sweep-prompts, default 4): the fastest shape;
 #      heldout   eaglekit bench tree on prompts the recipe never saw or tuned on (HumanEval, Alpaca, translation: 20 each);
 #      generate  bench_generate.py: the engine's batch decoder beside HF generate at the same batch;
 #      regen     eaglekit generate again on the run's prompts (REGEN_LIMIT, default 10,000), once per REGEN variant
@@ -93,9 +94,10 @@ benches() {  # after the recipe, each of $BENCHES in turn (default: chain heldou
       chain)     # the draft on MT-bench as a chain of 5
         python3 -m eaglekit bench --target "$t" --draft "$draft" --prompts "$eval/mt_bench.jsonl" --limit "${LIMIT:-40}" \
           --max-new-tokens 256 --no-hf --mode chain --k 5 ${SPEC_ARGS:-} --out "$W/bench-chain" --overwrite 2>&1 | quiet | tail -30 >> "$LOG" ;;
-      sweep)     # the bench's own shape sweep (chains of 3 and 5, trees 4/4/16 and 6/8/32) on 8 MT-bench questions
+      sweep)     # the bench's own shape sweep (SWEEP_SHAPES, default its four) on SWEEP_PROMPTS (4) of 8 MT-bench questions
         python3 -m eaglekit bench --target "$t" --draft "$draft" --prompts "$eval/mt_bench.jsonl" --limit 8 \
-          --max-new-tokens 256 --no-hf --sweep ${SPEC_ARGS:-} --out "$W/bench-sweep" --overwrite 2>&1 | quiet | tail -30 >> "$LOG" ;;
+          --max-new-tokens 256 --no-hf --sweep ${SWEEP_SHAPES:+--sweep-shapes "$SWEEP_SHAPES"} \
+          ${SWEEP_PROMPTS:+--sweep-prompts "$SWEEP_PROMPTS"} ${SPEC_ARGS:-} --out "$W/bench-sweep" --overwrite 2>&1 | quiet | tail -30 >> "$LOG" ;;
       heldout)   # a tree on prompts the recipe never saw or tuned on
         heldout_set "$eval" 20 "$W/heldout.jsonl"
         python3 -m eaglekit bench --target "$t" --draft "$draft" --prompts "$W/heldout.jsonl" \
@@ -305,19 +307,19 @@ case $VERB in
   start)
     : "${EAGLEKIT_SMOLLM2_DIR:?run setup.sh first}"
     PROMPTS=${2:?prompts folder}; EVAL=${3:?eval folder}
-    export -f session benches bench_tree arm heldout_set bench_shape train_flags stamp quiet; export W RUN LOG PROFILE EXTRA BENCHES SPEC_ARGS LIMIT PRE BESIDE KERNELS BE_ARGS ARMS ARM_S ARM_STEPS REGEN REGEN_LIMIT PROFILE_ROWS GPUTESTS_K KERNELS_DRAFTS
+    export -f session benches bench_tree arm heldout_set bench_shape train_flags stamp quiet; export W RUN LOG PROFILE EXTRA BENCHES SPEC_ARGS LIMIT PRE BESIDE KERNELS BE_ARGS ARMS ARM_S ARM_STEPS REGEN REGEN_LIMIT PROFILE_ROWS GPUTESTS_K KERNELS_DRAFTS SWEEP_SHAPES SWEEP_PROMPTS
     setsid nohup bash -c "session '$PROMPTS' '$EVAL'" > "$W/session.out" 2>&1 < /dev/null &
     stamp "session launched (pid $!)"; sleep 2; cat "$LOG" ;;
   bench)   # a draft trained in an earlier session: the three benches alone, in the background
     : "${EAGLEKIT_SMOLLM2_DIR:?run setup.sh first}"
     DRAFT=${2:?draft folder}; EVAL=${3:?eval folder}
-    export -f bench_tree benches heldout_set bench_shape stamp quiet; export W RUN LOG BENCHES SPEC_ARGS LIMIT KERNELS KERNELS_DRAFTS BE_ARGS GPUTESTS_K
+    export -f bench_tree benches heldout_set bench_shape stamp quiet; export W RUN LOG BENCHES SPEC_ARGS LIMIT KERNELS KERNELS_DRAFTS BE_ARGS GPUTESTS_K SWEEP_SHAPES SWEEP_PROMPTS
     setsid nohup bash -c "bench_tree '$DRAFT' '$EVAL'; benches '$DRAFT' '$EVAL'; stamp 'session done'" \
       > "$W/session.out" 2>&1 < /dev/null &
     stamp "benches launched (pid $!)"; sleep 2; cat "$LOG" ;;
   only)    # BENCHES that need no draft of this session (kernels, gputests), in the background
     : "${EAGLEKIT_SMOLLM2_DIR:?run setup.sh first}"
-    export -f benches bench_tree heldout_set bench_shape stamp quiet; export W RUN LOG BENCHES SPEC_ARGS LIMIT KERNELS KERNELS_DRAFTS BE_ARGS GPUTESTS_K
+    export -f benches bench_tree heldout_set bench_shape stamp quiet; export W RUN LOG BENCHES SPEC_ARGS LIMIT KERNELS KERNELS_DRAFTS BE_ARGS GPUTESTS_K SWEEP_SHAPES SWEEP_PROMPTS
     setsid nohup bash -c "benches '' '${2:-}'; stamp 'session done'" > "$W/session.out" 2>&1 < /dev/null &
     stamp "benches launched (pid $!)"; sleep 2; cat "$LOG" ;;
   wait)

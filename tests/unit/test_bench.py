@@ -137,6 +137,46 @@ def test_bench_checkpoint_draft_chain_and_sweep(tmp_path, tiny_target_dir, promp
         "tree d=2 topk=2 n=4",
         "chain k=4",
     ]
+    # --sweep-shapes names the candidates, in order, each once; the --mode shape is then not added
+    _, result = run_bench(
+        tmp_path,
+        tiny_target_dir,
+        prompts_file,
+        "random",
+        "--sweep",
+        "--sweep-shapes",
+        "tree:3/2/6,chain:2,tree:3/2/6",
+        "--mode",
+        "chain",
+        "--k",
+        "4",
+        "--overwrite",
+        "--no-hf",
+        "--limit",
+        "1",
+        "--cache-slots",
+        "256",
+    )
+    assert [r["spec"] for r in result["sweep"]] == ["tree d=3 topk=2 n=6", "chain k=2"]
+    assert result["summary"]["config"]["sweep_shapes"] == "tree:3/2/6,chain:2,tree:3/2/6"
+
+
+def test_speculation_shapes_parse_as_written_and_bad_ones_are_refused_before_a_model_loads():
+    from eaglekit.bench.options import CPU_SWEEP_SHAPES, SWEEP_SHAPES, BenchOptions
+    from eaglekit.engine.spec import SpecConfig
+    from eaglekit.errors import EaglekitError
+
+    for text in ("chain:5", "tree:6/4/16", " tree:4/4/16 "):
+        assert SpecConfig.parse(text).short() == text.strip()
+    assert SpecConfig.parse("tree:6/4/16") == SpecConfig(mode="tree", depth=6, top_k=4, total_tokens=16)
+    defaults = BenchOptions(draft="random", sweep=True)
+    assert [s.short() for s in defaults.sweep_specs("cuda:0")] == SWEEP_SHAPES.split(",")
+    assert [s.short() for s in defaults.sweep_specs("cpu")] == CPU_SWEEP_SHAPES.split(",")
+    for bad in ("tree:4/4", "chain:", "chain:3/3", "k=5", "tree:a/b/c", "chain:0", ","):
+        with pytest.raises(EaglekitError):
+            BenchOptions(draft="random", sweep=True, sweep_shapes=bad)
+    with pytest.raises(EaglekitError, match="without --sweep"):
+        BenchOptions(draft="random", sweep_shapes="chain:3")
 
 
 def test_the_sweep_picks_a_shape_on_a_few_prompts_says_why_and_benches_it_on_all(

@@ -57,26 +57,6 @@ def throughout(method: Method) -> Method:
     return Method(method.label + THROUGHOUT, method.engine, method.oracle, plain_fallback=False)
 
 
-# Shapes tried by --sweep (EAGLE-2/3 use trees of depth 6-8, top-k 10, 60 tokens on 7-8B targets). Four:
-# on a GPU each costs one compile of its cycle (~40-60 s for SmolLM2), and they run on the first
-# --sweep-prompts prompts only (the chosen one then on all), so a sweep stays within a few minutes;
-# any other shape is one `--mode/--k/--depth/--tree-top-k/--total-tokens` run away.
-SWEEP = (
-    SpecConfig(mode="chain", k=3),
-    SpecConfig(mode="chain", k=5),
-    SpecConfig(mode="tree", depth=4, top_k=4, total_tokens=16),
-    SpecConfig(mode="tree", depth=6, top_k=8, total_tokens=32),
-)
-# On a CPU every verified row is compute, and the fastest shapes were short chains (a GPU-trained draft:
-# BENCHMARKS.md, docs/results/2026-12-04-cpu-chain-length).
-CPU_SWEEP = (
-    SpecConfig(mode="chain", k=1),
-    SpecConfig(mode="chain", k=2),
-    SpecConfig(mode="chain", k=3),
-    SpecConfig(mode="tree", depth=2, top_k=2, total_tokens=4),
-)
-
-
 def device_name(device: str) -> str:
     if device.startswith("cuda"):
         return torch.cuda.get_device_name(torch.device(device))
@@ -133,8 +113,9 @@ def benchmark(cfg: BenchOptions, command: str = "") -> dict:
     prompts = load_bench_prompts(cfg.prompts, cfg.limit)
     device = resolve_device(cfg.device)
     target = load_target(cfg.target, device=device, dtype=cfg.dtype)
-    shapes = (SWEEP if device.startswith("cuda") else CPU_SWEEP) if cfg.sweep else (spec,)
-    if spec.label() not in {shape.label() for shape in shapes}:  # the shape asked for (--mode, --k, ...) is tried too
+    shapes = cfg.sweep_specs(device) if cfg.sweep else (spec,)
+    if not cfg.sweep_shapes and spec.label() not in {shape.label() for shape in shapes}:
+        # the default sweep also tries the shape asked for (--mode, --k, ...); --sweep-shapes names them all
         shapes = (*shapes, spec)
     # The sweep's shapes take the run's fallback setting (a SpecConfig built in code has it off).
     specs = [replace(shape, plain_fallback=spec.plain_fallback) for shape in shapes]

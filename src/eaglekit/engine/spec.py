@@ -75,3 +75,24 @@ class SpecConfig:
         if self.mode == "chain":
             return f"chain k={self.k}"
         return f"tree d={self.depth} topk={self.top_k} n={self.num_nodes}"
+
+    def short(self) -> str:
+        """The shape as `parse` reads it: chain:K or tree:DEPTH/TOP_K/TOTAL_TOKENS."""
+        return f"chain:{self.k}" if self.mode == "chain" else f"tree:{self.depth}/{self.top_k}/{self.total_tokens}"
+
+    @classmethod
+    def parse(cls, text: str) -> SpecConfig:
+        """ "chain:5" -> a chain of 5 drafts; "tree:6/4/16" -> a tree of depth 6, top-k 4, 16 nodes."""
+        mode, _, numbers = text.strip().partition(":")
+        try:
+            values = [int(x) for x in numbers.split("/")]
+        except ValueError:
+            values = []
+        if mode == "chain" and len(values) == 1:
+            return cls(mode="chain", k=values[0])
+        if mode == "tree" and len(values) == 3:
+            return cls(mode="tree", depth=values[0], top_k=values[1], total_tokens=values[2])
+        raise EaglekitError(
+            f"{text!r} is not a speculation shape",
+            hint="write chain:K (e.g. chain:5) or tree:DEPTH/TOP_K/TOTAL_TOKENS (e.g. tree:4/4/16)",
+        )
