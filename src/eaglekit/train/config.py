@@ -175,7 +175,7 @@ class TrainConfig:
         "soft-ce",
         "what training minimizes: soft-ce (the soft cross-entropy against the target), lk-alpha "
         "(-log of the acceptance rate alpha = sum_v min(p, q)) or lk-hybrid (the soft CE and 1 - alpha, "
-        "blended by alpha); the LK losses are not yet A/B'd (docs/notes/training.md)",
+        "blended by alpha); what their A/Bs showed: docs/notes/training.md",
         group="training",
         choices=OBJECTIVES,
     )
