@@ -113,23 +113,8 @@ def test_bench_checkpoint_draft_chain_and_sweep(tmp_path, tiny_target_dir, promp
     assert set(result["turns"][0]["spec"]) == {r["spec"] for r in result["sweep"]}
     assert result["summary"]["shape_choice"]["chosen"] == result["summary"]["spec"]
     # a shape given beside --sweep is one of its candidates, not silently dropped (a recipe's bench shape)
-    _, result = run_bench(
-        tmp_path,
-        tiny_target_dir,
-        prompts_file,
-        "random",
-        "--sweep",
-        "--mode",
-        "chain",
-        "--k",
-        "4",
-        "--overwrite",
-        "--no-hf",
-        "--limit",
-        "1",
-        "--cache-slots",
-        "256",
-    )
+    chain_4 = ["--mode", "chain", "--k", "4", "--overwrite", "--no-hf", "--limit", "1", "--cache-slots", "256"]
+    _, result = run_bench(tmp_path, tiny_target_dir, prompts_file, "random", "--sweep", *chain_4)
     assert [r["spec"] for r in result["sweep"]] == [
         "chain k=1",
         "chain k=2",
@@ -138,25 +123,8 @@ def test_bench_checkpoint_draft_chain_and_sweep(tmp_path, tiny_target_dir, promp
         "chain k=4",
     ]
     # --sweep-shapes names the candidates, in order, each once; the --mode shape is then not added
-    _, result = run_bench(
-        tmp_path,
-        tiny_target_dir,
-        prompts_file,
-        "random",
-        "--sweep",
-        "--sweep-shapes",
-        "tree:3/2/6,chain:2,tree:3/2/6",
-        "--mode",
-        "chain",
-        "--k",
-        "4",
-        "--overwrite",
-        "--no-hf",
-        "--limit",
-        "1",
-        "--cache-slots",
-        "256",
-    )
+    shapes = ["--sweep-shapes", "tree:3/2/6,chain:2,tree:3/2/6"]
+    _, result = run_bench(tmp_path, tiny_target_dir, prompts_file, "random", "--sweep", *shapes, *chain_4)
     assert [r["spec"] for r in result["sweep"]] == ["tree d=3 topk=2 n=6", "chain k=2"]
     assert result["summary"]["config"]["sweep_shapes"] == "tree:3/2/6,chain:2,tree:3/2/6"
 
