@@ -283,6 +283,9 @@ pack() {  # what exists so far, in one archive (files back from $OUT: at most 8)
   for f in "$W"/be-*/bench_engine.json "$W"/be-*/bench_engine.md "$W"/regen-*/manifest.json "$W"/profile-*/profile_batch.json; do
     [[ -e $f ]] && files+=("${f#"$W"/}")
   done
+  for f in "$W"/be-*/partial.json; do   # a kernels variant still running: the rows it has measured so far
+    [[ -e $f && ! -e ${f%partial.json}bench_engine.json ]] && files+=("${f#"$W"/}")
+  done
   for f in "$W"/arm-*/draft/{manifest.json,log.jsonl,config.json} "$W"/arm-*/{bench,heldout}/{results.json,report.md}; do
     [[ -e $f ]] && files+=("${f#"$W"/}")
   done
