@@ -114,3 +114,27 @@ def test_spec_args_reach_every_bench_of_the_draft(tmp_path):
     assert "--mode chain" in benches[1] and "--limit 7" in benches[1]
     assert "heldout.jsonl" in benches[2]
     assert "bench tree (MT-bench) done" in log and "unknown bench" not in log
+
+
+def test_the_sweep_takes_its_shapes_and_a_running_kernels_variant_comes_back_partial(tmp_path):
+    calls, log = run_session(
+        tmp_path, BENCHES="sweep", SWEEP_SHAPES="tree:4/4/16,tree:6/4/16", SWEEP_PROMPTS="8", EXTRA="generate.limit=5"
+    )
+    sweep = [c for c in calls if c.startswith("-m eaglekit bench")]
+    assert len(sweep) == 1 and "--sweep --sweep-shapes tree:4/4/16,tree:6/4/16 --sweep-prompts 8" in sweep[0]
+    # `wait` packs what exists: a finished variant's bench_engine.json, a running one's partial.json
+    work = tmp_path / "work"
+    for name, files in {"be-done": ("bench_engine.json", "partial.json"), "be-running": ("partial.json",)}.items():
+        (work / name).mkdir()
+        for f in files:
+            (work / name / f).write_text("{}")
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "W": str(work), "OUT": str(out)}
+    subprocess.run(
+        ["bash", "scripts/gpu/recipe_gpu.sh", "wait", "1"], cwd=REPO, env=env, check=True, capture_output=True
+    )
+    packed = subprocess.run(["tar", "-tzf", out / "results.tar.gz"], capture_output=True, text=True, check=True)
+    names = packed.stdout.split()
+    assert "be-done/bench_engine.json" in names and "be-running/partial.json" in names
+    assert "be-done/partial.json" not in names
