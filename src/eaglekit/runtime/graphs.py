@@ -27,7 +27,10 @@ COMPILE_MODE = "default"  # the graphs are ours; Inductor fuses (max-autotune to
 # Inductor skips a fusion that saves under `score_fusion_memory_threshold` bytes of traffic (default 10). At
 # batch 1 a step is its launches, and K's and V's cache writes share only the slot index: fused, one launch
 # fewer per layer (docs/notes/engine.md, "Launches counted without a GPU").
-ENGINE_INDUCTOR_OPTIONS = {"score_fusion_memory_threshold": 1}
+# torch 2.11's Inductor (the GPU image's) also stores a pointwise result read more than
+# `realize_reads_threshold` (4) times, and the query's rope reads 5: stored, it is one more launch a
+# layer before the attention's scores; at 5 it fuses into them, as torch 2.13 does by itself.
+ENGINE_INDUCTOR_OPTIONS = {"score_fusion_memory_threshold": 1, "realize_reads_threshold": 5}
 
 
 def compiled(fn: Callable, enabled: bool, mode: str = COMPILE_MODE, dynamic: bool = False) -> Callable:

@@ -133,7 +133,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     h = k.shape[1]
     if mask.shape[-1] < k.shape[-2]:  # a mask over the first S slots only (eager CPU steps): read just those
         k, v = k[:, :, : mask.shape[-1]], v[:, :, : mask.shape[-1]]
-    q = q.reshape(B, h, (nh // h) * T, d)  # head kv*g + j, token t -> row j*T + t
+    # head kv*g + j, token t -> row j*T + t. Split, then merged: torch 2.11's Inductor cannot read the
+    # one-step reshape of the rope's output as a view, and copies it once more before a matmul's bmm.
+    q = q.reshape(B, h, nh // h, T, d).reshape(B, h, (nh // h) * T, d)
     if kind == "reduce" and not torch.compiler.is_compiling():
         kind = "matmul"  # unfused, the broadcast form would materialize [B, h, R, L, d]: eager runs (prefill, CPU)
     out = ATTENTION_KINDS[kind](q, k, v, mask)
