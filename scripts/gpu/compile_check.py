@@ -26,14 +26,13 @@ from pathlib import Path
 
 import torch
 import torch._inductor.config as inductor_config
-import torch.utils._triton
-from torch._inductor import graph as graph_lowering
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 from torch._inductor.output_code import MockFXGraphCacheOutput
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-class CodegenDone(Exception):
-    """Raised once a graph's Triton code is written: the graph lowered."""
+# kernel_counts.py writes the Triton code and stops there (and puts the repo's src on the path).
+from kernel_counts import reached_codegen, triton_codegen_on_cpu  # noqa: E402
 
 
 def lower_only(results: list[tuple[str, str]]):
@@ -45,12 +44,8 @@ def lower_only(results: list[tuple[str, str]]):
         try:
             compile_fx_inner(gm, example_inputs, **kw)
             outcome = "FAILED: compiled without reaching codegen"
-        except Exception as err:  # dynamo and Inductor wrap what the codegen hook raised
-            chain, e = [], err
-            while e is not None:
-                chain.append(e)
-                e = e.__cause__ or getattr(e, "inner_exception", None)
-            if any(isinstance(x, CodegenDone) for x in chain):
+        except Exception as err:
+            if reached_codegen(err):
                 outcome = "ok"
             else:
                 outcome = f"FAILED: {type(err).__name__}: {str(err)[:300]}"
@@ -63,19 +58,8 @@ def lower_only(results: list[tuple[str, str]]):
 
 
 def main() -> int:
-    try:
-        import triton  # noqa: F401
-    except ImportError as err:
-        raise SystemExit("this script needs triton importable: see kernel_counts.py's docstring") from err
-    torch.utils._triton.triton_hash_with_backend = lambda: "0" * 64  # the cache key asks for a GPU's hash
+    triton_codegen_on_cpu()
     inductor_config.fx_graph_cache = False  # lower every graph, not a cached one
-    codegen = graph_lowering.GraphLowering.codegen
-
-    def written(self):
-        codegen(self)
-        raise CodegenDone
-
-    graph_lowering.GraphLowering.codegen = written
     results: list[tuple[str, str]] = []
     inner = lower_only(results)
     backends = {}  # one backend callable per option set: dynamo recompiles for a new callable
@@ -85,13 +69,12 @@ def main() -> int:
         if backend == "inductor":
             key = tuple(sorted((options or {}).items()))
             if key not in backends:
-                patches = {**(options or {}), "cpu_backend": "triton"}
+                patches = dict(options or {})
                 backends[key] = lambda gm, ex: compile_fx(gm, ex, inner_compile=inner, config_patches=patches)
             backend = backends[key]
         return compile_(model, backend=backend, **kw)
 
     torch.compile = checking_compile
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
     from eaglekit.cli import main as eaglekit_main
 
     try:

@@ -58,6 +58,21 @@ class CodegenDone(Exception):
     pass
 
 
+def reached_codegen(err: BaseException) -> bool:
+    """Whether `err` is, or wraps, CodegenDone: dynamo and Inductor wrap what the backend raised
+    (`__cause__`, `inner_exception`)."""
+    seen, todo = set(), [err]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, CodegenDone):
+            return True
+        todo += [e.__cause__, getattr(e, "inner_exception", None)]
+    return False
+
+
 def triton_codegen_on_cpu() -> list[str]:
     """Make Inductor write Triton kernels for CPU tensors and stop once the code is written (the
     compiled graph is never built or run); returns the list the generated modules' code goes to."""
@@ -122,8 +137,8 @@ def step_launches(run, written: list[str]) -> Counter:
     written.clear()
     try:
         run()
-    except Exception as err:  # dynamo and Inductor wrap what the backend raised
-        if not any(isinstance(e, CodegenDone) for e in (err, err.__cause__, getattr(err, "inner_exception", None))):
+    except Exception as err:
+        if not reached_codegen(err):
             raise
     call = written[-1][written[-1].index("def call(") :]
     kinds = Counter(name.split("_")[1] for name in re.findall(r"\b(triton_\w+)\.run\(", call))
